@@ -1,0 +1,1 @@
+//! ingest (placeholder, filled by its issue)

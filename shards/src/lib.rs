@@ -1,0 +1,1 @@
+//! shards (placeholder, filled by its issue)

@@ -1,0 +1,26 @@
+//! One module per subcommand: its clap `Args` and a `run(args) -> anyhow::Result<()>`.
+pub mod bench;
+#[cfg(feature = "train")]
+pub mod export;
+pub mod ingest;
+#[cfg(feature = "train")]
+pub mod init_model;
+pub mod shards;
+pub mod synth;
+#[cfg(feature = "train")]
+pub mod train;
+
+/// Logs go to stderr through `tracing`; RUST_LOG overrides the level.
+pub fn init_logging(quiet: bool) {
+    let default = if quiet { "warn" } else { "info" };
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_target(false)
+        .init();
+    if quiet {
+        std::env::set_var("NO_PROGRESS", "1");
+    }
+}

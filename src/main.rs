@@ -1,0 +1,61 @@
+//! `tessera`: LLaVA-style VLM data pipeline and FSDP trainer. This file only parses the command
+//! line and dispatches; each command lives in `commands/<name>.rs`.
+mod commands;
+
+use clap::{Parser, Subcommand};
+use std::process::ExitCode;
+
+#[derive(Parser)]
+#[command(name = "tessera", version, about = "LLaVA-style VLM data pipeline and FSDP trainer")]
+struct Cli {
+    /// Only warnings and errors on stderr; no progress bars (also: NO_PROGRESS=1).
+    #[arg(long, global = true)]
+    quiet: bool,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Write a dataset in LLaVA-Pretrain's exact layout (json + images/ [+ images.zip]).
+    Synth(commands::synth::Args),
+    /// Convert LLaVA json + images (folder or zip) into verified parquet shards.
+    Ingest(commands::ingest::Args),
+    /// Inspect shards: `verify DIR` or `stats DIR`.
+    Shards(commands::shards::Args),
+    /// Benchmarks: `loader` (images/s vs the PIL reference) and `plan` (pack vs bucket vs fixed).
+    Bench(commands::bench::Args),
+    /// Write small random-weight Hugging Face checkpoints (DIR/vision, DIR/lm).
+    #[cfg(feature = "train")]
+    InitModel(commands::init_model::Args),
+    /// Train stage 1 (projector) or stage 2 (projector + LoRA) off pre-built shards.
+    #[cfg(feature = "train")]
+    Train(commands::train::Args),
+    /// Export a run: projector safetensors, PEFT adapter, VLM config.json.
+    #[cfg(feature = "train")]
+    Export(commands::export::Args),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    commands::init_logging(cli.quiet);
+    let result = match cli.command {
+        Command::Synth(args) => commands::synth::run(args),
+        Command::Ingest(args) => commands::ingest::run(args),
+        Command::Shards(args) => commands::shards::run(args),
+        Command::Bench(args) => commands::bench::run(args),
+        #[cfg(feature = "train")]
+        Command::InitModel(args) => commands::init_model::run(args),
+        #[cfg(feature = "train")]
+        Command::Train(args) => commands::train::run(args),
+        #[cfg(feature = "train")]
+        Command::Export(args) => commands::export::run(args),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("error: {err:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,1 @@
+//! trainer (placeholder, filled by its issue)
