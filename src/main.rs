@@ -6,7 +6,11 @@ use clap::{Parser, Subcommand};
 use std::process::ExitCode;
 
 #[derive(Parser)]
-#[command(name = "tessera", version, about = "LLaVA-style VLM data pipeline and FSDP trainer")]
+#[command(
+    name = "tessera",
+    version,
+    about = "LLaVA-style VLM data pipeline and FSDP trainer"
+)]
 struct Cli {
     /// Only warnings and errors on stderr; no progress bars (also: NO_PROGRESS=1).
     #[arg(long, global = true)]

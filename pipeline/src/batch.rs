@@ -1,0 +1,43 @@
+//! `MicroBatch`: what the loader hands the trainer (the contract between `pipeline` and
+//! `trainer`). Rows are packed: several samples per row, each with its own positions.
+use shards::Kind;
+
+/// Label value for tokens that are not targets (PyTorch's cross-entropy ignore index).
+pub const IGNORE_INDEX: i64 = -100;
+
+/// One rank's micro-batch, ready for the model. All token tensors are `[rows, row_len]`
+/// row-major, padded at the end of each row to `row_len` (the longest row).
+#[derive(Clone, Debug, PartialEq)]
+pub struct MicroBatch {
+    pub kind: Kind,
+    pub rows: usize,
+    pub row_len: usize,
+    /// Input ids with every image placeholder expanded to `image_tokens` copies of the
+    /// placeholder id; padding uses `pad_id`.
+    pub input_ids: Vec<i64>,
+    /// Already shifted: `labels[t]` is the target predicted at position t (the next token of
+    /// the same sample when it is supervised), else `IGNORE_INDEX`. The trainer does not shift.
+    pub labels: Vec<i64>,
+    /// Position within its sample (restarts at 0 for every packed sample); 0 on padding.
+    pub positions: Vec<i64>,
+    /// Which packed sample of its row a token belongs to (0, 1, ...); -1 on padding. Attention
+    /// is causal and only within equal, non-negative ids.
+    pub segment_ids: Vec<i32>,
+    /// Images in the order their placeholders appear (row-major): u8, CHW, `[n, 3, s, s]`.
+    pub pixels: Vec<u8>,
+    pub num_images: usize,
+    pub image_size: usize,
+    /// Vision tokens per image (each placeholder expands to this many ids).
+    pub image_tokens: usize,
+    /// Source sample ids, in packing order (for logs and error messages).
+    pub sample_ids: Vec<String>,
+    /// Non-padding tokens.
+    pub real_tokens: usize,
+    /// Padding tokens (`rows * row_len - real_tokens`).
+    pub pad_tokens: usize,
+    /// Positions whose label is not `IGNORE_INDEX`.
+    pub supervised_tokens: usize,
+    /// A filler micro-batch at an epoch's end: carries real images (so the vision tower runs on
+    /// every rank) but every label is `IGNORE_INDEX`.
+    pub zero_loss: bool,
+}

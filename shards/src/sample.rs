@@ -1,0 +1,54 @@
+//! One sample as stored in a shard row (schema v1): the contract between `ingest` (writes it),
+//! `pipeline` (reads it) and `trainer`.
+
+/// What a sample carries: the planner never mixes kinds within one micro-step.
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
+)]
+#[repr(u8)]
+pub enum Kind {
+    /// No image: `image` is null, `input_ids` holds no placeholder.
+    Text = 0,
+    /// One image: `input_ids` holds exactly one `<|image_pad|>` placeholder.
+    Image = 1,
+}
+
+/// One conversation turn as in the source json (`from` is kept verbatim: human, gpt, system).
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Turn {
+    pub role: String,
+    pub text: String,
+}
+
+/// A full shard row.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Sample {
+    pub id: String,
+    pub kind: Kind,
+    /// The source file's bytes, untouched (JPEG, PNG or WebP); `None` for text-only samples.
+    pub image: Option<Vec<u8>>,
+    /// "jpeg", "png" or "webp", detected from the bytes (not the file name).
+    pub image_format: Option<String>,
+    pub width: u32,
+    pub height: u32,
+    pub conversation: Vec<Turn>,
+    /// Token ids of the templated text, with one placeholder id per image.
+    pub input_ids: Vec<u32>,
+    /// Same length as `input_ids`: true where the token is a supervised target.
+    pub label_mask: Vec<bool>,
+    /// `input_ids.len()`.
+    pub num_text_tokens: u32,
+    /// Targets the loss sees: positions t >= 1 with `label_mask[t]` (the first token has no
+    /// predecessor inside its sample, so it is never a target).
+    pub num_supervised_tokens: u32,
+    pub image_crc32c: Option<u32>,
+}
+
+/// What the planner needs of a sample; loaded for the whole dataset by reading only the
+/// `kind`, `num_text_tokens` and `num_supervised_tokens` columns.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SampleMeta {
+    pub kind: Kind,
+    pub num_text_tokens: u32,
+    pub num_supervised_tokens: u32,
+}

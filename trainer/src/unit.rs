@@ -1,0 +1,34 @@
+//! The contract between the model (`model/`) and FSDP (`fsdp/`): the VLM is a chain of units
+//! (vision tower, projector, embeddings, each decoder layer, final norm + head). A unit owns no
+//! storage: FSDP keeps each unit's parameters in flat sharded buffers, gathers them, and calls
+//! `forward` with full tensors keyed by their Hugging Face names. The same `forward` serves
+//! FSDP's recompute in backward (activation checkpointing), so it must be a pure function of
+//! its parameters, its input and the micro-batch context.
+use std::collections::BTreeMap;
+use tch::Tensor;
+
+/// One parameter of a unit: its full Hugging Face key, shape, and whether it trains.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ParamSpec {
+    pub name: String,
+    pub shape: Vec<i64>,
+    pub trainable: bool,
+}
+
+/// Full (gathered) parameter tensors of one unit, by Hugging Face key.
+pub type ParamMap = BTreeMap<String, Tensor>;
+
+/// One FSDP unit. `C` is the per-micro-batch context the model builds once (attention mask,
+/// positions, rotary tables, labels, placeholder positions).
+pub trait Unit<C>: Send + Sync {
+    /// Stable name used in logs, errors and checkpoints: "vision", "projector", "embed",
+    /// "layers.{i}", "head".
+    fn name(&self) -> &str;
+    /// Every parameter the unit reads, in a fixed order (the flat buffer's layout).
+    fn params(&self) -> &[ParamSpec];
+    /// Whether the unit runs for this micro-batch (vision and projector skip text-only ones).
+    fn runs_on(&self, ctx: &C) -> bool;
+    /// Output of the unit. For "embed" the input is the projected image tokens (or an empty
+    /// tensor); for "head" the output is the scalar sum of token losses over supervised labels.
+    fn forward(&self, params: &ParamMap, input: &Tensor, ctx: &C) -> Tensor;
+}
