@@ -1,1 +1,3 @@
-//! ingest (placeholder, filled by its issue)
+//! LLaVA json + images (folder or zip) -> tessera shards (ingest issue); and `synth`, a
+//! generator of datasets in LLaVA-Pretrain's exact layout.
+pub mod synth;

@@ -1,5 +1,8 @@
 //! Planner (token budget, packing, type-aligned rank distribution) and loader (decode, resize).
-//! Filled in by the pipeline issue; `batch` is the contract with the trainer.
+//! `batch` is the contract: the planner emits `MicroBatchPlan`s, the loader turns each into a
+//! `MicroBatch` for the trainer.
 mod batch;
+pub mod loader;
+pub mod plan;
 
-pub use batch::{MicroBatch, IGNORE_INDEX};
+pub use batch::{MicroBatch, MicroBatchPlan, IGNORE_INDEX};

@@ -1,9 +1,24 @@
-//! `tessera bench`: filled in by its issue.
+//! `tessera bench loader|plan`.
+use super::{bench_loader, bench_plan};
 
 /// Arguments of `tessera bench`.
 #[derive(clap::Args)]
-pub struct Args {}
+pub struct Args {
+    #[command(subcommand)]
+    which: Which,
+}
 
-pub fn run(_args: Args) -> anyhow::Result<()> {
-    anyhow::bail!("`tessera bench` is not built yet")
+#[derive(clap::Subcommand)]
+enum Which {
+    /// Loader throughput (images/s) next to decode-only and the PIL reference, same images.
+    Loader(bench_loader::Args),
+    /// Planner quality (pad, imbalance, type alignment) for pack, bucket and fixed.
+    Plan(bench_plan::Args),
+}
+
+pub fn run(args: Args) -> anyhow::Result<()> {
+    match args.which {
+        Which::Loader(a) => bench_loader::run(a),
+        Which::Plan(a) => bench_plan::run(a),
+    }
 }

@@ -1,5 +1,7 @@
 //! One module per subcommand: its clap `Args` and a `run(args) -> anyhow::Result<()>`.
 pub mod bench;
+pub mod bench_loader;
+pub mod bench_plan;
 #[cfg(feature = "train")]
 pub mod export;
 pub mod ingest;

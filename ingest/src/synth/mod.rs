@@ -1,0 +1,1 @@
+//! `tessera synth`: LLaVA-Pretrain-shaped synthetic datasets (foundation issue).

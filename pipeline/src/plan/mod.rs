@@ -1,0 +1,1 @@
+//! The planner: type-aligned, token-budget packing and rank balancing (pipeline issue).

@@ -1,0 +1,1 @@
+//! FSDP over c10d: flat sharded unit buffers, gather/free, recompute, reduce-scatter (FSDP issue).

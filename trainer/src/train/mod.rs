@@ -1,0 +1,1 @@
+//! The training loop, config, schedule, metrics, checkpoints, export (train issue).
