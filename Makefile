@@ -15,7 +15,7 @@ demo: build
 	@bash scripts/demo.sh "$(DEMO_DIR)"
 
 test: setup
-	$(CARGO) test --release --workspace --all-targets
+	$(CARGO) test --release --workspace
 	$(CARGO) build --release --no-default-features
 
 bench: build
