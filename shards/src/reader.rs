@@ -1,0 +1,272 @@
+//! [`Dataset`]: an opened shard directory. Shard files are memory-mapped; a read decodes only
+//! the row groups that hold the requested samples, and the metadata scan decodes only the
+//! `kind` and token-count columns.
+use crate::error::ShardError;
+use crate::manifest::Manifest;
+use crate::sample::{Sample, SampleMeta};
+use crate::schema::{batch_to_meta, batch_to_samples, col, RowOrigin};
+use bytes::Bytes;
+use parquet::arrow::arrow_reader::{
+    ArrowReaderMetadata, ArrowReaderOptions, ParquetRecordBatchReaderBuilder,
+};
+use parquet::arrow::ProjectionMask;
+use sha2::{Digest, Sha256};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+/// One memory-mapped shard with its parsed footer.
+pub(crate) struct OpenShard {
+    pub name: String,
+    pub bytes: Bytes,
+    pub metadata: ArrowReaderMetadata,
+    /// First global sample index of this shard.
+    pub first_sample: u64,
+    /// First row (within the shard) of each row group, plus the row count at the end.
+    pub group_starts: Vec<u64>,
+}
+
+impl OpenShard {
+    pub(crate) fn open(dir: &Path, name: &str, first_sample: u64) -> Result<Self, ShardError> {
+        let path = dir.join(name);
+        let file = std::fs::File::open(&path).map_err(|e| ShardError::io(&path, e))?;
+        // SAFETY: shards are immutable once renamed to their final name; tessera never writes
+        // to a final-named file, so the mapping's contents do not change under us.
+        let map = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| ShardError::io(&path, e))?;
+        let bytes = Bytes::from_owner(map);
+        let metadata = ArrowReaderMetadata::load(&bytes, ArrowReaderOptions::new())
+            .map_err(|e| ShardError::parquet(name, e))?;
+        let mut group_starts = vec![0u64];
+        for rg in metadata.metadata().row_groups() {
+            let last = *group_starts.last().unwrap_or(&0);
+            group_starts.push(last + rg.num_rows() as u64);
+        }
+        Ok(OpenShard {
+            name: name.to_string(),
+            bytes,
+            metadata,
+            first_sample,
+            group_starts,
+        })
+    }
+
+    pub(crate) fn rows(&self) -> u64 {
+        *self.group_starts.last().unwrap_or(&0)
+    }
+
+    fn builder(&self) -> ParquetRecordBatchReaderBuilder<Bytes> {
+        ParquetRecordBatchReaderBuilder::new_with_metadata(
+            self.bytes.clone(),
+            self.metadata.clone(),
+        )
+    }
+
+    /// Decodes row group `group` (all columns) and returns the rows asked for, in that order.
+    pub(crate) fn read_rows(
+        &self,
+        group: usize,
+        rows_in_group: &[usize],
+    ) -> Result<Vec<Sample>, ShardError> {
+        let reader = self
+            .builder()
+            .with_row_groups(vec![group])
+            .with_batch_size(self.metadata.metadata().row_group(group).num_rows().max(1) as usize)
+            .build()
+            .map_err(|e| ShardError::parquet(&self.name, e))?;
+        let mut out = Vec::with_capacity(rows_in_group.len());
+        let mut batch_start = 0usize;
+        for batch in reader {
+            let batch = batch.map_err(|e| ShardError::arrow(&self.name, e))?;
+            let end = batch_start + batch.num_rows();
+            let wanted: Vec<usize> = rows_in_group
+                .iter()
+                .filter(|&&r| r >= batch_start && r < end)
+                .map(|&r| r - batch_start)
+                .collect();
+            if !wanted.is_empty() {
+                let origin = RowOrigin {
+                    shard: &self.name,
+                    first_row: self.group_starts[group] + batch_start as u64,
+                };
+                out.extend(batch_to_samples(&batch, &wanted, &origin)?);
+            }
+            batch_start = end;
+        }
+        if out.len() != rows_in_group.len() {
+            return Err(ShardError::Mismatch {
+                shard: self.name.clone(),
+                detail: format!("row group {group} holds {batch_start} rows, fewer than asked for"),
+            });
+        }
+        Ok(out)
+    }
+
+    /// Reads only the named top-level columns of every row group.
+    pub(crate) fn read_columns(
+        &self,
+        columns: &[&str],
+    ) -> Result<Vec<arrow_array::RecordBatch>, ShardError> {
+        let schema = self.metadata.metadata().file_metadata().schema_descr();
+        let mask = ProjectionMask::columns(schema, columns.iter().copied());
+        let reader = self
+            .builder()
+            .with_projection(mask)
+            .with_batch_size(8192)
+            .build()
+            .map_err(|e| ShardError::parquet(&self.name, e))?;
+        reader
+            .map(|b| b.map_err(|e| ShardError::arrow(&self.name, e)))
+            .collect()
+    }
+}
+
+/// An opened shard directory: `index.json` plus memory-mapped shard files.
+/// Global sample index = shards in order, rows in order.
+pub struct Dataset {
+    dir: PathBuf,
+    manifest: Manifest,
+    shards: Vec<OpenShard>,
+    fingerprint: String,
+}
+
+impl Dataset {
+    /// Opens `dir`: reads index.json, maps every shard, checks row counts against the footers.
+    pub fn open(dir: &Path) -> Result<Dataset, ShardError> {
+        let manifest = Manifest::load(dir)?;
+        let mut shards = Vec::with_capacity(manifest.shards.len());
+        let mut first = 0u64;
+        for info in &manifest.shards {
+            let shard = OpenShard::open(dir, &info.file, first)?;
+            if shard.rows() != info.rows {
+                return Err(ShardError::Mismatch {
+                    shard: info.file.clone(),
+                    detail: format!(
+                        "index.json says {} rows, the file holds {}",
+                        info.rows,
+                        shard.rows()
+                    ),
+                });
+            }
+            first += info.rows;
+            shards.push(shard);
+        }
+        let fingerprint = fingerprint_of(&manifest);
+        Ok(Dataset {
+            dir: dir.to_path_buf(),
+            manifest,
+            shards,
+            fingerprint,
+        })
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Total samples.
+    pub fn len(&self) -> usize {
+        self.shards.iter().map(|s| s.rows()).sum::<u64>() as usize
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// sha256 over the shards' sha256s, the tokenizer fingerprint and the template: equal for
+    /// byte-identical shard sets made with the same tokenizer and template.
+    pub fn fingerprint(&self) -> &str {
+        &self.fingerprint
+    }
+
+    /// The parsed index.json.
+    pub fn manifest(&self) -> &Manifest {
+        &self.manifest
+    }
+
+    /// Kind and token counts of every sample in global index order; reads only those columns.
+    pub fn metadata(&self) -> Result<Vec<SampleMeta>, ShardError> {
+        let mut out = Vec::with_capacity(self.len());
+        for shard in &self.shards {
+            let mut first_row = 0;
+            for batch in shard.read_columns(&[
+                col::KIND,
+                col::NUM_TEXT_TOKENS,
+                col::NUM_SUPERVISED_TOKENS,
+            ])? {
+                let origin = RowOrigin {
+                    shard: &shard.name,
+                    first_row,
+                };
+                batch_to_meta(&batch, &origin, &mut out)?;
+                first_row += batch.num_rows() as u64;
+            }
+        }
+        Ok(out)
+    }
+
+    /// Where global sample `index` lives: (shard, row group, row within the group).
+    fn locate(&self, index: u64) -> Result<(usize, usize, usize), ShardError> {
+        let out_of_range = || ShardError::OutOfRange {
+            index,
+            len: self.len(),
+        };
+        let shard_idx = self
+            .shards
+            .partition_point(|s| s.first_sample <= index)
+            .checked_sub(1)
+            .ok_or_else(out_of_range)?;
+        let shard = &self.shards[shard_idx];
+        let row = index - shard.first_sample;
+        if row >= shard.rows() {
+            return Err(out_of_range());
+        }
+        let group = shard.group_starts.partition_point(|&s| s <= row) - 1;
+        Ok((shard_idx, group, (row - shard.group_starts[group]) as usize))
+    }
+
+    /// Full samples for `indices`, returned in the given order (repeats allowed). Each needed
+    /// row group is decoded once. Safe to call from many threads at once.
+    pub fn read(&self, indices: &[u64]) -> Result<Vec<Sample>, ShardError> {
+        let mut groups: BTreeMap<(usize, usize), Vec<(usize, usize)>> = BTreeMap::new();
+        for (pos, &index) in indices.iter().enumerate() {
+            let (shard, group, row) = self.locate(index)?;
+            groups.entry((shard, group)).or_default().push((pos, row));
+        }
+        let mut slots: Vec<Option<Sample>> = vec![None; indices.len()];
+        for ((shard, group), wanted) in groups {
+            let rows: Vec<usize> = wanted.iter().map(|&(_, row)| row).collect();
+            let samples = self.shards[shard].read_rows(group, &rows)?;
+            for ((pos, _), sample) in wanted.into_iter().zip(samples) {
+                slots[pos] = Some(sample);
+            }
+        }
+        slots
+            .into_iter()
+            .zip(indices)
+            .map(|(s, &index)| {
+                s.ok_or(ShardError::OutOfRange {
+                    index,
+                    len: self.len(),
+                })
+            })
+            .collect()
+    }
+}
+
+/// See [`Dataset::fingerprint`].
+pub fn fingerprint_of(manifest: &Manifest) -> String {
+    let mut hasher = Sha256::new();
+    for shard in &manifest.shards {
+        hasher.update(shard.sha256.as_bytes());
+        hasher.update(b"\n");
+    }
+    hasher.update(manifest.tokenizer_fingerprint.as_bytes());
+    hasher.update(b"\n");
+    hasher.update(manifest.template.as_bytes());
+    hex::encode(hasher.finalize())
+}
+
+impl Dataset {
+    pub(crate) fn shards(&self) -> &[OpenShard] {
+        &self.shards
+    }
+}

@@ -1,0 +1,171 @@
+//! `tessera shards verify`: checks a shard directory against its index.json: every shard's
+//! size and sha256, its schema, its row and row-group counts, and every row's internal
+//! consistency (token counts, label mask length, image crc32c, kind vs image).
+use crate::error::ShardError;
+use crate::manifest::{Manifest, ShardInfo};
+use crate::reader::OpenShard;
+use crate::sample::{Kind, Sample};
+use crate::schema::schema_v1;
+use sha2::{Digest, Sha256};
+use std::io::Read;
+use std::path::Path;
+
+/// The outcome of [`verify`]: an empty `problems` list means the directory is sound.
+#[derive(Debug, Default)]
+pub struct VerifyReport {
+    pub shards_checked: usize,
+    pub samples_checked: u64,
+    /// One line per problem, each starting with the shard's file name.
+    pub problems: Vec<String>,
+}
+
+impl VerifyReport {
+    pub fn is_ok(&self) -> bool {
+        self.problems.is_empty()
+    }
+}
+
+/// Hex sha256 and length of a file, streamed.
+pub fn sha256_file(path: &Path) -> Result<(String, u64), ShardError> {
+    let mut file = std::fs::File::open(path).map_err(|e| ShardError::io(path, e))?;
+    let mut hasher = Sha256::new();
+    let mut buf = vec![0u8; 1 << 20];
+    let mut len = 0u64;
+    loop {
+        let n = file.read(&mut buf).map_err(|e| ShardError::io(path, e))?;
+        if n == 0 {
+            break;
+        }
+        hasher.update(&buf[..n]);
+        len += n as u64;
+    }
+    Ok((hex::encode(hasher.finalize()), len))
+}
+
+/// Verifies `dir`. Fails only when index.json itself cannot be read; everything else is
+/// collected into the report.
+pub fn verify(dir: &Path) -> Result<VerifyReport, ShardError> {
+    let manifest = Manifest::load(dir)?;
+    let mut report = VerifyReport::default();
+    let mut first_sample = 0u64;
+    for info in &manifest.shards {
+        report.shards_checked += 1;
+        if let Err(problem) = verify_shard(dir, info, first_sample, &mut report) {
+            report.problems.push(problem);
+        }
+        first_sample += info.rows;
+    }
+    if first_sample != manifest.num_samples {
+        report.problems.push(format!(
+            "index.json: num_samples is {} but its shards hold {first_sample} rows",
+            manifest.num_samples
+        ));
+    }
+    Ok(report)
+}
+
+/// Checks one shard; the first fatal problem is returned, row-level ones are pushed.
+fn verify_shard(
+    dir: &Path,
+    info: &ShardInfo,
+    first_sample: u64,
+    report: &mut VerifyReport,
+) -> Result<(), String> {
+    let name = &info.file;
+    let (sha, len) = sha256_file(&dir.join(name)).map_err(|e| e.to_string())?;
+    if len != info.bytes {
+        return Err(format!(
+            "{name}: size is {len} bytes, index.json says {}",
+            info.bytes
+        ));
+    }
+    if sha != info.sha256 {
+        return Err(format!(
+            "{name}: sha256 mismatch: file has {sha}, index.json says {}",
+            info.sha256
+        ));
+    }
+    let shard = OpenShard::open(dir, name, first_sample).map_err(|e| e.to_string())?;
+    let file_schema = shard.metadata.schema();
+    if file_schema.fields() != schema_v1().fields() {
+        return Err(format!(
+            "{name}: schema differs from tessera schema v1: {file_schema:?}"
+        ));
+    }
+    let groups = shard.metadata.metadata().row_groups();
+    if shard.rows() != info.rows || groups.len() != info.row_groups.len() {
+        return Err(format!(
+            "{name}: holds {} rows in {} row groups, index.json says {} rows in {}",
+            shard.rows(),
+            groups.len(),
+            info.rows,
+            info.row_groups.len()
+        ));
+    }
+    let (mut text_tokens, mut supervised) = (0u64, 0u64);
+    for (g, expected) in info.row_groups.iter().enumerate() {
+        if groups[g].num_rows() as u64 != expected.rows {
+            return Err(format!(
+                "{name}: row group {g} holds {} rows, index.json says {}",
+                groups[g].num_rows(),
+                expected.rows
+            ));
+        }
+        let rows: Vec<usize> = (0..expected.rows as usize).collect();
+        let samples = shard.read_rows(g, &rows).map_err(|e| e.to_string())?;
+        for (r, sample) in samples.iter().enumerate() {
+            let row = expected.first_row + r as u64;
+            if let Some(problem) = check_row(sample) {
+                report.problems.push(format!(
+                    "{name} row {row} (sample {}): {problem}",
+                    sample.id
+                ));
+            }
+            text_tokens += u64::from(sample.num_text_tokens);
+            supervised += u64::from(sample.num_supervised_tokens);
+        }
+        report.samples_checked += samples.len() as u64;
+    }
+    if text_tokens != info.num_text_tokens || supervised != info.num_supervised_tokens {
+        return Err(format!(
+            "{name}: token totals {text_tokens}/{supervised} differ from index.json's {}/{}",
+            info.num_text_tokens, info.num_supervised_tokens
+        ));
+    }
+    Ok(())
+}
+
+/// A row's internal consistency; `None` when sound.
+pub(crate) fn check_row(s: &Sample) -> Option<String> {
+    if s.input_ids.len() != s.num_text_tokens as usize {
+        return Some(format!(
+            "num_text_tokens {} != {} input ids",
+            s.num_text_tokens,
+            s.input_ids.len()
+        ));
+    }
+    if s.label_mask.len() != s.input_ids.len() {
+        return Some(format!(
+            "label_mask has {} entries for {} ids",
+            s.label_mask.len(),
+            s.input_ids.len()
+        ));
+    }
+    let counted = s.label_mask.iter().skip(1).filter(|&&m| m).count();
+    if counted != s.num_supervised_tokens as usize {
+        return Some(format!(
+            "num_supervised_tokens {} != {counted} counted",
+            s.num_supervised_tokens
+        ));
+    }
+    match (s.kind, &s.image) {
+        (Kind::Image, Some(bytes)) => {
+            let crc = crc32c::crc32c(bytes);
+            (s.image_crc32c != Some(crc))
+                .then(|| format!("image crc32c {:?} != {crc} computed", s.image_crc32c))
+        }
+        (Kind::Image, None) => Some("kind is image but the image is null".into()),
+        (Kind::Text, Some(_)) => Some("kind is text but an image is stored".into()),
+        (Kind::Text, None) => None,
+    }
+}

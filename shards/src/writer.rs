@@ -1,0 +1,215 @@
+//! Writes one shard: samples go into row groups bounded by rows and by bytes, the file is
+//! written under a temporary name (`.shard-00000.parquet.tmp`), hashed while it is written,
+//! synced, then renamed. The metadata parquet's footer returns feeds [`ShardInfo`].
+use crate::error::ShardError;
+use crate::manifest::{shard_file_name, RowGroupInfo, ShardInfo};
+use crate::sample::{Kind, Sample};
+use crate::schema::{col, samples_to_batch, schema_v1};
+use parquet::arrow::ArrowWriter;
+use parquet::basic::Compression;
+use parquet::file::properties::{EnabledStatistics, WriterProperties};
+use parquet::schema::types::ColumnPath;
+use sha2::{Digest, Sha256};
+use std::fs::File;
+use std::io::{BufWriter, Write};
+use std::path::{Path, PathBuf};
+
+/// Row-group bounds. A row group is the unit of random access: reading one sample decodes its
+/// whole group, so groups stay small (hundreds of rows, a few MiB).
+#[derive(Clone, Copy, Debug)]
+pub struct RowGroupLimits {
+    pub max_rows: usize,
+    pub max_bytes: u64,
+}
+
+impl Default for RowGroupLimits {
+    fn default() -> Self {
+        RowGroupLimits {
+            max_rows: 256,
+            max_bytes: 16 << 20,
+        }
+    }
+}
+
+/// Approximate bytes a sample takes in a shard (image bytes + 4 per token + text). Shard and
+/// row-group boundaries use this estimate, so they depend only on the samples themselves.
+pub fn estimated_sample_bytes(sample: &Sample) -> u64 {
+    let image = sample.image.as_ref().map_or(0, |i| i.len());
+    let text: usize = sample
+        .conversation
+        .iter()
+        .map(|t| t.role.len() + t.text.len() + 8)
+        .sum();
+    (image + text + sample.id.len() + sample.input_ids.len() * 5 + 64) as u64
+}
+
+/// Properties shared by every shard (set once): images are stored as-is (they are already
+/// compressed), everything else is snappy-compressed.
+fn writer_properties(limits: RowGroupLimits) -> WriterProperties {
+    let image = ColumnPath::from(col::IMAGE);
+    WriterProperties::builder()
+        .set_compression(Compression::SNAPPY)
+        .set_max_row_group_size(limits.max_rows.max(1))
+        .set_column_compression(image.clone(), Compression::UNCOMPRESSED)
+        .set_column_dictionary_enabled(image.clone(), false)
+        .set_column_statistics_enabled(image, EnabledStatistics::None)
+        .build()
+}
+
+/// A file writer that hashes and counts every byte it passes on.
+struct HashingFile {
+    out: BufWriter<File>,
+    hasher: Sha256,
+}
+
+impl Write for HashingFile {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let n = self.out.write(buf)?;
+        self.hasher.update(&buf[..n]);
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.out.flush()
+    }
+}
+
+/// Writes `shard-NNNNN.parquet` in a directory.
+pub struct ShardWriter {
+    name: String,
+    final_path: PathBuf,
+    tmp_path: PathBuf,
+    writer: ArrowWriter<HashingFile>,
+    limits: RowGroupLimits,
+    pending: Vec<Sample>,
+    pending_bytes: u64,
+    estimated_bytes: u64,
+    rows: u64,
+    num_text_tokens: u64,
+    num_supervised_tokens: u64,
+    num_image_samples: u64,
+}
+
+impl ShardWriter {
+    /// Starts shard number `index` in `dir` (under its temporary name).
+    pub fn create(dir: &Path, index: usize, limits: RowGroupLimits) -> Result<Self, ShardError> {
+        let name = shard_file_name(index);
+        let final_path = dir.join(&name);
+        let tmp_path = dir.join(format!(".{name}.tmp"));
+        let file = File::create(&tmp_path).map_err(|e| ShardError::io(&tmp_path, e))?;
+        let sink = HashingFile {
+            out: BufWriter::with_capacity(1 << 20, file),
+            hasher: Sha256::new(),
+        };
+        let props = writer_properties(limits);
+        let writer = ArrowWriter::try_new(sink, schema_v1(), Some(props))
+            .map_err(|e| ShardError::parquet(&name, e))?;
+        Ok(ShardWriter {
+            name,
+            final_path,
+            tmp_path,
+            writer,
+            limits,
+            pending: Vec::new(),
+            pending_bytes: 0,
+            estimated_bytes: 0,
+            rows: 0,
+            num_text_tokens: 0,
+            num_supervised_tokens: 0,
+            num_image_samples: 0,
+        })
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Samples appended so far.
+    pub fn rows(&self) -> u64 {
+        self.rows
+    }
+
+    /// Sum of [`estimated_sample_bytes`] over the samples appended so far.
+    pub fn estimated_bytes(&self) -> u64 {
+        self.estimated_bytes
+    }
+
+    /// Appends one sample; a row group is written when it reaches its row or byte bound.
+    pub fn append(&mut self, sample: Sample) -> Result<(), ShardError> {
+        let bytes = estimated_sample_bytes(&sample);
+        self.rows += 1;
+        self.estimated_bytes += bytes;
+        self.pending_bytes += bytes;
+        self.num_text_tokens += u64::from(sample.num_text_tokens);
+        self.num_supervised_tokens += u64::from(sample.num_supervised_tokens);
+        self.num_image_samples += u64::from(sample.kind == Kind::Image);
+        self.pending.push(sample);
+        if self.pending.len() >= self.limits.max_rows || self.pending_bytes >= self.limits.max_bytes
+        {
+            self.write_row_group()?;
+        }
+        Ok(())
+    }
+
+    fn write_row_group(&mut self) -> Result<(), ShardError> {
+        if self.pending.is_empty() {
+            return Ok(());
+        }
+        let batch = samples_to_batch(&self.pending)?;
+        self.writer
+            .write(&batch)
+            .map_err(|e| ShardError::parquet(&self.name, e))?;
+        self.writer
+            .flush()
+            .map_err(|e| ShardError::parquet(&self.name, e))?;
+        self.pending.clear();
+        self.pending_bytes = 0;
+        Ok(())
+    }
+
+    /// Writes the last row group and the footer, syncs, renames to the final name.
+    pub fn finish(mut self) -> Result<ShardInfo, ShardError> {
+        self.write_row_group()?;
+        let metadata = self
+            .writer
+            .finish()
+            .map_err(|e| ShardError::parquet(&self.name, e))?;
+        let sink = self.writer.inner_mut();
+        sink.out
+            .flush()
+            .map_err(|e| ShardError::io(&self.tmp_path, e))?;
+        sink.out
+            .get_ref()
+            .sync_all()
+            .map_err(|e| ShardError::io(&self.tmp_path, e))?;
+        let sha256 = hex::encode(std::mem::take(&mut sink.hasher).finalize());
+        let mut row_groups = Vec::with_capacity(metadata.num_row_groups());
+        let mut first_row = 0u64;
+        for rg in metadata.row_groups() {
+            let rows = rg.num_rows() as u64;
+            row_groups.push(RowGroupInfo {
+                offset: rg.column(0).byte_range().0,
+                bytes: rg.compressed_size() as u64,
+                rows,
+                first_row,
+            });
+            first_row += rows;
+        }
+        drop(self.writer);
+        let bytes = std::fs::metadata(&self.tmp_path)
+            .map_err(|e| ShardError::io(&self.tmp_path, e))?
+            .len();
+        std::fs::rename(&self.tmp_path, &self.final_path)
+            .map_err(|e| ShardError::io(&self.final_path, e))?;
+        Ok(ShardInfo {
+            file: self.name,
+            rows: self.rows,
+            bytes,
+            sha256,
+            num_text_tokens: self.num_text_tokens,
+            num_supervised_tokens: self.num_supervised_tokens,
+            num_image_samples: self.num_image_samples,
+            row_groups,
+        })
+    }
+}
