@@ -1,0 +1,144 @@
+//! Token side of a `MicroBatch`: packed rows of samples -> input ids (placeholders expanded),
+//! shifted labels, per-sample positions, segment ids, padding and counts.
+//!
+//! Per sample, after expanding its placeholder to `image_tokens` copies (never targets):
+//! `labels[t] = ids[t + 1]` when token t + 1 is supervised, else `IGNORE_INDEX`; the last token
+//! of a sample has no target inside its sample, so packed samples never predict each other.
+//! This makes a sample's supervised count equal to `Sample::num_supervised_tokens` (positions
+//! t >= 1 with `label_mask[t]`), the count the planner hands the trainer for loss scaling.
+use super::{LoaderConfig, LoaderError};
+use crate::{MicroBatch, IGNORE_INDEX};
+use shards::{Kind, Sample};
+
+/// One sample as it enters a row.
+pub struct RowSample {
+    pub sample: Sample,
+    /// All labels `IGNORE_INDEX` (a zero-loss plan, or a stand-in for a failed image).
+    pub ignore_labels: bool,
+}
+
+/// Checks a sample's tokens against its kind before any image work is spent on it.
+pub fn check_tokens(sample: &Sample, placeholder_id: u32) -> Result<(), LoaderError> {
+    let bad = |message: String| LoaderError::Sample {
+        sample_id: sample.id.clone(),
+        message,
+    };
+    if sample.label_mask.len() != sample.input_ids.len() {
+        return Err(bad(format!(
+            "label_mask has {} entries for {} input ids",
+            sample.label_mask.len(),
+            sample.input_ids.len()
+        )));
+    }
+    if sample.input_ids.is_empty() {
+        return Err(bad("no input ids".into()));
+    }
+    let placeholders = sample
+        .input_ids
+        .iter()
+        .filter(|&&t| t == placeholder_id)
+        .count();
+    let expected = match sample.kind {
+        Kind::Text => 0,
+        Kind::Image => 1,
+    };
+    if placeholders != expected {
+        return Err(bad(format!(
+            "{:?} sample holds {placeholders} image placeholders ({placeholder_id}), expected {expected}",
+            sample.kind
+        )));
+    }
+    if sample.kind == Kind::Image && sample.image.is_none() {
+        return Err(bad("image sample without image bytes".into()));
+    }
+    Ok(())
+}
+
+/// Builds the token tensors of a micro-batch. `pixels` must already hold one image per image
+/// sample, in row-major packing order.
+pub fn assemble(
+    kind: Kind,
+    zero_loss: bool,
+    rows: Vec<Vec<RowSample>>,
+    pixels: Vec<u8>,
+    config: &LoaderConfig,
+) -> MicroBatch {
+    let placeholder = config.placeholder_id as i64;
+    let expanded_len = |s: &Sample| {
+        s.input_ids
+            .iter()
+            .map(|&t| {
+                if t == config.placeholder_id {
+                    config.image_tokens
+                } else {
+                    1
+                }
+            })
+            .sum::<usize>()
+    };
+    let row_len = rows
+        .iter()
+        .map(|row| row.iter().map(|rs| expanded_len(&rs.sample)).sum::<usize>())
+        .max()
+        .unwrap_or(0);
+    let total = rows.len() * row_len;
+    let mut input_ids = Vec::with_capacity(total);
+    let mut labels = Vec::with_capacity(total);
+    let mut positions = Vec::with_capacity(total);
+    let mut segment_ids = Vec::with_capacity(total);
+    let mut sample_ids = Vec::new();
+    let mut num_images = 0;
+    // Scratch for one expanded sample: (id, is target).
+    let mut tokens: Vec<(i64, bool)> = Vec::new();
+    for row in &rows {
+        let row_start = input_ids.len();
+        for (segment, rs) in row.iter().enumerate() {
+            let s = &rs.sample;
+            sample_ids.push(s.id.clone());
+            tokens.clear();
+            for (&t, &supervised) in s.input_ids.iter().zip(&s.label_mask) {
+                if t == config.placeholder_id {
+                    tokens.extend(std::iter::repeat_n(
+                        (placeholder, false),
+                        config.image_tokens,
+                    ));
+                    num_images += 1;
+                } else {
+                    tokens.push((t as i64, supervised && !rs.ignore_labels && !zero_loss));
+                }
+            }
+            for (pos, &(id, _)) in tokens.iter().enumerate() {
+                input_ids.push(id);
+                let target = tokens.get(pos + 1).filter(|next| next.1);
+                labels.push(target.map_or(IGNORE_INDEX, |next| next.0));
+                positions.push(pos as i64);
+                segment_ids.push(segment as i32);
+            }
+        }
+        let pad = row_len - (input_ids.len() - row_start);
+        input_ids.extend(std::iter::repeat_n(config.pad_id as i64, pad));
+        labels.extend(std::iter::repeat_n(IGNORE_INDEX, pad));
+        positions.extend(std::iter::repeat_n(0, pad));
+        segment_ids.extend(std::iter::repeat_n(-1, pad));
+    }
+    let real_tokens = segment_ids.iter().filter(|&&s| s >= 0).count();
+    let supervised_tokens = labels.iter().filter(|&&l| l != IGNORE_INDEX).count();
+    MicroBatch {
+        kind,
+        rows: rows.len(),
+        row_len,
+        input_ids,
+        labels,
+        positions,
+        segment_ids,
+        pixels,
+        num_images,
+        image_size: config.image_size,
+        image_tokens: config.image_tokens,
+        sample_ids,
+        real_tokens,
+        pad_tokens: total - real_tokens,
+        supervised_tokens,
+        zero_loss,
+    }
+}

@@ -1,0 +1,149 @@
+//! `LoaderConfig`: image size, token ids, resize and bad-image policies, thread count.
+//! Built through `LoaderConfig::builder()`, whose `build()` rejects unusable values.
+use super::LoaderError;
+
+/// Qwen2's `<|image_pad|>`: the placeholder id each image expands from.
+pub const DEFAULT_PLACEHOLDER_ID: u32 = 151_655;
+/// Qwen2's `<|endoftext|>`, used to pad rows.
+pub const DEFAULT_PAD_ID: u32 = 151_643;
+/// Environment variable that overrides the worker count (`1` turns parallelism off).
+pub const THREADS_ENV: &str = "TESSERA_LOADER_THREADS";
+
+/// How an image becomes `size x size`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum ResizePolicy {
+    /// Resize straight to `size x size`, bicubic (SigLIP's image processor).
+    #[default]
+    Squash,
+    /// LLaVA's `expand2square`: centre on a square of the mean colour, then resize.
+    Pad,
+}
+
+/// What happens to a sample whose image does not decode.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum BadImagePolicy {
+    /// Warn with the sample id and drop the sample from its micro-batch.
+    #[default]
+    Skip,
+    /// Stop with an error naming the sample.
+    Fail,
+}
+
+/// Everything the loader needs besides the plans and the samples.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LoaderConfig {
+    /// Output side length S: pixels are `[n, 3, S, S]`.
+    pub image_size: usize,
+    /// Vision tokens per image (each placeholder expands to this many ids).
+    pub image_tokens: usize,
+    pub placeholder_id: u32,
+    pub pad_id: u32,
+    pub resize: ResizePolicy,
+    /// Fill colour of `ResizePolicy::Pad` (LLaVA: the processor's mean x 255).
+    pub pad_rgb: [u8; 3],
+    pub on_bad_image: BadImagePolicy,
+    /// Worker threads; 1 runs everything on the caller's thread.
+    pub threads: usize,
+    /// Micro-batches in flight or waiting at most (bounds memory).
+    pub prefetch: usize,
+}
+
+impl LoaderConfig {
+    pub fn builder() -> LoaderConfigBuilder {
+        LoaderConfigBuilder::default()
+    }
+}
+
+/// Builder for `LoaderConfig`; defaults: 384 px, 729 tokens (SigLIP so400m/14 at 384), Qwen ids,
+/// squash, skip, threads from `TESSERA_LOADER_THREADS` or the core count, prefetch 2 per thread.
+#[derive(Clone, Debug, Default)]
+pub struct LoaderConfigBuilder {
+    image_size: Option<usize>,
+    image_tokens: Option<usize>,
+    placeholder_id: Option<u32>,
+    pad_id: Option<u32>,
+    resize: ResizePolicy,
+    pad_rgb: Option<[u8; 3]>,
+    on_bad_image: BadImagePolicy,
+    threads: Option<usize>,
+    prefetch: Option<usize>,
+}
+
+impl LoaderConfigBuilder {
+    pub fn image_size(mut self, v: usize) -> Self {
+        self.image_size = Some(v);
+        self
+    }
+    pub fn image_tokens(mut self, v: usize) -> Self {
+        self.image_tokens = Some(v);
+        self
+    }
+    pub fn placeholder_id(mut self, v: u32) -> Self {
+        self.placeholder_id = Some(v);
+        self
+    }
+    pub fn pad_id(mut self, v: u32) -> Self {
+        self.pad_id = Some(v);
+        self
+    }
+    pub fn resize(mut self, v: ResizePolicy) -> Self {
+        self.resize = v;
+        self
+    }
+    pub fn pad_rgb(mut self, v: [u8; 3]) -> Self {
+        self.pad_rgb = Some(v);
+        self
+    }
+    pub fn on_bad_image(mut self, v: BadImagePolicy) -> Self {
+        self.on_bad_image = v;
+        self
+    }
+    /// Worker threads; `TESSERA_LOADER_THREADS`, when set, wins over this.
+    pub fn threads(mut self, v: usize) -> Self {
+        self.threads = Some(v);
+        self
+    }
+    pub fn prefetch(mut self, v: usize) -> Self {
+        self.prefetch = Some(v);
+        self
+    }
+
+    pub fn build(self) -> Result<LoaderConfig, LoaderError> {
+        let image_size = self.image_size.unwrap_or(384);
+        if image_size == 0 || image_size > u16::MAX as usize {
+            return Err(LoaderError::Config(format!(
+                "image size {image_size} is not a size (1..=65535)"
+            )));
+        }
+        let image_tokens = self.image_tokens.unwrap_or(729);
+        if image_tokens == 0 {
+            return Err(LoaderError::Config("0 image tokens per image".into()));
+        }
+        let threads = match std::env::var(THREADS_ENV) {
+            Ok(v) => v.trim().parse::<usize>().map_err(|_| {
+                LoaderError::Config(format!("{THREADS_ENV}={v:?} is not a thread count"))
+            })?,
+            Err(_) => self
+                .threads
+                .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get())),
+        };
+        if threads == 0 {
+            return Err(LoaderError::Config("0 worker threads".into()));
+        }
+        let prefetch = self.prefetch.unwrap_or(2 * threads);
+        if prefetch == 0 {
+            return Err(LoaderError::Config("prefetch 0 would never load".into()));
+        }
+        Ok(LoaderConfig {
+            image_size,
+            image_tokens,
+            placeholder_id: self.placeholder_id.unwrap_or(DEFAULT_PLACEHOLDER_ID),
+            pad_id: self.pad_id.unwrap_or(DEFAULT_PAD_ID),
+            resize: self.resize,
+            pad_rgb: self.pad_rgb.unwrap_or([127, 127, 127]),
+            on_bad_image: self.on_bad_image,
+            threads,
+            prefetch,
+        })
+    }
+}

@@ -1,0 +1,203 @@
+//! `Loader`: plans in, micro-batches out, in plan order, through N worker threads.
+//!
+//! A feeder thread numbers the plans and hands them to the workers over a bounded channel;
+//! each worker builds whole micro-batches and sends `(seq, result)` back; the consumer keeps a
+//! small reorder buffer and yields sequence numbers in order. The feeder takes a credit before
+//! each plan and the consumer returns it when it yields that micro-batch, so at most `prefetch`
+//! micro-batches exist at once (queued, in work or waiting for reordering): a slow trainer
+//! stalls the loader instead of growing memory, and a slow loader shows as `wait` time.
+//! With one thread nothing is spawned: micro-batches are built in `next()` (easy to debug).
+use super::stats::{LoaderStats, StatCells};
+use super::worker::Worker;
+use super::{LoaderConfig, LoaderError, SampleSource};
+use crate::{MicroBatch, MicroBatchPlan};
+use crossbeam_channel::{bounded, Receiver, Sender};
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+type Plans = Box<dyn Iterator<Item = MicroBatchPlan> + Send>;
+type Outcome = (u64, Result<MicroBatch, LoaderError>);
+
+/// Iterator over one rank's micro-batches. Ends after the last plan, or after the first error
+/// (which is yielded, e.g. a bad image under the `fail` policy).
+pub struct Loader {
+    mode: Mode,
+    stats: Arc<StatCells>,
+    batches: u64,
+    wait: Duration,
+    finished: bool,
+}
+
+enum Mode {
+    Inline {
+        plans: Plans,
+        worker: Box<Worker>,
+    },
+    Threaded {
+        results: Option<Receiver<Outcome>>,
+        credits: Option<Sender<()>>,
+        reorder: BTreeMap<u64, Result<MicroBatch, LoaderError>>,
+        next_seq: u64,
+        /// Plans the feeder handed to workers so far.
+        dispatched: Arc<AtomicU64>,
+        threads: Vec<JoinHandle<()>>,
+    },
+}
+
+impl Loader {
+    /// Starts loading `plans` (this rank's, in order) from `source`.
+    pub fn new<I>(source: Arc<dyn SampleSource>, plans: I, config: LoaderConfig) -> Loader
+    where
+        I: IntoIterator<Item = MicroBatchPlan>,
+        I::IntoIter: Send + 'static,
+    {
+        let plans: Plans = Box::new(plans.into_iter());
+        let stats = Arc::new(StatCells::default());
+        let config = Arc::new(config);
+        let mode = if config.threads <= 1 {
+            let worker = Box::new(Worker::new(source, config, stats.clone()));
+            Mode::Inline { plans, worker }
+        } else {
+            spawn(source, plans, config, stats.clone())
+        };
+        Loader {
+            mode,
+            stats,
+            batches: 0,
+            wait: Duration::ZERO,
+            finished: false,
+        }
+    }
+
+    /// Counters so far; `wait` is the time `next()` spent blocked.
+    pub fn stats(&self) -> LoaderStats {
+        self.stats.snapshot(self.batches, self.wait)
+    }
+
+    fn next_threaded(&mut self) -> Option<Result<MicroBatch, LoaderError>> {
+        let Mode::Threaded {
+            results,
+            credits,
+            reorder,
+            next_seq,
+            dispatched,
+            ..
+        } = &mut self.mode
+        else {
+            return None;
+        };
+        let results = results.as_ref()?;
+        let outcome = loop {
+            if let Some(ready) = reorder.remove(next_seq) {
+                break ready;
+            }
+            match results.recv() {
+                Ok((seq, outcome)) => {
+                    reorder.insert(seq, outcome);
+                }
+                // Every worker is gone: either all plans were done, or a worker died mid-plan.
+                Err(_) if reorder.is_empty() && *next_seq >= dispatched.load(SeqCst) => {
+                    return None
+                }
+                Err(_) => {
+                    let msg = format!("micro-batch {next_seq} never arrived");
+                    return Some(Err(LoaderError::Worker(msg)));
+                }
+            }
+        };
+        *next_seq += 1;
+        if let Some(credits) = credits {
+            // The feeder may already be done; a closed credit channel is fine.
+            let _ = credits.send(());
+        }
+        Some(outcome)
+    }
+}
+
+impl Iterator for Loader {
+    type Item = Result<MicroBatch, LoaderError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.finished {
+            return None;
+        }
+        let started = Instant::now();
+        let item = match &mut self.mode {
+            Mode::Inline { plans, worker } => plans.next().map(|plan| worker.load(&plan)),
+            Mode::Threaded { .. } => self.next_threaded(),
+        };
+        self.wait += started.elapsed();
+        match &item {
+            Some(Ok(_)) => self.batches += 1,
+            Some(Err(_)) | None => self.finished = true,
+        }
+        item
+    }
+}
+
+impl Drop for Loader {
+    fn drop(&mut self) {
+        if let Mode::Threaded {
+            results,
+            credits,
+            threads,
+            ..
+        } = &mut self.mode
+        {
+            // Closing both ends unblocks the feeder (waiting for credit) and the workers
+            // (waiting to send); then they return.
+            drop(credits.take());
+            drop(results.take());
+            for handle in threads.drain(..) {
+                let _ = handle.join();
+            }
+        }
+    }
+}
+
+fn spawn(
+    source: Arc<dyn SampleSource>,
+    mut plans: Plans,
+    config: Arc<LoaderConfig>,
+    stats: Arc<StatCells>,
+) -> Mode {
+    let (job_tx, job_rx) = bounded::<(u64, MicroBatchPlan)>(config.prefetch);
+    let (result_tx, result_rx) = bounded::<Outcome>(config.prefetch);
+    let (credit_tx, credit_rx) = bounded::<()>(config.prefetch);
+    for _ in 0..config.prefetch {
+        let _ = credit_tx.send(());
+    }
+    let dispatched = Arc::new(AtomicU64::new(0));
+    let mut threads = Vec::with_capacity(config.threads + 1);
+    let sent = dispatched.clone();
+    threads.push(std::thread::spawn(move || {
+        for (seq, plan) in (0u64..).zip(plans.by_ref()) {
+            if credit_rx.recv().is_err() || job_tx.send((seq, plan)).is_err() {
+                return;
+            }
+            sent.store(seq + 1, SeqCst);
+        }
+    }));
+    for _ in 0..config.threads {
+        let (jobs, results) = (job_rx.clone(), result_tx.clone());
+        let mut worker = Worker::new(source.clone(), config.clone(), stats.clone());
+        threads.push(std::thread::spawn(move || {
+            for (seq, plan) in jobs.iter() {
+                if results.send((seq, worker.load(&plan))).is_err() {
+                    return;
+                }
+            }
+        }));
+    }
+    Mode::Threaded {
+        results: Some(result_rx),
+        credits: Some(credit_tx),
+        reorder: BTreeMap::new(),
+        next_seq: 0,
+        dispatched,
+        threads,
+    }
+}

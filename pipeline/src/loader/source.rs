@@ -1,0 +1,28 @@
+//! Where the loader's samples come from: `shards::Dataset` in production, a `Vec<Sample>` in
+//! tests and benchmarks. Reads are by global sample index and come back in the asked order.
+use super::LoaderError;
+use shards::Sample;
+
+/// Random access to samples by global index; shared by all worker threads.
+pub trait SampleSource: Send + Sync {
+    /// The samples at `indices`, in that order.
+    fn read(&self, indices: &[u64]) -> Result<Vec<Sample>, LoaderError>;
+}
+
+impl SampleSource for Vec<Sample> {
+    fn read(&self, indices: &[u64]) -> Result<Vec<Sample>, LoaderError> {
+        indices
+            .iter()
+            .map(|&i| {
+                usize::try_from(i)
+                    .ok()
+                    .and_then(|i| self.get(i))
+                    .cloned()
+                    .ok_or_else(|| LoaderError::Read {
+                        indices: vec![i],
+                        message: format!("index out of range (the source holds {})", self.len()),
+                    })
+            })
+            .collect()
+    }
+}

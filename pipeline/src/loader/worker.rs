@@ -1,0 +1,147 @@
+//! One micro-batch, start to end, on one thread: read its samples, decode + resize each image
+//! into the pixel tensor, apply the bad-image policy, assemble the tokens. A pure function of
+//! (plan, samples, config), which is what makes the output identical for any thread count.
+use super::assemble::{assemble, check_tokens, RowSample};
+use super::decode::decode_rgb;
+use super::resize::{content_box, ChwResizer};
+use super::stats::StatCells;
+use super::{BadImagePolicy, LoaderConfig, LoaderError, SampleSource};
+use crate::{MicroBatch, MicroBatchPlan};
+use shards::{Kind, Sample};
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+use std::time::Instant;
+
+pub(crate) struct Worker {
+    source: Arc<dyn SampleSource>,
+    config: Arc<LoaderConfig>,
+    stats: Arc<StatCells>,
+    resizer: ChwResizer,
+}
+
+impl Worker {
+    pub fn new(
+        source: Arc<dyn SampleSource>,
+        config: Arc<LoaderConfig>,
+        stats: Arc<StatCells>,
+    ) -> Self {
+        Worker {
+            source,
+            config,
+            stats,
+            resizer: ChwResizer::default(),
+        }
+    }
+
+    pub fn load(&mut self, plan: &MicroBatchPlan) -> Result<MicroBatch, LoaderError> {
+        let started = Instant::now();
+        let indices: Vec<u64> = plan.rows.iter().flatten().copied().collect();
+        let samples = self.source.read(&indices)?;
+        if samples.len() != indices.len() {
+            return Err(LoaderError::ShortRead {
+                asked: indices.len(),
+                got: samples.len(),
+                indices,
+            });
+        }
+        StatCells::add_time(&self.stats.read_ns, started.elapsed());
+
+        let image_bytes = 3 * self.config.image_size * self.config.image_size;
+        let image_samples = samples.iter().filter(|s| s.kind == Kind::Image).count();
+        let mut pixels = Vec::with_capacity(image_samples * image_bytes);
+        let mut rows = Vec::with_capacity(plan.rows.len());
+        let mut first_bad_image: Option<Sample> = None;
+        let mut samples = samples.into_iter();
+        for planned_row in &plan.rows {
+            let mut row = Vec::with_capacity(planned_row.len());
+            for sample in samples.by_ref().take(planned_row.len()) {
+                match self.add_image(&sample, &mut pixels) {
+                    Ok(()) => row.push(RowSample {
+                        sample,
+                        ignore_labels: plan.zero_loss,
+                    }),
+                    Err(e) if self.config.on_bad_image == BadImagePolicy::Fail => return Err(e),
+                    Err(e) => {
+                        tracing::warn!(sample = %sample.id, "dropped from its micro-batch: {e}");
+                        self.stats.skipped.fetch_add(1, Relaxed);
+                        if matches!(e, LoaderError::Image { .. }) && first_bad_image.is_none() {
+                            first_bad_image = Some(sample);
+                        }
+                    }
+                }
+            }
+            if !row.is_empty() {
+                rows.push(row);
+            }
+        }
+        let images_ok = pixels.len() / image_bytes;
+        if plan.kind == Kind::Image && images_ok == 0 {
+            if let Some(sample) = first_bad_image {
+                // Every image of an image micro-batch failed. A rank without images would skip
+                // the vision tower while the other ranks all-gather it (a hang), so keep one
+                // failed sample with a pad-colour image and no loss.
+                tracing::warn!(
+                    sample = %sample.id,
+                    "every image of this micro-batch failed; it runs as a zero-loss stand-in"
+                );
+                self.stats.skipped.fetch_sub(1, Relaxed);
+                let plane = image_bytes / 3;
+                for &c in &self.config.pad_rgb {
+                    pixels.extend(std::iter::repeat_n(c, plane));
+                }
+                rows.push(vec![RowSample {
+                    sample,
+                    ignore_labels: true,
+                }]);
+            }
+        }
+
+        let started = Instant::now();
+        let samples_out: usize = rows.iter().map(Vec::len).sum();
+        let batch = assemble(plan.kind, plan.zero_loss, rows, pixels, &self.config);
+        StatCells::add_time(&self.stats.assemble_ns, started.elapsed());
+        self.stats.samples.fetch_add(samples_out as u64, Relaxed);
+        self.stats
+            .images
+            .fetch_add(batch.num_images as u64, Relaxed);
+        Ok(batch)
+    }
+
+    /// Checks the sample and, for an image sample, appends its `[3, S, S]` pixels.
+    fn add_image(&mut self, sample: &Sample, pixels: &mut Vec<u8>) -> Result<(), LoaderError> {
+        check_tokens(sample, self.config.placeholder_id)?;
+        let Some(bytes) = sample.image.as_deref() else {
+            return Ok(());
+        };
+        let bad = |message: String| LoaderError::Image {
+            sample_id: sample.id.clone(),
+            message,
+        };
+        let cfg = &self.config;
+        let size = cfg.image_size as u32;
+        let started = Instant::now();
+        // The full size (before DCT scaling) sets the aspect ratio `pad` keeps.
+        let full_dims = std::cell::Cell::new(None);
+        let (img, _) = decode_rgb(bytes, |w, h| {
+            full_dims.set(Some((w, h)));
+            let [_, _, bw, bh] = content_box(w, h, size, cfg.resize);
+            (bw, bh)
+        })
+        .map_err(bad)?;
+        StatCells::add_time(&self.stats.decode_ns, started.elapsed());
+
+        let started = Instant::now();
+        let offset = pixels.len();
+        pixels.resize(offset + 3 * cfg.image_size * cfg.image_size, 0);
+        let source_dims = full_dims.get().unwrap_or((img.width, img.height));
+        let out = &mut pixels[offset..];
+        let resized =
+            self.resizer
+                .resize_into(&img, source_dims, size, cfg.resize, cfg.pad_rgb, out);
+        StatCells::add_time(&self.stats.resize_ns, started.elapsed());
+        resized.map_err(|e| {
+            pixels.truncate(offset);
+            bad(e)
+        })
+    }
+}
