@@ -1,0 +1,157 @@
+//! `VlmCtx`: what every unit reads from the micro-batch, built once per micro-batch on the
+//! device: ids, labels, the block-diagonal causal mask of the packed rows, rotary tables from
+//! the per-sample positions, the placeholder positions, and the normalised pixels.
+use super::attention::block_causal_mask;
+use super::rope::rotary_tables;
+use super::vlm::Vlm;
+use super::{ModelError, Result};
+use pipeline::{MicroBatch, IGNORE_INDEX};
+use tch::{Device, Kind, Tensor};
+
+pub struct VlmCtx {
+    pub rows: i64,
+    pub row_len: i64,
+    /// `[rows, len]` i64.
+    pub input_ids: Tensor,
+    /// `[rows, len]` i64, already shifted; `IGNORE_INDEX` where nothing is predicted.
+    pub labels: Tensor,
+    /// `[rows, 1, len, len]` bool, true where attention is allowed.
+    pub mask: Tensor,
+    /// `[rows, 1, len, head_dim]` f32 rotary tables.
+    pub cos: Tensor,
+    pub sin: Tensor,
+    /// Flat (row-major) indices of the placeholder tokens, in order: `[num_images * tokens]`.
+    pub placeholder_index: Tensor,
+    /// Flat indices of supervised positions and their targets: `[supervised]` each.
+    pub supervised_index: Tensor,
+    pub targets: Tensor,
+    /// Number of supervised positions.
+    pub supervised: i64,
+    /// Normalised pixels `[n, 3, s, s]` f32 ((x/255 − 0.5)/0.5), `None` without images.
+    pub pixel_values: Option<Tensor>,
+    /// LoRA dropout seed for this micro-batch; `None` (the default) runs without dropout.
+    pub dropout_seed: Option<u64>,
+    pub sample_ids: Vec<String>,
+}
+
+impl VlmCtx {
+    /// Validates `mb` against the model (lengths, token ids, image size, placeholder count)
+    /// and builds the context on `device`.
+    pub fn new(mb: &MicroBatch, vlm: &Vlm, device: Device) -> Result<Self> {
+        let bad = |reason: String| ModelError::BadBatch {
+            samples: mb.sample_ids.clone(),
+            reason,
+        };
+        let n = mb.rows * mb.row_len;
+        for (name, len) in [
+            ("input_ids", mb.input_ids.len()),
+            ("labels", mb.labels.len()),
+            ("positions", mb.positions.len()),
+            ("segment_ids", mb.segment_ids.len()),
+        ] {
+            if len != n {
+                return Err(bad(format!(
+                    "{name} has {len} entries, expected rows*row_len = {n}"
+                )));
+            }
+        }
+        let vocab = vlm.lm.vocab_size;
+        if let Some(id) = mb.input_ids.iter().find(|&&id| id < 0 || id >= vocab) {
+            return Err(bad(format!(
+                "token id {id} is outside the vocabulary of {vocab}"
+            )));
+        }
+        if let Some(l) = mb
+            .labels
+            .iter()
+            .find(|&&l| l != IGNORE_INDEX && (l < 0 || l >= vocab))
+        {
+            return Err(bad(format!(
+                "label {l} is outside the vocabulary of {vocab}"
+            )));
+        }
+        let placeholders: Vec<i64> = (0..n as i64)
+            .filter(|&i| mb.input_ids[i as usize] == vlm.options.image_token_id)
+            .collect();
+        let expected = mb.num_images * mb.image_tokens;
+        if placeholders.len() != expected {
+            return Err(bad(format!(
+                "{} placeholder tokens for {} images of {} tokens",
+                placeholders.len(),
+                mb.num_images,
+                mb.image_tokens
+            )));
+        }
+        let pixel_values = if mb.num_images > 0 {
+            let side = vlm.vision.image_size;
+            if mb.image_size as i64 != side || mb.image_tokens as i64 != vlm.vision.num_patches() {
+                return Err(bad(format!(
+                    "images are {}px with {} tokens; the vision tower takes {side}px and makes {} tokens",
+                    mb.image_size,
+                    mb.image_tokens,
+                    vlm.vision.num_patches()
+                )));
+            }
+            let numel = mb.num_images * 3 * mb.image_size * mb.image_size;
+            if mb.pixels.len() != numel {
+                return Err(bad(format!(
+                    "{} pixel bytes, expected {numel}",
+                    mb.pixels.len()
+                )));
+            }
+            let shape = [mb.num_images as i64, 3, side, side];
+            let raw = Tensor::from_slice(&mb.pixels).view(shape).to_device(device);
+            Some((raw.to_kind(Kind::Float) / 255.0 - 0.5) / 0.5)
+        } else {
+            None
+        };
+
+        let shape = [mb.rows as i64, mb.row_len as i64];
+        let ids = |v: &[i64]| Tensor::from_slice(v).view(shape).to_device(device);
+        let positions = ids(&mb.positions);
+        let segments = Tensor::from_slice(&mb.segment_ids)
+            .view(shape)
+            .to_device(device);
+        let (cos, sin) = rotary_tables(&positions, vlm.lm.head_dim(), vlm.lm.rope_theta());
+        let supervised: Vec<i64> = (0..n as i64)
+            .filter(|&i| mb.labels[i as usize] != IGNORE_INDEX)
+            .collect();
+        let targets: Vec<i64> = supervised.iter().map(|&i| mb.labels[i as usize]).collect();
+        Ok(Self {
+            rows: shape[0],
+            row_len: shape[1],
+            input_ids: ids(&mb.input_ids),
+            labels: ids(&mb.labels),
+            mask: block_causal_mask(&segments),
+            cos,
+            sin,
+            placeholder_index: Tensor::from_slice(&placeholders).to_device(device),
+            supervised: supervised.len() as i64,
+            supervised_index: Tensor::from_slice(&supervised).to_device(device),
+            targets: Tensor::from_slice(&targets).to_device(device),
+            pixel_values,
+            dropout_seed: None,
+            sample_ids: mb.sample_ids.clone(),
+        })
+    }
+
+    /// Turns on LoRA dropout with masks drawn from `seed` (use a different seed per
+    /// micro-batch; FSDP's recompute of a unit then draws the same masks).
+    pub fn with_dropout_seed(mut self, seed: u64) -> Self {
+        self.dropout_seed = Some(seed);
+        self
+    }
+
+    pub fn has_images(&self) -> bool {
+        self.pixel_values.is_some()
+    }
+
+    /// Input of the first unit that runs: the normalised pixels, or an empty f32 tensor for a
+    /// text-only micro-batch (which `embed` then receives).
+    pub fn first_input(&self) -> Tensor {
+        match &self.pixel_values {
+            Some(p) => p.shallow_clone(),
+            None => Tensor::empty([0], (Kind::Float, self.input_ids.device())),
+        }
+    }
+}

@@ -1,0 +1,1 @@
+//! Random-weight checkpoints (filled in below).

@@ -1,0 +1,175 @@
+//! LoRA adapters on Qwen2's linear layers, in PEFT's conventions: `lora_A` `[r, in]`
+//! (kaiming-uniform a=√5, i.e. U(±1/√in)), `lora_B` `[out, r]` (zeros), output
+//! base(x) + B(A(dropout(x)))·(alpha/r), merged W' = W + (alpha/r)·B·A. Inside tessera the
+//! parameters are named `{module}.lora_A.weight`; PEFT's files prefix `base_model.model.`.
+use super::config::{LoraConfig, Qwen2Config};
+use super::projector::uniform;
+use super::qwen2::linear_layers;
+use super::{param, weights, ModelError, Result};
+use crate::unit::{ParamMap, ParamSpec};
+use rand::SeedableRng;
+use rand_chacha::ChaCha8Rng;
+use std::collections::BTreeMap;
+use std::path::Path;
+use tch::Tensor;
+
+pub const ADAPTER_WEIGHTS: &str = "adapter_model.safetensors";
+pub const ADAPTER_CONFIG: &str = "adapter_config.json";
+const PEFT_PREFIX: &str = "base_model.model.";
+
+/// Whether `module` (`model.layers.3.mlp.up_proj`) carries an adapter under `cfg`.
+pub fn targets(cfg: &LoraConfig, module: &str) -> bool {
+    let leaf = module.rsplit('.').next().unwrap_or(module);
+    cfg.target_modules.iter().any(|t| t == leaf)
+}
+
+/// Adapter parameters of decoder layer `i` (trainable).
+pub fn layer_specs(lm: &Qwen2Config, i: i64, cfg: &LoraConfig) -> Vec<ParamSpec> {
+    let mut specs = Vec::new();
+    for (module, out, inp, _) in linear_layers(lm, i) {
+        if targets(cfg, &module) {
+            specs.push(ParamSpec {
+                name: format!("{module}.lora_A.weight"),
+                shape: vec![cfg.r, inp],
+                trainable: true,
+            });
+            specs.push(ParamSpec {
+                name: format!("{module}.lora_B.weight"),
+                shape: vec![out, cfg.r],
+                trainable: true,
+            });
+        }
+    }
+    specs
+}
+
+/// B(A(dropout(x)))·(alpha/r). With `dropout_seed`, the dropout mask is drawn after seeding
+/// torch's generator with it, so recomputing the same unit draws the same mask.
+pub fn delta(
+    cfg: &LoraConfig,
+    params: &ParamMap,
+    module: &str,
+    x: &Tensor,
+    dropout_seed: Option<u64>,
+) -> Tensor {
+    let a = param(params, &format!("{module}.lora_A.weight"));
+    let b = param(params, &format!("{module}.lora_B.weight"));
+    let x = match dropout_seed {
+        Some(seed) if cfg.lora_dropout > 0.0 => {
+            tch::manual_seed((seed >> 1) as i64);
+            x.dropout(cfg.lora_dropout, true)
+        }
+        _ => x.shallow_clone(),
+    };
+    x.linear::<Tensor>(a, None).linear::<Tensor>(b, None) * cfg.scaling()
+}
+
+/// Fresh adapters for every layer (PEFT init), seeded.
+pub fn init(lm: &Qwen2Config, cfg: &LoraConfig, seed: u64) -> ParamMap {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let mut out = BTreeMap::new();
+    for i in 0..lm.num_hidden_layers {
+        for spec in layer_specs(lm, i, cfg) {
+            let t = if spec.name.ends_with("lora_A.weight") {
+                uniform(&spec.shape, 1.0 / (spec.shape[1] as f64).sqrt(), &mut rng)
+            } else {
+                Tensor::zeros(spec.shape.as_slice(), (tch::Kind::Float, tch::Device::Cpu))
+            };
+            out.insert(spec.name, t);
+        }
+    }
+    out
+}
+
+/// Writes `dir/adapter_model.safetensors` (PEFT keys) and `dir/adapter_config.json` from the
+/// adapter tensors found in `params`.
+pub fn save_adapter(
+    dir: &Path,
+    cfg: &LoraConfig,
+    params: &ParamMap,
+    base_model: &str,
+) -> Result<()> {
+    std::fs::create_dir_all(dir).map_err(|source| ModelError::Io {
+        path: dir.into(),
+        source,
+    })?;
+    let adapters: ParamMap = params
+        .iter()
+        .filter(|(k, _)| k.contains(".lora_A.") || k.contains(".lora_B."))
+        .map(|(k, t)| (format!("{PEFT_PREFIX}{k}"), t.detach()))
+        .collect();
+    weights::save(&dir.join(ADAPTER_WEIGHTS), &adapters)?;
+    let config = serde_json::json!({
+        "peft_type": "LORA",
+        "task_type": "CAUSAL_LM",
+        "base_model_name_or_path": base_model,
+        "r": cfg.r,
+        "lora_alpha": cfg.lora_alpha,
+        "lora_dropout": cfg.lora_dropout,
+        "target_modules": cfg.target_modules,
+        "bias": "none",
+        "fan_in_fan_out": false,
+        "inference_mode": true,
+        "init_lora_weights": true,
+        "modules_to_save": null,
+    });
+    let path = dir.join(ADAPTER_CONFIG);
+    let text = serde_json::to_string_pretty(&config).map_err(|source| ModelError::Json {
+        path: path.clone(),
+        source,
+    })?;
+    std::fs::write(&path, text).map_err(|source| ModelError::Io { path, source })
+}
+
+/// Reads a PEFT adapter directory: its config and tensors renamed to tessera's keys
+/// (`base_model.model.` stripped; an adapter name such as `.default` dropped).
+pub fn load_adapter(dir: &Path) -> Result<(LoraConfig, ParamMap)> {
+    let path = dir.join(ADAPTER_CONFIG);
+    let value = super::config::read_json(&path)?;
+    if value.get("peft_type").and_then(|v| v.as_str()) != Some("LORA") {
+        return Err(ModelError::InvalidConfig(format!(
+            "{}: peft_type is not LORA",
+            path.display()
+        )));
+    }
+    let cfg: LoraConfig =
+        serde_json::from_value(value).map_err(|source| ModelError::Json { path, source })?;
+    cfg.validate()?;
+    let raw = weights::load_all(&dir.join(ADAPTER_WEIGHTS))?;
+    let mut out = BTreeMap::new();
+    for (key, t) in raw {
+        let key = key
+            .strip_prefix(PEFT_PREFIX)
+            .unwrap_or(&key)
+            .replace(".default.weight", ".weight");
+        out.insert(key, t);
+    }
+    Ok((cfg, out))
+}
+
+/// Base weights with every adapter merged in (W' = W + (alpha/r)·B·A) and the adapter tensors
+/// removed: the plain Qwen2 checkpoint a user can load without PEFT.
+pub fn merge(lm: &Qwen2Config, cfg: &LoraConfig, params: &ParamMap) -> Result<ParamMap> {
+    let mut out: ParamMap = params
+        .iter()
+        .filter(|(k, _)| !k.contains(".lora_A.") && !k.contains(".lora_B."))
+        .map(|(k, t)| (k.clone(), t.detach().copy()))
+        .collect();
+    for i in 0..lm.num_hidden_layers {
+        for (module, _, _, _) in linear_layers(lm, i) {
+            if !targets(cfg, &module) {
+                continue;
+            }
+            let get = |suffix: &str| {
+                let key = format!("{module}.{suffix}");
+                params.get(&key).ok_or(ModelError::InvalidConfig(format!(
+                    "cannot merge: `{key}` is missing"
+                )))
+            };
+            let (a, b, w) = (get("lora_A.weight")?, get("lora_B.weight")?, get("weight")?);
+            let merged = w.detach() + b.detach().matmul(&a.detach()) * cfg.scaling();
+            out.insert(format!("{module}.weight"), merged);
+        }
+    }
+    Ok(out)
+}

@@ -1,0 +1,84 @@
+//! Sum of token cross-entropy over supervised positions, computed in chunks of tokens so the
+//! `[tokens × vocab]` logits never exist at once (Qwen's vocabulary is 151,936: one 8,192-token
+//! micro-batch would need 5 GB of f32 logits).
+//!
+//! Autograd would keep every chunk's logits alive until backward, so the gradients are
+//! computed chunk by chunk here, in the forward pass, from softmax − one-hot:
+//! dL/dh = (p − y)·W and dL/dW = (p − y)ᵀ·h. The returned scalar is
+//! `loss + s − s.detach()` with `s = Σ h·dL/dh + Σ W·dL/dW`: its value is the loss, and
+//! back-propagating through it delivers exactly those gradients to `h` and `W` (scaled by the
+//! upstream gradient), whatever comes before `h` (the final norm, the decoder). Only the
+//! gradients that are needed are computed (a frozen `W` gets none).
+use tch::{Kind, Tensor};
+
+/// Chunk length keeping one chunk's logits near 64 Mi elements (256 MB in f32).
+pub fn default_chunk(vocab: i64) -> i64 {
+    ((1i64 << 26) / vocab.max(1)).max(1)
+}
+
+/// Σ_t CE(h_t Wᵀ, target_t) for `hidden` `[n, D]`, `weight` `[V, D]` and `targets` `[n]`
+/// (every target supervised, none -100).
+pub fn chunked_cross_entropy_sum(
+    hidden: &Tensor,
+    weight: &Tensor,
+    targets: &Tensor,
+    chunk: i64,
+) -> Tensor {
+    let n = hidden.size()[0];
+    let need_h = hidden.requires_grad();
+    let need_w = weight.requires_grad();
+    let (loss, grad_h, grad_w) = tch::no_grad(|| {
+        let h_all = hidden.detach();
+        let w = weight.detach();
+        let mut loss = Tensor::zeros([], (Kind::Float, hidden.device()));
+        let grad_h = need_h.then(|| h_all.zeros_like());
+        let grad_w = need_w.then(|| w.zeros_like());
+        let mut start = 0;
+        while start < n {
+            let len = chunk.min(n - start);
+            let h = h_all.narrow(0, start, len);
+            let t = targets.narrow(0, start, len).unsqueeze(1);
+            let mut logits = h.matmul(&w.tr());
+            let lse = logits.logsumexp([-1], true);
+            loss += (&lse - logits.gather(1, &t, false)).sum(Kind::Float);
+            if need_h || need_w {
+                // softmax - one_hot, in place over the chunk's logits
+                let _ = logits.g_sub_(&lse).exp_();
+                let _ = logits.scatter_add_(
+                    1,
+                    &t,
+                    &Tensor::full([len, 1], -1.0, (Kind::Float, h.device())),
+                );
+                if let Some(g) = &grad_h {
+                    let _ = g.narrow(0, start, len).copy_(&logits.matmul(&w));
+                }
+                if let Some(g) = &grad_w {
+                    let mut g = g.shallow_clone();
+                    let _ = g.addmm_(&logits.tr(), &h);
+                }
+            }
+            start += len;
+        }
+        (loss, grad_h, grad_w)
+    });
+    let mut surrogate = Tensor::zeros([], (Kind::Float, hidden.device()));
+    if let Some(g) = grad_h {
+        surrogate = surrogate + (hidden * g).sum(Kind::Float);
+    }
+    if let Some(g) = grad_w {
+        surrogate = surrogate + (weight * g).sum(Kind::Float);
+    }
+    let zero_valued = &surrogate - surrogate.detach();
+    loss + zero_valued
+}
+
+/// The plain computation (full logits, one cross-entropy), for tests and small vocabularies.
+pub fn full_cross_entropy_sum(hidden: &Tensor, weight: &Tensor, targets: &Tensor) -> Tensor {
+    hidden.matmul(&weight.tr()).cross_entropy_loss::<Tensor>(
+        targets,
+        None,
+        tch::Reduction::Sum,
+        -100,
+        0.0,
+    )
+}

@@ -1,0 +1,200 @@
+//! The five kinds of FSDP unit (see [`crate::unit::Unit`]): `vision`, `projector`, `embed`,
+//! `layers.{i}` and `head`. Each lists the parameters it reads and computes from them alone.
+use super::config::{LoraConfig, Qwen2Config, SiglipVisionConfig};
+use super::ctx::VlmCtx;
+use super::qwen2::{self, LayerInputs};
+use super::{loss, param, projector, siglip};
+use crate::unit::{ParamMap, ParamSpec, Unit};
+use tch::{Kind, Tensor};
+
+/// Normalised pixels `[n, 3, s, s]` -> features of the layer before the last `[n, tokens, Dv]`.
+pub struct VisionUnit {
+    cfg: SiglipVisionConfig,
+    specs: Vec<ParamSpec>,
+}
+
+impl VisionUnit {
+    pub fn new(cfg: &SiglipVisionConfig) -> Self {
+        Self {
+            cfg: cfg.clone(),
+            specs: siglip::param_specs(cfg),
+        }
+    }
+}
+
+impl Unit<VlmCtx> for VisionUnit {
+    fn name(&self) -> &str {
+        "vision"
+    }
+    fn params(&self) -> &[ParamSpec] {
+        &self.specs
+    }
+    fn runs_on(&self, ctx: &VlmCtx) -> bool {
+        ctx.has_images()
+    }
+    fn forward(&self, params: &ParamMap, input: &Tensor, _ctx: &VlmCtx) -> Tensor {
+        siglip::features(&self.cfg, params, input)
+    }
+}
+
+/// Features `[n, tokens, Dv]` -> image tokens `[n * tokens, D]` (in placeholder order).
+pub struct ProjectorUnit {
+    lm_hidden: i64,
+    specs: Vec<ParamSpec>,
+}
+
+impl ProjectorUnit {
+    pub fn new(vision_hidden: i64, lm_hidden: i64, trainable: bool) -> Self {
+        Self {
+            lm_hidden,
+            specs: projector::param_specs(vision_hidden, lm_hidden, trainable),
+        }
+    }
+}
+
+impl Unit<VlmCtx> for ProjectorUnit {
+    fn name(&self) -> &str {
+        "projector"
+    }
+    fn params(&self) -> &[ParamSpec] {
+        &self.specs
+    }
+    fn runs_on(&self, ctx: &VlmCtx) -> bool {
+        ctx.has_images()
+    }
+    fn forward(&self, params: &ParamMap, input: &Tensor, _ctx: &VlmCtx) -> Tensor {
+        projector::forward(params, input).reshape([-1, self.lm_hidden])
+    }
+}
+
+/// Image tokens `[n * tokens, D]` (or an empty tensor) -> input embeddings `[rows, len, D]`
+/// with the image tokens written at the placeholder positions, in order.
+pub struct EmbedUnit {
+    specs: Vec<ParamSpec>,
+}
+
+impl EmbedUnit {
+    pub fn new(cfg: &Qwen2Config) -> Self {
+        Self {
+            specs: qwen2::embed_specs(cfg),
+        }
+    }
+}
+
+impl Unit<VlmCtx> for EmbedUnit {
+    fn name(&self) -> &str {
+        "embed"
+    }
+    fn params(&self) -> &[ParamSpec] {
+        &self.specs
+    }
+    fn runs_on(&self, _ctx: &VlmCtx) -> bool {
+        true
+    }
+    fn forward(&self, params: &ParamMap, input: &Tensor, ctx: &VlmCtx) -> Tensor {
+        let embeds = qwen2::embed(params, &ctx.input_ids);
+        if input.numel() == 0 {
+            return embeds;
+        }
+        let d = embeds.size()[2];
+        embeds
+            .reshape([-1, d])
+            .index_copy(0, &ctx.placeholder_index, &input.to_kind(embeds.kind()))
+            .view([ctx.rows, ctx.row_len, d])
+    }
+}
+
+/// Decoder layer `i` (with its LoRA adapters, the trainable parameters of stage 2).
+pub struct LayerUnit {
+    cfg: Qwen2Config,
+    lora: Option<LoraConfig>,
+    index: i64,
+    name: String,
+    specs: Vec<ParamSpec>,
+}
+
+impl LayerUnit {
+    pub fn new(cfg: &Qwen2Config, index: i64, lora: Option<&LoraConfig>) -> Self {
+        Self {
+            cfg: cfg.clone(),
+            lora: lora.cloned(),
+            index,
+            name: format!("layers.{index}"),
+            specs: qwen2::layer_specs(cfg, index, lora),
+        }
+    }
+}
+
+impl Unit<VlmCtx> for LayerUnit {
+    fn name(&self) -> &str {
+        &self.name
+    }
+    fn params(&self) -> &[ParamSpec] {
+        &self.specs
+    }
+    fn runs_on(&self, _ctx: &VlmCtx) -> bool {
+        true
+    }
+    fn forward(&self, params: &ParamMap, input: &Tensor, ctx: &VlmCtx) -> Tensor {
+        let inputs = LayerInputs {
+            mask: &ctx.mask,
+            cos: &ctx.cos,
+            sin: &ctx.sin,
+            dropout_seed: ctx.dropout_seed,
+        };
+        qwen2::layer_forward(
+            &self.cfg,
+            self.lora.as_ref(),
+            params,
+            self.index,
+            input,
+            &inputs,
+        )
+    }
+}
+
+/// Final norm + output projection -> scalar sum of token cross-entropy over supervised
+/// labels, chunked (see [`loss`]). With tied embeddings it reads `model.embed_tokens.weight`,
+/// which the `embed` unit also reads (see `Vlm::shared_params`).
+pub struct HeadUnit {
+    cfg: Qwen2Config,
+    tied: bool,
+    chunk: i64,
+    specs: Vec<ParamSpec>,
+}
+
+impl HeadUnit {
+    pub fn new(cfg: &Qwen2Config, tied: bool, chunk: i64) -> Self {
+        Self {
+            cfg: cfg.clone(),
+            tied,
+            chunk,
+            specs: qwen2::head_specs(cfg, tied),
+        }
+    }
+}
+
+impl Unit<VlmCtx> for HeadUnit {
+    fn name(&self) -> &str {
+        "head"
+    }
+    fn params(&self) -> &[ParamSpec] {
+        &self.specs
+    }
+    fn runs_on(&self, _ctx: &VlmCtx) -> bool {
+        true
+    }
+    fn forward(&self, params: &ParamMap, input: &Tensor, ctx: &VlmCtx) -> Tensor {
+        if ctx.supervised == 0 {
+            // Zero-loss micro-batch: a zero that still reaches every input, so backward runs.
+            return input.sum(Kind::Float) * 0.0;
+        }
+        let d = input.size()[2];
+        let h = input
+            .reshape([-1, d])
+            .index_select(0, &ctx.supervised_index);
+        let h = qwen2::rms_norm(&h, param(params, qwen2::NORM), self.cfg.rms_norm_eps);
+        let w = param(params, qwen2::output_weight(self.tied));
+        loss::chunked_cross_entropy_sum(&h, w, &ctx.targets, self.chunk)
+    }
+}

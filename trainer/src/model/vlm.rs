@@ -1,0 +1,239 @@
+//! The VLM as FSDP runs it: a chain of units (`vision`, `projector`, `embed`, `layers.{i}`,
+//! `head`), each a pure function of its parameters (full tensors keyed by Hugging Face
+//! names), its input and the micro-batch context [`VlmCtx`].
+//!
+//! The chain, exactly as [`Vlm::loss`] runs it (FSDP runs the same, one unit at a time):
+//! `x = ctx.first_input()` (normalised pixels, or an empty tensor for text-only micro-batches),
+//! then for every unit that `runs_on(ctx)`: `x = unit.forward(params, &x, ctx)`. Vision and
+//! projector skip text-only micro-batches, so `embed` then receives the empty tensor.
+use super::config::{LoraConfig, Qwen2Config, SiglipVisionConfig};
+use super::units::{EmbedUnit, HeadUnit, LayerUnit, ProjectorUnit, VisionUnit};
+use super::weights::{self, Checkpoint};
+use super::{lora, projector, qwen2, siglip, ModelError, Result};
+use crate::unit::{ParamMap, ParamSpec, Unit};
+use std::collections::BTreeMap;
+use std::path::Path;
+use tch::{Device, Kind, Tensor};
+
+pub use super::ctx::VlmCtx;
+
+/// `<|image_pad|>` in the Qwen tokenizer: the placeholder id image tokens replace.
+pub const QWEN_IMAGE_PAD_ID: i64 = 151_655;
+
+/// Choices that are not in the checkpoints: what trains, the placeholder id, the loss chunk.
+#[derive(Clone, Debug)]
+pub struct VlmOptions {
+    pub image_token_id: i64,
+    /// Stage 1 and 2 train the projector.
+    pub train_projector: bool,
+    /// Stage 2: LoRA adapters on the LM (trainable); the LM's base weights stay frozen.
+    pub lora: Option<LoraConfig>,
+    /// Tokens per chunk of the loss; `None` picks [`super::loss::default_chunk`].
+    pub loss_chunk: Option<i64>,
+}
+
+impl Default for VlmOptions {
+    fn default() -> Self {
+        Self {
+            image_token_id: QWEN_IMAGE_PAD_ID,
+            train_projector: true,
+            lora: None,
+            loss_chunk: None,
+        }
+    }
+}
+
+/// Configs plus the unit chain.
+pub struct Vlm {
+    pub vision: SiglipVisionConfig,
+    pub lm: Qwen2Config,
+    /// The LM head reads `model.embed_tokens.weight` (no `lm_head.weight`).
+    pub tied: bool,
+    pub options: VlmOptions,
+    units: Vec<Box<dyn Unit<VlmCtx>>>,
+}
+
+impl Vlm {
+    pub fn new(
+        vision: SiglipVisionConfig,
+        lm: Qwen2Config,
+        tied: bool,
+        options: VlmOptions,
+    ) -> Result<Self> {
+        vision.validate()?;
+        lm.validate()?;
+        if let Some(l) = &options.lora {
+            l.validate()?;
+        }
+        let mut units: Vec<Box<dyn Unit<VlmCtx>>> = vec![
+            Box::new(VisionUnit::new(&vision)),
+            Box::new(ProjectorUnit::new(
+                vision.hidden_size,
+                lm.hidden_size,
+                options.train_projector,
+            )),
+            Box::new(EmbedUnit::new(&lm)),
+        ];
+        for i in 0..lm.num_hidden_layers {
+            units.push(Box::new(LayerUnit::new(&lm, i, options.lora.as_ref())));
+        }
+        let chunk = options
+            .loss_chunk
+            .unwrap_or_else(|| super::loss::default_chunk(lm.vocab_size));
+        units.push(Box::new(HeadUnit::new(&lm, tied, chunk)));
+        Ok(Self {
+            vision,
+            lm,
+            tied,
+            options,
+            units,
+        })
+    }
+
+    /// Reads both `config.json` files; the head is tied when the LM config says so or the
+    /// checkpoint has no `lm_head.weight`.
+    pub fn from_dirs(vision_dir: &Path, lm_dir: &Path, options: VlmOptions) -> Result<Self> {
+        let vision = SiglipVisionConfig::from_dir(vision_dir)?;
+        let lm = Qwen2Config::from_dir(lm_dir)?;
+        let tied = lm.tie_word_embeddings || !Checkpoint::open(lm_dir)?.contains(qwen2::LM_HEAD);
+        Self::new(vision, lm, tied, options)
+    }
+
+    /// The units in execution order.
+    pub fn units(&self) -> &[Box<dyn Unit<VlmCtx>>] {
+        &self.units
+    }
+
+    /// Every parameter once, in unit order (a tied embedding appears once, under `embed`).
+    pub fn param_specs(&self) -> Vec<ParamSpec> {
+        let mut seen = std::collections::HashSet::new();
+        let mut out = Vec::new();
+        for unit in &self.units {
+            for spec in unit.params() {
+                if seen.insert(spec.name.clone()) {
+                    out.push(spec.clone());
+                }
+            }
+        }
+        out
+    }
+
+    /// Parameters read by more than one unit, with the units reading them. With tied
+    /// embeddings: `model.embed_tokens.weight` -> ["embed", "head"]. FSDP must keep one copy
+    /// and add the gradients of every unit that reads it.
+    pub fn shared_params(&self) -> Vec<(String, Vec<String>)> {
+        let mut readers: BTreeMap<String, Vec<String>> = BTreeMap::new();
+        for unit in &self.units {
+            for spec in unit.params() {
+                readers
+                    .entry(spec.name.clone())
+                    .or_default()
+                    .push(unit.name().to_string());
+            }
+        }
+        readers
+            .into_iter()
+            .filter(|(_, units)| units.len() > 1)
+            .collect()
+    }
+
+    /// All parameters on the CPU: the vision tower and LM from their Hugging Face directories,
+    /// the projector from `projector` (a safetensors file with `mm_projector.{0,2}.*` keys,
+    /// optionally under `model.`) or freshly initialised, and fresh LoRA adapters when
+    /// configured. `seed` drives the fresh initialisations.
+    pub fn load_params(
+        &self,
+        vision_dir: &Path,
+        lm_dir: &Path,
+        projector_file: Option<&Path>,
+        seed: u64,
+    ) -> Result<ParamMap> {
+        let mut params = Checkpoint::open(vision_dir)?
+            .load_specs(&siglip::param_specs(&self.vision), Device::Cpu)?;
+        let lm_specs: Vec<ParamSpec> = self
+            .param_specs()
+            .into_iter()
+            .filter(|s| s.name.starts_with("model.") || s.name == qwen2::LM_HEAD)
+            .filter(|s| !s.name.contains(".lora_"))
+            .collect();
+        params.append(&mut Checkpoint::open(lm_dir)?.load_specs(&lm_specs, Device::Cpu)?);
+        let specs = projector::param_specs(self.vision.hidden_size, self.lm.hidden_size, true);
+        let mut proj = match projector_file {
+            Some(path) => load_projector(path, &specs)?,
+            None => projector::init(self.vision.hidden_size, self.lm.hidden_size, seed),
+        };
+        params.append(&mut proj);
+        if let Some(cfg) = &self.options.lora {
+            params.append(&mut lora::init(&self.lm, cfg, seed.wrapping_add(1)));
+        }
+        Ok(params)
+    }
+
+    /// Sets `requires_grad` on the trainable parameters (for the single-process reference).
+    pub fn mark_trainable(&self, params: &mut ParamMap) {
+        for spec in self.param_specs().iter().filter(|s| s.trainable) {
+            if let Some(t) = params.get_mut(&spec.name) {
+                *t = t.detach().set_requires_grad(true);
+            }
+        }
+    }
+
+    /// The context of `mb` on the device the parameters live on.
+    pub fn ctx(&self, params: &ParamMap, mb: &pipeline::MicroBatch) -> Result<VlmCtx> {
+        let device = params
+            .values()
+            .next()
+            .map(|t| t.device())
+            .unwrap_or(Device::Cpu);
+        VlmCtx::new(mb, self, device)
+    }
+
+    /// Runs the whole chain in one process (the W=1 reference): the summed token loss over
+    /// supervised labels and their count. `params` holds every parameter the micro-batch needs.
+    pub fn loss(&self, params: &ParamMap, mb: &pipeline::MicroBatch) -> Result<(Tensor, i64)> {
+        let ctx = self.ctx(params, mb)?;
+        let mut x = ctx.first_input();
+        for unit in &self.units {
+            if unit.runs_on(&ctx) {
+                x = unit.forward(params, &x, &ctx);
+            }
+        }
+        Ok((x, ctx.supervised))
+    }
+
+    /// Full logits `[rows, len, vocab]` (evaluation and tests; never used for training).
+    pub fn logits(&self, params: &ParamMap, mb: &pipeline::MicroBatch) -> Result<Tensor> {
+        let ctx = self.ctx(params, mb)?;
+        let mut x = ctx.first_input();
+        for unit in &self.units[..self.units.len() - 1] {
+            if unit.runs_on(&ctx) {
+                x = unit.forward(params, &x, &ctx);
+            }
+        }
+        Ok(qwen2::logits(&self.lm, params, self.tied, &x))
+    }
+}
+
+fn load_projector(path: &Path, specs: &[ParamSpec]) -> Result<ParamMap> {
+    let raw = weights::load_all(path)?;
+    let mut out = BTreeMap::new();
+    for spec in specs {
+        let t = raw
+            .get(&spec.name)
+            .or_else(|| raw.get(&format!("model.{}", spec.name)))
+            .ok_or_else(|| ModelError::MissingTensor {
+                dir: path.into(),
+                name: spec.name.clone(),
+            })?;
+        if t.size() != spec.shape {
+            return Err(ModelError::ShapeMismatch {
+                path: path.into(),
+                name: spec.name.clone(),
+                expected: spec.shape.clone(),
+                found: t.size(),
+            });
+        }
+        out.insert(spec.name.clone(), t.to_kind(Kind::Float));
+    }
+    Ok(out)
+}
