@@ -1,1 +1,17 @@
-//! The training loop, config, schedule, metrics, checkpoints, export (train issue).
+//! Training: config (TOML + flags, LLaVA-1.5 stage defaults), schedule (warmup + cosine),
+//! metrics (`metrics.jsonl`, progress, summary), plot (`loss.png`), checkpoints (per-rank
+//! shards + metadata, atomic, verified on resume), export (projector + PEFT adapter + VLM
+//! config) and the loop itself.
+pub mod checkpoint;
+pub mod config;
+pub mod export;
+pub mod metrics;
+pub mod plot;
+pub mod schedule;
+
+pub use config::{ConfigError, ConfigLayer, Stage, Strategy, TrainConfig};
+
+#[cfg(test)]
+mod checkpoint_tests;
+#[cfg(test)]
+mod config_tests;

@@ -1,0 +1,212 @@
+//! `tessera export --run DIR --out DIR`: what a run leaves for transformers and PEFT.
+//!
+//! From the run's latest complete checkpoint it writes
+//! - `mm_projector.safetensors`: the projector with LLaVA's keys (`mm_projector.0.weight`, ...);
+//! - `adapter/` (stage 2): `adapter_model.safetensors` + `adapter_config.json` in PEFT's format;
+//! - `config.json`: the VLM (vision and LM source directories, projector type, image token
+//!   count and id, template, resize policy), using LLaVA's config key names where LLaVA has one.
+use super::checkpoint::{Checkpoint, CheckpointError};
+use super::config::{Resize, Stage, TrainConfig};
+use crate::model::config::{Qwen2Config, SiglipVisionConfig};
+use crate::model::lora::{self, ADAPTER_CONFIG};
+use crate::model::{weights, LoraConfig, ModelError};
+use crate::unit::ParamMap;
+use serde::{Deserialize, Serialize};
+use std::path::{Path, PathBuf};
+
+/// File (in rank 0's checkpoint folder) holding the full trainable tensors, by HF key.
+pub const TRAINABLE_FILE: &str = "trainable.safetensors";
+/// Written at the start of a run: what the model is, for `export`.
+pub const VLM_FILE: &str = "vlm.json";
+pub const PROJECTOR_FILE: &str = "mm_projector.safetensors";
+pub const ADAPTER_DIR: &str = "adapter";
+
+/// Why an export failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ExportError {
+    #[error("run {run}: no complete checkpoint under {run}/checkpoints (train first, or wait for the first checkpoint)")]
+    NoCheckpoint { run: PathBuf },
+    #[error("run {run}: {what}")]
+    BadRun { run: PathBuf, what: String },
+    #[error(transparent)]
+    Checkpoint(#[from] CheckpointError),
+    #[error(transparent)]
+    Model(#[from] ModelError),
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+}
+
+/// The VLM a run trains, as exported in `config.json` (LLaVA's key names where it has them).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct VlmDescription {
+    pub model_type: String,
+    /// Vision tower source directory (absolute).
+    pub mm_vision_tower: PathBuf,
+    /// Language model source directory (absolute).
+    pub language_model: PathBuf,
+    pub mm_projector_type: String,
+    /// Features come from the layer before the last.
+    pub mm_vision_select_layer: i64,
+    pub mm_vision_select_feature: String,
+    pub mm_hidden_size: i64,
+    pub hidden_size: i64,
+    pub image_size: i64,
+    /// Vision tokens per image: each placeholder expands to this many.
+    pub image_token_count: i64,
+    pub image_token_id: u32,
+    pub image_token: String,
+    /// `square` (resize straight) or `pad` (expand2square), as LLaVA's `image_aspect_ratio`.
+    pub image_aspect_ratio: String,
+    /// Chat template the shards were tokenized with (`plain` or `chatml`).
+    pub template: String,
+    pub tokenizer_fingerprint: String,
+    pub stage: u8,
+    #[serde(default)]
+    pub lora: Option<LoraConfig>,
+    /// Filled by `export`: the checkpoint step exported and the files written.
+    #[serde(default)]
+    pub step: Option<u64>,
+    #[serde(default)]
+    pub projector_file: Option<String>,
+    #[serde(default)]
+    pub adapter_dir: Option<String>,
+}
+
+impl VlmDescription {
+    pub fn new(
+        cfg: &TrainConfig,
+        vision: &SiglipVisionConfig,
+        lm: &Qwen2Config,
+        manifest: &shards::Manifest,
+        lora: Option<LoraConfig>,
+    ) -> Self {
+        let abs = |p: &Path| std::fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf());
+        VlmDescription {
+            model_type: "llava_qwen2".into(),
+            mm_vision_tower: abs(&cfg.vision),
+            language_model: abs(&cfg.lm),
+            mm_projector_type: "mlp2x_gelu".into(),
+            mm_vision_select_layer: -2,
+            mm_vision_select_feature: "patch".into(),
+            mm_hidden_size: vision.hidden_size,
+            hidden_size: lm.hidden_size,
+            image_size: vision.image_size,
+            image_token_count: vision.num_patches(),
+            image_token_id: manifest.image_placeholder_id,
+            image_token: "<|image_pad|>".into(),
+            image_aspect_ratio: match cfg.resize {
+                Resize::Squash => "square".into(),
+                Resize::Pad => "pad".into(),
+            },
+            template: manifest.template.clone(),
+            tokenizer_fingerprint: manifest.tokenizer_fingerprint.clone(),
+            stage: cfg.stage.into(),
+            lora,
+            step: None,
+            projector_file: None,
+            adapter_dir: None,
+        }
+    }
+
+    pub fn save(&self, path: &Path) -> Result<(), ExportError> {
+        let text = serde_json::to_string_pretty(self).map_err(|e| ExportError::Io {
+            path: path.to_path_buf(),
+            source: std::io::Error::other(e),
+        })?;
+        std::fs::write(path, text).map_err(|source| ExportError::Io {
+            path: path.to_path_buf(),
+            source,
+        })
+    }
+
+    pub fn load(path: &Path) -> Result<Self, ExportError> {
+        let bad = |what: String| ExportError::BadRun {
+            run: path.parent().unwrap_or(path).to_path_buf(),
+            what,
+        };
+        let text =
+            std::fs::read(path).map_err(|e| bad(format!("cannot read {}: {e}", path.display())))?;
+        serde_json::from_slice(&text)
+            .map_err(|e| bad(format!("{} is not valid: {e}", path.display())))
+    }
+}
+
+/// What `export` wrote.
+#[derive(Clone, Debug)]
+pub struct ExportReport {
+    pub step: u64,
+    pub projector: PathBuf,
+    pub adapter: Option<PathBuf>,
+    pub config: PathBuf,
+}
+
+/// The trainable tensors of a run's latest complete checkpoint (verified against its manifest).
+pub fn latest_trainable(run: &Path) -> Result<(Checkpoint, ParamMap), ExportError> {
+    let ckpt = Checkpoint::latest(run)?.ok_or_else(|| ExportError::NoCheckpoint {
+        run: run.to_path_buf(),
+    })?;
+    let dir = ckpt.rank_dir(0)?;
+    let params = weights::load_all(&dir.join(TRAINABLE_FILE))?;
+    Ok((ckpt, params))
+}
+
+/// Exports `run` into `out` (created if missing).
+pub fn export(run: &Path, out: &Path) -> Result<ExportReport, ExportError> {
+    let mut vlm = VlmDescription::load(&run.join(VLM_FILE))?;
+    let (ckpt, params) = latest_trainable(run)?;
+    let cfg: TrainConfig =
+        serde_json::from_value(ckpt.meta.config.clone()).map_err(|e| ExportError::BadRun {
+            run: run.to_path_buf(),
+            what: format!(
+                "checkpoint {} holds an unreadable config: {e}",
+                ckpt.dir.display()
+            ),
+        })?;
+    std::fs::create_dir_all(out).map_err(|source| ExportError::Io {
+        path: out.to_path_buf(),
+        source,
+    })?;
+    let projector: ParamMap = params
+        .iter()
+        .filter(|(k, _)| k.starts_with("mm_projector."))
+        .map(|(k, t)| (k.clone(), t.shallow_clone()))
+        .collect();
+    if projector.len() != 4 {
+        return Err(ExportError::BadRun {
+            run: run.to_path_buf(),
+            what: format!(
+                "checkpoint {} holds {} projector tensors, expected 4 (mm_projector.0/2 weight+bias)",
+                ckpt.dir.display(),
+                projector.len()
+            ),
+        });
+    }
+    let projector_path = out.join(PROJECTOR_FILE);
+    weights::save(&projector_path, &projector)?;
+    let adapter = match (cfg.stage, &vlm.lora) {
+        (Stage::Finetune, Some(lora_cfg)) => {
+            let dir = out.join(ADAPTER_DIR);
+            let base = vlm.language_model.display().to_string();
+            lora::save_adapter(&dir, lora_cfg, &params, &base)?;
+            Some(dir)
+        }
+        _ => None,
+    };
+    vlm.step = Some(ckpt.meta.step);
+    vlm.projector_file = Some(PROJECTOR_FILE.into());
+    vlm.adapter_dir = adapter.as_ref().map(|_| ADAPTER_DIR.into());
+    let config = out.join("config.json");
+    vlm.save(&config)?;
+    debug_assert!(adapter
+        .as_ref()
+        .is_none_or(|d| d.join(ADAPTER_CONFIG).is_file()));
+    Ok(ExportReport {
+        step: ckpt.meta.step,
+        projector: projector_path,
+        adapter,
+        config,
+    })
+}
