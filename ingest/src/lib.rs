@@ -1,3 +1,30 @@
-//! LLaVA json + images (folder or zip) -> tessera shards (ingest issue); and `synth`, a
-//! generator of datasets in LLaVA-Pretrain's exact layout.
+//! LLaVA json + images (folder or zip) -> tessera shards; and `synth`, a generator of datasets
+//! in LLaVA-Pretrain's exact layout.
+//!
+//! An ingest run ([`run`]):
+//! 1. maps the json and splits it into records (a syntax error stops the run, naming the byte
+//!    offset); a reader thread parses them in order and marks repeated ids;
+//! 2. worker threads check each record's conversation, render the chat template, refuse unsafe
+//!    image paths, fetch the image (folder or zip, read in place), probe its header (format,
+//!    size, pixel limit), decode it unless `verify` is off, and tokenize;
+//! 3. one writer puts outcomes back in json order: samples go to `shard-NNNNN.parquet`,
+//!    rejections (id + reason) to `rejected.jsonl`; after each shard a journal makes the run
+//!    resumable; `index.json` is written last.
+pub mod error;
+pub mod images;
+pub mod ordered_writer;
+pub mod probe;
+pub mod reason;
+pub mod record;
+pub mod report;
+pub mod resume;
+mod run;
 pub mod synth;
+pub mod template;
+pub mod workers;
+
+pub use error::IngestError;
+pub use reason::{Reason, Rejection};
+pub use report::Summary;
+pub use run::{run, IngestConfig};
+pub use template::{Encoder, Template};

@@ -1,0 +1,114 @@
+//! The resume journal, `DIR/ingest.journal.json`, rewritten atomically after every completed
+//! shard. Shard boundaries depend only on the records (see the ordered writer), so a run that
+//! restarts at `next_record` with shard number `shards.len()` writes the same bytes an
+//! uninterrupted run would have written.
+use crate::error::IngestError;
+use serde::{Deserialize, Serialize};
+use shards::{IngestReport, ShardInfo};
+use std::path::Path;
+
+pub const JOURNAL_FILE: &str = "ingest.journal.json";
+pub const REJECTED_FILE: &str = "rejected.jsonl";
+
+/// Everything that changes the output bytes; a resume must use the same.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Settings {
+    pub json_bytes: u64,
+    pub json_records: u64,
+    pub tokenizer_fingerprint: String,
+    pub template: String,
+    pub shard_size: u64,
+    pub verify: bool,
+    pub max_pixels: u64,
+}
+
+/// State after the last completed shard.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Journal {
+    pub settings: Settings,
+    pub shards: Vec<ShardInfo>,
+    /// First record (json order) not yet covered by `shards` and `rejected.jsonl`.
+    pub next_record: u64,
+    /// Length of `rejected.jsonl` at this point.
+    pub rejected_bytes: u64,
+    pub report: IngestReport,
+}
+
+impl Journal {
+    pub fn save(&self, dir: &Path) -> Result<(), IngestError> {
+        let text = serde_json::to_vec_pretty(self).map_err(|e| IngestError::Resume {
+            dir: dir.to_path_buf(),
+            detail: e.to_string(),
+        })?;
+        Ok(shards::write_atomically(&dir.join(JOURNAL_FILE), &text)?)
+    }
+
+    /// Loads the journal, or `None` when there is none.
+    pub fn load(dir: &Path) -> Result<Option<Journal>, IngestError> {
+        let path = dir.join(JOURNAL_FILE);
+        match std::fs::read(&path) {
+            Ok(text) => serde_json::from_slice(&text)
+                .map(Some)
+                .map_err(|e| IngestError::Resume {
+                    dir: dir.to_path_buf(),
+                    detail: format!("{JOURNAL_FILE}: {e}"),
+                }),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(IngestError::io(path, e)),
+        }
+    }
+
+    /// Checks the journal against the settings and the files on disk: each listed shard's
+    /// sha256 must match; leftovers of the interrupted run (later shards, temporary files,
+    /// rejected lines past the checkpoint) are removed.
+    pub fn restore(&self, dir: &Path, settings: &Settings) -> Result<(), IngestError> {
+        let fail = |detail: String| IngestError::Resume {
+            dir: dir.to_path_buf(),
+            detail,
+        };
+        if &self.settings != settings {
+            return Err(fail(format!(
+                "the interrupted run used different inputs or settings ({:?}); now {:?}; start over in an empty directory",
+                self.settings, settings
+            )));
+        }
+        for shard in &self.shards {
+            let (sha, _) = shards::sha256_file(&dir.join(&shard.file))?;
+            if sha != shard.sha256 {
+                return Err(fail(format!(
+                    "{} changed since it was written (sha256 {sha}, journal {})",
+                    shard.file, shard.sha256
+                )));
+            }
+        }
+        remove_leftovers(dir, self.shards.len())?;
+        let rejected = dir.join(REJECTED_FILE);
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&rejected)
+            .map_err(|e| IngestError::io(&rejected, e))?;
+        file.set_len(self.rejected_bytes)
+            .map_err(|e| IngestError::io(&rejected, e))?;
+        Ok(())
+    }
+}
+
+/// Removes temporary files and shard files numbered `keep` or above.
+pub fn remove_leftovers(dir: &Path, keep: usize) -> Result<(), IngestError> {
+    let entries = std::fs::read_dir(dir).map_err(|e| IngestError::io(dir, e))?;
+    for entry in entries {
+        let entry = entry.map_err(|e| IngestError::io(dir, e))?;
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let stale_shard = name
+            .strip_prefix("shard-")
+            .and_then(|n| n.strip_suffix(".parquet"))
+            .and_then(|n| n.parse::<usize>().ok())
+            .is_some_and(|n| n >= keep);
+        if stale_shard || (name.starts_with('.') && name.ends_with(".tmp")) {
+            std::fs::remove_file(entry.path()).map_err(|e| IngestError::io(entry.path(), e))?;
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,260 @@
+//! The ingest run: a reader thread (json order, duplicate ids), N worker threads, and the
+//! ordered writer on the calling thread, joined by bounded channels. A credit channel bounds
+//! how far the reader may run ahead of the writer, so memory stays bounded even when one
+//! image is slow.
+use crate::error::IngestError;
+use crate::images::ImageSource;
+use crate::ordered_writer::OrderedWriter;
+use crate::record::RecordFile;
+use crate::report::{Summary, REPORT_FILE};
+use crate::resume::{remove_leftovers, Journal, Settings, JOURNAL_FILE, REJECTED_FILE};
+use crate::template::{Encoder, Template};
+use crate::workers::{Job, Outcome, Worker};
+use crossbeam_channel::bounded;
+use indicatif::{ProgressBar, ProgressStyle};
+use shards::{IngestReport, Manifest, RowGroupLimits, FORMAT_VERSION, INDEX_FILE};
+use std::collections::HashSet;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Instant;
+
+/// Settings of one ingest run (the `tessera ingest` flags).
+#[derive(Clone, Debug)]
+pub struct IngestConfig {
+    pub json: PathBuf,
+    pub images: PathBuf,
+    pub tokenizer: PathBuf,
+    pub out: PathBuf,
+    pub template: Template,
+    /// A shard closes once its estimated size reaches this many bytes.
+    pub shard_size: u64,
+    pub workers: usize,
+    /// Fully decode every image (default true; `--no-verify` turns it off).
+    pub verify: bool,
+    pub resume: bool,
+    pub max_rejected_fraction: f64,
+    /// Images with more pixels than this are rejected as decompression bombs.
+    pub max_pixels: u64,
+    pub row_groups: RowGroupLimits,
+    /// Show a progress bar (the caller decides: terminal and no NO_PROGRESS).
+    pub progress: bool,
+}
+
+impl IngestConfig {
+    pub const DEFAULT_SHARD_SIZE: u64 = 256 << 20;
+    pub const DEFAULT_MAX_PIXELS: u64 = 40_000_000;
+
+    /// Defaults for everything but the paths.
+    pub fn new(json: PathBuf, images: PathBuf, tokenizer: PathBuf, out: PathBuf) -> Self {
+        IngestConfig {
+            json,
+            images,
+            tokenizer,
+            out,
+            template: Template::Plain,
+            shard_size: Self::DEFAULT_SHARD_SIZE,
+            workers: std::thread::available_parallelism().map_or(2, |n| n.get()),
+            verify: true,
+            resume: false,
+            max_rejected_fraction: 0.01,
+            max_pixels: Self::DEFAULT_MAX_PIXELS,
+            row_groups: RowGroupLimits::default(),
+            progress: false,
+        }
+    }
+}
+
+/// Runs an ingest. `Ok` even when too many records were rejected: see [`Summary::complete`].
+pub fn run(config: &IngestConfig) -> Result<Summary, IngestError> {
+    let started = Instant::now();
+    let records = RecordFile::open(&config.json)?;
+    let encoder = Arc::new(Encoder::load(&config.tokenizer, config.template)?);
+    let source = ImageSource::open(&config.images)?;
+    let settings = Settings {
+        json_bytes: records.byte_len(),
+        json_records: records.len() as u64,
+        tokenizer_fingerprint: encoder.fingerprint.clone(),
+        template: config.template.name().to_string(),
+        shard_size: config.shard_size,
+        verify: config.verify,
+        max_pixels: config.max_pixels,
+    };
+    let dir = &config.out;
+    if config.resume && dir.join(INDEX_FILE).exists() {
+        let manifest = Manifest::load(dir)?;
+        tracing::info!("{} is already complete; nothing to resume", dir.display());
+        return Ok(Summary::new(
+            manifest.ingest,
+            &manifest.shards,
+            0.0,
+            0,
+            config.max_rejected_fraction,
+        ));
+    }
+    let state = prepare_out_dir(dir, config.resume, &settings)?;
+    let start = state.next_record;
+    if start > 0 {
+        tracing::info!(
+            "resuming at record {start} with {} shards kept",
+            state.shards.len()
+        );
+    }
+    let progress = progress_bar(config.progress, records.len() as u64);
+    let mut writer = OrderedWriter::new(dir.clone(), state, config.row_groups, progress)?;
+    let workers = config.workers.max(1);
+    let window = 64 * workers + 256;
+    let (job_tx, job_rx) = bounded::<Job>(4 * workers);
+    let (out_tx, out_rx) = bounded::<(u64, Result<Outcome, IngestError>)>(4 * workers);
+    let (credit_tx, credit_rx) = bounded::<()>(window);
+    let final_state = std::thread::scope(|scope| -> Result<Journal, IngestError> {
+        let records = &records;
+        scope.spawn(move || {
+            let mut seen = HashSet::with_capacity(records.len());
+            for n in 0..records.len() {
+                let record = records.record(n);
+                let duplicate = match &record {
+                    Ok(r) => !seen.insert(r.id.clone()),
+                    Err(_) => false,
+                };
+                if (n as u64) < start {
+                    continue;
+                }
+                let stop = record.is_err();
+                if credit_tx.send(()).is_err()
+                    || job_tx
+                        .send(Job {
+                            seq: n as u64,
+                            record,
+                            duplicate,
+                        })
+                        .is_err()
+                    || stop
+                {
+                    return;
+                }
+            }
+        });
+        for _ in 0..workers {
+            let (job_rx, out_tx) = (job_rx.clone(), out_tx.clone());
+            let mut worker = Worker {
+                source: source.clone(),
+                encoder: encoder.clone(),
+                verify: config.verify,
+                max_pixels: config.max_pixels,
+            };
+            scope.spawn(move || {
+                for job in job_rx {
+                    let seq = job.seq;
+                    let outcome = catch_unwind(AssertUnwindSafe(|| worker.process(job)))
+                        .unwrap_or_else(|_| {
+                            Err(IngestError::WorkerPanic(format!(
+                                "while processing record {seq}"
+                            )))
+                        });
+                    if out_tx.send((seq, outcome)).is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+        drop((job_rx, out_tx));
+        for (seq, outcome) in out_rx {
+            for _ in 0..writer.push(seq, outcome)? {
+                let _ = credit_rx.recv();
+            }
+        }
+        if writer.waiting() > 0 {
+            return Err(IngestError::WorkerPanic(
+                "records were lost between workers and writer".into(),
+            ));
+        }
+        writer.finish()
+    })?;
+    finalize(config, &encoder, final_state, started, start)
+}
+
+/// Creates the output directory, or restores the state an interrupted run left in it.
+fn prepare_out_dir(dir: &Path, resume: bool, settings: &Settings) -> Result<Journal, IngestError> {
+    std::fs::create_dir_all(dir).map_err(|e| IngestError::io(dir, e))?;
+    let fresh = Journal {
+        settings: settings.clone(),
+        shards: Vec::new(),
+        next_record: 0,
+        rejected_bytes: 0,
+        report: IngestReport::default(),
+    };
+    if resume {
+        if let Some(journal) = Journal::load(dir)? {
+            journal.restore(dir, settings)?;
+            return Ok(journal);
+        }
+    } else {
+        let mut entries = std::fs::read_dir(dir).map_err(|e| IngestError::io(dir, e))?;
+        if entries.next().is_some() {
+            return Err(IngestError::OutDir {
+                dir: dir.to_path_buf(),
+                detail:
+                    "output directory is not empty (pass --resume to continue an interrupted run)"
+                        .into(),
+            });
+        }
+    }
+    remove_leftovers(dir, 0)?;
+    let rejected = dir.join(REJECTED_FILE);
+    std::fs::write(&rejected, b"").map_err(|e| IngestError::io(&rejected, e))?;
+    Ok(fresh)
+}
+
+/// Writes the report and, when the rejected fraction is acceptable, index.json.
+fn finalize(
+    config: &IngestConfig,
+    encoder: &Encoder,
+    mut state: Journal,
+    started: Instant,
+    start: u64,
+) -> Result<Summary, IngestError> {
+    let dir = &config.out;
+    state.report.images_verified = config.verify;
+    let processed = state.next_record.saturating_sub(start);
+    let summary = Summary::new(
+        state.report.clone(),
+        &state.shards,
+        started.elapsed().as_secs_f64(),
+        processed,
+        config.max_rejected_fraction,
+    );
+    let report_json = serde_json::to_vec_pretty(&summary).map_err(|e| IngestError::OutDir {
+        dir: dir.clone(),
+        detail: e.to_string(),
+    })?;
+    shards::write_atomically(&dir.join(REPORT_FILE), &report_json)?;
+    if summary.complete {
+        let manifest = Manifest {
+            format_version: FORMAT_VERSION,
+            tokenizer_fingerprint: encoder.fingerprint.clone(),
+            template: config.template.name().to_string(),
+            image_placeholder_id: encoder.image_pad_id,
+            num_samples: state.shards.iter().map(|s| s.rows).sum(),
+            shards: state.shards,
+            ingest: state.report,
+        };
+        manifest.save(dir)?;
+        let journal = dir.join(JOURNAL_FILE);
+        std::fs::remove_file(&journal).map_err(|e| IngestError::io(&journal, e))?;
+    }
+    Ok(summary)
+}
+
+fn progress_bar(show: bool, total: u64) -> ProgressBar {
+    if !show {
+        return ProgressBar::hidden();
+    }
+    let bar = ProgressBar::new(total);
+    if let Ok(style) =
+        ProgressStyle::with_template("{bar:40} {pos}/{len} records  {per_sec}  ETA {eta}")
+    {
+        bar.set_style(style);
+    }
+    bar
+}
