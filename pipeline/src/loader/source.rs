@@ -26,3 +26,12 @@ impl SampleSource for Vec<Sample> {
             .collect()
     }
 }
+
+impl SampleSource for shards::Dataset {
+    fn read(&self, indices: &[u64]) -> Result<Vec<Sample>, LoaderError> {
+        shards::Dataset::read(self, indices).map_err(|e| LoaderError::Read {
+            indices: indices.to_vec(),
+            message: e.to_string(),
+        })
+    }
+}
