@@ -124,13 +124,14 @@ fn skip_ws(bytes: &[u8], mut pos: usize) -> usize {
     pos
 }
 
-/// Returns the end (exclusive) of the value starting at `pos`.
+/// Returns the end (exclusive) of the object or array starting at `start`; brackets must
+/// match (`{"a": [}` fails at the `}`).
 fn value_end(bytes: &[u8], start: usize) -> Result<usize, (usize, String)> {
     let mut pos = start;
-    let mut depth = 0usize;
+    let mut open: Vec<u8> = Vec::new();
     loop {
         let Some(&b) = bytes.get(pos) else {
-            return Err((pos, "unexpected end of file inside a value".into()));
+            return Err((pos, "unexpected end of file inside a record".into()));
         };
         match b {
             b'"' => {
@@ -144,20 +145,19 @@ fn value_end(bytes: &[u8], start: usize) -> Result<usize, (usize, String)> {
                     }
                 }
             }
-            b'{' | b'[' => depth += 1,
+            b'{' => open.push(b'}'),
+            b'[' => open.push(b']'),
             b'}' | b']' => {
-                if depth == 0 {
-                    return Ok(pos);
+                if open.pop() != Some(b) {
+                    return Err((pos, format!("unexpected `{}`", b as char)));
                 }
-                depth -= 1;
+                if open.is_empty() {
+                    return Ok(pos + 1);
+                }
             }
-            b',' | b' ' | b'\n' | b'\r' | b'\t' if depth == 0 => return Ok(pos),
             _ => {}
         }
         pos += 1;
-        if depth == 0 && matches!(b, b'"' | b'}' | b']') {
-            return Ok(pos);
-        }
     }
 }
 

@@ -90,9 +90,9 @@ pub fn samples_to_batch(samples: &[Sample]) -> Result<RecordBatch, ShardError> {
     let formats = StringArray::from_iter(samples.iter().map(|s| s.image_format.as_deref()));
     let widths = UInt32Array::from_iter_values(samples.iter().map(|s| s.width));
     let heights = UInt32Array::from_iter_values(samples.iter().map(|s| s.height));
-    let turns = samples.iter().flat_map(|s| s.conversation.iter());
-    let roles = StringArray::from_iter_values(turns.clone().map(|t| t.role.as_str()));
-    let texts = StringArray::from_iter_values(turns.map(|t| t.text.as_str()));
+    let turns: Vec<&Turn> = samples.iter().flat_map(|s| s.conversation.iter()).collect();
+    let roles = StringArray::from_iter_values(turns.iter().map(|t| t.role.as_str()));
+    let texts = StringArray::from_iter_values(turns.iter().map(|t| t.text.as_str()));
     let turn_struct = StructArray::new(
         turn_fields(),
         vec![Arc::new(roles) as ArrayRef, Arc::new(texts)],
