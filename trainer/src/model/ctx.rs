@@ -70,6 +70,11 @@ impl VlmCtx {
                 "label {l} is outside the vocabulary of {vocab}"
             )));
         }
+        if mb.labels.contains(&vlm.options.image_token_id) {
+            return Err(bad(
+                "a label is the image placeholder id; image positions must not be targets".into(),
+            ));
+        }
         let placeholders: Vec<i64> = (0..n as i64)
             .filter(|&i| mb.input_ids[i as usize] == vlm.options.image_token_id)
             .collect();

@@ -1,1 +1,195 @@
-//! Random-weight checkpoints (filled in below).
+//! Random-weight Hugging Face checkpoints for tests and the demo (`tessera init-model`):
+//! `vision/` (a `SiglipVisionModel` without pooling head) and `lm/` (a `Qwen2ForCausalLM`),
+//! each a `config.json` transformers reads plus a `model.safetensors`. Weights are seeded:
+//! matrices and embeddings N(0, 0.02²) (transformers' `initializer_range`), biases
+//! N(0, 0.02²), norm weights 1 + N(0, 0.02²).
+use super::config::{Qwen2Config, SiglipVisionConfig};
+use super::{qwen2, siglip, weights, ModelError, Result};
+use crate::unit::{ParamMap, ParamSpec};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use std::collections::BTreeMap;
+use std::path::Path;
+use tch::Tensor;
+
+/// Standard deviation of every random tensor.
+pub const INIT_STD: f64 = 0.02;
+
+/// Named model sizes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Preset {
+    /// Trains on 2 CPU cores: 64 px images (64 tokens), LM hidden 64, Qwen's vocabulary.
+    Tiny,
+    /// For throughput measurements: 128 px images (64 tokens), LM hidden 256, 6 layers.
+    Small,
+    /// Qwen2.5-0.5B's exact shape with a siglip-so400m-patch14-384 tower (about 0.9 B params).
+    Qwen05bShape,
+}
+
+impl Preset {
+    pub fn configs(self) -> (SiglipVisionConfig, Qwen2Config) {
+        let vision = |hidden, ff, layers, heads, image, patch| SiglipVisionConfig {
+            hidden_size: hidden,
+            intermediate_size: ff,
+            num_hidden_layers: layers,
+            num_attention_heads: heads,
+            num_channels: 3,
+            image_size: image,
+            patch_size: patch,
+            hidden_act: "gelu_pytorch_tanh".into(),
+            layer_norm_eps: 1e-6,
+        };
+        let lm = |hidden, ff, layers, heads, kv, max_pos| Qwen2Config {
+            vocab_size: 151_936,
+            hidden_size: hidden,
+            intermediate_size: ff,
+            num_hidden_layers: layers,
+            num_attention_heads: heads,
+            num_key_value_heads: Some(kv),
+            head_dim: None,
+            hidden_act: "silu".into(),
+            max_position_embeddings: max_pos,
+            rms_norm_eps: 1e-6,
+            rope_theta: Some(1_000_000.0),
+            rope_parameters: None,
+            tie_word_embeddings: true,
+        };
+        match self {
+            Preset::Tiny => (vision(64, 128, 3, 4, 64, 8), lm(64, 128, 2, 4, 2, 4096)),
+            Preset::Small => (
+                vision(192, 768, 4, 6, 128, 16),
+                lm(256, 1024, 6, 8, 2, 8192),
+            ),
+            Preset::Qwen05bShape => (
+                vision(1152, 4304, 27, 16, 384, 14),
+                lm(896, 4864, 24, 14, 2, 32768),
+            ),
+        }
+    }
+}
+
+/// Seeded tensors for `specs`: norm weights 1 + N(0, std²), everything else N(0, std²).
+pub fn random_params(specs: &[ParamSpec], seed: u64, std: f64) -> ParamMap {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let mut out = BTreeMap::new();
+    for spec in specs {
+        let n: i64 = spec.shape.iter().product();
+        let is_norm = spec.name.contains("norm") && spec.name.ends_with(".weight");
+        let offset = if is_norm { 1.0 } else { 0.0 };
+        let mut values = Vec::with_capacity(n as usize);
+        while values.len() < n as usize {
+            // Box–Muller: two uniforms -> two independent standard normals.
+            let u1: f64 = 1.0 - rng.gen::<f64>();
+            let u2: f64 = rng.gen::<f64>();
+            let r = (-2.0 * u1.ln()).sqrt();
+            let theta = std::f64::consts::TAU * u2;
+            values.push((offset + std * r * theta.cos()) as f32);
+            values.push((offset + std * r * theta.sin()) as f32);
+        }
+        values.truncate(n as usize);
+        out.insert(
+            spec.name.clone(),
+            Tensor::from_slice(&values).view(spec.shape.as_slice()),
+        );
+    }
+    out
+}
+
+/// Every tensor of a complete Qwen2ForCausalLM checkpoint (no `lm_head.weight` when tied).
+pub fn lm_checkpoint_specs(cfg: &Qwen2Config) -> Vec<ParamSpec> {
+    let mut specs = qwen2::embed_specs(cfg);
+    for i in 0..cfg.num_hidden_layers {
+        specs.extend(qwen2::layer_specs(cfg, i, None));
+    }
+    specs.extend(
+        qwen2::head_specs(cfg, cfg.tie_word_embeddings)
+            .into_iter()
+            .filter(|s| s.name != qwen2::EMBED),
+    );
+    specs
+}
+
+/// `config.json` of a `SiglipVisionModel` without pooling head.
+pub fn vision_config_json(cfg: &SiglipVisionConfig) -> serde_json::Value {
+    serde_json::json!({
+        "architectures": ["SiglipVisionModel"],
+        "model_type": "siglip_vision_model",
+        "hidden_size": cfg.hidden_size,
+        "intermediate_size": cfg.intermediate_size,
+        "num_hidden_layers": cfg.num_hidden_layers,
+        "num_attention_heads": cfg.num_attention_heads,
+        "num_channels": cfg.num_channels,
+        "image_size": cfg.image_size,
+        "patch_size": cfg.patch_size,
+        "hidden_act": cfg.hidden_act,
+        "layer_norm_eps": cfg.layer_norm_eps,
+        "attention_dropout": 0.0,
+        "vision_use_head": false,
+        "torch_dtype": "float32",
+    })
+}
+
+/// `config.json` of a `Qwen2ForCausalLM` (top-level `rope_theta`, as released Qwen2.5 configs).
+pub fn lm_config_json(cfg: &Qwen2Config) -> serde_json::Value {
+    serde_json::json!({
+        "architectures": ["Qwen2ForCausalLM"],
+        "model_type": "qwen2",
+        "vocab_size": cfg.vocab_size,
+        "hidden_size": cfg.hidden_size,
+        "intermediate_size": cfg.intermediate_size,
+        "num_hidden_layers": cfg.num_hidden_layers,
+        "num_attention_heads": cfg.num_attention_heads,
+        "num_key_value_heads": cfg.kv_heads(),
+        "hidden_act": cfg.hidden_act,
+        "max_position_embeddings": cfg.max_position_embeddings,
+        "rms_norm_eps": cfg.rms_norm_eps,
+        "rope_theta": cfg.rope_theta(),
+        "tie_word_embeddings": cfg.tie_word_embeddings,
+        "use_sliding_window": false,
+        "attention_dropout": 0.0,
+        "bos_token_id": 151_643,
+        "eos_token_id": 151_643,
+        "torch_dtype": "float32",
+    })
+}
+
+fn write_dir(dir: &Path, config: &serde_json::Value, params: &ParamMap) -> Result<()> {
+    std::fs::create_dir_all(dir).map_err(|source| ModelError::Io {
+        path: dir.into(),
+        source,
+    })?;
+    let path = dir.join("config.json");
+    let text = serde_json::to_string_pretty(config).map_err(|source| ModelError::Json {
+        path: path.clone(),
+        source,
+    })?;
+    std::fs::write(&path, text + "\n").map_err(|source| ModelError::Io { path, source })?;
+    weights::save(&dir.join(weights::SINGLE_FILE), params)
+}
+
+/// Writes `out/vision` and `out/lm` for `preset`; returns the number of parameters written.
+pub fn write_preset(out: &Path, preset: Preset, seed: u64) -> Result<i64> {
+    let (vision, lm) = preset.configs();
+    write_checkpoints(out, &vision, &lm, seed)
+}
+
+/// Writes `out/vision` and `out/lm` for any pair of configs.
+pub fn write_checkpoints(
+    out: &Path,
+    vision: &SiglipVisionConfig,
+    lm: &Qwen2Config,
+    seed: u64,
+) -> Result<i64> {
+    vision.validate()?;
+    lm.validate()?;
+    let count = |p: &ParamMap| p.values().map(|t| t.numel() as i64).sum::<i64>();
+    // One tower at a time, so the larger presets hold one model in memory.
+    let params = random_params(&siglip::checkpoint_specs(vision), seed, INIT_STD);
+    write_dir(&out.join("vision"), &vision_config_json(vision), &params)?;
+    let mut total = count(&params);
+    drop(params);
+    let params = random_params(&lm_checkpoint_specs(lm), seed.wrapping_add(1), INIT_STD);
+    write_dir(&out.join("lm"), &lm_config_json(lm), &params)?;
+    total += count(&params);
+    Ok(total)
+}

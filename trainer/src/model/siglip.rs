@@ -41,29 +41,44 @@ pub fn param_specs(cfg: &SiglipVisionConfig) -> Vec<ParamSpec> {
         ),
     ];
     for i in 0..feature_layers(cfg) {
-        let l = format!("{PREFIX}.encoder.layers.{i}");
-        for norm in ["layer_norm1", "layer_norm2"] {
-            specs.push(spec(format!("{l}.{norm}.weight"), vec![d]));
-            specs.push(spec(format!("{l}.{norm}.bias"), vec![d]));
-        }
-        for proj in ["q_proj", "k_proj", "v_proj", "out_proj"] {
-            specs.push(spec(format!("{l}.self_attn.{proj}.weight"), vec![d, d]));
-            specs.push(spec(format!("{l}.self_attn.{proj}.bias"), vec![d]));
-        }
-        specs.push(spec(
-            format!("{l}.mlp.fc1.weight"),
-            vec![cfg.intermediate_size, d],
-        ));
-        specs.push(spec(
-            format!("{l}.mlp.fc1.bias"),
-            vec![cfg.intermediate_size],
-        ));
-        specs.push(spec(
-            format!("{l}.mlp.fc2.weight"),
-            vec![d, cfg.intermediate_size],
-        ));
-        specs.push(spec(format!("{l}.mlp.fc2.bias"), vec![d]));
+        specs.extend(layer_specs(cfg, i));
     }
+    specs
+}
+
+fn layer_specs(cfg: &SiglipVisionConfig, i: i64) -> Vec<ParamSpec> {
+    let d = cfg.hidden_size;
+    let ff = cfg.intermediate_size;
+    let l = format!("{PREFIX}.encoder.layers.{i}");
+    let mut specs = Vec::new();
+    for norm in ["layer_norm1", "layer_norm2"] {
+        specs.push(spec(format!("{l}.{norm}.weight"), vec![d]));
+        specs.push(spec(format!("{l}.{norm}.bias"), vec![d]));
+    }
+    for proj in ["q_proj", "k_proj", "v_proj", "out_proj"] {
+        specs.push(spec(format!("{l}.self_attn.{proj}.weight"), vec![d, d]));
+        specs.push(spec(format!("{l}.self_attn.{proj}.bias"), vec![d]));
+    }
+    specs.push(spec(format!("{l}.mlp.fc1.weight"), vec![ff, d]));
+    specs.push(spec(format!("{l}.mlp.fc1.bias"), vec![ff]));
+    specs.push(spec(format!("{l}.mlp.fc2.weight"), vec![d, ff]));
+    specs.push(spec(format!("{l}.mlp.fc2.bias"), vec![d]));
+    specs
+}
+
+/// Every tensor of a complete `SiglipVisionModel` checkpoint without the pooling head: the
+/// feature parameters plus the last layer and `post_layernorm` (what `init-model` writes).
+pub fn checkpoint_specs(cfg: &SiglipVisionConfig) -> Vec<ParamSpec> {
+    let mut specs = param_specs(cfg);
+    specs.extend(layer_specs(cfg, cfg.num_hidden_layers - 1));
+    specs.push(spec(
+        format!("{PREFIX}.post_layernorm.weight"),
+        vec![cfg.hidden_size],
+    ));
+    specs.push(spec(
+        format!("{PREFIX}.post_layernorm.bias"),
+        vec![cfg.hidden_size],
+    ));
     specs
 }
 
