@@ -2,14 +2,21 @@
 //! metrics (`metrics.jsonl`, progress, summary), plot (`loss.png`), checkpoints (per-rank
 //! shards + metadata, atomic, verified on resume), export (projector + PEFT adapter + VLM
 //! config) and the loop itself.
+pub mod adamw;
 pub mod checkpoint;
 pub mod config;
+pub mod engine;
+pub mod error;
 pub mod export;
 pub mod metrics;
 pub mod plot;
+pub mod run;
 pub mod schedule;
+pub mod setup;
 
 pub use config::{ConfigError, ConfigLayer, Stage, Strategy, TrainConfig};
+pub use error::TrainError;
+pub use run::train;
 
 #[cfg(test)]
 mod checkpoint_tests;

@@ -1,0 +1,157 @@
+//! Everything a rank builds before its first step: the process group, the dataset and its
+//! metadata, the model and its parameters on the device, the fingerprints a checkpoint is
+//! checked against, and the per-parameter peak learning rates.
+use super::checkpoint::{Checkpoint, ModelFingerprint};
+use super::config::{ConfigError, Device, Stage, TrainConfig};
+use super::error::{io, TrainError};
+use super::export::TRAINABLE_FILE;
+use crate::dist::{self, Backend, ProcessGroup, RankEnv};
+use crate::model::{LoraConfig, Vlm, VlmOptions};
+use crate::unit::ParamMap;
+use sha2::{Digest, Sha256};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// A rank, ready to train.
+pub struct Setup {
+    pub pg: Arc<ProcessGroup>,
+    pub rank: usize,
+    pub world_size: usize,
+    pub dataset: Arc<shards::Dataset>,
+    pub samples: Vec<shards::SampleMeta>,
+    pub vlm: Arc<Vlm>,
+    pub params: ParamMap,
+    pub model_fingerprint: ModelFingerprint,
+    pub peak_lr: BTreeMap<String, f64>,
+    pub device: tch::Device,
+}
+
+/// Joins the job (torchrun variables) or forms a one-rank group.
+pub fn process_group(cfg: &TrainConfig, env: Option<&RankEnv>) -> Result<ProcessGroup, TrainError> {
+    let timeout = Duration::from_secs(cfg.collective_timeout_s);
+    let backend = match cfg.device {
+        Device::Cpu => Backend::Gloo,
+        Device::Cuda => Backend::Nccl,
+    };
+    Ok(match env {
+        Some(env) => dist::init_process_group(env, backend, timeout)?,
+        None => ProcessGroup::single(timeout)?,
+    })
+}
+
+fn sha256_hex(bytes: &[u8]) -> String {
+    hex::encode(Sha256::digest(bytes))
+}
+
+/// Configs by bytes, parameters by name, shape and trainability (LoRA alpha included).
+pub fn model_fingerprint(cfg: &TrainConfig, vlm: &Vlm) -> Result<ModelFingerprint, TrainError> {
+    let read = |dir: &Path| {
+        let path = dir.join("config.json");
+        std::fs::read(&path).map_err(io(&path))
+    };
+    let mut params = String::new();
+    for spec in vlm.param_specs() {
+        params += &format!("{} {:?} {}\n", spec.name, spec.shape, spec.trainable);
+    }
+    if let Some(lora) = &vlm.options.lora {
+        params += &format!(
+            "lora_alpha {} targets {:?}\n",
+            lora.lora_alpha, lora.target_modules
+        );
+    }
+    Ok(ModelFingerprint {
+        vision_config: sha256_hex(&read(&cfg.vision)?),
+        lm_config: sha256_hex(&read(&cfg.lm)?),
+        params: sha256_hex(params.as_bytes()),
+    })
+}
+
+/// The projector file to start from: the file itself, or a run directory's latest checkpoint.
+fn init_projector_file(path: &Path) -> Result<PathBuf, TrainError> {
+    if path.is_file() {
+        return Ok(path.to_path_buf());
+    }
+    let ckpt = Checkpoint::latest(path)?.ok_or_else(|| ConfigError::Invalid {
+        field: "init_projector",
+        reason: format!(
+            "run {} has no complete checkpoint to take the projector from",
+            path.display()
+        ),
+    })?;
+    Ok(ckpt.rank_dir(0)?.join(TRAINABLE_FILE))
+}
+
+pub fn build(cfg: &TrainConfig, pg: ProcessGroup) -> Result<Setup, TrainError> {
+    let (rank, world_size) = (pg.rank(), pg.world_size());
+    let dataset = shards::Dataset::open(&cfg.shards)?;
+    let samples = dataset.metadata()?;
+    if samples.is_empty() {
+        return Err(ConfigError::Invalid {
+            field: "shards",
+            reason: format!("{} holds no samples", cfg.shards.display()),
+        }
+        .into());
+    }
+    let lora = (cfg.stage == Stage::Finetune).then(|| LoraConfig {
+        r: cfg.lora_r as i64,
+        lora_alpha: cfg.lora_alpha,
+        ..LoraConfig::default()
+    });
+    let options = VlmOptions {
+        image_token_id: i64::from(dataset.manifest().image_placeholder_id),
+        train_projector: true,
+        lora,
+        loss_chunk: None,
+    };
+    let vlm = Vlm::from_dirs(&cfg.vision, &cfg.lm, options)?;
+    if let Some(size) = cfg.image_size {
+        if size as i64 != vlm.vision.image_size {
+            return Err(ConfigError::Invalid {
+                field: "image_size",
+                reason: format!(
+                    "{size} differs from the vision config's image_size {} (a FixRes tower's position \
+                     embeddings fix its input size)",
+                    vlm.vision.image_size
+                ),
+            }
+            .into());
+        }
+    }
+    let projector = cfg
+        .init_projector
+        .as_deref()
+        .map(init_projector_file)
+        .transpose()?;
+    let device = match cfg.device {
+        Device::Cpu => tch::Device::Cpu,
+        Device::Cuda => tch::Device::Cuda(rank % tch::Cuda::device_count().max(1) as usize),
+    };
+    let params: ParamMap = vlm
+        .load_params(&cfg.vision, &cfg.lm, projector.as_deref(), cfg.seed)?
+        .into_iter()
+        .map(|(k, t)| (k, t.to_device(device)))
+        .collect();
+    let mut peak_lr = BTreeMap::new();
+    for spec in vlm.param_specs().into_iter().filter(|s| s.trainable) {
+        let lr = match (cfg.stage, spec.name.starts_with("mm_projector.")) {
+            (Stage::Finetune, true) => cfg.projector_lr,
+            _ => cfg.lr,
+        };
+        peak_lr.insert(spec.name, lr);
+    }
+    let model_fingerprint = model_fingerprint(cfg, &vlm)?;
+    Ok(Setup {
+        pg: Arc::new(pg),
+        rank,
+        world_size,
+        dataset: Arc::new(dataset),
+        samples,
+        vlm: Arc::new(vlm),
+        params,
+        model_fingerprint,
+        peak_lr,
+        device,
+    })
+}
