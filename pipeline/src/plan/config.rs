@@ -1,0 +1,304 @@
+//! `PlannerBuilder` -> `Planner`: the planner's inputs, validated once in `build()`.
+use super::error::PlanError;
+use super::order::SampleOrder;
+use shards::{Kind, SampleMeta};
+
+/// How samples become micro-batches.
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize,
+)]
+pub enum Mode {
+    /// Several samples per row (first-fit decreasing), rows levelled, ranks balanced by cost.
+    #[default]
+    Pack,
+    /// One sample per row; rows of similar length grouped (length buckets), no packing.
+    Bucket,
+    /// The naive baseline: a fixed number of samples per micro-batch in shuffled order, one
+    /// per row, padded to the longest; kinds mix freely.
+    Fixed,
+}
+
+impl Mode {
+    pub const ALL: [Mode; 3] = [Mode::Pack, Mode::Bucket, Mode::Fixed];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Mode::Pack => "pack",
+            Mode::Bucket => "bucket",
+            Mode::Fixed => "fixed",
+        }
+    }
+}
+
+/// Relative compute cost of a sample, in units of one LM token: `len` (the linear layers) +
+/// `attention * len^2` (attention is block-diagonal, so quadratic per sample, not per row) +
+/// `vision` per image (the vision tower's forward).
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct CostModel {
+    pub attention: f64,
+    pub vision: f64,
+}
+
+impl Default for CostModel {
+    /// For a Qwen2.5-0.5B-sized LM (hidden 896) behind SigLIP-so400m: attention adds about
+    /// `len / (12 * hidden)` per token; the frozen vision tower's forward is about half the
+    /// LM cost of its 729 tokens.
+    fn default() -> Self {
+        CostModel {
+            attention: 1.0 / 10752.0,
+            vision: 364.0,
+        }
+    }
+}
+
+impl CostModel {
+    pub(crate) fn cost(&self, kind: Kind, len: u32) -> f64 {
+        let l = f64::from(len);
+        let vision = if kind == Kind::Image {
+            self.vision
+        } else {
+            0.0
+        };
+        l + self.attention * l * l + vision
+    }
+}
+
+/// Builder for a [`Planner`]; `build()` validates every setting and every sample.
+#[derive(Clone, Debug)]
+pub struct PlannerBuilder {
+    samples: Vec<SampleMeta>,
+    image_tokens: u32,
+    world_size: usize,
+    token_budget: u64,
+    seq_len: u64,
+    micro_steps: usize,
+    seed: u64,
+    epoch: u64,
+    mode: Mode,
+    fingerprint: String,
+    cost: CostModel,
+    fixed_samples: Option<usize>,
+}
+
+impl Default for PlannerBuilder {
+    fn default() -> Self {
+        PlannerBuilder {
+            samples: Vec::new(),
+            image_tokens: 729,
+            world_size: 1,
+            token_budget: 8192,
+            seq_len: 2048,
+            micro_steps: 1,
+            seed: 0,
+            epoch: 0,
+            mode: Mode::Pack,
+            fingerprint: String::new(),
+            cost: CostModel::default(),
+            fixed_samples: None,
+        }
+    }
+}
+
+impl PlannerBuilder {
+    /// Per-sample metadata; a sample's index is its position (shard order, then row order).
+    pub fn samples(mut self, samples: &[SampleMeta]) -> Self {
+        self.samples = samples.to_vec();
+        self
+    }
+    /// Vision tokens per image (729 for SigLIP-so400m at 384 px); default 729.
+    pub fn image_tokens(mut self, n: u32) -> Self {
+        self.image_tokens = n;
+        self
+    }
+    /// Ranks (W); default 1.
+    pub fn world_size(mut self, w: usize) -> Self {
+        self.world_size = w;
+        self
+    }
+    /// Tokens per micro-batch, padding included (`rows * row_len`); default 8192.
+    pub fn token_budget(mut self, b: u64) -> Self {
+        self.token_budget = b;
+        self
+    }
+    /// Longest row (packed sequence); default 2048.
+    pub fn seq_len(mut self, l: u64) -> Self {
+        self.seq_len = l;
+        self
+    }
+    /// Micro-steps per optimizer step (G, gradient accumulation); default 1.
+    pub fn micro_steps(mut self, g: usize) -> Self {
+        self.micro_steps = g;
+        self
+    }
+    pub fn seed(mut self, seed: u64) -> Self {
+        self.seed = seed;
+        self
+    }
+    pub fn epoch(mut self, epoch: u64) -> Self {
+        self.epoch = epoch;
+        self
+    }
+    pub fn mode(mut self, mode: Mode) -> Self {
+        self.mode = mode;
+        self
+    }
+    /// The dataset's fingerprint (`shards::Dataset::fingerprint`): part of the shuffle seed.
+    pub fn fingerprint(mut self, fingerprint: &str) -> Self {
+        self.fingerprint = fingerprint.to_string();
+        self
+    }
+    pub fn cost_model(mut self, cost: CostModel) -> Self {
+        self.cost = cost;
+        self
+    }
+    /// `fixed` mode's samples per micro-batch; default `max(1, token_budget / seq_len)` (the
+    /// count whose worst case still fits the budget).
+    pub fn fixed_samples(mut self, n: usize) -> Self {
+        self.fixed_samples = Some(n);
+        self
+    }
+
+    pub fn build(self) -> Result<Planner, PlanError> {
+        if self.token_budget == 0 {
+            return Err(PlanError::ZeroBudget);
+        }
+        if self.world_size == 0 {
+            return Err(PlanError::ZeroWorldSize);
+        }
+        if self.seq_len == 0 {
+            return Err(PlanError::ZeroSeqLen);
+        }
+        if self.micro_steps == 0 {
+            return Err(PlanError::ZeroMicroSteps);
+        }
+        for (name, v) in [
+            ("attention", self.cost.attention),
+            ("vision", self.cost.vision),
+        ] {
+            if !v.is_finite() || v < 0.0 {
+                return Err(PlanError::InvalidCost(format!(
+                    "{name} cost {v} must be finite and >= 0"
+                )));
+            }
+        }
+        let fixed_samples = match self.fixed_samples {
+            Some(n) => n,
+            None => usize::try_from(self.token_budget / self.seq_len)
+                .unwrap_or(usize::MAX)
+                .max(1),
+        };
+        if self.mode == Mode::Fixed {
+            if fixed_samples == 0 {
+                return Err(PlanError::ZeroFixedSamples);
+            }
+            if fixed_samples > 1 && fixed_samples as u64 * self.seq_len > self.token_budget {
+                return Err(PlanError::FixedOverBudget {
+                    samples: fixed_samples,
+                    seq_len: self.seq_len,
+                    budget: self.token_budget,
+                });
+            }
+        }
+        if self.samples.len() > u32::MAX as usize {
+            return Err(PlanError::TooManySamples {
+                count: self.samples.len(),
+            });
+        }
+        let (row_cap, cap_name) = if self.seq_len <= self.token_budget {
+            (self.seq_len, "sequence length")
+        } else {
+            (self.token_budget, "token budget")
+        };
+        let mut lens = Vec::with_capacity(self.samples.len());
+        for (i, s) in self.samples.iter().enumerate() {
+            let len = sample_len(i as u64, s, self.image_tokens)?;
+            if len > row_cap {
+                return Err(PlanError::SampleTooLong {
+                    index: i as u64,
+                    len,
+                    limit: row_cap,
+                    limit_name: cap_name,
+                });
+            }
+            lens.push(len as u32);
+        }
+        let kinds: Vec<Kind> = self.samples.iter().map(|s| s.kind).collect();
+        let order = SampleOrder::new(&kinds, &self.fingerprint, self.seed, self.epoch);
+        Ok(Planner {
+            supervised: self
+                .samples
+                .iter()
+                .map(|s| s.num_supervised_tokens)
+                .collect(),
+            costs: kinds
+                .iter()
+                .zip(&lens)
+                .map(|(&k, &l)| self.cost.cost(k, l))
+                .collect(),
+            kinds,
+            lens,
+            order,
+            world_size: self.world_size,
+            token_budget: self.token_budget,
+            row_cap: row_cap as u32,
+            micro_steps: self.micro_steps,
+            epoch: self.epoch,
+            mode: self.mode,
+            fixed_samples,
+        })
+    }
+}
+
+/// Tokens a sample occupies in a row: its text tokens, with an image sample's placeholder
+/// expanded to `image_tokens`.
+fn sample_len(index: u64, s: &SampleMeta, image_tokens: u32) -> Result<u64, PlanError> {
+    let text = u64::from(s.num_text_tokens);
+    let empty = || PlanError::EmptySample {
+        index,
+        kind: s.kind,
+        num_text_tokens: s.num_text_tokens,
+    };
+    match s.kind {
+        Kind::Text if text == 0 => Err(empty()),
+        Kind::Text => Ok(text),
+        Kind::Image if text == 0 => Err(empty()),
+        Kind::Image => Ok(text - 1 + u64::from(image_tokens)),
+    }
+}
+
+/// A validated planner: every rank builds the same one and computes the same plan alone.
+#[derive(Clone, Debug)]
+pub struct Planner {
+    pub(crate) kinds: Vec<Kind>,
+    pub(crate) lens: Vec<u32>,
+    pub(crate) costs: Vec<f64>,
+    pub(crate) supervised: Vec<u32>,
+    pub(crate) order: SampleOrder,
+    pub(crate) world_size: usize,
+    pub(crate) token_budget: u64,
+    /// `min(seq_len, token_budget)`: the longest a row can be.
+    pub(crate) row_cap: u32,
+    pub(crate) micro_steps: usize,
+    pub(crate) epoch: u64,
+    pub(crate) mode: Mode,
+    pub(crate) fixed_samples: usize,
+}
+
+impl Planner {
+    pub fn builder() -> PlannerBuilder {
+        PlannerBuilder::default()
+    }
+
+    /// Token length of each sample as planned (image placeholder expanded).
+    pub fn sample_lens(&self) -> &[u32] {
+        &self.lens
+    }
+
+    pub fn mode(&self) -> Mode {
+        self.mode
+    }
+
+    pub fn world_size(&self) -> usize {
+        self.world_size
+    }
+}

@@ -1,0 +1,57 @@
+//! The epoch's sample order: one seeded shuffle of all samples, then split into a text stream
+//! and an image stream. Both depend only on (fingerprint, seed, epoch), never on the world
+//! size, so a position (samples consumed per stream) means the same thing for any W.
+use rand::seq::SliceRandom;
+use rand::SeedableRng;
+use rand_chacha::ChaCha20Rng;
+use sha2::{Digest, Sha256};
+use shards::Kind;
+
+#[derive(Clone, Debug)]
+pub(crate) struct SampleOrder {
+    /// Sample indices in shuffled order.
+    pub order: Vec<u32>,
+    /// Per kind (`Kind as usize`): the positions in `order` holding that kind, ascending.
+    pub streams: [Vec<u32>; 2],
+    /// Short hash naming this order (stored in resume positions).
+    pub key: String,
+}
+
+impl SampleOrder {
+    pub fn new(kinds: &[Kind], fingerprint: &str, seed: u64, epoch: u64) -> Self {
+        let mut hasher = Sha256::new();
+        hasher.update(b"tessera-plan-order-v1\0");
+        hasher.update(fingerprint.as_bytes());
+        hasher.update([0u8]);
+        hasher.update(seed.to_le_bytes());
+        hasher.update(epoch.to_le_bytes());
+        hasher.update((kinds.len() as u64).to_le_bytes());
+        let digest: [u8; 32] = hasher.finalize().into();
+        let mut rng = ChaCha20Rng::from_seed(digest);
+        let mut order: Vec<u32> = (0..kinds.len() as u32).collect();
+        order.shuffle(&mut rng);
+        let mut streams = [Vec::new(), Vec::new()];
+        for (pos, &sample) in order.iter().enumerate() {
+            streams[kinds[sample as usize] as usize].push(pos as u32);
+        }
+        SampleOrder {
+            order,
+            streams,
+            key: hex::encode(&digest[..8]),
+        }
+    }
+
+    pub fn stream_len(&self, kind: Kind) -> usize {
+        self.streams[kind as usize].len()
+    }
+
+    /// The `i`-th sample of `kind`'s stream.
+    pub fn sample(&self, kind: Kind, i: usize) -> u32 {
+        self.order[self.streams[kind as usize][i] as usize]
+    }
+
+    /// Position in the global shuffled order of `kind`'s `i`-th sample.
+    pub fn global_pos(&self, kind: Kind, i: usize) -> Option<u32> {
+        self.streams[kind as usize].get(i).copied()
+    }
+}

@@ -1,0 +1,436 @@
+//! Planner properties over many random datasets (fixed seeds) and world sizes 1..16: type
+//! alignment, every sample exactly once, budgets, loss divisors, determinism, resume and
+//! elastic resume; plus the LLaVA-Pretrain-shaped quality targets and the input errors.
+use pipeline::plan::{synthetic_llava, Mode, Plan, PlanError, Planner, PlannerBuilder};
+use pipeline::MicroBatchPlan;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use shards::{Kind, SampleMeta};
+
+/// A random dataset and planner settings that admit it.
+#[derive(Clone, Debug)]
+struct Case {
+    samples: Vec<SampleMeta>,
+    image_tokens: u32,
+    world_size: usize,
+    token_budget: u64,
+    seq_len: u64,
+    micro_steps: usize,
+    seed: u64,
+}
+
+impl Case {
+    fn random(rng: &mut ChaCha8Rng) -> Case {
+        let seq_len = rng.gen_range(16..512u64);
+        let token_budget = rng.gen_range(seq_len / 2 + 1..=seq_len * 4);
+        let cap = seq_len.min(token_budget) as u32;
+        let image_tokens = rng.gen_range(1..=cap / 2);
+        let text_fraction = [0.0, 1.0, 0.1, 0.5][rng.gen_range(0..4)];
+        let n = rng.gen_range(0..300);
+        let samples = (0..n)
+            .map(|_| {
+                let (kind, num_text_tokens) = if rng.gen_bool(text_fraction) {
+                    (Kind::Text, rng.gen_range(1..=cap))
+                } else {
+                    (Kind::Image, rng.gen_range(1..=cap - image_tokens + 1))
+                };
+                SampleMeta {
+                    kind,
+                    num_text_tokens,
+                    num_supervised_tokens: rng.gen_range(0..=num_text_tokens),
+                }
+            })
+            .collect();
+        Case {
+            samples,
+            image_tokens,
+            world_size: rng.gen_range(1..=16),
+            token_budget,
+            seq_len,
+            micro_steps: rng.gen_range(1..=4),
+            seed: rng.gen(),
+        }
+    }
+
+    fn builder(&self, mode: Mode) -> PlannerBuilder {
+        Planner::builder()
+            .samples(&self.samples)
+            .image_tokens(self.image_tokens)
+            .world_size(self.world_size)
+            .token_budget(self.token_budget)
+            .seq_len(self.seq_len)
+            .micro_steps(self.micro_steps)
+            .seed(self.seed)
+            .mode(mode)
+            .fingerprint("property-test")
+    }
+}
+
+fn real_samples<'a>(steps: impl IntoIterator<Item = &'a pipeline::plan::Step>) -> Vec<u64> {
+    let mut out: Vec<u64> = steps
+        .into_iter()
+        .flat_map(|s| &s.micro_steps)
+        .flat_map(|m| &m.ranks)
+        .filter(|mb| !mb.zero_loss)
+        .flat_map(|mb| mb.rows.iter().flatten().copied())
+        .collect();
+    out.sort_unstable();
+    out
+}
+
+fn micro_batch_len(mb: &MicroBatchPlan, lens: &[u32]) -> (u64, u64) {
+    let row_lens: Vec<u64> = mb
+        .rows
+        .iter()
+        .map(|r| r.iter().map(|&s| u64::from(lens[s as usize])).sum())
+        .collect();
+    let longest = row_lens.iter().copied().max().unwrap_or(0);
+    (longest, mb.rows.len() as u64 * longest)
+}
+
+/// Every property a single plan must have; the message names the case on failure.
+fn check_plan(case: &Case, mode: Mode, planner: &Planner, plan: &Plan) {
+    let lens = planner.sample_lens();
+    let ctx = format!(
+        "{mode:?} W={} B={} L={}",
+        case.world_size, case.token_budget, case.seq_len
+    );
+    let all: Vec<u64> = (0..case.samples.len() as u64).collect();
+    assert_eq!(
+        real_samples(&plan.steps),
+        all,
+        "{ctx}: every sample exactly once"
+    );
+    assert_eq!(plan.stats.samples, case.samples.len() as u64, "{ctx}");
+    for (i, step) in plan.steps.iter().enumerate() {
+        let last = i + 1 == plan.steps.len();
+        assert!(
+            step.micro_steps.len() == case.micro_steps
+                || (last && step.micro_steps.len() < case.micro_steps),
+            "{ctx}: step {i} has {} micro-steps",
+            step.micro_steps.len()
+        );
+        let mut supervised = 0u64;
+        for ms in &step.micro_steps {
+            assert_eq!(
+                ms.ranks.len(),
+                case.world_size,
+                "{ctx}: one micro-batch per rank"
+            );
+            if mode != Mode::Fixed {
+                assert!(
+                    ms.kind().is_some(),
+                    "{ctx}: step {i} mixes kinds across ranks"
+                );
+            }
+            for mb in &ms.ranks {
+                assert!(
+                    !mb.rows.is_empty() && mb.rows.iter().all(|r| !r.is_empty()),
+                    "{ctx}: empty micro-batch"
+                );
+                let (longest, padded) = micro_batch_len(mb, lens);
+                assert!(longest <= case.seq_len, "{ctx}: row of {longest} tokens");
+                assert!(
+                    padded <= case.token_budget,
+                    "{ctx}: micro-batch of {padded} tokens"
+                );
+                for &s in mb.rows.iter().flatten() {
+                    let kind = case.samples[s as usize].kind;
+                    if mode == Mode::Fixed {
+                        assert!(kind == mb.kind || mb.kind == Kind::Image, "{ctx}");
+                    } else {
+                        assert_eq!(
+                            kind, mb.kind,
+                            "{ctx}: sample {s} in a {:?} micro-batch",
+                            mb.kind
+                        );
+                    }
+                    if !mb.zero_loss {
+                        supervised += u64::from(case.samples[s as usize].num_supervised_tokens);
+                    }
+                }
+                if mode != Mode::Pack {
+                    assert!(
+                        mb.rows.iter().all(|r| r.len() == 1),
+                        "{ctx}: {mode:?} packed a row"
+                    );
+                }
+            }
+        }
+        assert_eq!(
+            step.supervised_tokens, supervised,
+            "{ctx}: step {i} loss divisor"
+        );
+    }
+}
+
+#[test]
+fn random_datasets_plan_every_sample_once_type_aligned_within_budget() -> anyhow::Result<()> {
+    let mut rng = ChaCha8Rng::seed_from_u64(41);
+    let (mut fillers, mut multi_sample_rows, mut mixed_fixed) = (0, 0, 0);
+    for _ in 0..150 {
+        let case = Case::random(&mut rng);
+        for mode in Mode::ALL {
+            let planner = case.builder(mode).build()?;
+            let plan = planner.plan();
+            fillers += plan.stats.filler_micro_batches;
+            let micro_steps = || plan.steps.iter().flat_map(|s| &s.micro_steps);
+            multi_sample_rows += micro_steps()
+                .flat_map(|m| &m.ranks)
+                .flat_map(|mb| &mb.rows)
+                .filter(|r| r.len() > 1)
+                .count();
+            mixed_fixed += micro_steps().filter(|m| m.kind().is_none()).count();
+            check_plan(&case, mode, &planner, &plan);
+            assert_eq!(
+                plan,
+                case.builder(mode).build()?.plan(),
+                "{mode:?}: deterministic"
+            );
+            if mode != Mode::Fixed {
+                assert_eq!(
+                    plan.stats.type_aligned,
+                    if plan.steps.is_empty() { 0.0 } else { 1.0 }
+                );
+            }
+        }
+    }
+    // The generator reaches the interesting cases: kinds running out, packing, and the naive
+    // baseline mixing kinds across ranks (which is what `pack` and `bucket` must never do).
+    assert!(fillers > 0 && multi_sample_rows > 0 && mixed_fixed > 0);
+    Ok(())
+}
+
+#[test]
+fn resuming_at_any_step_repeats_the_remaining_steps() -> anyhow::Result<()> {
+    let mut rng = ChaCha8Rng::seed_from_u64(42);
+    for _ in 0..100 {
+        let case = Case::random(&mut rng);
+        for mode in Mode::ALL {
+            let planner = case.builder(mode).build()?;
+            let plan = planner.plan();
+            let k = rng.gen_range(0..=plan.steps.len());
+            let rest = planner.plan_from(&plan.resume_position(k)?)?;
+            assert_eq!(rest.steps, plan.steps[k..], "{mode:?} resume at step {k}");
+            assert_eq!(rest.end, plan.end);
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn elastic_resume_with_another_world_size_plans_every_sample_once() -> anyhow::Result<()> {
+    let mut rng = ChaCha8Rng::seed_from_u64(43);
+    for i in 0..120 {
+        let mut case = Case::random(&mut rng);
+        // The scenario first (4 ranks, then 2), then random pairs in 1..16.
+        let (before, after) = if i < 20 {
+            (4, 2)
+        } else {
+            (rng.gen_range(1..=16), rng.gen_range(1..=16))
+        };
+        for mode in Mode::ALL {
+            case.world_size = before;
+            let plan = case.builder(mode).build()?.plan();
+            let k = rng.gen_range(0..=plan.steps.len());
+            case.world_size = after;
+            let planner = case.builder(mode).build()?;
+            let rest = planner.plan_from(&plan.resume_position(k)?)?;
+            check_plan_after_resume(&case, mode, &plan, k, &rest);
+            assert_eq!(rest.world_size, after);
+            assert!(rest
+                .steps
+                .iter()
+                .flat_map(|s| &s.micro_steps)
+                .all(|m| m.ranks.len() == after));
+            if let Some(first) = rest.steps.first() {
+                assert_eq!(first.index, k as u64, "resumed steps keep counting");
+            }
+        }
+    }
+    Ok(())
+}
+
+fn check_plan_after_resume(case: &Case, mode: Mode, before: &Plan, k: usize, rest: &Plan) {
+    let mut seen = real_samples(&before.steps[..k]);
+    seen.extend(real_samples(&rest.steps));
+    seen.sort_unstable();
+    let all: Vec<u64> = (0..case.samples.len() as u64).collect();
+    assert_eq!(
+        seen, all,
+        "{mode:?}: W {} -> {} at step {k}",
+        before.world_size, rest.world_size
+    );
+}
+
+#[test]
+fn llava_pretrain_shape_meets_the_pad_balance_and_alignment_targets() -> anyhow::Result<()> {
+    let samples = synthetic_llava(60_000, 0.1, 3);
+    let stats_of = |mode| -> anyhow::Result<_> {
+        let planner = Planner::builder()
+            .samples(&samples)
+            .world_size(8)
+            .token_budget(8192)
+            .mode(mode)
+            .fingerprint("llava-like")
+            .build()?;
+        Ok(planner.plan().stats)
+    };
+    let pack = stats_of(Mode::Pack)?;
+    let fixed = stats_of(Mode::Fixed)?;
+    assert!(pack.pad_fraction <= 0.02, "pack pad {}", pack.pad_fraction);
+    assert!(
+        pack.imbalance_mean <= 1.03,
+        "pack imbalance {}",
+        pack.imbalance_mean
+    );
+    assert_eq!(pack.type_aligned, 1.0);
+    // The baseline computes more tokens for the same samples, and ranks wait on each other.
+    assert!(
+        fixed.computed_tokens > pack.computed_tokens,
+        "{fixed:?} vs {pack:?}"
+    );
+    assert!(fixed.imbalance_mean > pack.imbalance_mean);
+    Ok(())
+}
+
+#[test]
+fn epochs_and_seeds_reshuffle_but_keep_the_sample_set() -> anyhow::Result<()> {
+    let samples = synthetic_llava(3_000, 0.2, 5);
+    let plan = |seed, epoch| -> anyhow::Result<Plan> {
+        Ok(Planner::builder()
+            .samples(&samples)
+            .world_size(2)
+            .seed(seed)
+            .epoch(epoch)
+            .fingerprint("f")
+            .build()?
+            .plan())
+    };
+    let base = plan(1, 0)?;
+    for other in [plan(1, 1)?, plan(2, 0)?] {
+        assert_ne!(other.steps[0].micro_steps, base.steps[0].micro_steps);
+        assert_eq!(real_samples(&other.steps), real_samples(&base.steps));
+    }
+    Ok(())
+}
+
+#[test]
+fn bad_settings_and_samples_are_reported_by_name() -> anyhow::Result<()> {
+    let ok = SampleMeta {
+        kind: Kind::Image,
+        num_text_tokens: 20,
+        num_supervised_tokens: 18,
+    };
+    let long = SampleMeta {
+        kind: Kind::Text,
+        num_text_tokens: 3000,
+        num_supervised_tokens: 10,
+    };
+    let base = || Planner::builder().samples(&[ok, ok, long]).fingerprint("f");
+    let err = base().token_budget(0).build().map(|_| ()).unwrap_err();
+    assert_eq!(err.to_string(), "token budget 0 is not a budget");
+    let err = base().seq_len(2048).build().map(|_| ()).unwrap_err();
+    assert_eq!(
+        err,
+        PlanError::SampleTooLong {
+            index: 2,
+            len: 3000,
+            limit: 2048,
+            limit_name: "sequence length"
+        }
+    );
+    assert!(err
+        .to_string()
+        .starts_with("sample 2: 3000 tokens exceed the sequence length (2048)"));
+    let empty = SampleMeta {
+        kind: Kind::Image,
+        num_text_tokens: 0,
+        num_supervised_tokens: 0,
+    };
+    let err = Planner::builder()
+        .samples(&[ok, empty])
+        .build()
+        .map(|_| ())
+        .unwrap_err();
+    assert!(err.to_string().starts_with("sample 1:"), "{err}");
+    assert_eq!(
+        base()
+            .world_size(0)
+            .seq_len(4096)
+            .build()
+            .map(|_| ())
+            .unwrap_err(),
+        PlanError::ZeroWorldSize
+    );
+
+    // A position from another epoch or dataset order is refused, not silently misapplied.
+    let planner = Planner::builder()
+        .samples(&[ok, ok])
+        .fingerprint("a")
+        .build()?;
+    let position = planner.plan().resume_position(0)?;
+    let other = Planner::builder()
+        .samples(&[ok, ok])
+        .fingerprint("b")
+        .build()?;
+    assert!(matches!(
+        other.plan_from(&position),
+        Err(PlanError::OrderMismatch { .. })
+    ));
+    let next_epoch = Planner::builder()
+        .samples(&[ok, ok])
+        .fingerprint("a")
+        .epoch(1)
+        .build()?;
+    assert!(matches!(
+        next_epoch.plan_from(&position),
+        Err(PlanError::EpochMismatch { .. })
+    ));
+    Ok(())
+}
+
+#[test]
+fn an_image_kind_running_out_is_completed_with_zero_loss_image_copies() -> anyhow::Result<()> {
+    // 3 images and 40 text samples on 8 ranks: the image micro-step must still give every
+    // rank an image (5 zero-loss copies), and no text sample may stand in for one.
+    let image = SampleMeta {
+        kind: Kind::Image,
+        num_text_tokens: 10,
+        num_supervised_tokens: 8,
+    };
+    let text = SampleMeta {
+        kind: Kind::Text,
+        num_text_tokens: 300,
+        num_supervised_tokens: 100,
+    };
+    let mut samples = vec![image; 3];
+    samples.extend(vec![text; 40]);
+    let plan = Planner::builder()
+        .samples(&samples)
+        .world_size(8)
+        .fingerprint("f")
+        .build()?
+        .plan();
+    let image_steps: Vec<_> = plan
+        .steps
+        .iter()
+        .flat_map(|s| &s.micro_steps)
+        .filter(|m| m.kind() == Some(Kind::Image))
+        .collect();
+    assert_eq!(image_steps.len(), 1);
+    let fillers: Vec<_> = image_steps[0]
+        .ranks
+        .iter()
+        .filter(|mb| mb.zero_loss)
+        .collect();
+    assert_eq!(fillers.len(), 5);
+    for mb in fillers {
+        assert!(
+            mb.rows.iter().flatten().all(|&s| s < 3),
+            "filler carries an image sample"
+        );
+    }
+    assert_eq!(plan.stats.samples, 43);
+    Ok(())
+}
