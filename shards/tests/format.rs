@@ -1,0 +1,168 @@
+//! The shard format on its own: write shards, read samples back by global index (random
+//! order, repeats), scan metadata, verify, and catch a flipped byte.
+use shards::{
+    Dataset, IngestReport, Kind, Manifest, RowGroupLimits, Sample, ShardWriter, Turn,
+    FORMAT_VERSION,
+};
+use std::path::Path;
+
+fn sample(i: u32) -> Sample {
+    let image = (i % 3 != 0).then(|| {
+        (0..(100 + i * 13))
+            .map(|b| (b * 7 + i) as u8)
+            .collect::<Vec<u8>>()
+    });
+    let ids: Vec<u32> = (0..(5 + i % 11)).map(|t| t * 1000 + i).collect();
+    let mask: Vec<bool> = (0..ids.len()).map(|t| t % 2 == 1).collect();
+    Sample {
+        id: format!("sample-{i:04}"),
+        kind: if image.is_some() {
+            Kind::Image
+        } else {
+            Kind::Text
+        },
+        image_crc32c: image.as_deref().map(crc32c::crc32c),
+        image_format: image.as_ref().map(|_| "jpeg".to_string()),
+        width: image.as_ref().map_or(0, |_| 10 + i),
+        height: image.as_ref().map_or(0, |_| 20 + i),
+        image,
+        conversation: vec![
+            Turn {
+                role: "human".into(),
+                text: format!("question {i} <image>"),
+            },
+            Turn {
+                role: "gpt".into(),
+                text: format!("answer {i}"),
+            },
+        ],
+        num_text_tokens: ids.len() as u32,
+        num_supervised_tokens: mask.iter().skip(1).filter(|&&m| m).count() as u32,
+        input_ids: ids,
+        label_mask: mask,
+    }
+}
+
+/// Writes `n` samples as shards of `per_shard` rows with row groups of 7 rows.
+fn write_dataset(dir: &Path, n: u32, per_shard: u32) -> anyhow::Result<Vec<Sample>> {
+    let samples: Vec<Sample> = (0..n).map(sample).collect();
+    let mut infos = Vec::new();
+    for (s, chunk) in samples.chunks(per_shard as usize).enumerate() {
+        let mut writer = ShardWriter::create(
+            dir,
+            s,
+            RowGroupLimits {
+                max_rows: 7,
+                max_bytes: 1 << 20,
+            },
+        )?;
+        for x in chunk {
+            writer.append(x.clone())?;
+        }
+        infos.push(writer.finish()?);
+    }
+    Manifest {
+        format_version: FORMAT_VERSION,
+        tokenizer_fingerprint: "t".repeat(64),
+        template: "plain".into(),
+        image_placeholder_id: 151655,
+        num_samples: n as u64,
+        shards: infos,
+        ingest: IngestReport::default(),
+    }
+    .save(dir)?;
+    Ok(samples)
+}
+
+#[test]
+fn samples_read_back_by_global_index_in_any_order() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let samples = write_dataset(dir.path(), 50, 20)?;
+    let dataset = Dataset::open(dir.path())?;
+    assert_eq!(dataset.len(), 50);
+    assert_eq!(dataset.manifest().shards.len(), 3);
+    assert_eq!(
+        dataset.manifest().shards[0].row_groups.len(),
+        3,
+        "20 rows in groups of 7"
+    );
+    let order = [49u64, 0, 21, 21, 7, 6, 40, 19, 20];
+    let read = dataset.read(&order)?;
+    for (got, &i) in read.iter().zip(&order) {
+        assert_eq!(got, &samples[i as usize]);
+    }
+    let meta = dataset.metadata()?;
+    assert_eq!(meta.len(), 50);
+    for (m, s) in meta.iter().zip(&samples) {
+        assert_eq!(
+            (m.kind, m.num_text_tokens, m.num_supervised_tokens),
+            (s.kind, s.num_text_tokens, s.num_supervised_tokens)
+        );
+    }
+    assert!(
+        dataset.read(&[50]).is_err(),
+        "index past the end is an error, not a panic"
+    );
+    let again = Dataset::open(dir.path())?;
+    assert_eq!(dataset.fingerprint(), again.fingerprint());
+    assert!(!dir
+        .path()
+        .read_dir()?
+        .any(|e| e.is_ok_and(|e| e.file_name().to_string_lossy().ends_with(".tmp"))));
+    Ok(())
+}
+
+#[test]
+fn reads_from_many_threads_agree() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let samples = write_dataset(dir.path(), 30, 30)?;
+    let dataset = Dataset::open(dir.path())?;
+    std::thread::scope(|scope| {
+        for t in 0..4u64 {
+            let (dataset, samples) = (&dataset, &samples);
+            scope.spawn(move || {
+                let idx: Vec<u64> = (0..30).map(|i| (i * 7 + t) % 30).collect();
+                let got = dataset.read(&idx).expect("read");
+                for (g, i) in got.iter().zip(idx) {
+                    assert_eq!(g, &samples[i as usize]);
+                }
+            });
+        }
+    });
+    Ok(())
+}
+
+#[test]
+fn verify_passes_and_then_names_the_shard_with_a_flipped_byte() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    write_dataset(dir.path(), 40, 15)?;
+    let report = shards::verify(dir.path())?;
+    assert!(report.is_ok(), "{:?}", report.problems);
+    assert_eq!((report.shards_checked, report.samples_checked), (3, 40));
+    let victim = dir.path().join("shard-00001.parquet");
+    let mut bytes = std::fs::read(&victim)?;
+    let middle = bytes.len() / 2;
+    bytes[middle] ^= 0x01;
+    std::fs::write(&victim, bytes)?;
+    let report = shards::verify(dir.path())?;
+    assert_eq!(report.problems.len(), 1, "{:?}", report.problems);
+    assert!(
+        report.problems[0].starts_with("shard-00001.parquet: sha256 mismatch"),
+        "{}",
+        report.problems[0]
+    );
+    Ok(())
+}
+
+#[test]
+fn stats_percentiles_and_kinds() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    write_dataset(dir.path(), 30, 30)?;
+    let stats = shards::stats(&Dataset::open(dir.path())?)?;
+    assert_eq!(stats.samples, 30);
+    assert_eq!(stats.by_kind.get("text"), Some(&10));
+    assert_eq!(stats.by_kind.get("image"), Some(&20));
+    assert_eq!(stats.image_width.max, 10 + 29);
+    assert_eq!(stats.text_tokens.max, 15);
+    Ok(())
+}
