@@ -29,11 +29,23 @@ struct Noise<const C: usize> {
 }
 
 impl<const C: usize> Noise<C> {
-    fn new(width: usize, height: usize, cell: f32, amplitude: f32, rng: &mut impl Rng) -> Self {
+    /// Node values: a shared brightness offset within `±luma` plus a per-channel one within
+    /// `±chroma` (mostly light and shade, a little colour drift, as in photos).
+    fn new(
+        width: usize,
+        height: usize,
+        cell: f32,
+        luma: f32,
+        chroma: f32,
+        rng: &mut impl Rng,
+    ) -> Self {
         let cols = (width as f32 / cell) as usize + 2;
         let rows = (height as f32 / cell) as usize + 2;
         let nodes = (0..cols * rows)
-            .map(|_| std::array::from_fn(|_| rng.gen_range(-amplitude..=amplitude)))
+            .map(|_| {
+                let shared = rng.gen_range(-luma..=luma);
+                std::array::from_fn(|_| shared + rng.gen_range(-chroma..=chroma))
+            })
             .collect();
         let weights = |n: usize| {
             (0..n)
@@ -134,15 +146,16 @@ pub(crate) fn paint(
     let angle = rng.gen_range(0.0..std::f32::consts::TAU);
     let (dx, dy) = (angle.cos(), angle.sin());
     let half_diag = 0.5 * (w as f32).hypot(h as f32);
-    let mut blotches = Noise::<3>::new(w, h, m / 3.0, 14.0, rng);
+    let mut blotches = Noise::<3>::new(w, h, m / 3.0, 16.0, 6.0, rng);
     let mut texture = Noise::<1>::new(
         w,
         h,
         rng.gen_range(6.0..11.0),
         rng.gen_range(6.0..10.0),
+        0.0,
         rng,
     );
-    let grain = rng.gen_range(8.0..13.0);
+    let grain = rng.gen_range(11.0..16.0);
     let salt: u32 = rng.gen();
     let shadow_offset = 0.025 * m;
     let shadow_blur = 0.02 * m + 1.0;
