@@ -33,6 +33,8 @@ pub struct LaunchSpec {
     pub grace: Duration,
     /// Where prefixed lines go; None prints them to this process's stdout / stderr.
     pub log: Option<LogSink>,
+    /// Extra environment variables for every rank.
+    pub env: Vec<(OsString, OsString)>,
 }
 
 impl LaunchSpec {
@@ -46,6 +48,7 @@ impl LaunchSpec {
             master_port: None,
             grace: Duration::from_secs(5),
             log: None,
+            env: Vec::new(),
         })
     }
 }
@@ -120,6 +123,7 @@ pub async fn launch(spec: LaunchSpec) -> Result<(), LaunchError> {
     for rank in 0..spec.nproc {
         let mut child = Command::new(&spec.program)
             .args(&spec.args)
+            .envs(spec.env.iter().map(|(k, v)| (k, v)))
             .env("RANK", rank.to_string())
             .env("LOCAL_RANK", rank.to_string())
             .env("WORLD_SIZE", spec.nproc.to_string())

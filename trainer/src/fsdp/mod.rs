@@ -1,1 +1,81 @@
-//! FSDP over c10d: flat sharded unit buffers, gather/free, recompute, reduce-scatter (FSDP issue).
+//! FSDP over c10d: flat sharded unit buffers, gather / free, recompute, reduce-scatter.
+//!
+//! 1. [`flat_param`]: each unit's parameters flatten into a frozen and a trainable buffer padded
+//!    to a multiple of W; rank r keeps shard r (a tied parameter lives once, in its first unit).
+//! 2. [`engine::Fsdp::forward_backward`]: forward runs every unit that `runs_on` the micro-batch
+//!    under no_grad, gathering the next unit's buffers while the current one computes; backward
+//!    re-gathers (FULL_SHARD), recomputes each unit from its saved input, back-propagates the
+//!    upstream gradient and reduce-scatters parameter gradients into the shards. The frozen
+//!    prefix (units before the first trainable one) runs no backward at all.
+//! 3. [`engine::Fsdp::step`]: one all-reduce of (squared grad norm, loss), clipping, and
+//!    [`optim::ShardedAdamW`] on the shards.
+pub mod engine;
+pub mod flat_param;
+pub mod gather;
+pub mod optim;
+
+pub use engine::{Fsdp, FsdpConfig, MemoryReport, StepStats};
+pub use optim::{AdamWConfig, ParamGroup};
+
+use crate::dist::DistError;
+use std::str::FromStr;
+
+/// How parameters, gradients and optimizer state are split over ranks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Strategy {
+    /// Shards everywhere; gather before each unit's forward and again in its backward.
+    FullShard,
+    /// Shards at rest; gathered parameters stay from a unit's forward to its backward.
+    ShardGradOp,
+    /// DDP: full parameters and optimizer state on every rank, gradients all-reduced.
+    NoShard,
+}
+
+impl FromStr for Strategy {
+    type Err = FsdpError;
+    fn from_str(s: &str) -> Result<Self, FsdpError> {
+        match s {
+            "full_shard" => Ok(Strategy::FullShard),
+            "shard_grad_op" => Ok(Strategy::ShardGradOp),
+            "no_shard" => Ok(Strategy::NoShard),
+            other => Err(FsdpError::Config(format!(
+                "unknown strategy {other:?} (full_shard, shard_grad_op or no_shard)"
+            ))),
+        }
+    }
+}
+
+/// FSDP errors; each names the unit, parameter or checkpoint key involved.
+#[derive(Debug, thiserror::Error)]
+pub enum FsdpError {
+    #[error(transparent)]
+    Dist(#[from] DistError),
+    #[error("parameter `{name}`: {message}")]
+    Layout { name: String, message: String },
+    #[error("rank {rank}: unit '{unit}': {source}")]
+    Torch {
+        rank: usize,
+        unit: String,
+        source: tch::TchError,
+    },
+    #[error("rank {rank}: unit '{unit}' ends the chain but its output has shape {shape:?}, not a scalar loss")]
+    NotScalarLoss {
+        rank: usize,
+        unit: String,
+        shape: Vec<i64>,
+    },
+    #[error(
+        "rank {rank}: all-gather of unit '{unit}' would never complete: ranks {running:?} run the unit \
+         on this micro-step and ranks {skipping:?} skip it (micro-batch kinds differ across ranks)"
+    )]
+    Misaligned {
+        rank: usize,
+        unit: String,
+        running: Vec<usize>,
+        skipping: Vec<usize>,
+    },
+    #[error("shard state `{key}`: {message}")]
+    State { key: String, message: String },
+    #[error("FSDP configuration: {0}")]
+    Config(String),
+}

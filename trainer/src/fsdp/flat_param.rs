@@ -1,0 +1,227 @@
+//! Flat parameter buffers. Each unit's parameters flatten, in the unit's `params()` order, into
+//! two 1-D buffers (frozen and trainable, so frozen weights never carry gradients or optimizer
+//! state), each padded to a multiple of the world size W. Rank r keeps elements
+//! [r*n/W, (r+1)*n/W) of each buffer: its shard. A parameter read by two units (tied
+//! embeddings) lives once, in the first unit that lists it; later units borrow that buffer.
+use super::FsdpError;
+use crate::unit::{ParamMap, ParamSpec, Unit};
+use std::collections::HashMap;
+use tch::{Device, Kind, Tensor};
+
+/// Where one parameter sits in its flat buffer.
+#[derive(Clone, Debug)]
+pub struct FlatEntry {
+    pub name: String,
+    pub shape: Vec<i64>,
+    pub offset: i64,
+    pub numel: i64,
+}
+
+/// One flat buffer: layout plus this rank's shard of it.
+pub struct FlatBuffer {
+    /// Index of the unit that owns the buffer.
+    pub owner: usize,
+    pub unit_name: String,
+    pub trainable: bool,
+    pub entries: Vec<FlatEntry>,
+    /// Elements before padding.
+    pub numel: i64,
+    /// Elements after padding to a multiple of W.
+    pub padded: i64,
+    /// Elements this rank keeps (`padded / W`, or `padded` without sharding).
+    pub shard_len: i64,
+    /// First element of this rank's shard within the padded buffer.
+    pub shard_start: i64,
+    pub shard: Tensor,
+}
+
+impl FlatBuffer {
+    /// "vision.frozen", "layers.3.trainable": the buffer's name in logs and checkpoints.
+    pub fn key(&self) -> String {
+        format!(
+            "{}.{}",
+            self.unit_name,
+            if self.trainable {
+                "trainable"
+            } else {
+                "frozen"
+            }
+        )
+    }
+
+    /// Views of a full (gathered) buffer as the named parameter tensors.
+    pub fn views(&self, full: &Tensor) -> Vec<(String, Tensor)> {
+        self.entries
+            .iter()
+            .map(|e| {
+                (
+                    e.name.clone(),
+                    full.narrow(0, e.offset, e.numel).view(e.shape.as_slice()),
+                )
+            })
+            .collect()
+    }
+}
+
+/// All buffers of a unit chain and which buffers each unit reads.
+pub struct FlatParams {
+    pub buffers: Vec<FlatBuffer>,
+    /// For unit i, the buffers its forward needs (its own and borrowed ones).
+    pub unit_buffers: Vec<Vec<usize>>,
+}
+
+/// Options that fix the buffers' layout on this rank.
+#[derive(Clone, Copy, Debug)]
+pub struct ShardSpec {
+    pub rank: usize,
+    pub world_size: usize,
+    /// False for NO_SHARD: every rank keeps whole buffers.
+    pub sharded: bool,
+    pub kind: Kind,
+    pub device: Device,
+}
+
+impl FlatParams {
+    /// Lays out every unit's parameters and fills this rank's shards from `init` (full tensors
+    /// by name, on any device and float dtype).
+    pub fn new<C>(
+        units: &[Box<dyn Unit<C>>],
+        init: &ParamMap,
+        spec: ShardSpec,
+    ) -> Result<Self, FsdpError> {
+        let mut owner_of: HashMap<String, (usize, ParamSpec)> = HashMap::new();
+        let mut buffers = Vec::new();
+        let mut buffer_of: HashMap<String, usize> = HashMap::new();
+        let mut unit_buffers = Vec::with_capacity(units.len());
+        for (index, unit) in units.iter().enumerate() {
+            let mut needed = Vec::new();
+            for trainable in [false, true] {
+                let mut own = Vec::new();
+                for p in unit.params().iter().filter(|p| p.trainable == trainable) {
+                    match owner_of.get(&p.name) {
+                        Some((owner, first)) => {
+                            if first.shape != p.shape || first.trainable != p.trainable {
+                                return Err(FsdpError::Layout {
+                                    name: p.name.clone(),
+                                    message: format!(
+                                        "unit '{}' lists it as {:?} trainable={} but unit '{}' as {:?} trainable={}",
+                                        unit.name(),
+                                        p.shape,
+                                        p.trainable,
+                                        units[*owner].name(),
+                                        first.shape,
+                                        first.trainable
+                                    ),
+                                });
+                            }
+                            let b = buffer_of[&p.name];
+                            if !needed.contains(&b) {
+                                needed.push(b);
+                            }
+                        }
+                        None => {
+                            owner_of.insert(p.name.clone(), (index, p.clone()));
+                            own.push(p.clone());
+                        }
+                    }
+                }
+                if own.is_empty() {
+                    continue;
+                }
+                let b = buffers.len();
+                for p in &own {
+                    buffer_of.insert(p.name.clone(), b);
+                }
+                buffers.push(build_buffer(
+                    index,
+                    unit.name(),
+                    trainable,
+                    &own,
+                    init,
+                    spec,
+                )?);
+                needed.push(b);
+            }
+            unit_buffers.push(needed);
+        }
+        Ok(FlatParams {
+            buffers,
+            unit_buffers,
+        })
+    }
+
+    /// The parameters unit `unit` reads, as views of the gathered buffers in `full`.
+    pub fn param_map(&self, unit: usize, full: &HashMap<usize, Tensor>) -> ParamMap {
+        let mut map = ParamMap::new();
+        for b in &self.unit_buffers[unit] {
+            if let Some(t) = full.get(b) {
+                map.extend(self.buffers[*b].views(t));
+            }
+        }
+        map
+    }
+}
+
+fn build_buffer(
+    owner: usize,
+    unit_name: &str,
+    trainable: bool,
+    params: &[ParamSpec],
+    init: &ParamMap,
+    spec: ShardSpec,
+) -> Result<FlatBuffer, FsdpError> {
+    let mut entries = Vec::with_capacity(params.len());
+    let mut offset = 0i64;
+    for p in params {
+        let numel: i64 = p.shape.iter().product();
+        entries.push(FlatEntry {
+            name: p.name.clone(),
+            shape: p.shape.clone(),
+            offset,
+            numel,
+        });
+        offset += numel;
+    }
+    let w = spec.world_size as i64;
+    let (padded, shard_len, shard_start) = if spec.sharded {
+        let padded = (offset + w - 1) / w * w;
+        (padded, padded / w, spec.rank as i64 * (padded / w))
+    } else {
+        (offset, offset, 0)
+    };
+    let shard = Tensor::zeros([shard_len], (spec.kind, spec.device));
+    let (lo, hi) = (shard_start, shard_start + shard_len);
+    for e in &entries {
+        let (a, b) = (e.offset.max(lo), (e.offset + e.numel).min(hi));
+        if a >= b {
+            continue;
+        }
+        let full = init.get(&e.name).ok_or_else(|| FsdpError::Layout {
+            name: e.name.clone(),
+            message: format!("unit '{unit_name}' reads it but the initial parameters lack it"),
+        })?;
+        if full.size() != e.shape {
+            return Err(FsdpError::Layout {
+                name: e.name.clone(),
+                message: format!(
+                    "initial tensor has shape {:?}, unit '{unit_name}' expects {:?}",
+                    full.size(),
+                    e.shape
+                ),
+            });
+        }
+        let src = full.detach().reshape([-1]).narrow(0, a - e.offset, b - a);
+        tch::no_grad(|| shard.narrow(0, a - lo, b - a).copy_(&src));
+    }
+    Ok(FlatBuffer {
+        owner,
+        unit_name: unit_name.to_string(),
+        trainable,
+        entries,
+        numel: offset,
+        padded,
+        shard_len,
+        shard_start,
+        shard,
+    })
+}
