@@ -1,9 +1,216 @@
-//! `tessera bench loader`: filled in by the pipeline issue.
+//! `tessera bench loader`: the loader's images/s on a shard directory, next to the decode-only
+//! bound (the `image` crate decoding the same bytes on the same thread count) and the PIL
+//! reference loader (../shared/bench/pil_reference_loader.py) on the same images and worker
+//! count. Human-readable lines first, then one JSON line.
+use anyhow::Context;
+use pipeline::loader::bench::{export_llava, read_images, run_decode_only, run_loader, workload};
+use pipeline::loader::{LoaderConfig, ResizePolicy, SampleSource};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Arc;
 
 /// Arguments of `tessera bench loader`.
 #[derive(clap::Args)]
-pub struct Args {}
+pub struct Args {
+    /// Shard directory (with index.json).
+    #[arg(long)]
+    shards: PathBuf,
+    /// Worker threads, for tessera, decode-only and the PIL reference alike.
+    #[arg(long, default_value_t = 2)]
+    threads: usize,
+    /// Output side length S (pixels are S x S).
+    #[arg(long, default_value_t = 384)]
+    image_size: usize,
+    /// Use the dataset prefix holding this many image samples.
+    #[arg(long, default_value_t = 2000)]
+    limit: usize,
+    /// squash (SigLIP: resize to S x S) or pad (LLaVA expand2square, as the PIL reference does).
+    #[arg(long, value_enum, default_value_t = Policy::Pad)]
+    policy: Policy,
+    /// Samples per packed row and rows per micro-batch of the synthetic plan.
+    #[arg(long, num_args = 2, default_values_t = [2, 4])]
+    packing: Vec<usize>,
+    /// Skip the PIL reference even when python3 with pillow and numpy is present.
+    #[arg(long)]
+    no_reference: bool,
+}
 
-pub fn run(_args: Args) -> anyhow::Result<()> {
-    anyhow::bail!("`tessera bench loader` is not built yet")
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum Policy {
+    Squash,
+    Pad,
+}
+
+pub fn run(args: Args) -> anyhow::Result<()> {
+    let dataset = shards::Dataset::open(&args.shards)
+        .with_context(|| format!("opening shards in {}", args.shards.display()))?;
+    let kinds: Vec<_> = dataset.metadata()?.iter().map(|m| m.kind).collect();
+    let source: Arc<dyn SampleSource> = Arc::new(dataset);
+    let work = workload(&kinds, args.limit, args.packing[0], args.packing[1]);
+    anyhow::ensure!(
+        !work.image_indices.is_empty(),
+        "no image samples in {}",
+        args.shards.display()
+    );
+    let images = read_images(source.as_ref(), &work.image_indices)?; // also warms the page cache
+    let policy = match args.policy {
+        Policy::Squash => ResizePolicy::Squash,
+        Policy::Pad => ResizePolicy::Pad,
+    };
+    let config = LoaderConfig::builder()
+        .threads(args.threads)
+        .image_size(args.image_size)
+        .resize(policy)
+        .build()?;
+    let threads = config.threads;
+
+    let (stats, took) = run_loader(source, work.plans.clone(), config)?;
+    let secs = took.as_secs_f64();
+    let images_per_s = stats.images as f64 / secs;
+    let samples_per_s = stats.samples as f64 / secs;
+    println!(
+        "tessera loader: {} images, {} samples, {} skipped in {secs:.3}s with {threads} threads: \
+         {images_per_s:.1} images/s, {samples_per_s:.1} samples/s, consumer wait {:.3}s",
+        stats.images,
+        stats.samples,
+        stats.skipped,
+        stats.wait.as_secs_f64()
+    );
+    let per_image = |d: std::time::Duration| d.as_secs_f64() * 1e3 / stats.images.max(1) as f64;
+    println!(
+        "  stage time per image (thread-ms): read {:.3}, decode {:.3}, resize {:.3}, assemble {:.3}",
+        per_image(stats.read),
+        per_image(stats.decode),
+        per_image(stats.resize),
+        per_image(stats.assemble)
+    );
+
+    let bytes: Vec<Vec<u8>> = images.iter().map(|(_, b)| b.clone()).collect();
+    let (took, failed) = run_decode_only(&bytes, threads);
+    let decode_only = (bytes.len() - failed) as f64 / took.as_secs_f64();
+    println!(
+        "decode only (image crate, full decode, {threads} threads): {} images in {:.3}s: \
+         {decode_only:.1} images/s",
+        bytes.len() - failed,
+        took.as_secs_f64()
+    );
+
+    let reference = if args.no_reference {
+        None
+    } else {
+        run_reference(&images, args.image_size, threads)?
+    };
+    let ratio_vs_reference = reference.map(|r| images_per_s / r);
+    let ratio_vs_decode_only = images_per_s / decode_only;
+    match (reference, ratio_vs_reference) {
+        (Some(r), Some(ratio)) => {
+            println!("PIL reference ({threads} workers): {r:.1} images/s; tessera is {ratio:.2}x")
+        }
+        _ => println!("PIL reference: not run (needs python3 with pillow and numpy)"),
+    }
+    println!("tessera / decode-only: {ratio_vs_decode_only:.3}");
+    let line = serde_json::json!({
+        "images_per_s": images_per_s,
+        "samples_per_s": samples_per_s,
+        "decode_only_images_per_s": decode_only,
+        "reference_images_per_s": reference,
+        "ratio_vs_reference": ratio_vs_reference,
+        "ratio_vs_decode_only": ratio_vs_decode_only,
+        "threads": threads,
+        "image_size": args.image_size,
+        "policy": match policy { ResizePolicy::Squash => "squash", ResizePolicy::Pad => "pad" },
+        "images": stats.images,
+        "stage_seconds": {
+            "read": stats.read.as_secs_f64(),
+            "decode": stats.decode.as_secs_f64(),
+            "resize": stats.resize.as_secs_f64(),
+            "assemble": stats.assemble.as_secs_f64(),
+        },
+    });
+    println!("{line}");
+    Ok(())
+}
+
+/// Runs the PIL reference on `images` exported as LLaVA json + folder; `None` when python3,
+/// pillow, numpy or the script is missing.
+fn run_reference(
+    images: &[(String, Vec<u8>)],
+    size: usize,
+    workers: usize,
+) -> anyhow::Result<Option<f64>> {
+    let Some(script) = reference_script() else {
+        tracing::warn!("pil_reference_loader.py not found (set TESSERA_REFERENCE_LOADER)");
+        return Ok(None);
+    };
+    let Some(python) = python_with_pillow() else {
+        return Ok(None);
+    };
+    let dir = std::env::temp_dir().join(format!("tessera-bench-loader-{}", std::process::id()));
+    let json =
+        export_llava(&dir, images).with_context(|| format!("exporting to {}", dir.display()))?;
+    let out = Command::new(&python)
+        .arg(&script)
+        .arg(&json)
+        .arg(dir.join("images"))
+        .args([
+            "--size",
+            &size.to_string(),
+            "--workers",
+            &workers.to_string(),
+        ])
+        .output()
+        .with_context(|| format!("running {} {}", python.display(), script.display()));
+    std::fs::remove_dir_all(&dir).with_context(|| format!("removing {}", dir.display()))?;
+    let out = out?;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    anyhow::ensure!(
+        out.status.success(),
+        "{} failed: {}{}",
+        script.display(),
+        stdout,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let rate = stdout
+        .split_whitespace()
+        .find_map(|kv| kv.strip_prefix("images_per_s="))
+        .with_context(|| format!("no images_per_s= in the reference's output: {stdout}"))?;
+    Ok(Some(
+        rate.parse()
+            .with_context(|| format!("reference rate {rate:?}"))?,
+    ))
+}
+
+/// $TESSERA_REFERENCE_LOADER, else ../shared/bench/pil_reference_loader.py next to the repo.
+fn reference_script() -> Option<PathBuf> {
+    if let Some(p) = std::env::var_os("TESSERA_REFERENCE_LOADER") {
+        return Some(PathBuf::from(p));
+    }
+    let rel = Path::new("../shared/bench/pil_reference_loader.py");
+    [
+        PathBuf::from("."),
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")),
+    ]
+    .into_iter()
+    .map(|root| root.join(rel))
+    .find(|p| p.is_file())
+}
+
+/// $TESSERA_PYTHON, the repo's .deps/venv, or python3 on PATH: the first that imports PIL and
+/// numpy.
+fn python_with_pillow() -> Option<PathBuf> {
+    let venv = Path::new(env!("CARGO_MANIFEST_DIR")).join(".deps/venv/bin/python3");
+    let candidates = std::env::var_os("TESSERA_PYTHON")
+        .map(PathBuf::from)
+        .into_iter()
+        .chain([venv, PathBuf::from("python3")]);
+    for python in candidates {
+        let ok = Command::new(&python)
+            .args(["-c", "import PIL, numpy"])
+            .output()
+            .is_ok_and(|o| o.status.success());
+        if ok {
+            return Some(python);
+        }
+    }
+    None
 }

@@ -108,8 +108,9 @@ fn decode_jpeg(
     ))
 }
 
-/// `jpeg-decoder` at the DCT scale that gives `req_w x req_h` (or the nearest larger).
-fn decode_jpeg_scaled(bytes: &[u8], req_w: u32, req_h: u32) -> Result<RgbImage, String> {
+/// `jpeg-decoder` at the DCT scale that gives `req_w x req_h` (or the nearest larger); with
+/// the full size it is a plain full decode.
+pub fn decode_jpeg_scaled(bytes: &[u8], req_w: u32, req_h: u32) -> Result<RgbImage, String> {
     use jpeg_decoder::PixelFormat;
     let mut dec = jpeg_decoder::Decoder::new(bytes);
     let req_w = u16::try_from(req_w).map_err(|_| format!("width {req_w} too large"))?;

@@ -26,6 +26,7 @@
 //! assert_eq!(batch.labels, vec![11, 12, -100]);
 //! ```
 mod assemble;
+pub mod bench;
 mod config;
 pub mod decode;
 mod error;

@@ -1,0 +1,141 @@
+//! Loader stage micro-benchmark (harness = false): per-image cost of each decode and resize
+//! path on LLaVA-sized crops of real photographs, with a memcpy of the output as the floor.
+//!
+//! `cargo bench --bench loader [-- DIR]`: DIR holds JPEGs (default /usr/share/backgrounds/mate,
+//! cropped to LLaVA sizes: shorter side 336). Last line: JSON of milliseconds per image.
+use pipeline::loader::decode::{decode_jpeg_scaled, decode_rgb, RgbImage};
+use pipeline::loader::resize::ChwResizer;
+use pipeline::loader::ResizePolicy;
+use std::hint::black_box;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+const SIZE: u32 = 384;
+/// LLaVA-Pretrain-like shapes (shorter side 336).
+const SHAPES: [(u32, u32); 6] = [
+    (448, 336),
+    (500, 336),
+    (336, 336),
+    (336, 448),
+    (504, 336),
+    (400, 336),
+];
+
+fn jpegs_under(dir: &Path, out: &mut Vec<PathBuf>) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let path = entry.path();
+        if path.is_dir() {
+            jpegs_under(&path, out);
+        } else if path
+            .extension()
+            .is_some_and(|e| e.eq_ignore_ascii_case("jpg"))
+        {
+            out.push(path);
+        }
+    }
+}
+
+/// Crops of every photo at each LLaVA shape, re-encoded as quality-90 JPEGs.
+fn llava_sized_jpegs(dir: &Path) -> Vec<Vec<u8>> {
+    let mut paths = Vec::new();
+    jpegs_under(dir, &mut paths);
+    paths.sort();
+    let mut out = Vec::new();
+    for path in paths {
+        let Ok(img) = image::open(&path) else {
+            continue;
+        };
+        for (i, &(w, h)) in SHAPES.iter().enumerate() {
+            let scale = (w as f32 / img.width() as f32).max(h as f32 / img.height() as f32);
+            let (sw, sh) = (
+                (img.width() as f32 * scale).ceil() as u32,
+                (img.height() as f32 * scale).ceil() as u32,
+            );
+            let resized =
+                img.resize_exact(sw.max(w), sh.max(h), image::imageops::FilterType::Triangle);
+            let x = (resized.width() - w) * i as u32 / 6;
+            let crop = resized.crop_imm(x, 0, w, h).to_rgb8();
+            let mut bytes = Vec::new();
+            let mut enc = image::codecs::jpeg::JpegEncoder::new_with_quality(&mut bytes, 90);
+            if enc.encode_image(&crop).is_ok() {
+                out.push(bytes);
+            }
+        }
+    }
+    out
+}
+
+/// Milliseconds per item of `f` over `items`, best of 7 passes (robust to a busy machine).
+fn per_item<T>(items: &[T], mut f: impl FnMut(&T)) -> f64 {
+    (0..7)
+        .map(|_| {
+            let t = Instant::now();
+            items.iter().for_each(&mut f);
+            t.elapsed().as_secs_f64() * 1e3 / items.len() as f64
+        })
+        .fold(f64::INFINITY, f64::min)
+}
+
+fn main() {
+    let dir = std::env::args().nth(1).filter(|a| !a.starts_with('-'));
+    let dir = PathBuf::from(dir.unwrap_or_else(|| "/usr/share/backgrounds/mate".into()));
+    let jpegs = llava_sized_jpegs(&dir);
+    assert!(!jpegs.is_empty(), "no JPEGs under {}", dir.display());
+    let decoded: Vec<RgbImage> = jpegs
+        .iter()
+        .filter_map(|b| decode_rgb(b, |w, h| (w, h)).ok().map(|(img, _)| img))
+        .collect();
+    let out_len = 3 * (SIZE * SIZE) as usize;
+    let mut out = vec![0u8; out_len];
+    let mut resizer = ChwResizer::default();
+
+    let image_crate = per_item(&jpegs, |b| drop(black_box(image::load_from_memory(b))));
+    let ours_decode = per_item(&jpegs, |b| {
+        drop(black_box(decode_rgb(b, |_, _| (SIZE, SIZE))))
+    });
+    let jpeg_decoder = per_item(
+        &decoded.iter().zip(&jpegs).collect::<Vec<_>>(),
+        |(img, b)| {
+            drop(black_box(decode_jpeg_scaled(b, img.width, img.height)));
+        },
+    );
+    let mut resize = |policy, planar: bool| {
+        per_item(&decoded, |img| {
+            let dims = (img.width, img.height);
+            let r = if planar {
+                resizer.resize_rgbx_into(img, dims, SIZE, policy, [127; 3], &mut out)
+            } else {
+                resizer.resize_into(img, dims, SIZE, policy, [127; 3], &mut out)
+            };
+            black_box(r.is_ok());
+        })
+    };
+    let squash = resize(ResizePolicy::Squash, false);
+    let pad = resize(ResizePolicy::Pad, false);
+    let squash_planar = resize(ResizePolicy::Squash, true);
+    let pad_planar = resize(ResizePolicy::Pad, true);
+    let src = vec![7u8; out_len];
+    let memcpy = per_item(&decoded, |_| {
+        out.copy_from_slice(black_box(&src));
+        black_box(&out);
+    });
+    println!(
+        "{} LLaVA-sized JPEGs from {}; ms per image, one thread:",
+        jpegs.len(),
+        dir.display()
+    );
+    println!("  decode: image crate {image_crate:.3}, tessera (zune direct) {ours_decode:.3}, jpeg-decoder {jpeg_decoder:.3}");
+    println!("  resize to {SIZE} CHW: squash {squash:.3}, pad {pad:.3}; rgbx: squash {squash_planar:.3}, pad {pad_planar:.3}; memcpy of the output {memcpy:.4}");
+    println!(
+        "{}",
+        serde_json::json!({
+            "images": jpegs.len(), "decode_image_crate_ms": image_crate,
+            "decode_tessera_ms": ours_decode, "decode_jpeg_decoder_ms": jpeg_decoder,
+            "resize_squash_ms": squash, "resize_pad_ms": pad,
+            "resize_squash_planar_ms": squash_planar, "resize_pad_planar_ms": pad_planar, "memcpy_ms": memcpy,
+        })
+    );
+}
