@@ -57,10 +57,7 @@ fn shards_are_identical_across_worker_counts_and_image_sources() -> anyhow::Resu
             config.images = zip_path;
         }
         ingest::run(&config)?;
-        runs.push((
-            dir_bytes(&config.out),
-            std::fs::read(config.out.join("rejected.jsonl"))?,
-        ));
+        runs.push((dir_bytes(&config.out), rejected(&config.out)));
     }
     assert!(
         runs[0].0.len() >= 3,
@@ -68,6 +65,20 @@ fn shards_are_identical_across_worker_counts_and_image_sources() -> anyhow::Resu
         runs[0].0.len()
     );
     assert!(runs[0] == runs[1], "1 and 4 workers differ");
+    assert_eq!(runs[0].1, runs[2].1, "rejections: folder vs zip");
+    assert_eq!(
+        runs[0]
+            .0
+            .iter()
+            .map(|(n, b)| (n, b.len()))
+            .collect::<Vec<_>>(),
+        runs[2]
+            .0
+            .iter()
+            .map(|(n, b)| (n, b.len()))
+            .collect::<Vec<_>>()
+    );
     assert!(runs[0] == runs[2], "folder and zip differ");
+    assert_eq!(runs[0].1.len(), 9, "every 9th record's image is missing");
     Ok(())
 }

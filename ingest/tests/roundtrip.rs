@@ -38,7 +38,8 @@ fn read_all(out: &std::path::Path) -> anyhow::Result<(Dataset, Vec<Sample>)> {
     // Read in a scrambled order to exercise the reader's reordering.
     let mut order: Vec<u64> = (0..dataset.len() as u64).collect();
     order.reverse();
-    order.rotate_left(7);
+    let shift = 7 % order.len().max(1);
+    order.rotate_left(shift);
     let mut samples = dataset.read(&order)?;
     let mut by_index: Vec<(u64, Sample)> = order.into_iter().zip(samples.drain(..)).collect();
     by_index.sort_by_key(|(i, _)| *i);
