@@ -56,7 +56,11 @@ impl Planner {
     fn largest_fitting_prefix(&self, samples: &[u32], lens: &[u32]) -> (usize, Vec<RankBatch>) {
         let n0 = samples.len();
         let floor = self.world_size.min(n0);
-        if let Some(ranks) = self.layout(samples, lens, n0) {
+        // Sorted once, longest first; a prefix's order is this order filtered to the prefix.
+        let mut by_len: Vec<u32> = (0..n0 as u32).collect();
+        by_len.sort_unstable_by(|&a, &b| lens[b as usize].cmp(&lens[a as usize]).then(a.cmp(&b)));
+        let layout = |n: usize| self.layout(samples, lens, &by_len, n);
+        if let Some(ranks) = layout(n0) {
             return (n0, ranks);
         }
         let (mut bad, mut step) = (n0, 1);
@@ -65,7 +69,7 @@ impl Planner {
             if n <= floor {
                 break (floor, self.one_per_rank(&samples[..floor]));
             }
-            if let Some(ranks) = self.layout(samples, lens, n) {
+            if let Some(ranks) = layout(n) {
                 break (n, ranks);
             }
             bad = n;
@@ -73,7 +77,7 @@ impl Planner {
         };
         while bad - good > 1 {
             let mid = (good + bad) / 2;
-            match self.layout(samples, lens, mid) {
+            match layout(mid) {
                 Some(ranks) => (good, best) = (mid, ranks),
                 None => bad = mid,
             }
@@ -92,11 +96,21 @@ impl Planner {
             .collect()
     }
 
-    /// Lays the first `n` window samples out on the ranks, or `None` if they do not fit.
-    fn layout(&self, samples: &[u32], lens: &[u32], n: usize) -> Option<Vec<RankBatch>> {
+    /// Lays the first `n` window samples out on the ranks (`by_len`: the window's indices,
+    /// longest first), or `None` if they do not fit.
+    fn layout(
+        &self,
+        samples: &[u32],
+        lens: &[u32],
+        by_len: &[u32],
+        n: usize,
+    ) -> Option<Vec<RankBatch>> {
         let lens = &lens[..n];
-        let mut sorted: Vec<u32> = (0..n as u32).collect();
-        sorted.sort_unstable_by(|&a, &b| lens[b as usize].cmp(&lens[a as usize]).then(a.cmp(&b)));
+        let sorted: Vec<u32> = by_len
+            .iter()
+            .copied()
+            .filter(|&i| (i as usize) < n)
+            .collect();
         let to_samples = |items: &[u32]| items.iter().map(|&i| samples[i as usize]).collect();
         let w = self.world_size;
         let per_rank_rows: Vec<Vec<Vec<u32>>> = match self.mode {
