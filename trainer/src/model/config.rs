@@ -74,9 +74,11 @@ impl SiglipVisionConfig {
                 self.hidden_size, self.num_attention_heads
             )));
         }
-        if self.image_size % self.patch_size != 0 {
+        // image_size need not be a multiple of patch_size (so400m: 384 / 14): the stride-p
+        // convolution drops the remainder, as in transformers.
+        if self.patch_size <= 0 || self.image_size < self.patch_size {
             return Err(ModelError::InvalidConfig(format!(
-                "vision image_size {} is not a multiple of patch_size {}",
+                "vision image_size {} is smaller than patch_size {}",
                 self.image_size, self.patch_size
             )));
         }
@@ -98,7 +100,7 @@ impl SiglipVisionConfig {
         self.hidden_size / self.num_attention_heads
     }
 
-    /// Vision tokens per image: (image_size / patch_size)^2.
+    /// Vision tokens per image: floor(image_size / patch_size)^2.
     pub fn num_patches(&self) -> i64 {
         let side = self.image_size / self.patch_size;
         side * side

@@ -148,15 +148,18 @@ impl Vlm {
         projector_file: Option<&Path>,
         seed: u64,
     ) -> Result<ParamMap> {
-        let mut params = Checkpoint::open(vision_dir)?
-            .load_specs(&siglip::param_specs(&self.vision), Device::Cpu)?;
+        let mut params = Checkpoint::open(vision_dir)?.load_specs(
+            &siglip::param_specs(&self.vision),
+            Some("vision_model."),
+            Device::Cpu,
+        )?;
         let lm_specs: Vec<ParamSpec> = self
             .param_specs()
             .into_iter()
             .filter(|s| s.name.starts_with("model.") || s.name == qwen2::LM_HEAD)
             .filter(|s| !s.name.contains(".lora_"))
             .collect();
-        params.append(&mut Checkpoint::open(lm_dir)?.load_specs(&lm_specs, Device::Cpu)?);
+        params.append(&mut Checkpoint::open(lm_dir)?.load_specs(&lm_specs, None, Device::Cpu)?);
         let specs = projector::param_specs(self.vision.hidden_size, self.lm.hidden_size, true);
         let mut proj = match projector_file {
             Some(path) => load_projector(path, &specs)?,

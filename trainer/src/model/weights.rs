@@ -118,15 +118,22 @@ impl Checkpoint {
 
     /// Loads every spec: the specs are what the model reads, so each must be present with its
     /// exact shape. Keys the model does not read (a SigLIP text tower, the pooling head) are
-    /// ignored.
+    /// ignored. With `optional_prefix`, a key may also be stored without it: transformers 5
+    /// saves `SiglipVisionModel` without the `vision_model.` prefix that `SiglipModel` and
+    /// older checkpoints carry.
     pub fn load_specs<'a>(
         &self,
         specs: impl IntoIterator<Item = &'a ParamSpec>,
+        optional_prefix: Option<&str>,
         device: Device,
     ) -> Result<ParamMap> {
         let mut out = BTreeMap::new();
         for spec in specs {
-            let t = self.tensor(&spec.name, &spec.shape)?.to_device(device);
+            let stored = match optional_prefix.and_then(|p| spec.name.strip_prefix(p)) {
+                Some(short) if !self.contains(&spec.name) && self.contains(short) => short,
+                _ => spec.name.as_str(),
+            };
+            let t = self.tensor(stored, &spec.shape)?.to_device(device);
             out.insert(spec.name.clone(), t);
         }
         Ok(out)

@@ -1,0 +1,196 @@
+//! Packed rows: samples packed into one row (block-diagonal causal attention, positions
+//! restarting per sample) must compute exactly what each sample computes alone, and image
+//! tokens must land at the placeholder positions.
+mod model_support;
+
+use model_support::*;
+use pipeline::IGNORE_INDEX;
+use tch::{Kind, Tensor};
+
+const TOL: f64 = 1e-5;
+
+/// Logits of the tokens `start..start+len` of row `row`.
+fn slice(logits: &Tensor, row: i64, start: i64, len: i64) -> Tensor {
+    logits.get(row).narrow(0, start, len)
+}
+
+#[test]
+fn packed_text_row_equals_each_sample_alone() -> anyhow::Result<()> {
+    let (vlm, params) = tiny_vlm(None);
+    let (a, b) = (text_sample(7, 1), text_sample(5, 2));
+    // Row 0 packs a then b; row 1 holds b alone and is padded, so padding is exercised too.
+    let packed = micro_batch(&[vec![a.clone(), b.clone()], vec![b.clone()]], 0, 0);
+    let logits = vlm.logits(&params, &packed)?;
+    let alone_a = vlm.logits(&params, &micro_batch(&[vec![a.clone()]], 0, 0))?;
+    let alone_b = vlm.logits(&params, &micro_batch(&[vec![b.clone()]], 0, 0))?;
+
+    assert_close(
+        &slice(&logits, 0, 0, 7),
+        &alone_a.get(0),
+        TOL,
+        "sample a packed first",
+    );
+    assert_close(
+        &slice(&logits, 0, 7, 5),
+        &alone_b.get(0),
+        TOL,
+        "sample b packed second",
+    );
+    assert_close(
+        &slice(&logits, 1, 0, 5),
+        &alone_b.get(0),
+        TOL,
+        "sample b in a padded row",
+    );
+    // Without the block-diagonal mask, b would see a: make sure the test could fail.
+    let naive = {
+        let mut mb = packed.clone();
+        mb.segment_ids.iter_mut().take(12).for_each(|s| *s = 0);
+        vlm.logits(&params, &mb)?
+    };
+    assert!(
+        max_abs_diff(&slice(&naive, 0, 7, 5), &alone_b.get(0)) > 1e-3,
+        "mask had no effect"
+    );
+
+    let (packed_loss, n) = vlm.loss(&params, &packed)?;
+    let (loss_a, na) = vlm.loss(&params, &micro_batch(&[vec![a]], 0, 0))?;
+    let (loss_b, nb) = vlm.loss(&params, &micro_batch(&[vec![b]], 0, 0))?;
+    assert_eq!(n, na + 2 * nb);
+    let expected = scalar(&loss_a) + 2.0 * scalar(&loss_b);
+    assert!(
+        (scalar(&packed_loss) - expected).abs() < 1e-4,
+        "{} vs {expected}",
+        scalar(&packed_loss)
+    );
+    Ok(())
+}
+
+#[test]
+fn packed_image_samples_equal_each_alone() -> anyhow::Result<()> {
+    let (vlm, params) = tiny_vlm(None);
+    let side = vlm.vision.image_size as usize;
+    let tokens = vlm.vision.num_patches() as usize;
+    let (a, b) = (
+        image_sample(tokens, 4, 1, side),
+        image_sample(tokens, 6, 2, side),
+    );
+    let t = text_sample(3, 9);
+    let packed = micro_batch(&[vec![a.clone(), t.clone(), b.clone()]], side, tokens);
+    let logits = vlm.logits(&params, &packed)?;
+    let (la, lb) = (a.ids.len() as i64, b.ids.len() as i64);
+    let alone_a = vlm.logits(&params, &micro_batch(&[vec![a]], side, tokens))?;
+    let alone_b = vlm.logits(&params, &micro_batch(&[vec![b]], side, tokens))?;
+    assert_close(
+        &slice(&logits, 0, 0, la),
+        &alone_a.get(0),
+        TOL,
+        "image sample a",
+    );
+    assert_close(
+        &slice(&logits, 0, la + 3, lb),
+        &alone_b.get(0),
+        TOL,
+        "image sample b after text",
+    );
+    Ok(())
+}
+
+#[test]
+fn image_tokens_land_at_placeholders_in_order() -> anyhow::Result<()> {
+    let (vlm, params) = tiny_vlm(None);
+    let side = vlm.vision.image_size as usize;
+    let tokens = vlm.vision.num_patches() as usize;
+    let rows = vec![
+        vec![text_sample(4, 3), image_sample(tokens, 3, 1, side)],
+        vec![image_sample(tokens, 5, 2, side)],
+    ];
+    let mb = micro_batch(&rows, side, tokens);
+    let ctx = vlm.ctx(&params, &mb)?;
+    let units = vlm.units();
+    let features = units[0].forward(&params, &ctx.first_input(), &ctx);
+    let image_tokens = units[1].forward(&params, &features, &ctx);
+    assert_eq!(
+        image_tokens.size(),
+        vec![2 * tokens as i64, vlm.lm.hidden_size]
+    );
+    let embeds = units[2]
+        .forward(&params, &image_tokens, &ctx)
+        .reshape([-1, vlm.lm.hidden_size]);
+    let plain = units[2].forward(
+        &params,
+        &Tensor::empty([0], (Kind::Float, tch::Device::Cpu)),
+        &ctx,
+    );
+    let plain = plain.reshape([-1, vlm.lm.hidden_size]);
+
+    let mut next_image_token = 0;
+    for (t, &id) in mb.input_ids.iter().enumerate() {
+        let row = embeds.get(t as i64);
+        if id == IMAGE_ID {
+            let expected = image_tokens.get(next_image_token);
+            assert_close(
+                &row,
+                &expected,
+                0.0,
+                &format!("position {t}: image token {next_image_token}"),
+            );
+            assert_ne!(
+                mb.labels[t], IMAGE_ID,
+                "position {t} must not target a placeholder"
+            );
+            next_image_token += 1;
+        } else {
+            assert_close(
+                &row,
+                &plain.get(t as i64),
+                0.0,
+                &format!("position {t}: text embedding"),
+            );
+        }
+    }
+    assert_eq!(
+        next_image_token,
+        2 * tokens as i64,
+        "every image token placed once"
+    );
+    // Placeholders are never prediction targets: no supervised label is the placeholder id,
+    // and a micro-batch that asks for one is rejected with its sample ids.
+    assert!(mb
+        .labels
+        .iter()
+        .all(|&l| l == IGNORE_INDEX || l != IMAGE_ID));
+    let mut bad = mb.clone();
+    bad.labels[3] = IMAGE_ID;
+    let err = vlm
+        .ctx(&params, &bad)
+        .err()
+        .expect("a placeholder label is rejected")
+        .to_string();
+    assert!(err.contains("placeholder") && err.contains("s0"), "{err}");
+    Ok(())
+}
+
+#[test]
+fn text_only_batches_skip_the_vision_tower() -> anyhow::Result<()> {
+    let (vlm, params) = tiny_vlm(None);
+    let mb = micro_batch(&[vec![text_sample(6, 4)]], 0, 0);
+    let ctx = vlm.ctx(&params, &mb)?;
+    let runs: Vec<&str> = vlm
+        .units()
+        .iter()
+        .filter(|u| u.runs_on(&ctx))
+        .map(|u| u.name())
+        .collect();
+    assert_eq!(runs, ["embed", "layers.0", "layers.1", "head"]);
+    // And the text-only loss needs no vision or projector parameters at all.
+    let lm_only = params
+        .iter()
+        .filter(|(k, _)| !k.starts_with("vision_model.") && !k.starts_with("mm_projector."))
+        .map(|(k, v)| (k.clone(), v.shallow_clone()))
+        .collect();
+    let (loss, n) = vlm.loss(&lm_only, &mb)?;
+    assert_eq!(n, 5);
+    assert!(scalar(&loss).is_finite() && scalar(&loss) > 0.0);
+    Ok(())
+}
