@@ -315,6 +315,14 @@ fn epochs_and_seeds_reshuffle_but_keep_the_sample_set() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The error `build()` must return; a planner built from bad input fails the test.
+fn build_err(builder: PlannerBuilder) -> PlanError {
+    match builder.build() {
+        Ok(_) => panic!("build() accepted invalid input"),
+        Err(err) => err,
+    }
+}
+
 #[test]
 fn bad_settings_and_samples_are_reported_by_name() -> anyhow::Result<()> {
     let ok = SampleMeta {
@@ -328,9 +336,9 @@ fn bad_settings_and_samples_are_reported_by_name() -> anyhow::Result<()> {
         num_supervised_tokens: 10,
     };
     let base = || Planner::builder().samples(&[ok, ok, long]).fingerprint("f");
-    let err = base().token_budget(0).build().map(|_| ()).unwrap_err();
+    let err = build_err(base().token_budget(0));
     assert_eq!(err.to_string(), "token budget 0 is not a budget");
-    let err = base().seq_len(2048).build().map(|_| ()).unwrap_err();
+    let err = build_err(base().seq_len(2048));
     assert_eq!(
         err,
         PlanError::SampleTooLong {
@@ -348,19 +356,10 @@ fn bad_settings_and_samples_are_reported_by_name() -> anyhow::Result<()> {
         num_text_tokens: 0,
         num_supervised_tokens: 0,
     };
-    let err = Planner::builder()
-        .samples(&[ok, empty])
-        .build()
-        .map(|_| ())
-        .unwrap_err();
+    let err = build_err(Planner::builder().samples(&[ok, empty]));
     assert!(err.to_string().starts_with("sample 1:"), "{err}");
     assert_eq!(
-        base()
-            .world_size(0)
-            .seq_len(4096)
-            .build()
-            .map(|_| ())
-            .unwrap_err(),
+        build_err(base().world_size(0).seq_len(4096)),
         PlanError::ZeroWorldSize
     );
 
