@@ -307,8 +307,9 @@ fn full_shard_halves_resident_parameter_gradient_and_optimizer_bytes() -> anyhow
     Ok(())
 }
 
-#[test]
-fn misaligned_micro_batch_kinds_fail_naming_the_vision_all_gather() -> anyhow::Result<()> {
+/// Both ranks' error messages for a schedule where rank 0 runs an image micro-batch and rank 1
+/// a text-only one.
+fn misaligned(check_schedule: bool) -> anyhow::Result<(Vec<String>, Duration)> {
     let groups = local_groups(2, Duration::from_secs(3))?;
     let started = Instant::now();
     let errors: Vec<String> = std::thread::scope(|s| {
@@ -317,8 +318,15 @@ fn misaligned_micro_batch_kinds_fail_naming_the_vision_all_gather() -> anyhow::R
             .map(|pg| {
                 s.spawn(move || {
                     let units = units();
-                    let mut fsdp =
-                        Fsdp::new(&units, pg, &init(&units), config(Strategy::FullShard))?;
+                    let mut fsdp = Fsdp::new(
+                        &units,
+                        pg,
+                        &init(&units),
+                        FsdpConfig {
+                            check_schedule,
+                            ..config(Strategy::FullShard)
+                        },
+                    )?;
                     // rank 0 an image micro-batch, rank 1 a text-only one
                     let (ctx, input) = micro_batch(0, pg.rank(), pg.rank() == 0);
                     match fsdp.forward_backward(&ctx, &input, 0.1) {
@@ -332,6 +340,12 @@ fn misaligned_micro_batch_kinds_fail_naming_the_vision_all_gather() -> anyhow::R
             .map(|h| h.join().map_err(|_| anyhow::anyhow!("rank panicked"))?)
             .collect::<anyhow::Result<Vec<_>>>()
     })?;
+    Ok((errors, started.elapsed()))
+}
+
+#[test]
+fn misaligned_micro_batch_kinds_fail_at_once_naming_the_vision_all_gather() -> anyhow::Result<()> {
+    let (errors, elapsed) = misaligned(true)?;
     for (rank, e) in errors.iter().enumerate() {
         assert!(
             e.starts_with(&format!("rank {rank}: all-gather of unit 'vision'")),
@@ -342,6 +356,34 @@ fn misaligned_micro_batch_kinds_fail_naming_the_vision_all_gather() -> anyhow::R
             "{e}"
         );
     }
-    assert!(started.elapsed() < Duration::from_secs(3));
+    assert!(elapsed < Duration::from_secs(3), "{elapsed:?}");
+    Ok(())
+}
+
+#[test]
+fn shard_state_round_trips_and_resumes_identically() -> anyhow::Result<()> {
+    let pg = ProcessGroup::single(Duration::from_secs(30))?;
+    let units = units();
+    let mut a = Fsdp::new(&units, &pg, &init(&units), config(Strategy::FullShard))?;
+    let mut b = Fsdp::new(&units, &pg, &init(&units), config(Strategy::FullShard))?;
+    let step = |f: &mut Fsdp<Ctx>, s: usize| -> anyhow::Result<f64> {
+        let (ctx, input) = micro_batch(s, 0, s % 2 == 0);
+        f.forward_backward(&ctx, &input, 0.1)?;
+        Ok(f.step(1.0)?.loss)
+    };
+    for s in 0..3 {
+        step(&mut a, s)?;
+    }
+    b.load_shard_state(&a.shard_state())?;
+    for s in 3..6 {
+        assert_eq!(step(&mut a, s)?, step(&mut b, s)?, "step {s}");
+    }
+    let mut broken = a.shard_state();
+    broken.remove("projector.trainable.exp_avg");
+    let err = b.load_shard_state(&broken).err().map(|e| e.to_string());
+    assert_eq!(
+        err.as_deref(),
+        Some("shard state `projector.trainable.exp_avg`: missing")
+    );
     Ok(())
 }

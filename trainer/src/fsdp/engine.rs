@@ -21,7 +21,10 @@ pub struct FsdpConfig {
     /// Issue the next unit's all-gather before computing the current unit.
     pub prefetch: bool,
     /// Before each micro-step, one tiny all-gather checks that all ranks run the same units, so
-    /// a misaligned schedule fails at once naming the unit instead of hanging until the timeout.
+    /// a misaligned schedule fails at once naming the unit. Without it gloo pairs the ranks'
+    /// next all-gathers regardless of unit: equal sizes would silently mix buffers, different
+    /// sizes abort the process inside gloo ("Received data size doesn't match expected size"),
+    /// and a rank waiting on a peer that runs something else times out.
     pub check_schedule: bool,
 }
 
