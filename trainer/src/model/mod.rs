@@ -19,6 +19,7 @@ pub mod projector;
 pub mod qwen2;
 pub mod rope;
 pub mod siglip;
+pub mod throughput;
 pub mod units;
 pub mod vlm;
 pub mod weights;
