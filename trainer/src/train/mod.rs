@@ -8,6 +8,7 @@ pub mod config;
 pub mod engine;
 pub mod error;
 pub mod export;
+pub mod fsdp_engine;
 pub mod metrics;
 pub mod plot;
 pub mod run;

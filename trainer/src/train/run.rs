@@ -5,10 +5,11 @@
 use super::checkpoint::{
     Checkpoint, CheckpointMeta, CheckpointWriter, Expected, RankState, FORMAT_VERSION,
 };
-use super::config::{Resize, TrainConfig};
+use super::config::{Resize, Strategy, TrainConfig};
 use super::engine::{Engine, ReplicatedEngine, UnitTimes};
 use super::error::{io, TrainError};
 use super::export::{VlmDescription, TRAINABLE_FILE, VLM_FILE};
+use super::fsdp_engine::FsdpEngine;
 use super::metrics::{self, MetricsWriter, Progress, StepMetrics, Summary};
 use super::plot::plot_loss;
 use super::schedule::CosineSchedule;
@@ -33,7 +34,10 @@ pub fn train(
     }
     std::fs::create_dir_all(&cfg.out).map_err(io(&cfg.out))?;
     let pg = setup::process_group(&cfg, env.as_ref())?;
-    let s = setup::build(&cfg, pg)?;
+    let mut s = setup::build(&cfg, pg)?;
+    // The engine keeps what it needs: FSDP its shards, the replicated engine the tensors.
+    let params = std::mem::take(&mut s.params);
+    let s = s;
     if s.rank == 0 {
         let vlm_desc = VlmDescription::new(
             &cfg,
@@ -44,16 +48,23 @@ pub fn train(
         );
         vlm_desc.save(&cfg.out.join(VLM_FILE))?;
     }
-    let mut engine = ReplicatedEngine::new(
-        s.vlm.clone(),
-        s.params.shallow_clone_map(),
-        s.peak_lr.clone(),
-        cfg.weight_decay,
-        s.pg.clone(),
-    )?;
+    // NO_SHARD runs the replicated (DDP) engine; the sharded strategies run FSDP.
+    let mut engine: Box<dyn Engine + '_> = match cfg.strategy {
+        Strategy::NoShard => Box::new(ReplicatedEngine::new(
+            s.vlm.clone(),
+            params,
+            s.peak_lr.clone(),
+            cfg.weight_decay,
+            s.pg.clone(),
+        )?),
+        Strategy::FullShard | Strategy::ShardGradOp => {
+            Box::new(FsdpEngine::new(&cfg, &s.vlm, &s.pg, &params, s.device)?)
+        }
+    };
     let mut looper = Looper::new(&cfg, &s)?;
-    let start = looper.restore(resume, &mut engine)?;
-    looper.run(&mut engine, start)?;
+    let start = looper.restore(resume, engine.as_mut())?;
+    looper.run(engine.as_mut(), start)?;
+    drop(engine);
     if s.rank != 0 {
         return Ok(None);
     }
@@ -68,19 +79,6 @@ pub fn train(
         plot_loss(&losses, &cfg.out.join("loss.png"))?;
     }
     Ok(summary)
-}
-
-/// Shallow copies of a parameter map (the engine owns its own handles to the same storage).
-trait ShallowCloneMap {
-    fn shallow_clone_map(&self) -> crate::unit::ParamMap;
-}
-
-impl ShallowCloneMap for crate::unit::ParamMap {
-    fn shallow_clone_map(&self) -> crate::unit::ParamMap {
-        self.iter()
-            .map(|(k, t)| (k.clone(), t.shallow_clone()))
-            .collect()
-    }
 }
 
 /// Where the run starts: the global step and the planner position (None = epoch 0's start).

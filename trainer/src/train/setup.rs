@@ -28,8 +28,25 @@ pub struct Setup {
     pub device: tch::Device,
 }
 
+/// Splits this machine's cores between its local ranks for torch's intra-op threads (unless
+/// OMP_NUM_THREADS says otherwise): two ranks with all cores each would fight over them.
+fn share_cores(env: Option<&RankEnv>) {
+    if std::env::var_os("OMP_NUM_THREADS").is_some() {
+        return;
+    }
+    let local_ranks = std::env::var("LOCAL_WORLD_SIZE")
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+        .or(env.map(|e| e.world_size))
+        .unwrap_or(1)
+        .max(1);
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    tch::set_num_threads((cores / local_ranks).max(1) as i32);
+}
+
 /// Joins the job (torchrun variables) or forms a one-rank group.
 pub fn process_group(cfg: &TrainConfig, env: Option<&RankEnv>) -> Result<ProcessGroup, TrainError> {
+    share_cores(env);
     let timeout = Duration::from_secs(cfg.collective_timeout_s);
     let backend = match cfg.device {
         Device::Cpu => Backend::Gloo,

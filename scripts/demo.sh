@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# `make demo`: the whole main job on a laptop-sized example, with gloo on localhost.
+#   synth (2,000 LLaVA-Pretrain-shaped records, 20% text-only, captions that describe the
+#   pictures) -> ingest -> loader bench -> init-model tiny -> stage 1 on 2 ranks -> stage 2
+#   (LoRA) on 2 ranks -> export. Prints where the loss started and ended and where the files are.
+# Usage: bash scripts/demo.sh [RUN_DIR]   (default runs/demo; the folder is recreated)
+# Knobs (environment): DEMO_SAMPLES (2000), DEMO_STAGE1_STEPS (200), DEMO_STAGE2_STEPS (30).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+RUN="${1:-runs/demo}"
+SAMPLES="${DEMO_SAMPLES:-2000}"
+STAGE1_STEPS="${DEMO_STAGE1_STEPS:-200}"
+STAGE2_STEPS="${DEMO_STAGE2_STEPS:-30}"
+T=target/release/tessera
+TOKENIZER=.deps/tokenizer/tokenizer.json
+[ -x "$T" ] || cargo build --release
+[ -f "$TOKENIZER" ] || { echo "demo: $TOKENIZER is missing (run scripts/setup.sh)" >&2; exit 1; }
+rm -rf "$RUN"
+mkdir -p "$RUN"
+export NO_PROGRESS=1
+t0=$(date +%s)
+step() { echo; echo "== [$(( $(date +%s) - t0 ))s] $*"; }
+
+step "1/7 synth: $SAMPLES records, 20% text-only -> $RUN/llava"
+"$T" synth --quiet --out "$RUN/llava" --samples "$SAMPLES" --text-only-fraction 0.2 --seed 0 --zip
+
+step "2/7 ingest (images from images.zip) -> $RUN/shards"
+"$T" ingest --json "$RUN/llava/blip_laion_cc_sbu_558k.json" --images "$RUN/llava/images.zip" \
+  --tokenizer "$TOKENIZER" --out "$RUN/shards"
+
+step "3/7 loader bench (300 images, 64 px, as the tiny vision tower reads them)"
+"$T" bench loader --quiet --shards "$RUN/shards" --limit 300 --image-size 64 --threads 2 | tail -n 1
+
+step "4/7 init-model tiny -> $RUN/model"
+"$T" init-model --quiet --preset tiny --out "$RUN/model"
+
+common=(--shards "$RUN/shards" --vision "$RUN/model/vision" --lm "$RUN/model/lm" --nproc 2
+  --token-budget 1024 --seq-len 512 --loader-threads 1 --quiet)
+
+step "5/7 stage 1 (projector, lr 1e-3, warmup 3% + cosine): $STAGE1_STEPS steps on 2 ranks"
+"$T" train "${common[@]}" --stage 1 --steps "$STAGE1_STEPS" --checkpoint-every 100 --out "$RUN/stage1"
+
+step "6/7 stage 2 (projector 2e-5 + LoRA r 16 at 2e-4): $STAGE2_STEPS steps on 2 ranks"
+"$T" train "${common[@]}" --stage 2 --steps "$STAGE2_STEPS" --lora-r 16 --lora-alpha 32 \
+  --init-projector "$RUN/stage1" --out "$RUN/stage2"
+
+step "7/7 export -> $RUN/export"
+"$T" export --quiet --run "$RUN/stage2" --out "$RUN/export"
+
+field() { sed -n "s/.*\"$2\": *\([-0-9.e]*\).*/\1/p" "$1/summary.json" | head -n 1; }
+echo
+echo "== done in $(( $(date +%s) - t0 ))s"
+for stage in stage1 stage2; do
+  printf '%s: loss %s -> %s (mean of the last 10%%: %s) over %s steps\n' "$stage" \
+    "$(field "$RUN/$stage" first_loss)" "$(field "$RUN/$stage" last_loss)" \
+    "$(field "$RUN/$stage" final_loss_mean)" "$(field "$RUN/$stage" steps)"
+done
+echo "files:"
+echo "  shards:       $RUN/shards (index.json, shard-*.parquet)"
+echo "  stage 1 run:  $RUN/stage1 (metrics.jsonl, loss.png, summary.json, checkpoints/)"
+echo "  stage 2 run:  $RUN/stage2"
+echo "  export:       $RUN/export (mm_projector.safetensors, adapter/, config.json)"

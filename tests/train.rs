@@ -1,0 +1,350 @@
+//! `tessera train` / `tessera export` end to end, through the binary: synth -> ingest ->
+//! init-model -> train on 2 ranks -> interrupt after a checkpoint -> resume -> the same losses
+//! as an uninterrupted run -> export -> the exported projector and adapter give the same
+//! outputs as the trained tensors; and the refusals (config, mismatched or corrupt checkpoint).
+#![cfg(feature = "train")]
+use anyhow::{ensure, Context, Result};
+use pipeline::loader::{Loader, LoaderConfig, SampleSource};
+use pipeline::MicroBatchPlan;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use trainer::model::{lora, weights, Vlm, VlmOptions};
+use trainer::train::export::TRAINABLE_FILE;
+use trainer::train::metrics::read_metrics;
+
+fn tessera() -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_tessera"));
+    cmd.env("NO_PROGRESS", "1")
+        .env("TESSERA_LOADER_THREADS", "1");
+    cmd
+}
+
+fn run_ok(cmd: &mut Command) -> Result<Output> {
+    let out = cmd.output().context("spawning tessera")?;
+    ensure!(
+        out.status.success(),
+        "{cmd:?} failed: {}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(out)
+}
+
+fn run_err(cmd: &mut Command) -> Result<String> {
+    let out = cmd.output().context("spawning tessera")?;
+    ensure!(!out.status.success(), "{cmd:?} should have failed");
+    Ok(String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+/// Shards of `samples` synthetic LLaVA records (20% text-only) and a tiny random model.
+struct Fixture {
+    _tmp: tempfile::TempDir,
+    root: PathBuf,
+    shards: PathBuf,
+    vision: PathBuf,
+    lm: PathBuf,
+}
+
+fn fixture(samples: usize) -> Result<Fixture> {
+    let tmp = tempfile::tempdir()?;
+    let root = tmp.path().to_path_buf();
+    let tokenizer = Path::new(env!("CARGO_MANIFEST_DIR")).join(".deps/tokenizer/tokenizer.json");
+    let llava = root.join("llava");
+    run_ok(
+        tessera()
+            .args(["synth", "--quiet", "--samples", &samples.to_string()])
+            .args(["--text-only-fraction", "0.2", "--seed", "3", "--out"])
+            .arg(&llava),
+    )?;
+    let shards = root.join("shards");
+    run_ok(
+        tessera()
+            .args(["ingest", "--quiet", "--json"])
+            .arg(llava.join("blip_laion_cc_sbu_558k.json"))
+            .arg("--images")
+            .arg(llava.join("images"))
+            .arg("--tokenizer")
+            .arg(&tokenizer)
+            .arg("--out")
+            .arg(&shards),
+    )?;
+    let model = root.join("model");
+    run_ok(
+        tessera()
+            .args(["init-model", "--quiet", "--preset", "tiny", "--out"])
+            .arg(&model),
+    )?;
+    Ok(Fixture {
+        shards,
+        vision: model.join("vision"),
+        lm: model.join("lm"),
+        root,
+        _tmp: tmp,
+    })
+}
+
+/// `tessera train` on the fixture with small, fast settings.
+fn train(f: &Fixture, stage: u8, out: &Path, extra: &[&str]) -> Command {
+    let mut cmd = tessera();
+    cmd.args(["train", "--quiet", "--shards"])
+        .arg(&f.shards)
+        .arg("--vision")
+        .arg(&f.vision)
+        .arg("--lm")
+        .arg(&f.lm)
+        .args([
+            "--stage",
+            &stage.to_string(),
+            "--token-budget",
+            "512",
+            "--seq-len",
+            "256",
+        ])
+        .args(["--seed", "5", "--out"])
+        .arg(out)
+        .args(extra);
+    cmd
+}
+
+fn losses(run: &Path) -> Result<Vec<(u64, f64)>> {
+    Ok(read_metrics(&run.join("metrics.jsonl"))?
+        .iter()
+        .map(|m| (m.step, m.loss))
+        .collect())
+}
+
+/// Starts a run, waits for its checkpoint of `step`, then interrupts it (Ctrl-C to the launcher).
+fn interrupt_after_checkpoint(mut cmd: Command, run: &Path, step: u64) -> Result<()> {
+    let mut child = cmd.stdout(Stdio::null()).stderr(Stdio::null()).spawn()?;
+    let marker = run
+        .join("checkpoints")
+        .join(format!("step-{step:08}"))
+        .join("meta.json");
+    let deadline = Instant::now() + Duration::from_secs(300);
+    while !marker.is_file() {
+        ensure!(
+            Instant::now() < deadline,
+            "no checkpoint {} within 300 s",
+            marker.display()
+        );
+        if let Some(status) = child.try_wait()? {
+            anyhow::bail!("run exited ({status}) before checkpoint {step}");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    run_ok(Command::new("kill").args(["-INT", &child.id().to_string()]))?;
+    child.wait()?;
+    Ok(())
+}
+
+/// A micro-batch of the first `n` image samples, as the loader builds it for the tiny model.
+fn image_batch(f: &Fixture, vlm: &Vlm, n: usize) -> Result<pipeline::MicroBatch> {
+    let dataset = shards::Dataset::open(&f.shards)?;
+    let rows: Vec<Vec<u64>> = dataset
+        .metadata()?
+        .iter()
+        .enumerate()
+        .filter(|(_, m)| m.kind == shards::Kind::Image)
+        .take(n)
+        .map(|(i, _)| vec![i as u64])
+        .collect();
+    let plan = MicroBatchPlan {
+        kind: shards::Kind::Image,
+        rows,
+        zero_loss: false,
+    };
+    let config = LoaderConfig::builder()
+        .image_size(vlm.vision.image_size as usize)
+        .image_tokens(vlm.vision.num_patches() as usize)
+        .threads(1)
+        .build()?;
+    let source: Arc<dyn SampleSource> = Arc::new(dataset);
+    Loader::new(source, vec![plan], config)
+        .next()
+        .context("one micro-batch")?
+        .map_err(Into::into)
+}
+
+fn latest_trainable(run: &Path) -> Result<trainer::unit::ParamMap> {
+    let (ckpt, _) = trainer::train::export::latest_trainable(run)?;
+    Ok(weights::load_all(&ckpt.rank_dir(0)?.join(TRAINABLE_FILE))?)
+}
+
+#[test]
+fn two_ranks_interrupted_and_resumed_match_an_uninterrupted_run_and_export_round_trips(
+) -> Result<()> {
+    let f = fixture(160)?;
+    let steps = ["--nproc", "2", "--steps", "8", "--checkpoint-every", "3"];
+    let straight = f.root.join("straight");
+    run_ok(&mut train(&f, 1, &straight, &steps))?;
+    let resumed = f.root.join("resumed");
+    interrupt_after_checkpoint(train(&f, 1, &resumed, &steps), &resumed, 3)?;
+    let before = losses(&resumed)?;
+    ensure!(
+        before.len() < 8,
+        "the interrupted run finished all 8 steps; nothing was resumed"
+    );
+    run_ok(train(&f, 1, &resumed, &steps).arg("--resume"))?;
+    let (a, b) = (losses(&straight)?, losses(&resumed)?);
+    assert_eq!(a.len(), 8);
+    assert_eq!(a, b, "resumed losses differ from the uninterrupted run's");
+    assert!(straight.join("loss.png").is_file() && straight.join("summary.json").is_file());
+
+    // Stage 2 from the stage-1 projector, then export and load the files back.
+    let stage2 = f.root.join("stage2");
+    run_ok(
+        train(
+            &f,
+            2,
+            &stage2,
+            &["--steps", "3", "--lora-r", "4", "--lora-alpha", "8"],
+        )
+        .arg("--init-projector")
+        .arg(&straight),
+    )?;
+    let export = f.root.join("export");
+    run_ok(
+        tessera()
+            .args(["export", "--run"])
+            .arg(&stage2)
+            .arg("--out")
+            .arg(&export),
+    )?;
+    let config: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(export.join("config.json"))?)?;
+    assert_eq!(config["mm_projector_type"], "mlp2x_gelu");
+    assert_eq!(config["image_token_count"], 64);
+    let projector = weights::load_all(&export.join("mm_projector.safetensors"))?;
+    let keys: Vec<&str> = projector.keys().map(String::as_str).collect();
+    assert_eq!(
+        keys,
+        [
+            "mm_projector.0.bias",
+            "mm_projector.0.weight",
+            "mm_projector.2.bias",
+            "mm_projector.2.weight"
+        ]
+    );
+    let (lora_cfg, adapter) = lora::load_adapter(&export.join("adapter"))?;
+    assert_eq!((lora_cfg.r, lora_cfg.lora_alpha), (4, 8.0));
+
+    let options = VlmOptions {
+        lora: Some(lora_cfg),
+        ..VlmOptions::default()
+    };
+    let vlm = Vlm::from_dirs(&f.vision, &f.lm, options)?;
+    let mb = image_batch(&f, &vlm, 3)?;
+    let mut from_export = vlm.load_params(
+        &f.vision,
+        &f.lm,
+        Some(&export.join("mm_projector.safetensors")),
+        0,
+    )?;
+    from_export.extend(adapter);
+    let mut from_run = vlm.load_params(&f.vision, &f.lm, None, 0)?;
+    let trained = latest_trainable(&stage2)?;
+    ensure!(
+        trained.keys().any(|k| k.contains("lora_B")),
+        "stage 2 trained no adapter"
+    );
+    from_run.extend(trained);
+    let (loss_export, n) = vlm.loss(&from_export, &mb)?;
+    let (loss_run, _) = vlm.loss(&from_run, &mb)?;
+    ensure!(n > 0, "the batch has supervised tokens");
+    assert_eq!(loss_export.double_value(&[]), loss_run.double_value(&[]));
+    let logits_export = vlm.logits(&from_export, &mb)?;
+    assert!(
+        logits_export.equal(&vlm.logits(&from_run, &mb)?),
+        "exported model gives other logits"
+    );
+
+    // Refusals: another world size, another LM config, other data, corrupt files.
+    let msg = run_err(&mut train(&f, 1, &straight, &["--steps", "8", "--resume"]))?;
+    assert!(
+        msg.contains("written by 2 ranks but this run has 1"),
+        "{msg}"
+    );
+    let other_lm = f.root.join("other_lm");
+    std::fs::create_dir_all(&other_lm)?;
+    std::fs::copy(
+        f.lm.join("model.safetensors"),
+        other_lm.join("model.safetensors"),
+    )?;
+    let cfg = std::fs::read_to_string(f.lm.join("config.json"))?;
+    std::fs::write(
+        other_lm.join("config.json"),
+        cfg.replace("\"rms_norm_eps\": 1e-6", "\"rms_norm_eps\": 1e-5"),
+    )?;
+    let mut cmd = train(
+        &f,
+        1,
+        &straight,
+        &["--nproc", "2", "--steps", "8", "--resume"],
+    );
+    let msg = run_err(cmd.arg("--lm").arg(&other_lm))?;
+    assert!(
+        msg.contains("another model") && msg.contains("LM config"),
+        "{msg}"
+    );
+    let last = straight
+        .join("checkpoints")
+        .join("step-00000008")
+        .join("rank-00001")
+        .join("optimizer.safetensors");
+    let mut bytes = std::fs::read(&last)?;
+    let end = bytes.len() - 1;
+    bytes[end] ^= 0xff;
+    std::fs::write(&last, bytes)?;
+    let msg = run_err(&mut train(
+        &f,
+        1,
+        &straight,
+        &["--nproc", "2", "--steps", "8", "--resume"],
+    ))?;
+    assert!(
+        msg.contains("corrupt") && msg.contains("rank 1: optimizer.safetensors"),
+        "{msg}"
+    );
+    Ok(())
+}
+
+#[test]
+fn invalid_configs_fail_before_any_work_naming_field_and_reason() -> Result<()> {
+    let tmp = tempfile::tempdir()?;
+    let out = tmp.path().join("run");
+    let base = |extra: &[&str]| {
+        let mut cmd = tessera();
+        cmd.args([
+            "train", "--shards", "s", "--vision", "v", "--lm", "l", "--stage", "1", "--out",
+        ])
+        .arg(&out)
+        .args(extra);
+        cmd
+    };
+    let msg = run_err(&mut base(&["--token-budget", "0"]))?;
+    assert!(
+        msg.contains("`token_budget`") && msg.contains("not a budget"),
+        "{msg}"
+    );
+    let msg = run_err(&mut base(&["--steps", "5", "--epochs", "1"]))?;
+    assert!(msg.contains("`steps`") && msg.contains("not both"), "{msg}");
+    let msg = run_err(&mut base(&[]))?;
+    assert!(
+        msg.contains("`shards`") && msg.contains("no index.json"),
+        "{msg}"
+    );
+    let config = tmp.path().join("train.toml");
+    std::fs::write(&config, "stage = 1\nwarmup = 0.1\n")?;
+    let msg = run_err(base(&[]).arg("--config").arg(&config))?;
+    assert!(
+        msg.contains("train.toml") && msg.contains("warmup"),
+        "{msg}"
+    );
+    assert!(
+        !out.exists(),
+        "a refused config must not create the run directory"
+    );
+    Ok(())
+}
