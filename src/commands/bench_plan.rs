@@ -3,6 +3,7 @@
 //! planning speed side by side. The last line is one JSON object, one entry per mode.
 use anyhow::Context;
 use pipeline::plan::{synthetic_llava, Mode, PlanStats, Planner};
+use std::io::Write;
 use std::path::PathBuf;
 use std::time::Instant;
 
@@ -95,12 +96,14 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             seconds,
         });
     }
-    print_table(&results, samples.len(), &args);
+    // Written through a locked handle so a closed pipe (`| head`) is an error, not a panic.
+    let mut out = std::io::stdout().lock();
+    print_table(&mut out, &results, samples.len(), &args).context("writing the table")?;
     let mut json = serde_json::Map::new();
     for r in &results {
         json.insert(r.mode.name().to_string(), mode_json(r, samples.len()));
     }
-    println!("{}", serde_json::Value::Object(json));
+    writeln!(out, "{}", serde_json::Value::Object(json)).context("writing the JSON line")?;
     Ok(())
 }
 
@@ -108,12 +111,19 @@ fn samples_per_s(r: &ModeResult, n: usize) -> f64 {
     n as f64 / r.seconds.max(1e-9)
 }
 
-fn print_table(results: &[ModeResult], n: usize, args: &Args) {
-    println!(
+fn print_table(
+    out: &mut impl Write,
+    results: &[ModeResult],
+    n: usize,
+    args: &Args,
+) -> std::io::Result<()> {
+    writeln!(
+        out,
         "{n} samples, W={} B={} seq_len={} G={}",
         args.world_size, args.token_budget, args.seq_len, args.micro_steps
-    );
-    println!(
+    )?;
+    writeln!(
+        out,
         "{:<7} {:>8} {:>8} {:>10} {:>10} {:>8} {:>11} {:>14} {:>12}",
         "mode",
         "pad",
@@ -124,10 +134,11 @@ fn print_table(results: &[ModeResult], n: usize, args: &Args) {
         "micro_steps",
         "tokens_run",
         "samples/s"
-    );
+    )?;
     for r in results {
         let s = &r.stats;
-        println!(
+        writeln!(
+            out,
             "{:<7} {:>7.2}% {:>7.2}% {:>10.4} {:>10.4} {:>7.2}% {:>11} {:>14} {:>12.0}",
             r.mode.name(),
             100.0 * s.pad_fraction,
@@ -138,25 +149,28 @@ fn print_table(results: &[ModeResult], n: usize, args: &Args) {
             s.micro_steps,
             s.computed_tokens,
             samples_per_s(r, n)
-        );
+        )?;
     }
     if let (Some(pack), Some(fixed)) = (
         results.iter().find(|r| r.mode == Mode::Pack),
         results.iter().find(|r| r.mode == Mode::Fixed),
     ) {
-        println!(
+        writeln!(
+            out,
             "fixed/pack: {:.2}x the micro-steps, {:.2}x the tokens computed",
             fixed.stats.micro_steps as f64 / pack.stats.micro_steps.max(1) as f64,
             fixed.stats.computed_tokens as f64 / pack.stats.computed_tokens.max(1) as f64
-        );
+        )?;
         for r in results {
-            println!(
+            writeln!(
+                out,
                 "{}: critical-path cost (sum of the slowest rank per micro-step) {:.3}x pack's",
                 r.mode.name(),
                 r.stats.critical_cost / pack.stats.critical_cost.max(1e-9)
-            );
+            )?;
         }
     }
+    Ok(())
 }
 
 fn mode_json(r: &ModeResult, n: usize) -> serde_json::Value {
