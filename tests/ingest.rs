@@ -172,7 +172,7 @@ fn malformed_json_and_too_many_rejections_exit_non_zero() -> anyhow::Result<()> 
         .output()?;
     assert!(!out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(stderr.contains("malformed JSON at byte 45"), "{stderr}");
+    assert!(stderr.contains("malformed JSON at byte 44"), "{stderr}");
 
     let f = dataset(20);
     let out_dir = f.root.path().join("strict");

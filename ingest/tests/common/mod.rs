@@ -6,8 +6,16 @@ use ingest::{IngestConfig, Template};
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
 
+/// The Qwen tokenizer under the workspace's `.deps/` (these fixtures serve both the `ingest`
+/// crate's tests and the workspace root's).
 pub fn tokenizer_path() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../.deps/tokenizer/tokenizer.json")
+    let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let here = manifest.join(".deps/tokenizer/tokenizer.json");
+    if here.exists() {
+        here
+    } else {
+        manifest.join("../.deps/tokenizer/tokenizer.json")
+    }
 }
 
 /// A photo-like RGB image: smooth gradients plus a seed-dependent pattern.
