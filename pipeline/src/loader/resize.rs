@@ -27,8 +27,6 @@ pub struct ChwResizer {
     options: fir::ResizeOptions,
     /// The resized box, interleaved RGB, before the CHW transpose.
     scratch: Vec<u8>,
-    /// The source split into R, G and B planes.
-    planes: Vec<u8>,
 }
 
 impl Default for ChwResizer {
@@ -38,7 +36,6 @@ impl Default for ChwResizer {
             resizer: fir::Resizer::new(),
             options: fir::ResizeOptions::new().resize_alg(alg),
             scratch: Vec::new(),
-            planes: Vec::new(),
         }
     }
 }
@@ -67,17 +64,20 @@ impl ChwResizer {
             fir::images::ImageRef::new(img.width, img.height, &img.data, fir::PixelType::U8x3)
                 .map_err(|e| format!("source {}x{}: {e}", img.width, img.height))?;
         let box_bytes = bw as usize * bh as usize * 3;
-        self.scratch.resize(box_bytes, 0);
-        if (img.width, img.height) == (bw, bh) {
-            self.scratch.copy_from_slice(&img.data[..box_bytes]);
+        let boxed: &[u8] = if (img.width, img.height) == (bw, bh) {
+            img.data
+                .get(..box_bytes)
+                .ok_or_else(|| format!("source {bw}x{bh} holds {} bytes", img.data.len()))?
         } else {
+            self.scratch.resize(box_bytes, 0);
             let mut dst =
                 fir::images::Image::from_slice_u8(bw, bh, &mut self.scratch, fir::PixelType::U8x3)
                     .map_err(|e| format!("resize target {bw}x{bh}: {e}"))?;
             self.resizer
                 .resize(&src, &mut dst, &self.options)
                 .map_err(|e| format!("resize {}x{} -> {bw}x{bh}: {e}", img.width, img.height))?;
-        }
+            &self.scratch
+        };
         let (r, gb) = out.split_at_mut(plane);
         let (g, b) = gb.split_at_mut(plane);
         if (bw, bh) != (size, size) {
@@ -85,73 +85,27 @@ impl ChwResizer {
             g.fill(pad_rgb[1]);
             b.fill(pad_rgb[2]);
         }
+        // HWC -> CHW, row by row into the box.
         let (size, x0, y0, bw) = (size as usize, x0 as usize, y0 as usize, bw as usize);
-        for (y, src_row) in self.scratch.chunks_exact(bw * 3).enumerate() {
-            let start = (y0 + y) * size + x0;
-            let (r, g, b) = (
-                &mut r[start..start + bw],
-                &mut g[start..start + bw],
-                &mut b[start..start + bw],
+        for (y, src_row) in boxed.chunks_exact(bw * 3).enumerate() {
+            let row = (y0 + y) * size + x0..(y0 + y) * size + x0 + bw;
+            deinterleave_row(
+                src_row,
+                &mut r[row.clone()],
+                &mut g[row.clone()],
+                &mut b[row],
             );
-            for (i, px) in src_row.chunks_exact(3).enumerate() {
-                r[i] = px[0];
-                g[i] = px[1];
-                b[i] = px[2];
-            }
         }
         Ok(())
     }
+}
 
-    /// Same output as `resize_into`, through fast_image_resize's RGBx (U8x4) kernels.
-    pub fn resize_rgbx_into(
-        &mut self,
-        img: &RgbImage,
-        source_dims: (u32, u32),
-        size: u32,
-        policy: ResizePolicy,
-        pad_rgb: [u8; 3],
-        out: &mut [u8],
-    ) -> Result<(), String> {
-        let plane = size as usize * size as usize;
-        let [x0, y0, bw, bh] = content_box(source_dims.0, source_dims.1, size, policy);
-        let src_px = img.width as usize * img.height as usize;
-        self.planes.clear();
-        self.planes.reserve(4 * src_px);
-        for px in img.data.chunks_exact(3) {
-            self.planes.extend_from_slice(&[px[0], px[1], px[2], 255]);
-        }
-        let src =
-            fir::images::ImageRef::new(img.width, img.height, &self.planes, fir::PixelType::U8x4)
-                .map_err(|e| format!("source {}x{}: {e}", img.width, img.height))?;
-        self.scratch.resize(bw as usize * bh as usize * 4, 0);
-        let mut dst =
-            fir::images::Image::from_slice_u8(bw, bh, &mut self.scratch, fir::PixelType::U8x4)
-                .map_err(|e| format!("resize target {bw}x{bh}: {e}"))?;
-        let options = self.options.use_alpha(false);
-        self.resizer
-            .resize(&src, &mut dst, &options)
-            .map_err(|e| format!("resize {}x{} -> {bw}x{bh}: {e}", img.width, img.height))?;
-        let (r, gb) = out.split_at_mut(plane);
-        let (g, b) = gb.split_at_mut(plane);
-        if (bw, bh) != (size, size) {
-            r.fill(pad_rgb[0]);
-            g.fill(pad_rgb[1]);
-            b.fill(pad_rgb[2]);
-        }
-        let (size, x0, y0, bw) = (size as usize, x0 as usize, y0 as usize, bw as usize);
-        for (y, src_row) in self.scratch.chunks_exact(bw * 4).enumerate() {
-            let start = (y0 + y) * size + x0;
-            let (r, g, b) = (
-                &mut r[start..start + bw],
-                &mut g[start..start + bw],
-                &mut b[start..start + bw],
-            );
-            for (i, px) in src_row.chunks_exact(4).enumerate() {
-                r[i] = px[0];
-                g[i] = px[1];
-                b[i] = px[2];
-            }
-        }
-        Ok(())
+/// Splits one row of RGB pixels into three planes (zipped iterators: no bounds checks).
+fn deinterleave_row(src: &[u8], r: &mut [u8], g: &mut [u8], b: &mut [u8]) {
+    let dst = r.iter_mut().zip(g.iter_mut()).zip(b.iter_mut());
+    for (((r, g), b), px) in dst.zip(src.chunks_exact(3)) {
+        *r = px[0];
+        *g = px[1];
+        *b = px[2];
     }
 }
