@@ -50,7 +50,7 @@ pub fn chunked_cross_entropy_sum(
                     &Tensor::full([len, 1], -1.0, (Kind::Float, h.device())),
                 );
                 if let Some(g) = &grad_h {
-                    let _ = g.narrow(0, start, len).copy_(&logits.matmul(&w));
+                    g.narrow(0, start, len).copy_(&logits.matmul(&w));
                 }
                 if let Some(g) = &grad_w {
                     let mut g = g.shallow_clone();
@@ -61,13 +61,10 @@ pub fn chunked_cross_entropy_sum(
         }
         (loss, grad_h, grad_w)
     });
-    let mut surrogate = Tensor::zeros([], (Kind::Float, hidden.device()));
-    if let Some(g) = grad_h {
-        surrogate = surrogate + (hidden * g).sum(Kind::Float);
-    }
-    if let Some(g) = grad_w {
-        surrogate = surrogate + (weight * g).sum(Kind::Float);
-    }
+    let zero = || Tensor::zeros([], (Kind::Float, hidden.device()));
+    let from_h = grad_h.map_or_else(zero, |g| (hidden * g).sum(Kind::Float));
+    let from_w = grad_w.map_or_else(zero, |g| (weight * g).sum(Kind::Float));
+    let surrogate = from_h + from_w;
     let zero_valued = &surrogate - surrogate.detach();
     loss + zero_valued
 }
