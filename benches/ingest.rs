@@ -1,0 +1,144 @@
+//! Ingest throughput on a synth dataset of real-photo crops (LLaVA-Pretrain's layout), next to
+//! the copy bound measured in the same run (reading every image file once, one thread per
+//! worker). Runs `tessera synth` then `tessera ingest` with and without `--no-verify`.
+//!
+//! `cargo bench --no-default-features --bench ingest` (env: INGEST_BENCH_SAMPLES, default
+//! 20000; INGEST_BENCH_WORKERS, default 2; INGEST_BENCH_PHOTOS, default
+//! /usr/share/backgrounds/mate). Last line: one JSON object.
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Instant;
+
+const LLAVA_PRETRAIN_SAMPLES: f64 = 558_128.0;
+
+fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+fn tessera(args: &[&str]) -> anyhow::Result<f64> {
+    let started = Instant::now();
+    let status = Command::new(env!("CARGO_BIN_EXE_tessera"))
+        .args(args)
+        .env("NO_PROGRESS", "1")
+        .status()?;
+    anyhow::ensure!(status.success(), "tessera {args:?} failed");
+    Ok(started.elapsed().as_secs_f64())
+}
+
+fn image_files(dir: &Path, out: &mut Vec<PathBuf>) -> anyhow::Result<()> {
+    for entry in std::fs::read_dir(dir)? {
+        let path = entry?.path();
+        if path.is_dir() {
+            image_files(&path, out)?;
+        } else {
+            out.push(path);
+        }
+    }
+    Ok(())
+}
+
+/// Reads every file once on `workers` threads; returns (seconds, bytes).
+fn copy_bound(files: &[PathBuf], workers: usize) -> anyhow::Result<(f64, u64)> {
+    let started = Instant::now();
+    let chunk = files.len().div_ceil(workers.max(1)).max(1);
+    let bytes = std::thread::scope(|scope| -> anyhow::Result<u64> {
+        let handles: Vec<_> = files
+            .chunks(chunk)
+            .map(|part| {
+                scope.spawn(move || {
+                    part.iter()
+                        .map(|p| std::fs::read(p).map(|b| b.len() as u64))
+                        .sum::<std::io::Result<u64>>()
+                })
+            })
+            .collect();
+        let mut total = 0;
+        for h in handles {
+            total += h
+                .join()
+                .map_err(|_| anyhow::anyhow!("copy thread panicked"))??;
+        }
+        Ok(total)
+    })?;
+    Ok((started.elapsed().as_secs_f64(), bytes))
+}
+
+fn main() -> anyhow::Result<()> {
+    let samples: usize = env_or("INGEST_BENCH_SAMPLES", 20_000);
+    let workers: usize = env_or("INGEST_BENCH_WORKERS", 2);
+    let photos: String = env_or(
+        "INGEST_BENCH_PHOTOS",
+        "/usr/share/backgrounds/mate".to_string(),
+    );
+    let root = tempfile::tempdir()?;
+    let data = root.path().join("data");
+    let tokenizer = Path::new(env!("CARGO_MANIFEST_DIR")).join(".deps/tokenizer/tokenizer.json");
+    let (d, t) = (
+        data.to_string_lossy().into_owned(),
+        tokenizer.to_string_lossy().into_owned(),
+    );
+    let synth_s = tessera(&[
+        "synth",
+        "--out",
+        &d,
+        "--samples",
+        &samples.to_string(),
+        "--photos",
+        &photos,
+    ])?;
+    eprintln!("synth: {samples} samples in {synth_s:.1}s");
+    let mut files = Vec::new();
+    image_files(&data.join("images"), &mut files)?;
+    copy_bound(&files, workers)?; // warm the page cache: every timed pass below reads from it
+    let (copy_s, bytes) = copy_bound(&files, workers)?;
+    let json = data
+        .join("blip_laion_cc_sbu_558k.json")
+        .to_string_lossy()
+        .into_owned();
+    let images = data.join("images").to_string_lossy().into_owned();
+    let w = workers.to_string();
+    let run = |name: &str, extra: &[&str]| -> anyhow::Result<f64> {
+        let out = root.path().join(name).to_string_lossy().into_owned();
+        let mut args = vec![
+            "ingest",
+            "--json",
+            &json,
+            "--images",
+            &images,
+            "--tokenizer",
+            &t,
+            "--out",
+            &out,
+            "--workers",
+            &w,
+            "--quiet",
+        ];
+        args.extend_from_slice(extra);
+        let seconds = tessera(&args)?;
+        eprintln!("ingest {name}: {:.0} records/s", samples as f64 / seconds);
+        Ok(seconds)
+    };
+    let no_verify_s = run("no-verify", &["--no-verify"])?;
+    let verify_s = run("verify", &[])?;
+    let rate = |s: f64| samples as f64 / s;
+    println!(
+        "{}",
+        serde_json::json!({
+            "samples": samples,
+            "workers": workers,
+            "image_files": files.len(),
+            "mean_image_bytes": bytes / files.len().max(1) as u64,
+            "copy_records_per_s": rate(copy_s),
+            "no_verify_records_per_s": rate(no_verify_s),
+            "verify_records_per_s": rate(verify_s),
+            "ratio_no_verify_vs_copy": copy_s / no_verify_s,
+            "ratio_verify_vs_copy": copy_s / verify_s,
+            "projected_558k_seconds_verify": LLAVA_PRETRAIN_SAMPLES / rate(verify_s),
+            "projected_558k_seconds_no_verify": LLAVA_PRETRAIN_SAMPLES / rate(no_verify_s),
+        })
+    );
+    Ok(())
+}
