@@ -16,6 +16,9 @@ pub const JPEG_QUALITY: u8 = 90;
 /// Samples a worker claims at a time.
 const CHUNK: usize = 16;
 
+/// A sample's index with its record and JPEG size, or why it failed.
+type Made = (usize, Result<(LlavaRecord, u64), SynthError>);
+
 struct Context<'a> {
     seed: u64,
     samples: usize,
@@ -51,7 +54,7 @@ pub fn generate(cfg: &SynthConfig) -> Result<SynthReport, SynthError> {
     let progress = progress_bar(cfg.samples);
     let next = AtomicUsize::new(0);
     let failed = AtomicBool::new(false);
-    let made: Vec<Vec<(usize, Result<(LlavaRecord, u64), SynthError>)>> = std::thread::scope(|s| {
+    let made: Vec<Vec<Made>> = std::thread::scope(|s| {
         let workers: Vec<_> = (0..cfg.workers)
             .map(|_| {
                 s.spawn(|| {

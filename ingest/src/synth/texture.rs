@@ -188,9 +188,8 @@ pub(crate) fn paint(
             }
             let x0 = (s.cx - reach).max(0.0) as usize;
             let x1 = ((s.cx + reach).max(0.0) as usize).min(w);
-            for x in x0..x1 {
+            for (x, c) in line.iter_mut().enumerate().take(x1).skip(x0) {
                 let rx = x as f32 + 0.5 - s.cx;
-                let c = &mut line[x];
                 let ds = distance(s.kind, rx - shadow_offset, ry - shadow_offset, s.r);
                 let shade = (0.5 - ds / (2.0 * shadow_blur)).clamp(0.0, 1.0) * 0.45;
                 c.iter_mut().for_each(|v| *v *= 1.0 - shade);
