@@ -200,7 +200,7 @@ fn train(pg: &ProcessGroup, strategy: Strategy, steps: usize) -> anyhow::Result<
     let start = Instant::now();
     for step in 0..steps {
         let batches: Vec<_> = (0..2)
-            .map(|i| micro_batch(step, i, step % 2 == 0))
+            .map(|i| micro_batch(step, i, step & 1 == 0))
             .collect();
         let tokens: i64 = batches.iter().map(|(c, _)| c.targets.size()[0]).sum();
         for (ctx, input) in batches.iter().skip(r).step_by(w) {
@@ -367,7 +367,7 @@ fn shard_state_round_trips_and_resumes_identically() -> anyhow::Result<()> {
     let mut a = Fsdp::new(&units, &pg, &init(&units), config(Strategy::FullShard))?;
     let mut b = Fsdp::new(&units, &pg, &init(&units), config(Strategy::FullShard))?;
     let step = |f: &mut Fsdp<Ctx>, s: usize| -> anyhow::Result<f64> {
-        let (ctx, input) = micro_batch(s, 0, s % 2 == 0);
+        let (ctx, input) = micro_batch(s, 0, s & 1 == 0);
         f.forward_backward(&ctx, &input, 0.1)?;
         Ok(f.step(1.0)?.loss)
     };

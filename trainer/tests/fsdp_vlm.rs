@@ -15,7 +15,7 @@ const STEPS: usize = 6;
 /// Micro-batch `i` of step `step`: every micro-step of a step has the same kind on all ranks.
 fn batch(step: usize, i: usize) -> pipeline::MicroBatch {
     let seed = (step * 5 + i) as i64;
-    if step % 2 == 0 {
+    if step & 1 == 0 {
         let rows = vec![
             vec![image_sample(16, 4 + i, seed, 16)],
             vec![image_sample(16, 3, seed + 1, 16)],
