@@ -13,6 +13,7 @@ pub mod engine;
 pub mod flat_param;
 pub mod gather;
 pub mod optim;
+mod state;
 
 pub use engine::{Fsdp, FsdpConfig, MemoryReport, StepStats};
 pub use optim::{AdamWConfig, ParamGroup};
