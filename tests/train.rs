@@ -14,8 +14,56 @@ use trainer::model::{lora, weights, Vlm, VlmOptions};
 use trainer::train::export::TRAINABLE_FILE;
 use trainer::train::metrics::read_metrics;
 
+/// A private hard link to a `tessera` built with `train`, taken once. Builds with
+/// `--no-default-features` elsewhere in the shared target dir re-link `target/release/tessera`
+/// to a binary without `train`; then the newest train-capable `deps/tessera-*` is used.
+fn binary() -> &'static Path {
+    static LINK: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    LINK.get_or_init(|| {
+        let has_train = |p: &Path| {
+            Command::new(p)
+                .arg("--help")
+                .output()
+                .map(|o| String::from_utf8_lossy(&o.stdout).contains("\n  train "))
+                .unwrap_or(false)
+        };
+        let main = PathBuf::from(env!("CARGO_BIN_EXE_tessera"));
+        let mut candidates = vec![main.clone()];
+        if let Some(deps) = main.parent().map(|d| d.join("deps")) {
+            let mut found: Vec<(std::time::SystemTime, PathBuf)> = std::fs::read_dir(&deps)
+                .into_iter()
+                .flatten()
+                .flatten()
+                .map(|e| e.path())
+                .filter(|p| {
+                    let name = p
+                        .file_name()
+                        .map(|n| n.to_string_lossy().into_owned())
+                        .unwrap_or_default();
+                    name.starts_with("tessera-") && !name.contains('.')
+                })
+                .filter_map(|p| Some((p.metadata().ok()?.modified().ok()?, p)))
+                .collect();
+            found.sort();
+            candidates.extend(found.into_iter().rev().map(|(_, p)| p));
+        }
+        let source = candidates
+            .into_iter()
+            .find(|p| has_train(p))
+            .expect("a tessera binary with `train`");
+        let dir = Path::new(env!("CARGO_TARGET_TMPDIR"));
+        std::fs::create_dir_all(dir).expect("target tmp dir");
+        let link = dir.join(format!("tessera-train-test-{}", std::process::id()));
+        let _ = std::fs::remove_file(&link);
+        if std::fs::hard_link(&source, &link).is_err() {
+            std::fs::copy(&source, &link).expect("copy of the tessera binary");
+        }
+        link
+    })
+}
+
 fn tessera() -> Command {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_tessera"));
+    let mut cmd = Command::new(binary());
     cmd.env("NO_PROGRESS", "1")
         .env("TESSERA_LOADER_THREADS", "1");
     cmd
@@ -87,13 +135,17 @@ fn fixture(samples: usize) -> Result<Fixture> {
 
 /// `tessera train` on the fixture with small, fast settings.
 fn train(f: &Fixture, stage: u8, out: &Path, extra: &[&str]) -> Command {
+    train_with_lm(f, &f.lm, stage, out, extra)
+}
+
+fn train_with_lm(f: &Fixture, lm: &Path, stage: u8, out: &Path, extra: &[&str]) -> Command {
     let mut cmd = tessera();
     cmd.args(["train", "--quiet", "--shards"])
         .arg(&f.shards)
         .arg("--vision")
         .arg(&f.vision)
         .arg("--lm")
-        .arg(&f.lm)
+        .arg(lm)
         .args([
             "--stage",
             &stage.to_string(),
@@ -277,13 +329,8 @@ fn two_ranks_interrupted_and_resumed_match_an_uninterrupted_run_and_export_round
         other_lm.join("config.json"),
         cfg.replace("\"rms_norm_eps\": 1e-6", "\"rms_norm_eps\": 1e-5"),
     )?;
-    let mut cmd = train(
-        &f,
-        1,
-        &straight,
-        &["--nproc", "2", "--steps", "8", "--resume"],
-    );
-    let msg = run_err(cmd.arg("--lm").arg(&other_lm))?;
+    let resume = ["--nproc", "2", "--steps", "8", "--resume"];
+    let msg = run_err(&mut train_with_lm(&f, &other_lm, 1, &straight, &resume))?;
     assert!(
         msg.contains("another model") && msg.contains("LM config"),
         "{msg}"
@@ -292,7 +339,7 @@ fn two_ranks_interrupted_and_resumed_match_an_uninterrupted_run_and_export_round
         .join("checkpoints")
         .join("step-00000008")
         .join("rank-00001")
-        .join("optimizer.safetensors");
+        .join("fsdp_shard.safetensors");
     let mut bytes = std::fs::read(&last)?;
     let end = bytes.len() - 1;
     bytes[end] ^= 0xff;
@@ -304,7 +351,7 @@ fn two_ranks_interrupted_and_resumed_match_an_uninterrupted_run_and_export_round
         &["--nproc", "2", "--steps", "8", "--resume"],
     ))?;
     assert!(
-        msg.contains("corrupt") && msg.contains("rank 1: optimizer.safetensors"),
+        msg.contains("corrupt") && msg.contains("rank 1: fsdp_shard.safetensors"),
         "{msg}"
     );
     Ok(())
