@@ -35,7 +35,7 @@ step "4/7 init-model tiny -> $RUN/model"
 "$T" init-model --quiet --preset tiny --out "$RUN/model"
 
 common=(--shards "$RUN/shards" --vision "$RUN/model/vision" --lm "$RUN/model/lm" --nproc 2
-  --token-budget 1024 --seq-len 512 --loader-threads 1 --quiet)
+  --token-budget 512 --seq-len 512 --loader-threads 1 --quiet)
 
 step "5/7 stage 1 (projector, lr 1e-3, warmup 3% + cosine): $STAGE1_STEPS steps on 2 ranks"
 "$T" train "${common[@]}" --stage 1 --steps "$STAGE1_STEPS" --checkpoint-every 100 --out "$RUN/stage1"
