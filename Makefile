@@ -14,9 +14,11 @@ build: setup
 demo: build
 	@bash scripts/demo.sh "$(DEMO_DIR)"
 
+# The no-libtorch build is checked first: building it replaces target/release/tessera, and
+# the tests that run the binary need the full one that `cargo test` builds after it.
 test: setup
-	$(CARGO) test --release --workspace
 	$(CARGO) build --release --no-default-features
+	$(CARGO) test --release --workspace
 
 bench: build
 	@bash scripts/bench.sh
