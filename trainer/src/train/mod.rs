@@ -2,7 +2,6 @@
 //! metrics (`metrics.jsonl`, progress, summary), plot (`loss.png`), checkpoints (per-rank
 //! shards + metadata, atomic, verified on resume), export (projector + PEFT adapter + VLM
 //! config) and the loop itself.
-pub mod adamw;
 pub mod checkpoint;
 pub mod config;
 pub mod engine;

@@ -5,8 +5,8 @@
 use super::checkpoint::{
     Checkpoint, CheckpointMeta, CheckpointWriter, Expected, RankState, FORMAT_VERSION,
 };
-use super::config::{Resize, Strategy, TrainConfig};
-use super::engine::{Engine, ReplicatedEngine, UnitTimes};
+use super::config::{Resize, TrainConfig};
+use super::engine::{Engine, UnitTimes};
 use super::error::{io, TrainError};
 use super::export::{VlmDescription, TRAINABLE_FILE, VLM_FILE};
 use super::fsdp_engine::FsdpEngine;
@@ -35,7 +35,7 @@ pub fn train(
     std::fs::create_dir_all(&cfg.out).map_err(io(&cfg.out))?;
     let pg = setup::process_group(&cfg, env.as_ref())?;
     let mut s = setup::build(&cfg, pg)?;
-    // The engine keeps what it needs: FSDP its shards, the replicated engine the tensors.
+    // The engine keeps what it needs (its shards); the full tensors are dropped after.
     let params = std::mem::take(&mut s.params);
     let s = s;
     if s.rank == 0 {
@@ -48,19 +48,9 @@ pub fn train(
         );
         vlm_desc.save(&cfg.out.join(VLM_FILE))?;
     }
-    // NO_SHARD runs the replicated (DDP) engine; the sharded strategies run FSDP.
-    let mut engine: Box<dyn Engine + '_> = match cfg.strategy {
-        Strategy::NoShard => Box::new(ReplicatedEngine::new(
-            s.vlm.clone(),
-            params,
-            s.peak_lr.clone(),
-            cfg.weight_decay,
-            s.pg.clone(),
-        )?),
-        Strategy::FullShard | Strategy::ShardGradOp => {
-            Box::new(FsdpEngine::new(&cfg, &s.vlm, &s.pg, &params, s.device)?)
-        }
-    };
+    // FSDP runs every strategy: NO_SHARD (DDP) is its unsharded mode.
+    let mut engine: Box<dyn Engine + '_> =
+        Box::new(FsdpEngine::new(&cfg, &s.vlm, &s.pg, &params, s.device)?);
     let mut looper = Looper::new(&cfg, &s)?;
     let start = looper.restore(resume, engine.as_mut())?;
     looper.run(engine.as_mut(), start)?;

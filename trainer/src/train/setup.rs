@@ -9,7 +9,6 @@ use crate::dist::{self, Backend, ProcessGroup, RankEnv};
 use crate::model::{LoraConfig, Vlm, VlmOptions};
 use crate::unit::ParamMap;
 use sha2::{Digest, Sha256};
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -24,7 +23,6 @@ pub struct Setup {
     pub vlm: Arc<Vlm>,
     pub params: ParamMap,
     pub model_fingerprint: ModelFingerprint,
-    pub peak_lr: BTreeMap<String, f64>,
     pub device: tch::Device,
 }
 
@@ -150,14 +148,6 @@ pub fn build(cfg: &TrainConfig, pg: ProcessGroup) -> Result<Setup, TrainError> {
         .into_iter()
         .map(|(k, t)| (k, t.to_device(device)))
         .collect();
-    let mut peak_lr = BTreeMap::new();
-    for spec in vlm.param_specs().into_iter().filter(|s| s.trainable) {
-        let lr = match (cfg.stage, spec.name.starts_with("mm_projector.")) {
-            (Stage::Finetune, true) => cfg.projector_lr,
-            _ => cfg.lr,
-        };
-        peak_lr.insert(spec.name, lr);
-    }
     let model_fingerprint = model_fingerprint(cfg, &vlm)?;
     Ok(Setup {
         pg: Arc::new(pg),
@@ -168,7 +158,6 @@ pub fn build(cfg: &TrainConfig, pg: ProcessGroup) -> Result<Setup, TrainError> {
         vlm: Arc::new(vlm),
         params,
         model_fingerprint,
-        peak_lr,
         device,
     })
 }
