@@ -5,7 +5,7 @@
 //! Run: cargo test --release -p trainer --test fsdp_bench -- --ignored --nocapture
 mod model_support;
 
-use model_support::{image_sample, micro_batch, text_sample};
+use model_support::{image_sample, micro_batch, on_thread_ranks, text_sample};
 use std::time::{Duration, Instant};
 use trainer::dist::{local_groups, ProcessGroup};
 use trainer::fsdp::{Fsdp, FsdpConfig, Strategy};
@@ -78,25 +78,8 @@ fn fsdp_step_time_and_bytes_tiny_preset() -> anyhow::Result<()> {
     let single = ProcessGroup::single(Duration::from_secs(120))?;
     let (t1, _, _) = run(&vlm, &init, &single)?;
     let groups = local_groups(2, Duration::from_secs(120))?;
-    let per_rank: Vec<ParamMap> = groups
-        .iter()
-        .map(|_| {
-            init.iter()
-                .map(|(k, v)| (k.clone(), v.shallow_clone()))
-                .collect()
-        })
-        .collect();
     let vlm = &vlm;
-    let results = std::thread::scope(|s| {
-        let hs: Vec<_> = groups
-            .iter()
-            .zip(per_rank)
-            .map(|(pg, init)| s.spawn(move || run(vlm, &init, pg)))
-            .collect();
-        hs.into_iter()
-            .map(|h| h.join().map_err(|_| anyhow::anyhow!("rank panicked"))?)
-            .collect::<anyhow::Result<Vec<_>>>()
-    })?;
+    let results = on_thread_ranks(&groups, &init, |init, pg| run(vlm, init, pg))?;
     let (t2, bytes, shard_bytes) = results[0];
     // theory per micro-step: 2 all-gathers + 1 reduce-scatter, each sending (W-1) shards
     let theory = 3 * shard_bytes;

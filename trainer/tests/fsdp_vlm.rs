@@ -3,7 +3,7 @@
 //! batches, alternating image and text-only micro-steps as the planner schedules them.
 mod model_support;
 
-use model_support::{image_sample, micro_batch, text_sample, tiny_vlm};
+use model_support::{image_sample, micro_batch, on_thread_ranks, text_sample, tiny_vlm};
 use std::time::Duration;
 use trainer::dist::{local_groups, ProcessGroup};
 use trainer::fsdp::{AdamWConfig, Fsdp, FsdpConfig, ParamGroup, Strategy};
@@ -74,26 +74,8 @@ fn check(lora: Option<LoraConfig>, strategy: Strategy) -> anyhow::Result<()> {
     let single = ProcessGroup::single(Duration::from_secs(60))?;
     let (want_losses, want_params) = train(&vlm, &init, &single, strategy)?;
     let groups = local_groups(2, Duration::from_secs(60))?;
-    // tch tensors are Send but not Sync: every rank gets its own handles on the same storage
-    let per_rank: Vec<ParamMap> = groups
-        .iter()
-        .map(|_| {
-            init.iter()
-                .map(|(k, v)| (k.clone(), v.shallow_clone()))
-                .collect()
-        })
-        .collect();
     let vlm = &vlm;
-    let runs = std::thread::scope(|s| {
-        let hs: Vec<_> = groups
-            .iter()
-            .zip(per_rank)
-            .map(|(pg, init)| s.spawn(move || train(vlm, &init, pg, strategy)))
-            .collect();
-        hs.into_iter()
-            .map(|h| h.join().map_err(|_| anyhow::anyhow!("rank panicked"))?)
-            .collect::<anyhow::Result<Vec<_>>>()
-    })?;
+    let runs = on_thread_ranks(&groups, &init, |init, pg| train(vlm, init, pg, strategy))?;
     for (rank, (losses, params)) in runs.iter().enumerate() {
         for (step, (a, b)) in losses.iter().zip(&want_losses).enumerate() {
             assert!(

@@ -201,3 +201,33 @@ pub fn to_i64(t: &Tensor) -> Vec<i64> {
     Vec::<i64>::try_from(t.flatten(0, -1).to_kind(tch::Kind::Int64))
         .expect("tensor converts to i64")
 }
+
+/// Runs `f` once per rank of `groups`, each rank on its own thread with its own handles on
+/// `init`'s storage (tch tensors are Send but not Sync); results come back in rank order.
+pub fn on_thread_ranks<T: Send>(
+    groups: &[trainer::dist::ProcessGroup],
+    init: &ParamMap,
+    f: impl Fn(&ParamMap, &trainer::dist::ProcessGroup) -> anyhow::Result<T> + Sync,
+) -> anyhow::Result<Vec<T>> {
+    let f = &f;
+    std::thread::scope(|s| {
+        let handles: Vec<_> = groups
+            .iter()
+            .map(|pg| {
+                let own: ParamMap = init
+                    .iter()
+                    .map(|(k, v)| (k.clone(), v.shallow_clone()))
+                    .collect();
+                s.spawn(move || f(&own, pg))
+            })
+            .collect();
+        handles
+            .into_iter()
+            .enumerate()
+            .map(|(rank, h)| {
+                h.join()
+                    .map_err(|_| anyhow::anyhow!("rank {rank} panicked"))?
+            })
+            .collect()
+    })
+}
