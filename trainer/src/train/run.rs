@@ -35,7 +35,7 @@ pub fn train(
     std::fs::create_dir_all(&cfg.out).map_err(io(&cfg.out))?;
     let pg = setup::process_group(&cfg, env.as_ref())?;
     let mut s = setup::build(&cfg, pg)?;
-    // The engine keeps what it needs (its shards); the full tensors are dropped after.
+    // The engine copies what it keeps (its shards); the full tensors go as soon as it exists.
     let params = std::mem::take(&mut s.params);
     let s = s;
     if s.rank == 0 {
@@ -51,6 +51,7 @@ pub fn train(
     // FSDP runs every strategy: NO_SHARD (DDP) is its unsharded mode.
     let mut engine: Box<dyn Engine + '_> =
         Box::new(FsdpEngine::new(&cfg, &s.vlm, &s.pg, &params, s.device)?);
+    drop(params);
     let mut looper = Looper::new(&cfg, &s)?;
     let start = looper.restore(resume, engine.as_mut())?;
     looper.run(engine.as_mut(), start)?;
