@@ -7,7 +7,7 @@ use crate::sample::{Sample, SampleMeta};
 use crate::schema::{batch_to_meta, batch_to_samples, col, RowOrigin};
 use bytes::Bytes;
 use parquet::arrow::arrow_reader::{
-    ArrowReaderMetadata, ArrowReaderOptions, ParquetRecordBatchReaderBuilder,
+    ArrowReaderMetadata, ArrowReaderOptions, ParquetRecordBatchReaderBuilder, RowSelection,
 };
 use parquet::arrow::ProjectionMask;
 use sha2::{Digest, Sha256};
@@ -33,8 +33,10 @@ impl OpenShard {
         // to a final-named file, so the mapping's contents do not change under us.
         let map = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| ShardError::io(&path, e))?;
         let bytes = Bytes::from_owner(map);
-        let metadata = ArrowReaderMetadata::load(&bytes, ArrowReaderOptions::new())
-            .map_err(|e| ShardError::parquet(name, e))?;
+        // The page index lets a row selection skip whole pages of the image column.
+        let options = ArrowReaderOptions::new().with_page_index(true);
+        let metadata =
+            ArrowReaderMetadata::load(&bytes, options).map_err(|e| ShardError::parquet(name, e))?;
         let mut group_starts = vec![0u64];
         for rg in metadata.metadata().row_groups() {
             let last = *group_starts.last().unwrap_or(&0);
@@ -60,44 +62,80 @@ impl OpenShard {
         )
     }
 
-    /// Decodes row group `group` (all columns) and returns the rows asked for, in that order.
+    /// Returns the rows of row group `group` asked for, in that order (repeats allowed).
+    /// Only those rows are decoded: a `RowSelection` over the page index skips the pages and
+    /// values of every other row, so reading one sample of a 256-row group does not copy the
+    /// other 255 images.
     pub(crate) fn read_rows(
         &self,
         group: usize,
         rows_in_group: &[usize],
     ) -> Result<Vec<Sample>, ShardError> {
+        let group_rows = self
+            .metadata
+            .metadata()
+            .row_groups()
+            .get(group)
+            .map_or(0, |rg| rg.num_rows().max(0) as usize);
+        let mut distinct = rows_in_group.to_vec();
+        distinct.sort_unstable();
+        distinct.dedup();
+        if let Some(&last) = distinct.last() {
+            if last >= group_rows {
+                return Err(ShardError::Mismatch {
+                    shard: self.name.clone(),
+                    detail: format!(
+                        "row group {group} holds {group_rows} rows, row {last} asked for"
+                    ),
+                });
+            }
+        }
+        let ranges = consecutive_ranges(&distinct);
+        let selection = RowSelection::from_consecutive_ranges(ranges.into_iter(), group_rows);
         let reader = self
             .builder()
             .with_row_groups(vec![group])
-            .with_batch_size(self.metadata.metadata().row_group(group).num_rows().max(1) as usize)
+            .with_row_selection(selection)
+            .with_batch_size(distinct.len().max(1))
             .build()
             .map_err(|e| ShardError::parquet(&self.name, e))?;
-        let mut out = Vec::with_capacity(rows_in_group.len());
-        let mut batch_start = 0usize;
+        // Selected rows arrive in ascending order: `decoded[i]` is row `distinct[i]`.
+        let mut decoded: Vec<Option<Sample>> = Vec::with_capacity(distinct.len());
         for batch in reader {
             let batch = batch.map_err(|e| ShardError::arrow(&self.name, e))?;
-            let end = batch_start + batch.num_rows();
-            let wanted: Vec<usize> = rows_in_group
-                .iter()
-                .filter(|&&r| r >= batch_start && r < end)
-                .map(|&r| r - batch_start)
-                .collect();
-            if !wanted.is_empty() {
+            for i in 0..batch.num_rows() {
+                let Some(&row) = distinct.get(decoded.len()) else {
+                    break;
+                };
                 let origin = RowOrigin {
                     shard: &self.name,
-                    first_row: self.group_starts[group] + batch_start as u64,
+                    first_row: self.group_starts[group] + row as u64,
                 };
-                out.extend(batch_to_samples(&batch, &wanted, &origin)?);
+                let sample = batch_to_samples(&batch.slice(i, 1), &[0], &origin)?;
+                decoded.push(sample.into_iter().next());
             }
-            batch_start = end;
         }
-        if out.len() != rows_in_group.len() {
+        if decoded.len() != distinct.len() {
             return Err(ShardError::Mismatch {
                 shard: self.name.clone(),
-                detail: format!("row group {group} holds {batch_start} rows, fewer than asked for"),
+                detail: format!(
+                    "row group {group} gave {} of the {} selected rows",
+                    decoded.len(),
+                    distinct.len()
+                ),
             });
         }
-        Ok(out)
+        rows_in_group
+            .iter()
+            .map(|row| {
+                let slot = distinct.binary_search(row).ok();
+                slot.and_then(|i| decoded[i].clone())
+                    .ok_or_else(|| ShardError::Mismatch {
+                        shard: self.name.clone(),
+                        detail: format!("row group {group} row {row} was not decoded"),
+                    })
+            })
+            .collect()
     }
 
     /// Reads only the named top-level columns of every row group.
@@ -252,6 +290,18 @@ impl Dataset {
     }
 }
 
+/// Sorted, distinct rows -> maximal runs of consecutive rows.
+fn consecutive_ranges(sorted: &[usize]) -> Vec<std::ops::Range<usize>> {
+    let mut ranges: Vec<std::ops::Range<usize>> = Vec::new();
+    for &row in sorted {
+        match ranges.last_mut() {
+            Some(last) if last.end == row => last.end += 1,
+            _ => ranges.push(row..row + 1),
+        }
+    }
+    ranges
+}
+
 /// See [`Dataset::fingerprint`].
 pub fn fingerprint_of(manifest: &Manifest) -> String {
     let mut hasher = Sha256::new();
@@ -268,5 +318,19 @@ pub fn fingerprint_of(manifest: &Manifest) -> String {
 impl Dataset {
     pub(crate) fn shards(&self) -> &[OpenShard] {
         &self.shards
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::consecutive_ranges;
+
+    #[test]
+    fn sorted_rows_group_into_maximal_runs() {
+        assert_eq!(
+            consecutive_ranges(&[0, 1, 2, 5, 7, 8]),
+            vec![0..3, 5..6, 7..9]
+        );
+        assert!(consecutive_ranges(&[]).is_empty());
     }
 }
