@@ -2,7 +2,7 @@
 //! sample, plus `index.json` written last (its presence means every listed shard is complete).
 //!
 //! 1. [`ShardWriter`] writes one shard: row groups bounded by rows and bytes, a temporary name,
-//!    sha256 computed while writing, then a rename. It returns the [`ShardInfo`] for the index.
+//!    sha256 computed while writing (on a sink thread), then a rename. It returns the [`ShardInfo`] for the index.
 //! 2. [`Manifest`] is `index.json`: format version, tokenizer fingerprint, template, shards,
 //!    and the ingest report.
 //! 3. [`Dataset`] opens a directory (memory-mapped shards) and reads samples by global index
@@ -14,6 +14,7 @@ mod manifest;
 mod reader;
 mod sample;
 mod schema;
+mod sink;
 mod stats;
 mod verify;
 mod writer;

@@ -1,17 +1,17 @@
 //! Writes one shard: samples go into row groups bounded by rows and by bytes, the file is
-//! written under a temporary name (`.shard-00000.parquet.tmp`), hashed while it is written,
-//! synced, then renamed. The metadata parquet's footer returns feeds [`ShardInfo`].
+//! written under a temporary name (`.shard-00000.parquet.tmp`), hashed while it is written
+//! (on the sink thread of [`crate::sink`]), synced, then renamed. The metadata parquet's
+//! footer returns feeds [`ShardInfo`].
 use crate::error::ShardError;
 use crate::manifest::{shard_file_name, RowGroupInfo, ShardInfo};
 use crate::sample::{Kind, Sample};
 use crate::schema::{col, samples_to_batch, schema_v1};
+use crate::sink::ShardSink;
 use parquet::arrow::ArrowWriter;
 use parquet::basic::Compression;
 use parquet::file::properties::{EnabledStatistics, WriterProperties};
 use parquet::schema::types::ColumnPath;
-use sha2::{Digest, Sha256};
 use std::fs::File;
-use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 
 /// Row-group bounds. A row group is the unit of random access: reading one sample decodes its
@@ -56,30 +56,12 @@ fn writer_properties(limits: RowGroupLimits) -> WriterProperties {
         .build()
 }
 
-/// A file writer that hashes and counts every byte it passes on.
-struct HashingFile {
-    out: BufWriter<File>,
-    hasher: Sha256,
-}
-
-impl Write for HashingFile {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        let n = self.out.write(buf)?;
-        self.hasher.update(&buf[..n]);
-        Ok(n)
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        self.out.flush()
-    }
-}
-
 /// Writes `shard-NNNNN.parquet` in a directory.
 pub struct ShardWriter {
     name: String,
     final_path: PathBuf,
     tmp_path: PathBuf,
-    writer: ArrowWriter<HashingFile>,
+    writer: ArrowWriter<ShardSink>,
     limits: RowGroupLimits,
     pending: Vec<Sample>,
     pending_bytes: u64,
@@ -97,10 +79,8 @@ impl ShardWriter {
         let final_path = dir.join(&name);
         let tmp_path = dir.join(format!(".{name}.tmp"));
         let file = File::create(&tmp_path).map_err(|e| ShardError::io(&tmp_path, e))?;
-        let sink = HashingFile {
-            out: BufWriter::with_capacity(1 << 20, file),
-            hasher: Sha256::new(),
-        };
+        let sink =
+            ShardSink::new(file, tmp_path.clone()).map_err(|e| ShardError::io(&tmp_path, e))?;
         let props = writer_properties(limits);
         let writer = ArrowWriter::try_new(sink, schema_v1(), Some(props))
             .map_err(|e| ShardError::parquet(&name, e))?;
@@ -174,15 +154,11 @@ impl ShardWriter {
             .writer
             .finish()
             .map_err(|e| ShardError::parquet(&self.name, e))?;
-        let sink = self.writer.inner_mut();
-        sink.out
-            .flush()
+        let done = self
+            .writer
+            .inner_mut()
+            .finish()
             .map_err(|e| ShardError::io(&self.tmp_path, e))?;
-        sink.out
-            .get_ref()
-            .sync_all()
-            .map_err(|e| ShardError::io(&self.tmp_path, e))?;
-        let sha256 = hex::encode(std::mem::take(&mut sink.hasher).finalize());
         let mut row_groups = Vec::with_capacity(metadata.num_row_groups());
         let mut first_row = 0u64;
         for rg in metadata.row_groups() {
@@ -196,16 +172,13 @@ impl ShardWriter {
             first_row += rows;
         }
         drop(self.writer);
-        let bytes = std::fs::metadata(&self.tmp_path)
-            .map_err(|e| ShardError::io(&self.tmp_path, e))?
-            .len();
         std::fs::rename(&self.tmp_path, &self.final_path)
             .map_err(|e| ShardError::io(&self.final_path, e))?;
         Ok(ShardInfo {
             file: self.name,
             rows: self.rows,
-            bytes,
-            sha256,
+            bytes: done.bytes,
+            sha256: done.sha256,
             num_text_tokens: self.num_text_tokens,
             num_supervised_tokens: self.num_supervised_tokens,
             num_image_samples: self.num_image_samples,
