@@ -2,13 +2,14 @@
 //! a [`crate::Reason`] and the run goes on; these are the failures that stop a run.
 use std::path::PathBuf;
 
+/// Wrapped library errors are part of the message and deliberately not `source()`: anyhow's
+/// `{:#}` prints the whole chain, so returning them as source too printed them twice.
 #[derive(Debug, thiserror::Error)]
 pub enum IngestError {
-    #[error("{path}: {source}")]
+    #[error("{path}: {error}")]
     Io {
         path: PathBuf,
-        #[source]
-        source: std::io::Error,
+        error: std::io::Error,
     },
     #[error("{path}: malformed JSON at byte {offset}: {detail}")]
     Json {
@@ -16,11 +17,10 @@ pub enum IngestError {
         offset: u64,
         detail: String,
     },
-    #[error("{path}: not a readable zip archive: {source}")]
+    #[error("{path}: not a readable zip archive: {error}")]
     Zip {
         path: PathBuf,
-        #[source]
-        source: zip::result::ZipError,
+        error: zip::result::ZipError,
     },
     #[error("{path}: cannot load tokenizer: {detail}")]
     Tokenizer { path: PathBuf, detail: String },
@@ -46,7 +46,7 @@ impl IngestError {
     pub(crate) fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
         IngestError::Io {
             path: path.into(),
-            source,
+            error: source,
         }
     }
 }

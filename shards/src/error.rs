@@ -3,31 +3,30 @@
 use std::path::PathBuf;
 
 /// Errors from writing, opening, reading or verifying shards.
+///
+/// Wrapped library errors are part of the message and deliberately not `source()`: anyhow's
+/// `{:#}` prints the whole chain, so returning them as source too printed them twice.
 #[derive(Debug, thiserror::Error)]
 pub enum ShardError {
-    #[error("{path}: {source}")]
+    #[error("{path}: {error}")]
     Io {
         path: PathBuf,
-        #[source]
-        source: std::io::Error,
+        error: std::io::Error,
     },
-    #[error("{shard}: parquet: {source}")]
+    #[error("{shard}: parquet: {error}")]
     Parquet {
         shard: String,
-        #[source]
-        source: parquet::errors::ParquetError,
+        error: parquet::errors::ParquetError,
     },
-    #[error("{shard}: arrow: {source}")]
+    #[error("{shard}: arrow: {error}")]
     Arrow {
         shard: String,
-        #[source]
-        source: arrow_schema::ArrowError,
+        error: arrow_schema::ArrowError,
     },
-    #[error("{path}: index.json is not valid: {source}")]
+    #[error("{path}: index.json is not valid: {error}")]
     Manifest {
         path: PathBuf,
-        #[source]
-        source: serde_json::Error,
+        error: serde_json::Error,
     },
     #[error("{path}: index.json has format version {found}, this build reads version {expected}")]
     FormatVersion {
@@ -53,21 +52,21 @@ impl ShardError {
     pub(crate) fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
         ShardError::Io {
             path: path.into(),
-            source,
+            error: source,
         }
     }
 
     pub(crate) fn parquet(shard: &str, source: parquet::errors::ParquetError) -> Self {
         ShardError::Parquet {
             shard: shard.to_string(),
-            source,
+            error: source,
         }
     }
 
     pub(crate) fn arrow(shard: &str, source: arrow_schema::ArrowError) -> Self {
         ShardError::Arrow {
             shard: shard.to_string(),
-            source,
+            error: source,
         }
     }
 }

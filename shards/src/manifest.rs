@@ -84,7 +84,7 @@ impl Manifest {
         let manifest: Manifest =
             serde_json::from_slice(&text).map_err(|source| ShardError::Manifest {
                 path: path.clone(),
-                source,
+                error: source,
             })?;
         if manifest.format_version != FORMAT_VERSION {
             return Err(ShardError::FormatVersion {
@@ -100,7 +100,7 @@ impl Manifest {
     pub fn save(&self, dir: &Path) -> Result<(), ShardError> {
         let text = serde_json::to_vec_pretty(self).map_err(|source| ShardError::Manifest {
             path: dir.join(INDEX_FILE),
-            source,
+            error: source,
         })?;
         write_atomically(&dir.join(INDEX_FILE), &text)
     }
