@@ -5,7 +5,7 @@
 //! shard the resume journal is rewritten.
 use crate::error::IngestError;
 use crate::reason::Rejection;
-use crate::resume::{Journal, REJECTED_FILE};
+use crate::resume::{FileStamp, Journal, REJECTED_FILE};
 use crate::workers::Outcome;
 use indicatif::ProgressBar;
 use shards::{RowGroupLimits, ShardWriter};
@@ -126,7 +126,9 @@ impl OrderedWriter {
         if let Some(writer) = self.current.take() {
             let info = writer.finish()?;
             tracing::debug!(shard = %info.file, rows = info.rows, "shard complete");
+            let stamp = FileStamp::of(&self.dir.join(&info.file))?;
             self.state.shards.push(info);
+            self.state.stamps.push(stamp);
         }
         let path = self.dir.join(REJECTED_FILE);
         self.rejected

@@ -2,6 +2,11 @@
 //! shard. Shard boundaries depend only on the records (see the ordered writer), so a run that
 //! restarts at `next_record` with shard number `shards.len()` writes the same bytes an
 //! uninterrupted run would have written.
+//!
+//! Each kept shard's sha256 was computed while it was written; on resume a shard whose size
+//! and modification time still equal the ones recorded right after its rename is trusted
+//! without reading it again (a renamed, synced shard is not touched by a kill). A shard whose
+//! stamp differs is hashed and must match its sha256. `tessera shards verify` always hashes.
 use crate::error::IngestError;
 use serde::{Deserialize, Serialize};
 use shards::{IngestReport, ShardInfo};
@@ -32,6 +37,30 @@ pub struct Journal {
     /// Length of `rejected.jsonl` at this point.
     pub rejected_bytes: u64,
     pub report: IngestReport,
+    /// Size and modification time of each shard in `shards`, taken after its rename.
+    #[serde(default)]
+    pub stamps: Vec<FileStamp>,
+}
+
+/// A file's size and modification time (nanoseconds since the epoch).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FileStamp {
+    pub bytes: u64,
+    pub modified_ns: u128,
+}
+
+impl FileStamp {
+    /// The stamp of `path` now.
+    pub fn of(path: &Path) -> Result<FileStamp, IngestError> {
+        let meta = std::fs::metadata(path).map_err(|e| IngestError::io(path, e))?;
+        let modified = meta.modified().map_err(|e| IngestError::io(path, e))?;
+        Ok(FileStamp {
+            bytes: meta.len(),
+            modified_ns: modified
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos()),
+        })
+    }
 }
 
 impl Journal {
@@ -58,8 +87,8 @@ impl Journal {
         }
     }
 
-    /// Checks the journal against the settings and the files on disk: each listed shard's
-    /// sha256 must match; leftovers of the interrupted run (later shards, temporary files,
+    /// Checks the journal against the settings and the files on disk: each listed shard must
+    /// still carry its recorded stamp, or else hash to its sha256; leftovers of the interrupted run (later shards, temporary files,
     /// rejected lines past the checkpoint) are removed.
     pub fn restore(&self, dir: &Path, settings: &Settings) -> Result<(), IngestError> {
         let fail = |detail: String| IngestError::Resume {
@@ -72,8 +101,12 @@ impl Journal {
                 self.settings, settings
             )));
         }
-        for shard in &self.shards {
-            let (sha, _) = shards::sha256_file(&dir.join(&shard.file))?;
+        for (n, shard) in self.shards.iter().enumerate() {
+            let path = dir.join(&shard.file);
+            if self.stamps.get(n).is_some_and(|s| FileStamp::of(&path).ok().as_ref() == Some(s)) {
+                continue;
+            }
+            let (sha, _) = shards::sha256_file(&path)?;
             if sha != shard.sha256 {
                 return Err(fail(format!(
                     "{} changed since it was written (sha256 {sha}, journal {})",

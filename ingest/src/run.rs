@@ -183,6 +183,7 @@ fn prepare_out_dir(dir: &Path, resume: bool, settings: &Settings) -> Result<Jour
         next_record: 0,
         rejected_bytes: 0,
         report: IngestReport::default(),
+        stamps: Vec::new(),
     };
     if resume {
         if let Some(journal) = Journal::load(dir)? {
