@@ -27,6 +27,7 @@
 //! ```
 mod assemble;
 pub mod bench;
+mod chw;
 mod config;
 pub mod decode;
 mod error;

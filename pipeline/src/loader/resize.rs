@@ -4,6 +4,7 @@
 //! `pad` is LLaVA's `expand2square` without building the padded square: the image is resized
 //! straight into its centred box of the output and the border is filled with the pad colour,
 //! which gives the same picture as padding first and resizing after, at a fraction of the work.
+use super::chw::deinterleave_row;
 use super::decode::RgbImage;
 use super::ResizePolicy;
 use fast_image_resize as fir;
@@ -97,15 +98,5 @@ impl ChwResizer {
             );
         }
         Ok(())
-    }
-}
-
-/// Splits one row of RGB pixels into three planes (zipped iterators: no bounds checks).
-fn deinterleave_row(src: &[u8], r: &mut [u8], g: &mut [u8], b: &mut [u8]) {
-    let dst = r.iter_mut().zip(g.iter_mut()).zip(b.iter_mut());
-    for (((r, g), b), px) in dst.zip(src.chunks_exact(3)) {
-        *r = px[0];
-        *g = px[1];
-        *b = px[2];
     }
 }
