@@ -315,6 +315,42 @@ fn epochs_and_seeds_reshuffle_but_keep_the_sample_set() -> anyhow::Result<()> {
     Ok(())
 }
 
+#[test]
+fn only_one_kind_plans_each_of_its_samples_once_and_nothing_else() -> anyhow::Result<()> {
+    let samples = synthetic_llava(2_000, 0.2, 9);
+    let images: Vec<u64> = (0..samples.len() as u64)
+        .filter(|&i| samples[i as usize].kind == Kind::Image)
+        .collect();
+    for mode in [Mode::Pack, Mode::Bucket, Mode::Fixed] {
+        let planner = Planner::builder()
+            .samples(&samples)
+            .world_size(3)
+            .token_budget(4096)
+            .mode(mode)
+            .fingerprint("f")
+            .only(Some(Kind::Image))
+            .build()?;
+        let plan = planner.plan();
+        assert_eq!(real_samples(&plan.steps), images, "{mode:?}");
+        let kinds = plan.steps.iter().flat_map(|s| &s.micro_steps);
+        for micro in kinds.flat_map(|m| &m.ranks) {
+            assert_eq!(
+                micro.kind,
+                Kind::Image,
+                "{mode:?}: a text micro-batch was planned"
+            );
+        }
+        let half = plan.resume_position(plan.steps.len() / 2)?;
+        let rest = planner.plan_from(&half)?;
+        assert_eq!(
+            rest.steps[..],
+            plan.steps[plan.steps.len() / 2..],
+            "{mode:?}"
+        );
+    }
+    Ok(())
+}
+
 /// The error `build()` must return; a planner built from bad input fails the test.
 fn build_err(builder: PlannerBuilder) -> PlanError {
     match builder.build() {

@@ -78,6 +78,7 @@ pub struct PlannerBuilder {
     fingerprint: String,
     cost: CostModel,
     fixed_samples: Option<usize>,
+    only: Option<Kind>,
 }
 
 impl Default for PlannerBuilder {
@@ -95,6 +96,7 @@ impl Default for PlannerBuilder {
             fingerprint: String::new(),
             cost: CostModel::default(),
             fixed_samples: None,
+            only: None,
         }
     }
 }
@@ -155,6 +157,13 @@ impl PlannerBuilder {
     /// count whose worst case still fits the budget).
     pub fn fixed_samples(mut self, n: usize) -> Self {
         self.fixed_samples = Some(n);
+        self
+    }
+
+    /// Plans only samples of `kind`; the others are left out of every epoch (stage 1, which
+    /// trains only the projector, learns nothing from text-only samples). Default: all kinds.
+    pub fn only(mut self, kind: Option<Kind>) -> Self {
+        self.only = kind;
         self
     }
 
@@ -223,7 +232,10 @@ impl PlannerBuilder {
             lens.push(len as u32);
         }
         let kinds: Vec<Kind> = self.samples.iter().map(|s| s.kind).collect();
-        let order = SampleOrder::new(&kinds, &self.fingerprint, self.seed, self.epoch);
+        let mut order = SampleOrder::new(&kinds, &self.fingerprint, self.seed, self.epoch);
+        if let Some(keep) = self.only {
+            order.keep_only(keep, &kinds);
+        }
         Ok(Planner {
             supervised: self
                 .samples

@@ -41,6 +41,14 @@ impl SampleOrder {
         }
     }
 
+    /// Drops every sample of another kind. The kept samples stay in the whole dataset's
+    /// shuffled order, so the filter does not change which of them comes first.
+    pub fn keep_only(&mut self, keep: Kind, kinds: &[Kind]) {
+        self.order.retain(|&s| kinds[s as usize] == keep);
+        self.streams = [Vec::new(), Vec::new()];
+        self.streams[keep as usize] = (0..self.order.len() as u32).collect();
+    }
+
     pub fn stream_len(&self, kind: Kind) -> usize {
         self.streams[kind as usize].len()
     }
