@@ -1,7 +1,9 @@
 //! Loader image tests: `squash` / `pad` geometry, colour conversions, and DCT-scaled decoding
 //! against a full decode + resize.
 use anyhow::{ensure, Result};
-use pipeline::loader::decode::{dct_scale_eighths, decode_rgb, DecodePath, RgbImage};
+use pipeline::loader::decode::{
+    dct_scale_eighths, decode_rgb, decode_rgb_reusing, DecodePath, RgbImage,
+};
 use pipeline::loader::resize::{content_box, ChwResizer};
 use pipeline::loader::ResizePolicy;
 
@@ -159,6 +161,20 @@ fn llava_sized_jpeg_takes_the_full_size_path() -> Result<()> {
         img.data == reference,
         "same pixels as the image crate's decoder"
     );
+    Ok(())
+}
+
+#[test]
+fn decoding_into_a_reused_buffer_gives_the_same_pixels() -> Result<()> {
+    let bytes = encode_jpeg(&photo_like(448, 336), 90)?;
+    let (fresh, _) = decode_rgb(&bytes, |_, _| (384, 384)).map_err(anyhow::Error::msg)?;
+    // A dirty buffer larger than the image, then one smaller: neither may leak into the output.
+    for reuse in [vec![7u8; 3 * 600 * 500], vec![9u8; 100]] {
+        let (img, path) =
+            decode_rgb_reusing(&bytes, |_, _| (384, 384), reuse).map_err(anyhow::Error::msg)?;
+        assert_eq!(path, DecodePath::JpegFull);
+        assert!(img == fresh, "reused buffer gave other pixels or size");
+    }
     Ok(())
 }
 

@@ -35,8 +35,19 @@ pub fn decode_rgb(
     bytes: &[u8],
     needed: impl Fn(u32, u32) -> (u32, u32),
 ) -> Result<(RgbImage, DecodePath), String> {
+    decode_rgb_reusing(bytes, needed, Vec::new())
+}
+
+/// [`decode_rgb`], decoding full-size JPEGs into `reuse`'s allocation (give back the previous
+/// image's `data`): a worker then decodes without a fresh half-megabyte allocation, and its
+/// page faults, per image.
+pub fn decode_rgb_reusing(
+    bytes: &[u8],
+    needed: impl Fn(u32, u32) -> (u32, u32),
+    reuse: Vec<u8>,
+) -> Result<(RgbImage, DecodePath), String> {
     if bytes.starts_with(&[0xFF, 0xD8, 0xFF]) {
-        decode_jpeg(bytes, needed)
+        decode_jpeg(bytes, needed, reuse)
     } else if bytes.starts_with(b"\x89PNG") {
         decode_with_image(bytes, image::ImageFormat::Png).map(|i| (i, DecodePath::Other))
     } else if bytes.len() >= 12 && &bytes[0..4] == b"RIFF" && &bytes[8..12] == b"WEBP" {
@@ -64,6 +75,7 @@ fn scaled_len(len: u32, eighths: u32) -> u32 {
 fn decode_jpeg(
     bytes: &[u8],
     needed: impl Fn(u32, u32) -> (u32, u32),
+    reuse: Vec<u8>,
 ) -> Result<(RgbImage, DecodePath), String> {
     use zune_core::{bytestream::ZCursor, colorspace::ColorSpace, options::DecoderOptions};
     let options = DecoderOptions::default()
@@ -91,13 +103,22 @@ fn decode_jpeg(
         let img = decode_jpeg_scaled(bytes, w, h)?;
         return Ok((img, DecodePath::JpegScaled { eighths: 8 }));
     }
-    let data = zune.decode().map_err(|e| format!("JPEG: {e:?}"))?;
-    if data.len() != w as usize * h as usize * 3 {
+    let len = w as usize * h as usize * 3;
+    if zune.output_buffer_size() != Some(len) {
         return Err(format!(
-            "JPEG decoded to {} bytes for {w}x{h} RGB",
-            data.len()
+            "JPEG wants {:?} output bytes for {w}x{h} RGB",
+            zune.output_buffer_size()
         ));
     }
+    let mut data = reuse;
+    // Every byte is overwritten by the decoder: only growth needs filling.
+    if data.len() > len {
+        data.truncate(len);
+    } else {
+        data.resize(len, 0);
+    }
+    zune.decode_into(&mut data)
+        .map_err(|e| format!("JPEG: {e:?}"))?;
     Ok((
         RgbImage {
             width: w,

@@ -2,7 +2,7 @@
 //! into the pixel tensor, apply the bad-image policy, assemble the tokens. A pure function of
 //! (plan, samples, config), which is what makes the output identical for any thread count.
 use super::assemble::{assemble, check_tokens, RowSample};
-use super::decode::decode_rgb;
+use super::decode::decode_rgb_reusing;
 use super::resize::{content_box, ChwResizer};
 use super::stats::StatCells;
 use super::{BadImagePolicy, LoaderConfig, LoaderError, SampleSource};
@@ -17,6 +17,8 @@ pub(crate) struct Worker {
     config: Arc<LoaderConfig>,
     stats: Arc<StatCells>,
     resizer: ChwResizer,
+    /// The last decoded image's buffer, reused by the next decode.
+    decoded: Vec<u8>,
 }
 
 impl Worker {
@@ -30,6 +32,7 @@ impl Worker {
             config,
             stats,
             resizer: ChwResizer::default(),
+            decoded: Vec::new(),
         }
     }
 
@@ -122,12 +125,13 @@ impl Worker {
         let started = Instant::now();
         // The full size (before DCT scaling) sets the aspect ratio `pad` keeps.
         let full_dims = std::cell::Cell::new(None);
-        let (img, _) = decode_rgb(bytes, |w, h| {
+        let reuse = std::mem::take(&mut self.decoded);
+        let needed = |w, h| {
             full_dims.set(Some((w, h)));
             let [_, _, bw, bh] = content_box(w, h, size, cfg.resize);
             (bw, bh)
-        })
-        .map_err(bad)?;
+        };
+        let (img, _) = decode_rgb_reusing(bytes, needed, reuse).map_err(bad)?;
         StatCells::add_time(&self.stats.decode_ns, started.elapsed());
 
         let started = Instant::now();
@@ -139,6 +143,7 @@ impl Worker {
             self.resizer
                 .resize_into(&img, source_dims, size, cfg.resize, cfg.pad_rgb, out);
         StatCells::add_time(&self.stats.resize_ns, started.elapsed());
+        self.decoded = img.data;
         resized.map_err(|e| {
             pixels.truncate(offset);
             bad(e)
