@@ -2,6 +2,7 @@
 //! and [`Sample`]s. Column order is part of the format: readers project columns by name.
 use crate::error::ShardError;
 use crate::sample::{Kind, Sample, SampleMeta, Turn};
+use arrow_array::builder::BinaryBuilder;
 use arrow_array::cast::AsArray;
 use arrow_array::types::{UInt32Type, UInt8Type};
 use arrow_array::{
@@ -86,7 +87,15 @@ fn list(values: ArrayRef, lengths: impl Iterator<Item = usize>) -> ArrayRef {
 pub fn samples_to_batch(samples: &[Sample]) -> Result<RecordBatch, ShardError> {
     let ids = StringArray::from_iter_values(samples.iter().map(|s| s.id.as_str()));
     let kinds = UInt8Array::from_iter_values(samples.iter().map(|s| s.kind as u8));
-    let images = BinaryArray::from_iter(samples.iter().map(|s| s.image.as_deref()));
+    let image_bytes = samples
+        .iter()
+        .map(|s| s.image.as_ref().map_or(0, |i| i.len()))
+        .sum();
+    let mut images = BinaryBuilder::with_capacity(samples.len(), image_bytes);
+    for sample in samples {
+        images.append_option(sample.image.as_deref());
+    }
+    let images = images.finish();
     let formats = StringArray::from_iter(samples.iter().map(|s| s.image_format.as_deref()));
     let widths = UInt32Array::from_iter_values(samples.iter().map(|s| s.width));
     let heights = UInt32Array::from_iter_values(samples.iter().map(|s| s.height));
