@@ -1,7 +1,7 @@
 //! The ingest run: a reader thread (json order, duplicate ids), N worker threads, and the
-//! ordered writer on the calling thread, joined by bounded channels. A credit channel bounds
-//! how far the reader may run ahead of the writer, so memory stays bounded even when one
-//! image is slow.
+//! ordered writer on the calling thread, joined by bounded channels carrying batches of
+//! records. A credit channel bounds how far the reader may run ahead of the writer, so memory
+//! stays bounded even when one image is slow.
 use crate::error::IngestError;
 use crate::images::ImageSource;
 use crate::ordered_writer::OrderedWriter;
@@ -18,6 +18,9 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
+
+/// Records per channel message between reader, workers and writer.
+const BATCH: usize = 16;
 
 /// Settings of one ingest run (the `tessera ingest` flags).
 #[derive(Clone, Debug)]
@@ -103,14 +106,16 @@ pub fn run(config: &IngestConfig) -> Result<Summary, IngestError> {
     let progress = progress_bar(config.progress, records.len() as u64);
     let mut writer = OrderedWriter::new(dir.clone(), state, config.row_groups, progress)?;
     let workers = config.workers.max(1);
-    let window = 64 * workers + 256;
-    let (job_tx, job_rx) = bounded::<Job>(4 * workers);
-    let (out_tx, out_rx) = bounded::<(u64, Result<Outcome, IngestError>)>(4 * workers);
+    // Records travel in batches of BATCH (one channel message, one wake-up, one credit each).
+    let window = (64 * workers + 256).div_ceil(BATCH);
+    let (job_tx, job_rx) = bounded::<Vec<Job>>(2 * workers);
+    let (out_tx, out_rx) = bounded::<Vec<(u64, Result<Outcome, IngestError>)>>(2 * workers);
     let (credit_tx, credit_rx) = bounded::<()>(window);
     let final_state = std::thread::scope(|scope| -> Result<Journal, IngestError> {
         let records = &records;
         scope.spawn(move || {
             let mut seen = HashSet::with_capacity(records.len());
+            let mut batch = Vec::with_capacity(BATCH);
             for n in 0..records.len() {
                 let record = records.record(n);
                 let duplicate = match &record {
@@ -121,17 +126,16 @@ pub fn run(config: &IngestConfig) -> Result<Summary, IngestError> {
                     continue;
                 }
                 let stop = record.is_err();
-                if credit_tx.send(()).is_err()
-                    || job_tx
-                        .send(Job {
-                            seq: n as u64,
-                            record,
-                            duplicate,
-                        })
-                        .is_err()
-                    || stop
-                {
-                    return;
+                batch.push(Job {
+                    seq: n as u64,
+                    record,
+                    duplicate,
+                });
+                if batch.len() == BATCH || stop || n + 1 == records.len() {
+                    let full = std::mem::replace(&mut batch, Vec::with_capacity(BATCH));
+                    if credit_tx.send(()).is_err() || job_tx.send(full).is_err() || stop {
+                        return;
+                    }
                 }
             }
         });
@@ -144,25 +148,36 @@ pub fn run(config: &IngestConfig) -> Result<Summary, IngestError> {
                 max_pixels: config.max_pixels,
             };
             scope.spawn(move || {
-                for job in job_rx {
-                    let seq = job.seq;
-                    let outcome = catch_unwind(AssertUnwindSafe(|| worker.process(job)))
-                        .unwrap_or_else(|_| {
-                            Err(IngestError::WorkerPanic(format!(
-                                "while processing record {seq}"
-                            )))
-                        });
-                    if out_tx.send((seq, outcome)).is_err() {
+                for jobs in job_rx {
+                    let mut done = Vec::with_capacity(jobs.len());
+                    for job in jobs {
+                        let seq = job.seq;
+                        let outcome = catch_unwind(AssertUnwindSafe(|| worker.process(job)))
+                            .unwrap_or_else(|_| {
+                                Err(IngestError::WorkerPanic(format!(
+                                    "while processing record {seq}"
+                                )))
+                            });
+                        done.push((seq, outcome));
+                    }
+                    if out_tx.send(done).is_err() {
                         return;
                     }
                 }
             });
         }
         drop((job_rx, out_tx));
-        for (seq, outcome) in out_rx {
-            for _ in 0..writer.push(seq, outcome)? {
+        let mut written = 0;
+        for done in out_rx {
+            for (seq, outcome) in done {
+                written += writer.push(seq, outcome)?;
+            }
+            // One credit back per BATCH records written, so the reader runs at most `window`
+            // batches ahead of the writer.
+            for _ in 0..written / BATCH {
                 let _ = credit_rx.recv();
             }
+            written %= BATCH;
         }
         if writer.waiting() > 0 {
             return Err(IngestError::WorkerPanic(
