@@ -22,6 +22,26 @@ fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
         .unwrap_or(default)
 }
 
+/// CPU seconds (user + system) used so far by this process (`children == false`) or by its
+/// waited-for children, from /proc/self/stat (Linux; clock ticks of 1/100 s). Unlike wall time
+/// this barely moves when other work shares the cores, so the bench reports it too.
+fn cpu_s(children: bool) -> Option<f64> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+    // After the command name the state is field 3: utime, stime (14, 15) sit at 11, 12 and
+    // cutime, cstime (16, 17) at 13, 14.
+    let at = if children { 13 } else { 11 };
+    let ticks: f64 =
+        fields.get(at)?.parse::<f64>().ok()? + fields.get(at + 1)?.parse::<f64>().ok()?;
+    Some(ticks / 100.0)
+}
+
+fn cpu_since(children: bool, before: Option<f64>) -> f64 {
+    cpu_s(children)
+        .zip(before)
+        .map_or(f64::NAN, |(after, before)| after - before)
+}
+
 fn tessera(args: &[&str]) -> anyhow::Result<f64> {
     let started = Instant::now();
     let status = Command::new(env!("CARGO_BIN_EXE_tessera"))
@@ -42,6 +62,14 @@ fn image_files(dir: &Path, out: &mut Vec<PathBuf>) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+/// The 1-minute load average (Linux), to print next to each figure.
+fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .and_then(|l| l.split_whitespace().next().map(str::to_string))
+        .unwrap_or_else(|| "?".into())
 }
 
 /// Reads every file once on `workers` threads; returns (seconds, bytes).
@@ -107,16 +135,23 @@ fn main() -> anyhow::Result<()> {
     let mut files = Vec::new();
     image_files(&data.join("images"), &mut files)?;
     copy_bound(&files, workers)?; // warm the page cache: every timed pass below reads from it
+    let cpu_before = cpu_s(false);
     let (copy_s, bytes) = copy_bound(&files, workers)?;
-    eprintln!("copy bound: {:.0} files/s", files.len() as f64 / copy_s);
+    let copy_cpu = cpu_since(false, cpu_before);
+    eprintln!(
+        "copy bound: {:.0} files/s, {:.1} CPU-us per file (load {})",
+        files.len() as f64 / copy_s,
+        copy_cpu * 1e6 / files.len() as f64,
+        load_average()
+    );
     let json = data
         .join("blip_laion_cc_sbu_558k.json")
         .to_string_lossy()
         .into_owned();
     let images = data.join("images").to_string_lossy().into_owned();
     let w = workers.to_string();
-    let run = |name: &str, extra: &[&str]| -> anyhow::Result<f64> {
-        let mut best = f64::INFINITY;
+    let run = |name: &str, extra: &[&str]| -> anyhow::Result<(f64, f64)> {
+        let (mut best, mut best_cpu) = (f64::INFINITY, f64::NAN);
         for attempt in 0..repeats {
             let out_dir = root.path().join(format!("{name}-{attempt}"));
             let out = out_dir.to_string_lossy().into_owned();
@@ -135,15 +170,24 @@ fn main() -> anyhow::Result<()> {
                 "--quiet",
             ];
             args.extend_from_slice(extra);
+            let cpu_before = cpu_s(true);
             let seconds = tessera(&args)?;
-            eprintln!("ingest {name}: {:.0} records/s", samples as f64 / seconds);
-            best = best.min(seconds);
+            let cpu = cpu_since(true, cpu_before);
+            eprintln!(
+                "ingest {name}: {:.0} records/s, {:.1} CPU-us per record (load {})",
+                samples as f64 / seconds,
+                cpu * 1e6 / samples as f64,
+                load_average()
+            );
+            if seconds < best {
+                (best, best_cpu) = (seconds, cpu);
+            }
             std::fs::remove_dir_all(&out_dir)?;
         }
-        Ok(best)
+        Ok((best, best_cpu))
     };
-    let no_verify_s = run("no-verify", &["--no-verify"])?;
-    let verify_s = run("verify", &[])?;
+    let (no_verify_s, no_verify_cpu) = run("no-verify", &["--no-verify"])?;
+    let (verify_s, verify_cpu) = run("verify", &[])?;
     let rate = |s: f64| samples as f64 / s;
     println!(
         "{}",
@@ -158,6 +202,10 @@ fn main() -> anyhow::Result<()> {
             "verify_records_per_s": rate(verify_s),
             "ratio_no_verify_vs_copy": copy_s / no_verify_s,
             "ratio_verify_vs_copy": copy_s / verify_s,
+            "copy_cpu_us_per_file": copy_cpu * 1e6 / files.len() as f64,
+            "no_verify_cpu_us_per_record": no_verify_cpu * 1e6 / samples as f64,
+            "verify_cpu_us_per_record": verify_cpu * 1e6 / samples as f64,
+            "load_average_1m": load_average(),
             "projected_558k_seconds_verify": LLAVA_PRETRAIN_SAMPLES / rate(verify_s),
             "projected_558k_seconds_no_verify": LLAVA_PRETRAIN_SAMPLES / rate(no_verify_s),
         })
