@@ -2,7 +2,8 @@
 //! `vision/` (a `SiglipVisionModel` without pooling head) and `lm/` (a `Qwen2ForCausalLM`),
 //! each a `config.json` transformers reads plus a `model.safetensors`. Weights are seeded:
 //! matrices and embeddings N(0, 0.02²) (transformers' `initializer_range`), biases
-//! N(0, 0.02²), norm weights 1 + N(0, 0.02²).
+//! N(0, 0.02²), norm weights 1 + N(0, 0.02²), except the tiny preset's language model, which
+//! is drawn at a trained model's scale (see [`LmInit`]).
 use super::config::{Qwen2Config, SiglipVisionConfig};
 use super::{qwen2, siglip, weights, ModelError, Result};
 use crate::unit::{ParamMap, ParamSpec};
@@ -18,7 +19,7 @@ pub const INIT_STD: f64 = 0.02;
 /// Named model sizes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Preset {
-    /// Trains on 2 CPU cores: 64 px images (64 tokens), LM hidden 64, Qwen's vocabulary.
+    /// Trains on 2 CPU cores: 64 px images (64 tokens), LM hidden 128, Qwen's vocabulary.
     Tiny,
     /// For throughput measurements: 128 px images (64 tokens), LM hidden 256, 6 layers.
     Small,
@@ -55,7 +56,7 @@ impl Preset {
             tie_word_embeddings: true,
         };
         match self {
-            Preset::Tiny => (vision(64, 128, 3, 4, 64, 8), lm(64, 128, 2, 4, 2, 4096)),
+            Preset::Tiny => (vision(64, 128, 3, 4, 64, 8), lm(128, 256, 2, 4, 2, 4096)),
             Preset::Small => (
                 vision(192, 768, 4, 6, 128, 16),
                 lm(256, 1024, 6, 8, 2, 8192),
@@ -66,16 +67,93 @@ impl Preset {
             ),
         }
     }
+
+    /// How the language model's weights are drawn.
+    pub fn lm_init(self) -> LmInit {
+        match self {
+            Preset::Tiny => LmInit::TrainedScale {
+                embed_std: 2.0 / 128f64.sqrt(),
+            },
+            Preset::Small | Preset::Qwen05bShape => LmInit::Uniform(INIT_STD),
+        }
+    }
+}
+
+/// How a random language model is drawn.
+///
+/// A frozen LM drawn at N(0, 0.02²) cannot say anything with confidence: its final hidden
+/// state has norm √hidden after the RMSNorm and each tied embedding row about 0.02·√hidden,
+/// so no logit exceeds 0.02·hidden (1.3 at hidden 64), and its layers barely pass on what
+/// the image tokens hold (each matrix shrinks a vector about 0.02·√fan_in times). Stage 1,
+/// which trains only the projector, then cannot lower the loss. `TrainedScale` keeps a trained
+/// model's proportions instead: matrices at N(0, 1/fan_in) (gain 1) and embeddings at
+/// `embed_std`, so a hidden state aligned with one row gives that token a logit of
+/// `embed_std`·hidden while a random one spreads logits with std `embed_std`·√hidden.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum LmInit {
+    /// Every tensor as [`random_params`] draws it with this std.
+    Uniform(f64),
+    /// Matrices N(0, 1/fan_in), embeddings N(0, embed_std²), biases and norms as `Uniform(0.02)`.
+    TrainedScale { embed_std: f64 },
+}
+
+/// One tensor's distribution: `offset + N(0, std²)`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Draw {
+    pub offset: f64,
+    pub std: f64,
+}
+
+fn is_norm_weight(spec: &ParamSpec) -> bool {
+    spec.name.contains("norm") && spec.name.ends_with(".weight")
+}
+
+/// Norm weights 1 + N(0, std²), everything else N(0, std²).
+pub fn uniform_draw(spec: &ParamSpec, std: f64) -> Draw {
+    let offset = if is_norm_weight(spec) { 1.0 } else { 0.0 };
+    Draw { offset, std }
+}
+
+impl LmInit {
+    pub fn draw(self, spec: &ParamSpec) -> Draw {
+        let embed_std = match self {
+            LmInit::Uniform(std) => return uniform_draw(spec, std),
+            LmInit::TrainedScale { embed_std } => embed_std,
+        };
+        let is_matrix = spec.shape.len() == 2;
+        if spec.name == qwen2::EMBED || spec.name == qwen2::LM_HEAD {
+            Draw {
+                offset: 0.0,
+                std: embed_std,
+            }
+        } else if is_matrix {
+            let fan_in = spec.shape[1] as f64;
+            Draw {
+                offset: 0.0,
+                std: 1.0 / fan_in.sqrt(),
+            }
+        } else {
+            uniform_draw(spec, INIT_STD)
+        }
+    }
 }
 
 /// Seeded tensors for `specs`: norm weights 1 + N(0, std²), everything else N(0, std²).
 pub fn random_params(specs: &[ParamSpec], seed: u64, std: f64) -> ParamMap {
+    random_params_by(specs, seed, |spec| uniform_draw(spec, std))
+}
+
+/// Seeded tensors for `specs`, each drawn as `draw` says.
+pub fn random_params_by(
+    specs: &[ParamSpec],
+    seed: u64,
+    draw: impl Fn(&ParamSpec) -> Draw,
+) -> ParamMap {
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let mut out = BTreeMap::new();
     for spec in specs {
         let n: i64 = spec.shape.iter().product();
-        let is_norm = spec.name.contains("norm") && spec.name.ends_with(".weight");
-        let offset = if is_norm { 1.0 } else { 0.0 };
+        let Draw { offset, std } = draw(spec);
         let mut values = Vec::with_capacity(n as usize);
         while values.len() < n as usize {
             // Box–Muller: two uniforms -> two independent standard normals.
@@ -170,14 +248,25 @@ fn write_dir(dir: &Path, config: &serde_json::Value, params: &ParamMap) -> Resul
 /// Writes `out/vision` and `out/lm` for `preset`; returns the number of parameters written.
 pub fn write_preset(out: &Path, preset: Preset, seed: u64) -> Result<i64> {
     let (vision, lm) = preset.configs();
-    write_checkpoints(out, &vision, &lm, seed)
+    write_checkpoints_with(out, &vision, &lm, preset.lm_init(), seed)
 }
 
-/// Writes `out/vision` and `out/lm` for any pair of configs.
+/// Writes `out/vision` and `out/lm` for any pair of configs, every tensor at N(0, 0.02²).
 pub fn write_checkpoints(
     out: &Path,
     vision: &SiglipVisionConfig,
     lm: &Qwen2Config,
+    seed: u64,
+) -> Result<i64> {
+    write_checkpoints_with(out, vision, lm, LmInit::Uniform(INIT_STD), seed)
+}
+
+/// Writes `out/vision` (N(0, 0.02²)) and `out/lm` (drawn as `lm_init` says).
+pub fn write_checkpoints_with(
+    out: &Path,
+    vision: &SiglipVisionConfig,
+    lm: &Qwen2Config,
+    lm_init: LmInit,
     seed: u64,
 ) -> Result<i64> {
     vision.validate()?;
@@ -188,7 +277,9 @@ pub fn write_checkpoints(
     write_dir(&out.join("vision"), &vision_config_json(vision), &params)?;
     let mut total = count(&params);
     drop(params);
-    let params = random_params(&lm_checkpoint_specs(lm), seed.wrapping_add(1), INIT_STD);
+    let params = random_params_by(&lm_checkpoint_specs(lm), seed.wrapping_add(1), |spec| {
+        lm_init.draw(spec)
+    });
     write_dir(&out.join("lm"), &lm_config_json(lm), &params)?;
     total += count(&params);
     Ok(total)
