@@ -81,13 +81,12 @@ impl ChwResizer {
         };
         let (r, gb) = out.split_at_mut(plane);
         let (g, b) = gb.split_at_mut(plane);
-        if (bw, bh) != (size, size) {
-            r.fill(pad_rgb[0]);
-            g.fill(pad_rgb[1]);
-            b.fill(pad_rgb[2]);
+        // HWC -> CHW, row by row into the box; only the border around it gets the pad colour.
+        let (size, x0, y0) = (size as usize, x0 as usize, y0 as usize);
+        let (bw, bh) = (bw as usize, bh as usize);
+        for (plane, &c) in [&mut *r, &mut *g, &mut *b].into_iter().zip(&pad_rgb) {
+            fill_border(plane, size, [x0, y0, bw, bh], c);
         }
-        // HWC -> CHW, row by row into the box.
-        let (size, x0, y0, bw) = (size as usize, x0 as usize, y0 as usize, bw as usize);
         for (y, src_row) in boxed.chunks_exact(bw * 3).enumerate() {
             let row = (y0 + y) * size + x0..(y0 + y) * size + x0 + bw;
             deinterleave_row(
@@ -98,5 +97,19 @@ impl ChwResizer {
             );
         }
         Ok(())
+    }
+}
+
+/// Sets every pixel of a `size x size` plane outside the box `[x, y, w, h]` to `value`.
+fn fill_border(plane: &mut [u8], size: usize, [x, y, w, h]: [usize; 4], value: u8) {
+    let (top, rest) = plane.split_at_mut(y * size);
+    top.fill(value);
+    let (middle, bottom) = rest.split_at_mut(h * size);
+    bottom.fill(value);
+    if w < size {
+        for row in middle.chunks_exact_mut(size) {
+            row[..x].fill(value);
+            row[x + w..].fill(value);
+        }
     }
 }
