@@ -103,7 +103,11 @@ impl Journal {
         }
         for (n, shard) in self.shards.iter().enumerate() {
             let path = dir.join(&shard.file);
-            if self.stamps.get(n).is_some_and(|s| FileStamp::of(&path).ok().as_ref() == Some(s)) {
+            if self
+                .stamps
+                .get(n)
+                .is_some_and(|s| FileStamp::of(&path).ok().as_ref() == Some(s))
+            {
                 continue;
             }
             let (sha, _) = shards::sha256_file(&path)?;
@@ -144,4 +148,72 @@ pub fn remove_leftovers(dir: &Path, keep: usize) -> Result<(), IngestError> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn journal_for(dir: &Path, content: &[u8]) -> anyhow::Result<(Journal, Settings)> {
+        let file = shards::shard_file_name(0);
+        std::fs::write(dir.join(&file), content)?;
+        let (sha256, bytes) = shards::sha256_file(&dir.join(&file))?;
+        let settings = Settings {
+            json_bytes: 1,
+            json_records: 1,
+            tokenizer_fingerprint: "t".into(),
+            template: "plain".into(),
+            shard_size: 1,
+            verify: true,
+            max_pixels: 1,
+        };
+        let journal = Journal {
+            settings: settings.clone(),
+            shards: vec![ShardInfo {
+                file: file.clone(),
+                rows: 1,
+                bytes,
+                sha256,
+                num_text_tokens: 0,
+                num_supervised_tokens: 0,
+                num_image_samples: 0,
+                row_groups: Vec::new(),
+            }],
+            next_record: 1,
+            rejected_bytes: 0,
+            report: IngestReport::default(),
+            stamps: vec![FileStamp::of(&dir.join(&file))?],
+        };
+        Ok((journal, settings))
+    }
+
+    #[test]
+    fn resume_refuses_a_kept_shard_whose_bytes_changed() -> anyhow::Result<()> {
+        let dir = tempfile::tempdir()?;
+        let (journal, settings) = journal_for(dir.path(), b"shard bytes")?;
+        journal.restore(dir.path(), &settings)?;
+        // Same length, one byte flipped: the stamp (mtime) no longer matches, so the shard is
+        // hashed and its sha256 differs.
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        std::fs::write(dir.path().join(&journal.shards[0].file), b"shard bytez")?;
+        let err = journal
+            .restore(dir.path(), &settings)
+            .expect_err("a changed shard must stop the resume");
+        assert!(
+            err.to_string().contains("changed since it was written"),
+            "{err}"
+        );
+        Ok(())
+    }
+
+    #[test]
+    fn journal_without_stamps_still_checks_by_hash() -> anyhow::Result<()> {
+        let dir = tempfile::tempdir()?;
+        let (mut journal, settings) = journal_for(dir.path(), b"shard bytes")?;
+        journal.stamps.clear();
+        journal.restore(dir.path(), &settings)?;
+        std::fs::write(dir.path().join(&journal.shards[0].file), b"other bytes")?;
+        assert!(journal.restore(dir.path(), &settings).is_err());
+        Ok(())
+    }
 }
