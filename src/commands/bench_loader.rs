@@ -64,7 +64,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         .build()?;
     let threads = config.threads;
 
+    let cpu_before = process_cpu_seconds();
     let (stats, took) = run_loader(source, work.plans.clone(), config)?;
+    let loader_cpu = cpu_since(cpu_before);
     let secs = took.as_secs_f64();
     let images_per_s = stats.images as f64 / secs;
     let samples_per_s = stats.samples as f64 / secs;
@@ -86,7 +88,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     );
 
     let bytes: Vec<Vec<u8>> = images.iter().map(|(_, b)| b.clone()).collect();
+    let cpu_before = process_cpu_seconds();
     let (took, failed) = run_decode_only(&bytes, threads);
+    let decode_cpu = cpu_since(cpu_before);
     let decode_only = (bytes.len() - failed) as f64 / took.as_secs_f64();
     println!(
         "decode only (image crate, full decode, {threads} threads): {} images in {:.3}s: \
@@ -109,6 +113,18 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         _ => println!("PIL reference: not run (needs python3 with pillow and numpy)"),
     }
     println!("tessera / decode-only: {ratio_vs_decode_only:.3}");
+    // CPU seconds per image barely move when other processes share the cores (wall time
+    // does): the decode-only CPU time over the loader's is the same ratio, load-independent.
+    let cpu_ms = |cpu: Option<f64>, n: u64| cpu.map(|c| c * 1e3 / n.max(1) as f64);
+    let loader_cpu_ms = cpu_ms(loader_cpu, stats.images);
+    let decode_cpu_ms = cpu_ms(decode_cpu, (bytes.len() - failed) as u64);
+    let cpu_ratio = loader_cpu_ms.zip(decode_cpu_ms).map(|(l, d)| d / l);
+    if let (Some(l), Some(d), Some(r)) = (loader_cpu_ms, decode_cpu_ms, cpu_ratio) {
+        println!(
+            "process CPU per image: tessera {l:.3} ms, decode-only {d:.3} ms; \
+             decode-only / tessera {r:.3}"
+        );
+    }
     let line = serde_json::json!({
         "images_per_s": images_per_s,
         "samples_per_s": samples_per_s,
@@ -117,6 +133,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         "ratio_vs_reference": ratio_vs_reference,
         "ratio_vs_decode_only": ratio_vs_decode_only,
         "threads": threads,
+        "cpu_ms_per_image": loader_cpu_ms,
+        "decode_only_cpu_ms_per_image": decode_cpu_ms,
+        "cpu_ratio_vs_decode_only": cpu_ratio,
         "image_size": args.image_size,
         "policy": match policy { ResizePolicy::Squash => "squash", ResizePolicy::Pad => "pad" },
         "images": stats.images,
@@ -129,6 +148,22 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     });
     println!("{line}");
     Ok(())
+}
+
+/// User + system CPU seconds of this process so far (Linux: /proc/self/stat, 10 ms ticks);
+/// `None` where that file is missing or unreadable.
+fn process_cpu_seconds() -> Option<f64> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    // Fields after the parenthesised command name; utime and stime are fields 14 and 15.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    let mut fields = rest.split_whitespace().skip(11);
+    let utime: f64 = fields.next()?.parse().ok()?;
+    let stime: f64 = fields.next()?.parse().ok()?;
+    Some((utime + stime) / 100.0)
+}
+
+fn cpu_since(before: Option<f64>) -> Option<f64> {
+    Some(process_cpu_seconds()? - before?)
 }
 
 /// Runs the PIL reference on `images` exported as LLaVA json + folder; `None` when python3,
