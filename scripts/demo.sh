@@ -37,8 +37,11 @@ step "4/7 init-model tiny -> $RUN/model"
 common=(--shards "$RUN/shards" --vision "$RUN/model/vision" --lm "$RUN/model/lm" --nproc 2
   --token-budget 512 --seq-len 512 --loader-threads 1 --quiet)
 
-step "5/7 stage 1 (projector, lr 1e-3, warmup 3% + cosine): $STAGE1_STEPS steps on 2 ranks"
-"$T" train "${common[@]}" --stage 1 --steps "$STAGE1_STEPS" --checkpoint-every 100 --out "$RUN/stage1"
+# Stage 1 runs at lr 3e-2, not LLaVA's 1e-3 (a batch of 256 over 2,000+ steps): here a batch
+# holds about 11 images and the run lasts $STAGE1_STEPS steps. Text-only samples sit stage 1 out.
+step "5/7 stage 1 (projector, lr 3e-2, warmup 3% + cosine, image samples): $STAGE1_STEPS steps on 2 ranks"
+"$T" train "${common[@]}" --stage 1 --steps "$STAGE1_STEPS" --lr 3e-2 --checkpoint-every 100 \
+  --out "$RUN/stage1"
 
 step "6/7 stage 2 (projector 2e-5 + LoRA r 16 at 2e-4): $STAGE2_STEPS steps on 2 ranks"
 "$T" train "${common[@]}" --stage 2 --steps "$STAGE2_STEPS" --lora-r 16 --lora-alpha 32 \

@@ -5,7 +5,7 @@
 use super::checkpoint::{
     Checkpoint, CheckpointMeta, CheckpointWriter, Expected, RankState, FORMAT_VERSION,
 };
-use super::config::{Resize, TrainConfig};
+use super::config::{Resize, Stage, TrainConfig};
 use super::engine::{Engine, UnitTimes};
 use super::error::{io, TrainError};
 use super::export::{VlmDescription, TRAINABLE_FILE, VLM_FILE};
@@ -88,6 +88,24 @@ struct Looper<'a> {
 
 impl<'a> Looper<'a> {
     fn new(cfg: &'a TrainConfig, s: &'a Setup) -> Result<Self, TrainError> {
+        if cfg.stage == Stage::Align {
+            let text = s
+                .samples
+                .iter()
+                .filter(|m| m.kind == shards::Kind::Text)
+                .count();
+            if text == s.samples.len() {
+                return Err(TrainError::Invalid(format!(
+                    "stage 1 trains the projector on image samples and {} holds none",
+                    cfg.shards.display()
+                )));
+            }
+            if text > 0 && s.rank == 0 {
+                tracing::info!(
+                    "stage 1: {text} text-only samples are left out (only the projector trains)"
+                );
+            }
+        }
         let loader_cfg = LoaderConfig::builder()
             .image_size(s.vlm.vision.image_size as usize)
             .image_tokens(s.vlm.vision.num_patches() as usize)
@@ -130,7 +148,14 @@ impl<'a> Looper<'a> {
             .seed(self.cfg.seed)
             .epoch(epoch)
             .fingerprint(self.s.dataset.fingerprint())
+            .only(self.planned_kind())
             .build()?)
+    }
+
+    /// Stage 1 trains only the projector, which text-only samples never reach: it plans
+    /// image samples alone (LLaVA's stage 1 data has no text-only samples either).
+    fn planned_kind(&self) -> Option<shards::Kind> {
+        (self.cfg.stage == Stage::Align).then_some(shards::Kind::Image)
     }
 
     /// With `resume`: loads the latest complete checkpoint after checking it belongs to this run.
