@@ -113,8 +113,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         _ => println!("PIL reference: not run (needs python3 with pillow and numpy)"),
     }
     println!("tessera / decode-only: {ratio_vs_decode_only:.3}");
-    // CPU seconds per image barely move when other processes share the cores (wall time
-    // does): the decode-only CPU time over the loader's is the same ratio, load-independent.
+    // CPU seconds per image move less than wall time when other processes share the cores
+    // (preemption drops out; cache contention stays): the same ratio, less noisy.
     let cpu_ms = |cpu: Option<f64>, n: u64| cpu.map(|c| c * 1e3 / n.max(1) as f64);
     let loader_cpu_ms = cpu_ms(loader_cpu, stats.images);
     let decode_cpu_ms = cpu_ms(decode_cpu, (bytes.len() - failed) as u64);
@@ -150,7 +150,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// User + system CPU seconds of this process so far (Linux: /proc/self/stat, 10 ms ticks);
+/// User + system CPU seconds of this whole process so far (Linux: /proc/self/stat, 10 ms ticks);
 /// `None` where that file is missing or unreadable.
 fn process_cpu_seconds() -> Option<f64> {
     let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
