@@ -42,9 +42,27 @@ fn share_cores(env: Option<&RankEnv>) {
     tch::set_num_threads((cores / local_ranks).max(1) as i32);
 }
 
+/// On CPU, keeps freed memory in the process for the next tensor instead of handing it back
+/// to the kernel. glibc serves blocks above 32 MiB with fresh mmaps and unmaps them on free,
+/// so every tensor of that size (the tied embedding, gathered afresh at each use; the loss's
+/// logit chunks) costs a page fault per 4 KiB: a third of a tiny-preset step went to the
+/// kernel zeroing pages. Same results; peak RSS grows by what the step frees and reallocates.
+fn keep_freed_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: mallopt only changes the allocator's thresholds, under glibc's own arena lock.
+    unsafe {
+        libc::mallopt(libc::M_MMAP_MAX, 0);
+        libc::mallopt(libc::M_TRIM_THRESHOLD, i32::MAX);
+        libc::mallopt(libc::M_TOP_PAD, 256 << 20);
+    }
+}
+
 /// Joins the job (torchrun variables) or forms a one-rank group.
 pub fn process_group(cfg: &TrainConfig, env: Option<&RankEnv>) -> Result<ProcessGroup, TrainError> {
     share_cores(env);
+    if cfg.device == Device::Cpu {
+        keep_freed_memory();
+    }
     let timeout = Duration::from_secs(cfg.collective_timeout_s);
     let backend = match cfg.device {
         Device::Cpu => Backend::Gloo,
