@@ -6,7 +6,7 @@ use trainer::model::init::{write_preset, Preset};
 
 #[derive(Clone, Copy, Debug, clap::ValueEnum)]
 pub enum PresetArg {
-    /// 64 px images (64 tokens), LM hidden 64, 2 layers, Qwen's 151,936-row vocabulary.
+    /// 64 px images (64 tokens), LM hidden 128 at a trained scale, 2 layers, 151,936-row vocab.
     Tiny,
     /// 128 px images (64 tokens), LM hidden 256, 6 layers.
     Small,
