@@ -322,14 +322,13 @@ fn only_one_kind_plans_each_of_its_samples_once_and_nothing_else() -> anyhow::Re
         .filter(|&i| samples[i as usize].kind == Kind::Image)
         .collect();
     for mode in [Mode::Pack, Mode::Bucket, Mode::Fixed] {
-        let planner = Planner::builder()
+        let builder = Planner::builder()
             .samples(&samples)
             .world_size(3)
             .token_budget(4096)
             .mode(mode)
-            .fingerprint("f")
-            .only(Some(Kind::Image))
-            .build()?;
+            .fingerprint("f");
+        let planner = builder.clone().only(Some(Kind::Image)).build()?;
         let plan = planner.plan();
         assert_eq!(real_samples(&plan.steps), images, "{mode:?}");
         let kinds = plan.steps.iter().flat_map(|s| &s.micro_steps);
@@ -346,6 +345,12 @@ fn only_one_kind_plans_each_of_its_samples_once_and_nothing_else() -> anyhow::Re
             rest.steps[..],
             plan.steps[plan.steps.len() / 2..],
             "{mode:?}"
+        );
+        // A position from the plan over all kinds is refused, not misread.
+        let foreign = builder.build()?.plan().resume_position(1)?;
+        assert!(
+            planner.plan_from(&foreign).is_err(),
+            "{mode:?}: took a position of the unfiltered order"
         );
     }
     Ok(())

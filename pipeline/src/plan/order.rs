@@ -42,8 +42,10 @@ impl SampleOrder {
     }
 
     /// Drops every sample of another kind. The kept samples stay in the whole dataset's
-    /// shuffled order, so the filter does not change which of them comes first.
+    /// shuffled order, so the filter does not change which of them comes first. The key names
+    /// the filter too: a position counted in the unfiltered order means something else here.
     pub fn keep_only(&mut self, keep: Kind, kinds: &[Kind]) {
+        self.key = format!("{}-only-{keep:?}", self.key).to_lowercase();
         self.order.retain(|&s| kinds[s as usize] == keep);
         self.streams = [Vec::new(), Vec::new()];
         self.streams[keep as usize] = (0..self.order.len() as u32).collect();
