@@ -125,17 +125,26 @@ impl OpenShard {
                 ),
             });
         }
-        rows_in_group
-            .iter()
-            .map(|row| {
-                let slot = distinct.binary_search(row).ok();
-                slot.and_then(|i| decoded[i].clone())
-                    .ok_or_else(|| ShardError::Mismatch {
-                        shard: self.name.clone(),
-                        detail: format!("row group {group} row {row} was not decoded"),
-                    })
-            })
-            .collect()
+        // Each decoded sample moves out once; only a repeated row is copied (from its first
+        // place in the output), so the image bytes are not cloned on the loader's path.
+        let mut first_place: Vec<Option<usize>> = vec![None; distinct.len()];
+        let mut out: Vec<Sample> = Vec::with_capacity(rows_in_group.len());
+        for row in rows_in_group {
+            let missing = || ShardError::Mismatch {
+                shard: self.name.clone(),
+                detail: format!("row group {group} row {row} was not decoded"),
+            };
+            let slot = distinct.binary_search(row).map_err(|_| missing())?;
+            let sample = match first_place[slot] {
+                Some(place) => out[place].clone(),
+                None => {
+                    first_place[slot] = Some(out.len());
+                    decoded[slot].take().ok_or_else(missing)?
+                }
+            };
+            out.push(sample);
+        }
+        Ok(out)
     }
 
     /// Reads only the named top-level columns of every row group.
