@@ -12,7 +12,7 @@ pub fn deinterleave_row(src: &[u8], r: &mut [u8], g: &mut [u8], b: &mut [u8]) {
     {
         if std::arch::is_x86_feature_detected!("ssse3") {
             // SAFETY: SSSE3 is present (checked above); the slices have the lengths
-            // `deinterleave_ssse3` asks for (n pixels each).
+            // `ssse3::deinterleave` asks for (n pixels each).
             let done = unsafe { ssse3::deinterleave(src, r, g, b) };
             let (src, r, g, b) = (
                 &src[3 * done..],
