@@ -59,6 +59,27 @@ fn supervised_text(tokenizer: &tokenizers::Tokenizer, s: &Sample) -> anyhow::Res
         .map_err(|e| anyhow::anyhow!("{e}"))
 }
 
+/// The sample's ids equal a fresh tokenization of `text`, and its supervised tokens decode to
+/// `supervised`.
+fn assert_tokens(
+    tokenizer: &tokenizers::Tokenizer,
+    sample: &Sample,
+    text: &str,
+    supervised: &str,
+) -> anyhow::Result<()> {
+    let fresh = tokenizer
+        .encode(text, false)
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    assert_eq!(sample.input_ids, fresh.get_ids(), "ids of {}", sample.id);
+    assert_eq!(
+        supervised_text(tokenizer, sample)?,
+        supervised,
+        "supervised part of {}",
+        sample.id
+    );
+    Ok(())
+}
+
 #[test]
 fn plain_template_round_trips_every_sample() -> anyhow::Result<()> {
     let (f, images) = fixture(60);
@@ -124,16 +145,7 @@ fn plain_template_round_trips_every_sample() -> anyhow::Result<()> {
                 format!("{caption}\n<|endoftext|>"),
             )
         };
-        let fresh = tokenizer
-            .encode(expected_text.as_str(), false)
-            .map_err(|e| anyhow::anyhow!("{e}"))?;
-        assert_eq!(sample.input_ids, fresh.get_ids(), "ids of {}", sample.id);
-        assert_eq!(
-            supervised_text(&tokenizer, sample)?,
-            expected_supervised,
-            "supervised part of {}",
-            sample.id
-        );
+        assert_tokens(&tokenizer, sample, &expected_text, &expected_supervised)?;
         let placeholders = sample.input_ids.iter().filter(|&&t| t == 151655).count();
         assert_eq!(placeholders, usize::from(sample.kind == Kind::Image));
         assert_eq!(sample.num_text_tokens as usize, sample.input_ids.len());
@@ -172,16 +184,7 @@ fn chatml_template_supervises_only_assistant_turns() -> anyhow::Result<()> {
         ),
     ];
     for (sample, (text, supervised)) in samples.iter().zip(expected) {
-        let fresh = tokenizer
-            .encode(text, false)
-            .map_err(|e| anyhow::anyhow!("{e}"))?;
-        assert_eq!(sample.input_ids, fresh.get_ids(), "ids of {}", sample.id);
-        assert_eq!(
-            supervised_text(&tokenizer, sample)?,
-            supervised,
-            "supervised part of {}",
-            sample.id
-        );
+        assert_tokens(&tokenizer, sample, text, supervised)?;
     }
     assert_eq!(samples[0].image.as_deref(), Some(bytes.as_slice()));
     Ok(())
