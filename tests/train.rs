@@ -6,8 +6,8 @@
 use anyhow::{ensure, Context, Result};
 use pipeline::loader::{Loader, LoaderConfig, SampleSource};
 use pipeline::MicroBatchPlan;
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::path::Path;
+use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use trainer::model::{lora, weights, Vlm, VlmOptions};
@@ -276,6 +276,17 @@ fn invalid_configs_fail_before_any_work_naming_field_and_reason() -> Result<()> 
     assert!(
         !out.exists(),
         "a refused config must not create the run directory"
+    );
+    Ok(())
+}
+
+#[test]
+fn stage_1_on_text_only_shards_is_refused_naming_them() -> Result<()> {
+    let f = fixture(12, 1.0)?;
+    let msg = run_err(&mut train(&f, 1, &f.root.join("run"), &["--steps", "2"]))?;
+    assert!(
+        msg.contains("holds none") && msg.contains(&*f.shards.to_string_lossy()),
+        "{msg}"
     );
     Ok(())
 }

@@ -86,23 +86,28 @@ struct Looper<'a> {
     schedule: CosineSchedule,
 }
 
+/// Stage 1 trains only the projector, which text-only samples never reach: it plans image
+/// samples alone (LLaVA's stage 1 data has no text-only samples either).
+fn planned_kind(stage: Stage) -> Option<shards::Kind> {
+    (stage == Stage::Align).then_some(shards::Kind::Image)
+}
+
 impl<'a> Looper<'a> {
     fn new(cfg: &'a TrainConfig, s: &'a Setup) -> Result<Self, TrainError> {
-        if cfg.stage == Stage::Align {
-            let text = s
-                .samples
-                .iter()
-                .filter(|m| m.kind == shards::Kind::Text)
-                .count();
-            if text == s.samples.len() {
+        if let Some(kind) = planned_kind(cfg.stage) {
+            let left_out = s.samples.iter().filter(|m| m.kind != kind).count();
+            if left_out == s.samples.len() {
                 return Err(TrainError::Invalid(format!(
-                    "stage 1 trains the projector on image samples and {} holds none",
+                    "stage {} trains on {kind:?} samples only and {} holds none",
+                    cfg.stage as u8,
                     cfg.shards.display()
                 )));
             }
-            if text > 0 && s.rank == 0 {
+            if left_out > 0 && s.rank == 0 {
                 tracing::info!(
-                    "stage 1: {text} text-only samples are left out (only the projector trains)"
+                    "stage {}: {left_out} samples that are not {kind:?} samples are left out \
+                     (only the projector trains)",
+                    cfg.stage as u8
                 );
             }
         }
@@ -148,14 +153,8 @@ impl<'a> Looper<'a> {
             .seed(self.cfg.seed)
             .epoch(epoch)
             .fingerprint(self.s.dataset.fingerprint())
-            .only(self.planned_kind())
+            .only(planned_kind(self.cfg.stage))
             .build()?)
-    }
-
-    /// Stage 1 trains only the projector, which text-only samples never reach: it plans
-    /// image samples alone (LLaVA's stage 1 data has no text-only samples either).
-    fn planned_kind(&self) -> Option<shards::Kind> {
-        (self.cfg.stage == Stage::Align).then_some(shards::Kind::Image)
     }
 
     /// With `resume`: loads the latest complete checkpoint after checking it belongs to this run.
