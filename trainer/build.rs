@@ -2,6 +2,12 @@
 //! Debian's gloo headers, links it, and puts libtorch's lib folder and the CUDA runtime folder
 //! (libcudart.so.13 / libcupti.so.13, which libtorch_cpu links) on the rpath so binaries and
 //! tests run without LD_LIBRARY_PATH. Feature `cuda` adds ProcessGroupNCCL and links torch_cuda.
+//!
+//! With `cuda`, ProcessGroupNCCL.hpp needs headers the torch wheel does not ship, all in
+//! `$CUDA_HOME/include`: the CUDA runtime's (PyPI wheel nvidia-cuda-runtime), crt/
+//! (nvidia-cuda-crt), nv/ (nvidia-cuda-cccl), cublas, cusparse and cusolver's, and nccl.h
+//! (nvidia-nccl-cu13), at the versions torch's cuda-toolkit pin names (torch 2.11: CUDA 13.0,
+//! NCCL 2.28.9). Headers only: the libraries are the torch wheel's at link and run time.
 use std::path::{Path, PathBuf};
 
 fn main() {
@@ -40,8 +46,21 @@ fn compile_shim(root: &Path, lib_dir: &Path) {
         .warnings(false);
     if std::env::var_os("CARGO_FEATURE_CUDA").is_some() {
         build.flag("-DUSE_C10D_NCCL").flag("-DTESSERA_CUDA");
-        if let Some(cuda_home) = std::env::var_os("CUDA_HOME") {
-            build.include(Path::new(&cuda_home).join("include"));
+        match std::env::var_os("CUDA_HOME") {
+            Some(cuda_home) => {
+                let include = Path::new(&cuda_home).join("include");
+                if !include.join("nccl.h").is_file() {
+                    println!(
+                        "cargo:warning=feature cuda: {} has no nccl.h (see trainer/build.rs)",
+                        include.display()
+                    );
+                }
+                build.include(include);
+            }
+            None => println!(
+                "cargo:warning=feature cuda: CUDA_HOME is not set; the CUDA and NCCL headers \
+                 must be on the compiler's default path (see trainer/build.rs)"
+            ),
         }
         println!("cargo:rerun-if-env-changed=CUDA_HOME");
         println!("cargo:rustc-link-lib=dylib=torch_cuda");

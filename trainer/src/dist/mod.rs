@@ -11,7 +11,7 @@ pub mod launcher;
 pub mod process_group;
 pub mod store;
 
-pub use process_group::{Backend, ProcessGroup, Work};
+pub use process_group::{cuda_device_for, Backend, ProcessGroup, Work};
 pub use store::{RankEnv, Store};
 
 use std::fmt;

@@ -2,6 +2,8 @@
 //! Every collective is asynchronous: it returns a `Work` that the caller waits on, so FSDP can
 //! issue the next unit's all-gather before computing the current one. Each `Work` carries a
 //! label (the FSDP unit) so a failure or timeout says which rank, unit and collective.
+//! NCCL moves CUDA tensors only: a CPU tensor given to an NCCL group (step metrics, schedule
+//! checks) travels through a copy on the rank's GPU, copied back when its `Work` is waited on.
 use super::ffi::{self, RawProcessGroup, RawWork};
 use super::store::{millis, Store};
 use super::{Collective, DistError};
@@ -26,6 +28,8 @@ pub struct ProcessGroup {
     world_size: usize,
     timeout: Duration,
     backend: Backend,
+    /// Where the group's collectives run: CPU for gloo, the rank's GPU for NCCL.
+    device: tch::Device,
     bytes_sent: AtomicU64,
 }
 
@@ -74,6 +78,10 @@ impl ProcessGroup {
             },
         };
         unsafe { ffi::take_error(err) }.map_err(pg_err)?;
+        let device = match backend {
+            Backend::Gloo => tch::Device::Cpu,
+            Backend::Nccl => cuda_device_for(rank),
+        };
         Ok(ProcessGroup {
             raw,
             _store: store,
@@ -81,14 +89,20 @@ impl ProcessGroup {
             world_size,
             timeout,
             backend,
+            device,
             bytes_sent: AtomicU64::new(0),
         })
     }
 
     /// A one-rank gloo group on loopback (single-process runs use the same code path as W > 1).
     pub fn single(timeout: Duration) -> Result<ProcessGroup, DistError> {
+        ProcessGroup::single_on(Backend::Gloo, timeout)
+    }
+
+    /// A one-rank group on `backend` over a loopback store (NCCL for a one-GPU CUDA run).
+    pub fn single_on(backend: Backend, timeout: Duration) -> Result<ProcessGroup, DistError> {
         let store = Store::connect("127.0.0.1", 0, true, 1, timeout, "tessera")?;
-        ProcessGroup::new(store, 0, 1, Backend::Gloo, Some("127.0.0.1"), timeout)
+        ProcessGroup::new(store, 0, 1, backend, Some("127.0.0.1"), timeout)
     }
 
     /// Whether this build has ProcessGroupNCCL (cargo feature `cuda`).
@@ -113,6 +127,11 @@ impl ProcessGroup {
         self.timeout
     }
 
+    /// Where this group's collectives run: CPU (gloo) or this rank's GPU (NCCL).
+    pub fn device(&self) -> tch::Device {
+        self.device
+    }
+
     /// Bytes this rank has sent so far, counted with the ring algorithms' cost: all-gather and
     /// reduce-scatter send (W-1) shards, all-reduce 2(W-1)/W of the tensor, broadcast the
     /// tensor from the root.
@@ -129,10 +148,13 @@ impl ProcessGroup {
     ) -> Result<Work, DistError> {
         self.count(shard, (self.world_size - 1) as f64);
         let op = Collective::AllGather;
+        let mut staged = self.stage(out, Some(shard));
+        let (out, shard) = staged.tensors(out, shard);
         // SAFETY: tch tensors wrap `torch::Tensor*`; c10d keeps its own references while working.
-        self.issue(op, unit, |w| unsafe {
+        let work = self.issue(op, unit, |w| unsafe {
             ffi::tc_all_gather_base(self.raw, out.as_mut_ptr(), shard.as_ptr() as *mut _, w)
-        })
+        })?;
+        Ok(work.with(staged))
     }
 
     /// `out` (the shard) receives the sum over ranks of the `full` tensors' rank-th slices.
@@ -144,20 +166,26 @@ impl ProcessGroup {
     ) -> Result<Work, DistError> {
         self.count(out, (self.world_size - 1) as f64);
         let op = Collective::ReduceScatter;
+        let mut staged = self.stage(out, Some(full));
+        let (out, full) = staged.tensors(out, full);
         // SAFETY: as in all_gather_into.
-        self.issue(op, unit, |w| unsafe {
+        let work = self.issue(op, unit, |w| unsafe {
             ffi::tc_reduce_scatter_base(self.raw, out.as_mut_ptr(), full.as_ptr() as *mut _, w)
-        })
+        })?;
+        Ok(work.with(staged))
     }
 
     /// In-place sum of `tensor` over ranks.
     pub fn all_reduce_sum(&self, tensor: &mut Tensor, what: &str) -> Result<Work, DistError> {
         let w = self.world_size as f64;
         self.count(tensor, 2.0 * (w - 1.0) / w);
+        let mut staged = self.stage(tensor, None);
+        let tensor = staged.target(tensor);
         // SAFETY: as in all_gather_into.
-        self.issue(Collective::AllReduce, what, |work| unsafe {
+        let work = self.issue(Collective::AllReduce, what, |work| unsafe {
             ffi::tc_all_reduce_sum(self.raw, tensor.as_mut_ptr(), work)
-        })
+        })?;
+        Ok(work.with(staged))
     }
 
     /// Copies `tensor` from rank `root` to every rank, in place.
@@ -171,10 +199,13 @@ impl ProcessGroup {
             self.count(tensor, if self.world_size > 1 { 1.0 } else { 0.0 });
         }
         let root_c = i32::try_from(root).unwrap_or(i32::MAX);
+        let mut staged = self.stage(tensor, None);
+        let tensor = staged.target(tensor);
         // SAFETY: as in all_gather_into.
-        self.issue(Collective::Broadcast, what, |work| unsafe {
+        let work = self.issue(Collective::Broadcast, what, |work| unsafe {
             ffi::tc_broadcast(self.raw, tensor.as_mut_ptr(), root_c, work)
-        })
+        })?;
+        Ok(work.with(staged))
     }
 
     /// Returns when every rank has reached the barrier (or fails after the timeout).
@@ -184,6 +215,21 @@ impl ProcessGroup {
             ffi::tc_barrier(self.raw, work)
         })?
         .wait()
+    }
+
+    /// Copies of `out` (and `input`) on the group's GPU when NCCL is given CPU tensors; none
+    /// otherwise. Both are copied in so an in-place collective starts from `out`'s contents.
+    fn stage(&self, out: &Tensor, input: Option<&Tensor>) -> Staged {
+        let on_gpu = |t: &Tensor| {
+            (self.backend == Backend::Nccl && t.device() == tch::Device::Cpu)
+                .then(|| t.to_device(self.device))
+        };
+        let out_copy = on_gpu(out);
+        Staged {
+            host_out: out_copy.as_ref().map(|_| out.shallow_clone()),
+            out: out_copy,
+            input: input.and_then(on_gpu),
+        }
     }
 
     fn count(&self, tensor: &Tensor, factor: f64) {
@@ -208,6 +254,7 @@ impl ProcessGroup {
                 unit: unit.to_string(),
                 rank: self.rank,
                 timeout: self.timeout,
+                staged: Staged::default(),
             }),
             Err(message) => Err(DistError::Collective {
                 rank: self.rank,
@@ -228,6 +275,50 @@ impl Drop for ProcessGroup {
     }
 }
 
+/// The GPU copies of a CPU collective's tensors on an NCCL group (all None otherwise).
+#[derive(Default)]
+struct Staged {
+    /// The caller's output tensor (a shallow clone sharing its storage), written on `wait`.
+    host_out: Option<Tensor>,
+    out: Option<Tensor>,
+    input: Option<Tensor>,
+}
+
+impl Staged {
+    /// The tensor a one-tensor collective runs on: the GPU copy when there is one.
+    fn target<'a>(&'a mut self, caller: &'a mut Tensor) -> &'a mut Tensor {
+        self.out.as_mut().unwrap_or(caller)
+    }
+
+    /// Writes the GPU result into the caller's CPU tensor. The wait made the current stream
+    /// wait for NCCL's, so the copy (on the current stream) sees the finished result.
+    fn copy_back(&self) -> Result<(), String> {
+        if let (Some(host), Some(gpu)) = (&self.host_out, &self.out) {
+            host.shallow_clone()
+                .f_copy_(gpu)
+                .map_err(|e| format!("copying the result back to the CPU failed: {e}"))?;
+        }
+        Ok(())
+    }
+
+    /// The (output, input) pair a two-tensor collective runs on.
+    fn tensors<'a>(
+        &'a mut self,
+        out: &'a mut Tensor,
+        input: &'a Tensor,
+    ) -> (&'a mut Tensor, &'a Tensor) {
+        (
+            self.out.as_mut().unwrap_or(out),
+            self.input.as_ref().unwrap_or(input),
+        )
+    }
+}
+
+/// The rank's GPU on a machine with `tch::Cuda::device_count()` of them (rank modulo count).
+pub fn cuda_device_for(rank: usize) -> tch::Device {
+    tch::Device::Cuda(rank % tch::Cuda::device_count().max(1) as usize)
+}
+
 /// An issued collective. Its output must not be read before `wait` returns Ok. Dropping it
 /// without waiting is allowed (the collective still completes in the background).
 pub struct Work {
@@ -236,18 +327,26 @@ pub struct Work {
     unit: String,
     rank: usize,
     timeout: Duration,
+    /// GPU copies of CPU tensors (NCCL), kept alive until the collective is done.
+    staged: Staged,
 }
 
 // SAFETY: a c10d Work is waited on from whichever thread holds it.
 unsafe impl Send for Work {}
 
 impl Work {
+    fn with(mut self, staged: Staged) -> Work {
+        self.staged = staged;
+        self
+    }
+
     /// Blocks until the collective completes; a peer that never joins fails it after the
     /// group's timeout with an error naming the rank, the unit and the collective.
     pub fn wait(self) -> Result<(), DistError> {
         // SAFETY: raw is a live work handle.
         let err = unsafe { ffi::tc_work_wait(self.raw, millis(self.timeout)) };
-        unsafe { ffi::take_error(err) }.map_err(|message| {
+        let result = unsafe { ffi::take_error(err) }.and_then(|()| self.staged.copy_back());
+        result.map_err(|message| {
             let lower = message.to_lowercase();
             DistError::Collective {
                 rank: self.rank,

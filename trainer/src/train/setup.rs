@@ -68,9 +68,16 @@ pub fn process_group(cfg: &TrainConfig, env: Option<&RankEnv>) -> Result<Process
         Device::Cpu => Backend::Gloo,
         Device::Cuda => Backend::Nccl,
     };
+    if backend == Backend::Nccl && tch::Cuda::device_count() == 0 {
+        return Err(ConfigError::Invalid {
+            field: "device",
+            reason: "cuda was asked for but torch sees no CUDA device".into(),
+        }
+        .into());
+    }
     Ok(match env {
         Some(env) => dist::init_process_group(env, backend, timeout)?,
-        None => ProcessGroup::single(timeout)?,
+        None => ProcessGroup::single_on(backend, timeout)?,
     })
 }
 
@@ -159,7 +166,7 @@ pub fn build(cfg: &TrainConfig, pg: ProcessGroup) -> Result<Setup, TrainError> {
         .transpose()?;
     let device = match cfg.device {
         Device::Cpu => tch::Device::Cpu,
-        Device::Cuda => tch::Device::Cuda(rank % tch::Cuda::device_count().max(1) as usize),
+        Device::Cuda => dist::cuda_device_for(rank),
     };
     let params: ParamMap = vlm
         .load_params(&cfg.vision, &cfg.lm, projector.as_deref(), cfg.seed)?
