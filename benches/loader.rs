@@ -4,7 +4,7 @@
 //! `cargo bench --bench loader [-- DIR]`: DIR holds JPEGs (default /usr/share/backgrounds/mate,
 //! cropped to LLaVA sizes: shorter side 336). Last line: JSON of milliseconds per image.
 use pipeline::loader::decode::{decode_jpeg_scaled, decode_rgb, decode_rgb_reusing, RgbImage};
-use pipeline::loader::resize::ChwResizer;
+use pipeline::loader::resize::{ChwResizer, ResizeBackend};
 use pipeline::loader::ResizePolicy;
 use std::hint::black_box;
 use std::path::{Path, PathBuf};
@@ -109,15 +109,18 @@ fn main() {
             drop(black_box(decode_jpeg_scaled(b, img.width, img.height)));
         },
     );
-    let mut resize = |policy| {
+    let mut resize = |backend, policy| {
+        let mut resizer = ChwResizer::with_backend(backend);
         per_item(&decoded, |img| {
             let dims = (img.width, img.height);
             let r = resizer.resize_into(img, dims, SIZE, policy, [127; 3], &mut out);
             black_box(r.is_ok());
         })
     };
-    let squash = resize(ResizePolicy::Squash);
-    let pad = resize(ResizePolicy::Pad);
+    let squash = resize(ResizeBackend::Planar, ResizePolicy::Squash);
+    let pad = resize(ResizeBackend::Planar, ResizePolicy::Pad);
+    let fir_squash = resize(ResizeBackend::FastImageResize, ResizePolicy::Squash);
+    let fir_pad = resize(ResizeBackend::FastImageResize, ResizePolicy::Pad);
     let square = RgbImage {
         width: SIZE,
         height: SIZE,
@@ -145,13 +148,20 @@ fn main() {
         dir.display()
     );
     println!("  decode: image crate {image_crate:.3}, tessera (zune direct) {ours_decode:.3}, into a reused buffer (the loader's path) {ours_reusing:.3}, jpeg-decoder {jpeg_decoder:.3}");
-    println!("  resize to {SIZE} CHW: squash {squash:.3}, pad {pad:.3}; memcpy of the output {memcpy:.4}, copy + CHW transpose only {copy_transpose:.3}");
+    println!("  resize to {SIZE} CHW, planar (the loader's path on AVX2): squash {squash:.3}, pad {pad:.3}");
+    println!(
+        "  resize with fast_image_resize: squash {fir_squash:.3} ({:.2}x planar's time), pad {fir_pad:.3} ({:.2}x)",
+        fir_squash / squash,
+        fir_pad / pad
+    );
+    println!("  memcpy of the output {memcpy:.4}, copy + CHW transpose only {copy_transpose:.3}");
     println!(
         "{}",
         serde_json::json!({
             "images": jpegs.len(), "decode_image_crate_ms": image_crate,
             "decode_tessera_ms": ours_decode, "decode_tessera_reused_buffer_ms": ours_reusing, "decode_jpeg_decoder_ms": jpeg_decoder,
-            "resize_squash_ms": squash, "resize_pad_ms": pad, "memcpy_ms": memcpy, "copy_transpose_ms": copy_transpose,
+            "resize_squash_ms": squash, "resize_pad_ms": pad,
+            "fir_resize_squash_ms": fir_squash, "fir_resize_pad_ms": fir_pad, "memcpy_ms": memcpy, "copy_transpose_ms": copy_transpose,
         })
     );
 }

@@ -210,3 +210,64 @@ fn bytes_that_are_no_image_give_an_error_not_a_panic() {
         assert!(decode_rgb(bytes, |w, h| (w, h)).is_err(), "{bytes:?}");
     }
 }
+
+#[test]
+fn planar_resize_matches_fast_image_resize_on_photo_content() -> Result<()> {
+    use pipeline::loader::resize::ResizeBackend;
+    // Up, down, mixed and DCT-scaled-like sizes; both policies.
+    let shapes = [
+        (448, 336),
+        (336, 336),
+        (336, 476),
+        (505, 336),
+        (1000, 750),
+        (97, 61),
+    ];
+    let mut planar = ChwResizer::with_backend(ResizeBackend::Planar);
+    let mut fir = ChwResizer::with_backend(ResizeBackend::FastImageResize);
+    for (w, h) in shapes {
+        let img = photo_like(w, h).to_rgb8();
+        let img = RgbImage {
+            width: w,
+            height: h,
+            data: img.into_raw(),
+        };
+        for policy in [ResizePolicy::Squash, ResizePolicy::Pad] {
+            let (mut a, mut b) = (vec![0u8; 3 * 384 * 384], vec![0u8; 3 * 384 * 384]);
+            planar
+                .resize_into(&img, (w, h), 384, policy, [127; 3], &mut a)
+                .map_err(anyhow::Error::msg)?;
+            fir.resize_into(&img, (w, h), 384, policy, [127; 3], &mut b)
+                .map_err(anyhow::Error::msg)?;
+            let worst = a.iter().zip(&b).map(|(x, y)| x.abs_diff(*y)).max();
+            // Both are PIL's filter; they differ only in rounding and pass order.
+            ensure!(
+                worst <= Some(2),
+                "{w}x{h} {policy:?}: worst pixel diff {worst:?}"
+            );
+            ensure!(mean_abs_diff(&a, &b) < 0.3, "{w}x{h} {policy:?}");
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn one_resizer_gives_the_same_pixels_across_hundreds_of_sizes() -> Result<()> {
+    // More (input, output) lengths than the resizer keeps taps for: its cache must refill
+    // without changing a pixel.
+    let mut kept = ChwResizer::default();
+    for i in 0..300u32 {
+        let (w, h) = (40 + i, 30 + (i * 7) % 50);
+        let img = photo_like(w, h).to_rgb8();
+        let img = RgbImage {
+            width: w,
+            height: h,
+            data: img.into_raw(),
+        };
+        let mut a = vec![0u8; 3 * 32 * 32];
+        kept.resize_into(&img, (w, h), 32, ResizePolicy::Pad, [127; 3], &mut a)
+            .map_err(anyhow::Error::msg)?;
+        ensure!(a == to_chw(&img, 32, ResizePolicy::Pad)?, "{w}x{h}");
+    }
+    Ok(())
+}

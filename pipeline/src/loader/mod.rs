@@ -27,14 +27,18 @@
 //! ```
 mod assemble;
 pub mod bench;
+mod bicubic_taps;
 mod chw;
 mod config;
 pub mod decode;
 mod error;
+mod planar_resize;
 mod pool;
 pub mod resize;
+mod row_filter;
 mod source;
 mod stats;
+mod transpose;
 mod worker;
 
 pub use config::{

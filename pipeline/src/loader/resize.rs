@@ -1,11 +1,13 @@
-//! RGB image -> `[3, S, S]` u8 CHW with `fast_image_resize` (SIMD), bicubic (Catmull-Rom,
-//! a = -0.5, PIL's BICUBIC kernel), under the `squash` or `pad` policy.
+//! RGB image -> `[3, S, S]` u8 CHW, bicubic (Catmull-Rom, a = -0.5, PIL's BICUBIC kernel),
+//! under the `squash` or `pad` policy: by `planar_resize` (AVX2 row passes that write the
+//! planes directly) or by `fast_image_resize` plus a CHW transpose.
 //!
 //! `pad` is LLaVA's `expand2square` without building the padded square: the image is resized
 //! straight into its centred box of the output and the border is filled with the pad colour,
 //! which gives the same picture as padding first and resizing after, at a fraction of the work.
 use super::chw::deinterleave_row;
 use super::decode::RgbImage;
+use super::planar_resize::{PlanarResizer, PlanarTarget};
 use super::ResizePolicy;
 use fast_image_resize as fir;
 
@@ -22,26 +24,57 @@ pub fn content_box(width: u32, height: u32, size: u32, policy: ResizePolicy) -> 
     }
 }
 
+/// Which code resizes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ResizeBackend {
+    /// `planar_resize`: two row passes and two transposes, AVX2 (scalar elsewhere).
+    Planar,
+    /// `fast_image_resize` on interleaved pixels, then the CHW transpose.
+    FastImageResize,
+}
+
+impl ResizeBackend {
+    /// `Planar` where the CPU has AVX2 (measured 2-3x faster there, BENCHMARKS.md);
+    /// elsewhere `fast_image_resize`, whose SSE4.1 and NEON paths beat a scalar loop.
+    pub fn detect() -> ResizeBackend {
+        #[cfg(target_arch = "x86_64")]
+        {
+            if std::arch::is_x86_feature_detected!("avx2") {
+                return ResizeBackend::Planar;
+            }
+        }
+        ResizeBackend::FastImageResize
+    }
+}
+
 /// Reusable resize state for one worker thread.
 pub struct ChwResizer {
-    resizer: fir::Resizer,
+    backend: ResizeBackend,
+    planar: PlanarResizer,
+    fir: fir::Resizer,
     options: fir::ResizeOptions,
-    /// The resized box, interleaved RGB, before the CHW transpose.
+    /// `fast_image_resize`'s output box, interleaved RGB, before the CHW transpose.
     scratch: Vec<u8>,
 }
 
 impl Default for ChwResizer {
     fn default() -> Self {
-        let alg = fir::ResizeAlg::Convolution(fir::FilterType::CatmullRom);
-        ChwResizer {
-            resizer: fir::Resizer::new(),
-            options: fir::ResizeOptions::new().resize_alg(alg),
-            scratch: Vec::new(),
-        }
+        ChwResizer::with_backend(ResizeBackend::detect())
     }
 }
 
 impl ChwResizer {
+    pub fn with_backend(backend: ResizeBackend) -> Self {
+        let alg = fir::ResizeAlg::Convolution(fir::FilterType::CatmullRom);
+        ChwResizer {
+            backend,
+            planar: PlanarResizer::default(),
+            fir: fir::Resizer::new(),
+            options: fir::ResizeOptions::new().resize_alg(alg),
+            scratch: Vec::new(),
+        }
+    }
+
     /// Writes `img` as `[3, size, size]` into `out` (exactly `3 * size * size` bytes).
     /// `source_dims` is the size before any DCT scaling; `pad` uses its aspect ratio.
     pub fn resize_into(
@@ -61,32 +94,35 @@ impl ChwResizer {
             ));
         }
         let [x0, y0, bw, bh] = content_box(source_dims.0, source_dims.1, size, policy);
-        let src =
-            fir::images::ImageRef::new(img.width, img.height, &img.data, fir::PixelType::U8x3)
-                .map_err(|e| format!("source {}x{}: {e}", img.width, img.height))?;
-        let box_bytes = bw as usize * bh as usize * 3;
-        let boxed: &[u8] = if (img.width, img.height) == (bw, bh) {
+        let (size, x0, y0) = (size as usize, x0 as usize, y0 as usize);
+        let (bw, bh) = (bw as usize, bh as usize);
+        let box_bytes = bw * bh * 3;
+        for (c, &value) in pad_rgb.iter().enumerate() {
+            fill_border(
+                &mut out[c * plane..(c + 1) * plane],
+                size,
+                [x0, y0, bw, bh],
+                value,
+            );
+        }
+        let same_size = (img.width as usize, img.height as usize) == (bw, bh);
+        let boxed: &[u8] = if same_size {
             img.data
                 .get(..box_bytes)
                 .ok_or_else(|| format!("source {bw}x{bh} holds {} bytes", img.data.len()))?
+        } else if self.backend == ResizeBackend::Planar {
+            let target = PlanarTarget {
+                plane,
+                origin: y0 * size + x0,
+                stride: size,
+            };
+            return self.planar.resize(img, (bw, bh), out, target);
         } else {
-            self.scratch.resize(box_bytes, 0);
-            let mut dst =
-                fir::images::Image::from_slice_u8(bw, bh, &mut self.scratch, fir::PixelType::U8x3)
-                    .map_err(|e| format!("resize target {bw}x{bh}: {e}"))?;
-            self.resizer
-                .resize(&src, &mut dst, &self.options)
-                .map_err(|e| format!("resize {}x{} -> {bw}x{bh}: {e}", img.width, img.height))?;
-            &self.scratch
+            self.resize_with_fir(img, (bw as u32, bh as u32))?
         };
+        // HWC -> CHW, row by row into the box.
         let (r, gb) = out.split_at_mut(plane);
         let (g, b) = gb.split_at_mut(plane);
-        // HWC -> CHW, row by row into the box; only the border around it gets the pad colour.
-        let (size, x0, y0) = (size as usize, x0 as usize, y0 as usize);
-        let (bw, bh) = (bw as usize, bh as usize);
-        for (plane, &c) in [&mut *r, &mut *g, &mut *b].into_iter().zip(&pad_rgb) {
-            fill_border(plane, size, [x0, y0, bw, bh], c);
-        }
         for (y, src_row) in boxed.chunks_exact(bw * 3).enumerate() {
             let row = (y0 + y) * size + x0..(y0 + y) * size + x0 + bw;
             deinterleave_row(
@@ -97,6 +133,21 @@ impl ChwResizer {
             );
         }
         Ok(())
+    }
+
+    /// `fast_image_resize` into `scratch`, interleaved.
+    fn resize_with_fir(&mut self, img: &RgbImage, (bw, bh): (u32, u32)) -> Result<&[u8], String> {
+        let src =
+            fir::images::ImageRef::new(img.width, img.height, &img.data, fir::PixelType::U8x3)
+                .map_err(|e| format!("source {}x{}: {e}", img.width, img.height))?;
+        self.scratch.resize(bw as usize * bh as usize * 3, 0);
+        let mut dst =
+            fir::images::Image::from_slice_u8(bw, bh, &mut self.scratch, fir::PixelType::U8x3)
+                .map_err(|e| format!("resize target {bw}x{bh}: {e}"))?;
+        self.fir
+            .resize(&src, &mut dst, &self.options)
+            .map_err(|e| format!("resize {}x{} -> {bw}x{bh}: {e}", img.width, img.height))?;
+        Ok(&self.scratch)
     }
 }
 

@@ -1,0 +1,113 @@
+//! Byte-matrix transpose: lets the planar resize run its horizontal pass as a row pass.
+//!
+//! 16 x 16 blocks go through SSE2 registers in four rounds of `punpck{l,h}bw`, each pairing
+//! register `i` with `i + 8` (every round moves one bit of the row index into the byte index);
+//! the ragged edges go byte by byte.
+
+/// `dst[c * dst_stride + r] = src[r * src_stride + c]` for `r < rows`, `c < cols`.
+///
+/// # Panics
+/// If `src` or `dst` is too short for the strides and sizes given.
+pub fn transpose(
+    src: &[u8],
+    src_stride: usize,
+    (rows, cols): (usize, usize),
+    dst: &mut [u8],
+    dst_stride: usize,
+) {
+    if rows == 0 || cols == 0 {
+        return;
+    }
+    assert!(cols <= src_stride && (rows - 1) * src_stride + cols <= src.len());
+    assert!(rows <= dst_stride && (cols - 1) * dst_stride + rows <= dst.len());
+    let (full_rows, full_cols) = (rows / 16 * 16, cols / 16 * 16);
+    #[cfg(target_arch = "x86_64")]
+    for r in (0..full_rows).step_by(16) {
+        for c in (0..full_cols).step_by(16) {
+            // SAFETY: the block reads src rows r..r+16, bytes c..c+16 and writes dst rows
+            // c..c+16, bytes r..r+16, all inside the lengths asserted above. SSE2 is part of
+            // x86_64.
+            unsafe {
+                sse2::block(
+                    src.as_ptr().add(r * src_stride + c),
+                    src_stride,
+                    dst.as_mut_ptr().add(c * dst_stride + r),
+                    dst_stride,
+                )
+            };
+        }
+    }
+    let simd_done = if cfg!(target_arch = "x86_64") {
+        (full_rows, full_cols)
+    } else {
+        (0, 0)
+    };
+    transpose_scalar(src, src_stride, (rows, cols), dst, dst_stride, simd_done);
+}
+
+/// Every element outside the `done` corner (`rows x cols` already written).
+fn transpose_scalar(
+    src: &[u8],
+    src_stride: usize,
+    (rows, cols): (usize, usize),
+    dst: &mut [u8],
+    dst_stride: usize,
+    done: (usize, usize),
+) {
+    for r in 0..rows {
+        let skip = if r < done.0 { done.1 } else { 0 };
+        for c in skip..cols {
+            dst[c * dst_stride + r] = src[r * src_stride + c];
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod sse2 {
+    use std::arch::x86_64::*;
+
+    /// Transposes one 16 x 16 block.
+    ///
+    /// # Safety
+    /// 16 rows of 16 bytes readable at `src` (stride `src_stride`) and writable at `dst`
+    /// (stride `dst_stride`).
+    #[inline(always)]
+    pub unsafe fn block(src: *const u8, src_stride: usize, dst: *mut u8, dst_stride: usize) {
+        // SAFETY: the caller's guarantee covers every load and store.
+        unsafe {
+            let mut r: [__m128i; 16] =
+                std::array::from_fn(|i| _mm_loadu_si128(src.add(i * src_stride).cast()));
+            for _ in 0..4 {
+                let mut next = r;
+                for i in 0..8 {
+                    next[2 * i] = _mm_unpacklo_epi8(r[i], r[i + 8]);
+                    next[2 * i + 1] = _mm_unpackhi_epi8(r[i], r[i + 8]);
+                }
+                r = next;
+            }
+            for (i, row) in r.iter().enumerate() {
+                _mm_storeu_si128(dst.add(i * dst_stride).cast(), *row);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_shape_and_stride_matches_the_definition() {
+        for (rows, cols) in [(1, 1), (16, 16), (17, 33), (48, 20), (5, 64), (100, 3)] {
+            let (ss, ds) = (cols + 3, rows + 5);
+            let src: Vec<u8> = (0..rows * ss).map(|i| (i * 31 % 253) as u8).collect();
+            let mut dst = vec![0u8; cols * ds];
+            transpose(&src, ss, (rows, cols), &mut dst, ds);
+            for r in 0..rows {
+                for c in 0..cols {
+                    assert_eq!(dst[c * ds + r], src[r * ss + c], "{rows}x{cols} at {r},{c}");
+                }
+            }
+        }
+    }
+}
