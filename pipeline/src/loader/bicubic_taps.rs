@@ -81,6 +81,21 @@ impl Taps {
         }
     }
 
+    /// How many output positions these taps make.
+    pub fn output(&self) -> usize {
+        self.index.len() / self.len
+    }
+
+    /// Taps per output.
+    pub fn per_output(&self) -> usize {
+        self.len
+    }
+
+    /// The largest input index any tap reads.
+    pub fn max_index(&self) -> usize {
+        self.index.iter().copied().max().unwrap_or(0) as usize
+    }
+
     /// Input indices and weights of output `i`.
     pub fn of(&self, i: usize) -> (&[u32], &[i16]) {
         let span = i * self.len..(i + 1) * self.len;
@@ -91,16 +106,6 @@ impl Taps {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    impl Taps {
-        fn output(&self) -> usize {
-            self.index.len() / self.len
-        }
-
-        fn len(&self) -> usize {
-            self.len
-        }
-    }
 
     #[test]
     fn every_output_sums_to_one_and_reads_inside_the_input() {
@@ -134,8 +139,8 @@ mod tests {
             let hit: Vec<_> = index.iter().zip(weights).filter(|(_, &w)| w != 0).collect();
             assert_eq!(hit, vec![(&(i as u32), &(ONE as i16))]);
         }
-        assert_eq!(Taps::new(336, 384).len(), 4);
-        assert_eq!(Taps::new(448, 384).len(), 5);
-        assert!(Taps::new(1000, 384).len() >= 10);
+        assert_eq!(Taps::new(336, 384).per_output(), 4);
+        assert_eq!(Taps::new(448, 384).per_output(), 5);
+        assert!(Taps::new(1000, 384).per_output() >= 10);
     }
 }

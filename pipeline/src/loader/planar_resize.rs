@@ -13,7 +13,7 @@
 //! weights here are computed once per (input, output) length and kept.
 use super::bicubic_taps::Taps;
 use super::decode::RgbImage;
-use super::row_filter::filter_row;
+use super::row_filter::filter_rows;
 use super::transpose::transpose;
 use std::collections::HashMap;
 
@@ -33,7 +33,6 @@ pub struct PlanarTarget {
 #[derive(Default)]
 pub struct PlanarResizer {
     taps: HashMap<(usize, usize), Taps>,
-    rows: Vec<usize>,
     vertical: Vec<u8>,
     transposed: Vec<u8>,
     columns: Vec<u8>,
@@ -81,7 +80,6 @@ impl PlanarResizer {
         }
         let Self {
             taps,
-            rows,
             vertical,
             transposed,
             columns,
@@ -91,14 +89,9 @@ impl PlanarResizer {
         let vertical: &[u8] = if h == height {
             &img.data[..h * row_bytes]
         } else {
-            let taps = &taps[&(h, height)];
             let vertical = sized(vertical, height * row_bytes);
-            for (o, dst) in vertical.chunks_exact_mut(row_bytes).enumerate() {
-                let (index, weights) = taps.of(o);
-                rows.clear();
-                rows.extend(index.iter().map(|&j| j as usize * row_bytes));
-                filter_row(&img.data, rows, weights, dst);
-            }
+            let taps = &taps[&(h, height)];
+            filter_rows(&img.data, (0, row_bytes), row_bytes, taps, vertical);
             vertical
         };
 
@@ -114,12 +107,8 @@ impl PlanarResizer {
         } else {
             let taps = &taps[&(w, width)];
             let columns = sized(columns, 3 * width * height);
-            for (k, dst) in columns.chunks_exact_mut(height).enumerate() {
-                let (c, x) = (k / width, k % width);
-                let (index, weights) = taps.of(x);
-                rows.clear();
-                rows.extend(index.iter().map(|&j| (3 * j as usize + c) * height));
-                filter_row(transposed, rows, weights, dst);
+            for (c, plane) in columns.chunks_exact_mut(width * height).enumerate() {
+                filter_rows(transposed, (c * height, 3 * height), height, taps, plane);
             }
             (columns, width * height, height)
         };

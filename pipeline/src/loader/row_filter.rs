@@ -4,30 +4,45 @@
 //! transposed image), so it is the only arithmetic kernel: with AVX2, sixteen bytes at a time
 //! and two taps per `vpmaddwd`; otherwise, and for the last few bytes, a scalar loop. The
 //! two give identical bytes (tested below).
-use super::bicubic_taps::WEIGHT_BITS;
+use super::bicubic_taps::{Taps, WEIGHT_BITS};
 
-/// `dst[i] = clamp(round(sum over t of weights[t] * src[rows[t] + i]))` for every `i` of `dst`,
-/// with `weights` in fixed point (`1 << WEIGHT_BITS` is one). `rows` are byte offsets into
-/// `src`.
+/// Every output row of one pass: row `k` of `dst` (`n` bytes) is the weighted sum, by
+/// `taps.of(k)`, of the `n`-byte rows of `src` that start at `base + index * stride`.
 ///
 /// # Panics
-/// If a row does not hold `dst.len()` bytes of `src`, or `rows` and `weights` differ in length.
-pub fn filter_row(src: &[u8], rows: &[usize], weights: &[i16], dst: &mut [u8]) {
-    assert_eq!(rows.len(), weights.len(), "one weight per row");
+/// If a tapped row runs past `src`, or `dst` holds fewer than `taps.output()` rows.
+pub fn filter_rows(
+    src: &[u8],
+    (base, stride): (usize, usize),
+    n: usize,
+    taps: &Taps,
+    dst: &mut [u8],
+) {
+    if n == 0 {
+        return;
+    }
     assert!(
-        rows.iter().all(|&r| r + dst.len() <= src.len()),
+        base + taps.max_index() * stride + n <= src.len(),
         "a row runs past the source ({} bytes)",
         src.len()
     );
-    let mut done = 0;
+    assert!(dst.len() >= taps.output() * n, "too few output rows");
     #[cfg(target_arch = "x86_64")]
-    {
-        if std::arch::is_x86_feature_detected!("avx2") {
-            // SAFETY: AVX2 is present, and every row holds dst.len() bytes (asserted above).
-            done = unsafe { avx2::filter_row(src, rows, weights, dst) };
+    let avx2 = std::arch::is_x86_feature_detected!("avx2");
+    let mut rows = Vec::with_capacity(taps.per_output());
+    for (k, out) in dst.chunks_exact_mut(n).take(taps.output()).enumerate() {
+        let (index, weights) = taps.of(k);
+        rows.clear();
+        rows.extend(index.iter().map(|&j| base + j as usize * stride));
+        #[allow(unused_mut)]
+        let mut done = 0;
+        #[cfg(target_arch = "x86_64")]
+        if avx2 {
+            // SAFETY: AVX2 is present, and every row holds n bytes (asserted above).
+            done = unsafe { avx2::filter_row(src, &rows, weights, out) };
         }
+        filter_row_scalar(src, &rows, weights, out, done);
     }
-    filter_row_scalar(src, rows, weights, dst, done);
 }
 
 /// The scalar loop, from byte `from` of `dst` on.
@@ -48,66 +63,92 @@ mod avx2 {
     use super::WEIGHT_BITS;
     use std::arch::x86_64::*;
 
+    /// Most tap pairs held at once (33 taps: shrinking by up to 8x); wider filters go scalar.
+    const MAX_PAIRS: usize = 17;
+
     /// Two `i16` weights side by side in one `i32` lane, as `vpmaddwd` pairs them.
     fn pair(first: i16, second: i16) -> i32 {
         (first as u16 as u32 | (second as u16 as u32) << 16) as i32
     }
 
-    /// Adds `weight_pair` times the sixteen bytes at `a` and `b` into `lo` (bytes 0-3, 8-11)
-    /// and `hi` (bytes 4-7, 12-15), the order `vpunpck*wd` leaves them in.
+    /// Adds weight pair `w` times the sixteen bytes at `a` and `b` into `lo` (bytes 0-3,
+    /// 8-11) and `hi` (bytes 4-7, 12-15), the order `vpunpck*wd` leaves them in.
     ///
     /// # Safety
     /// AVX2; `a` and `b` readable for 16 bytes.
     #[inline(always)]
-    unsafe fn add_pair(lo: &mut __m256i, hi: &mut __m256i, a: *const u8, b: __m256i, w: i32) {
+    unsafe fn accumulate(acc: &mut [__m256i; 2], a: *const u8, b: *const u8, w: __m256i) {
         // SAFETY: the caller's guarantee.
         unsafe {
             let a = _mm256_cvtepu8_epi16(_mm_loadu_si128(a.cast()));
-            let w = _mm256_set1_epi32(w);
-            *lo = _mm256_add_epi32(*lo, _mm256_madd_epi16(_mm256_unpacklo_epi16(a, b), w));
-            *hi = _mm256_add_epi32(*hi, _mm256_madd_epi16(_mm256_unpackhi_epi16(a, b), w));
+            let b = _mm256_cvtepu8_epi16(_mm_loadu_si128(b.cast()));
+            acc[0] = _mm256_add_epi32(acc[0], _mm256_madd_epi16(_mm256_unpacklo_epi16(a, b), w));
+            acc[1] = _mm256_add_epi32(acc[1], _mm256_madd_epi16(_mm256_unpackhi_epi16(a, b), w));
         }
     }
 
-    /// Filters whole blocks of 16 bytes; returns how many bytes of `dst` it wrote.
+    /// Rounds sixteen sums back to bytes 0..=255, in order: packs puts bytes 0-7 in lane 0
+    /// and 8-15 in lane 1, packus saturates, the permute joins the lanes.
+    #[inline(always)]
+    fn finish(acc: [__m256i; 2], other: [__m256i; 2]) -> __m256i {
+        // SAFETY: register-only AVX2 operations; every caller is an AVX2 function.
+        unsafe {
+            let shift = |v| _mm256_srai_epi32::<{ WEIGHT_BITS as i32 }>(v);
+            let first = _mm256_packs_epi32(shift(acc[0]), shift(acc[1]));
+            let second = _mm256_packs_epi32(shift(other[0]), shift(other[1]));
+            _mm256_permute4x64_epi64::<0b11_01_10_00>(_mm256_packus_epi16(first, second))
+        }
+    }
+
+    /// Filters whole blocks of 16 bytes (two at a time); returns how many bytes of `dst` it
+    /// wrote (0 for a filter wider than `MAX_PAIRS` pairs).
     ///
     /// # Safety
     /// AVX2, and `rows[t] + dst.len() <= src.len()` for every `t`.
     #[target_feature(enable = "avx2")]
     pub unsafe fn filter_row(src: &[u8], rows: &[usize], weights: &[i16], dst: &mut [u8]) -> usize {
-        let blocks = dst.len() / 16;
-        let base = src.as_ptr();
-        let round = _mm256_set1_epi32(1 << (WEIGHT_BITS - 1));
-        let odd = rows.len() % 2 == 1;
-        let last = rows.len().saturating_sub(1);
-        for block in 0..blocks {
-            let i = 16 * block;
-            let (mut lo, mut hi) = (round, round);
-            // SAFETY (loop body): every load reads src[r + i..r + i + 16] with
-            // i + 16 <= dst.len(), inside the caller's guarantee; the store writes
-            // dst[i..i + 16].
-            unsafe {
-                for (r, w) in rows.chunks_exact(2).zip(weights.chunks_exact(2)) {
-                    let b = _mm256_cvtepu8_epi16(_mm_loadu_si128(base.add(r[1] + i).cast()));
-                    add_pair(&mut lo, &mut hi, base.add(r[0] + i), b, pair(w[0], w[1]));
-                }
-                if odd {
-                    let zero = _mm256_setzero_si256();
-                    let (r, w) = (rows[last], weights[last]);
-                    add_pair(&mut lo, &mut hi, base.add(r + i), zero, pair(w, 0));
-                }
-                let lo = _mm256_srai_epi32::<{ WEIGHT_BITS as i32 }>(lo);
-                let hi = _mm256_srai_epi32::<{ WEIGHT_BITS as i32 }>(hi);
-                // packs puts bytes 0-7 in lane 0 and 8-15 in lane 1, in order; packus
-                // saturates to 0..=255 and the permute joins the two lanes' low halves.
-                let words = _mm256_packs_epi32(lo, hi);
-                let bytes = _mm256_packus_epi16(words, words);
-                let joined = _mm256_permute4x64_epi64::<0b00_00_10_00>(bytes);
-                let out = dst.as_mut_ptr().add(i);
-                _mm_storeu_si128(out.cast(), _mm256_castsi256_si128(joined));
-            }
+        let pairs = rows.len().div_ceil(2);
+        if rows.is_empty() || pairs > MAX_PAIRS {
+            return 0;
         }
-        16 * blocks
+        let base = src.as_ptr();
+        // Row pointers and broadcast weight pairs; an odd last tap pairs with itself at 0.
+        let mut taps = [(base, base, _mm256_setzero_si256()); MAX_PAIRS];
+        for (p, tap) in taps.iter_mut().take(pairs).enumerate() {
+            let (a, b) = (2 * p, (2 * p + 1).min(rows.len() - 1));
+            let wb = if b == a { 0 } else { weights[b] };
+            // SAFETY: rows[t] <= src.len() (the caller's guarantee).
+            let (ra, rb) = unsafe { (base.add(rows[a]), base.add(rows[b])) };
+            *tap = (ra, rb, _mm256_set1_epi32(pair(weights[a], wb)));
+        }
+        let taps = &taps[..pairs];
+        let round = _mm256_set1_epi32(1 << (WEIGHT_BITS - 1));
+        let n = dst.len();
+        let mut i = 0;
+        // SAFETY (both loops): every load reads bytes r + i..r + i + 32 (or + 16) of a row with
+        // i + 32 (+ 16) <= dst.len(), inside the caller's guarantee; stores stay in dst.
+        while i + 32 <= n {
+            let (mut first, mut second) = ([round; 2], [round; 2]);
+            for &(a, b, w) in taps {
+                unsafe {
+                    accumulate(&mut first, a.add(i), b.add(i), w);
+                    accumulate(&mut second, a.add(i + 16), b.add(i + 16), w);
+                }
+            }
+            let out = finish(first, second);
+            unsafe { _mm256_storeu_si256(dst.as_mut_ptr().add(i).cast(), out) };
+            i += 32;
+        }
+        if i + 16 <= n {
+            let mut acc = [round; 2];
+            for &(a, b, w) in taps {
+                unsafe { accumulate(&mut acc, a.add(i), b.add(i), w) };
+            }
+            let out = _mm256_castsi256_si128(finish(acc, acc));
+            unsafe { _mm_storeu_si128(dst.as_mut_ptr().add(i).cast(), out) };
+            i += 16;
+        }
+        i
     }
 }
 
@@ -129,32 +170,37 @@ mod tests {
 
     #[test]
     fn simd_and_scalar_agree_for_every_tap_count_and_tail() {
-        let src = noise(64 * 97, 7);
-        for taps in 1..=9 {
-            for width in [1usize, 15, 16, 17, 33, 97] {
-                let rows: Vec<usize> = (0..taps).map(|t| (t * 7 % 64) * 97).collect();
-                // Negative lobes and a sum over one, so both clamps are hit.
-                let weights: Vec<i16> = (0..taps)
-                    .map(|t| [9000, -1500, 12000, -700, 3000][t % 5])
-                    .collect();
-                let mut fast = vec![0u8; width];
-                let mut slow = vec![0u8; width];
-                filter_row(&src, &rows, &weights, &mut fast);
-                filter_row_scalar(&src, &rows, &weights, &mut slow, 0);
-                assert_eq!(fast, slow, "{taps} taps, {width} bytes");
+        // Shrinks, growths and odd widths: every tap count from 1 to ~9 and every tail.
+        let src = noise(3 * 64 * 120, 7);
+        for (input, output) in [(64, 64), (64, 40), (40, 64), (64, 17), (64, 9), (3, 5)] {
+            let taps = Taps::new(input, output);
+            for n in [1usize, 15, 16, 17, 33, 97, 120] {
+                let stride = 3 * n;
+                let mut fast = vec![0u8; output * n];
+                filter_rows(&src, (n / 2, stride), n, &taps, &mut fast);
+                let mut slow = vec![0u8; output * n];
+                for (k, out) in slow.chunks_exact_mut(n).enumerate() {
+                    let (index, weights) = taps.of(k);
+                    let rows: Vec<usize> =
+                        index.iter().map(|&j| n / 2 + j as usize * stride).collect();
+                    filter_row_scalar(&src, &rows, weights, out, 0);
+                }
+                assert_eq!(fast, slow, "{input} -> {output}, rows of {n} bytes");
             }
         }
     }
 
     #[test]
-    fn unit_weight_copies_and_halves_average_with_rounding() {
-        let src: Vec<u8> = (0..64).map(|i| (i * 4) as u8).collect();
-        let mut out = vec![0u8; 32];
-        filter_row(&src, &[32], &[1 << WEIGHT_BITS], &mut out);
-        assert_eq!(out, &src[32..]);
-        let half = 1 << (WEIGHT_BITS - 1);
-        filter_row(&src, &[0, 1], &[half, half], &mut out);
-        let want: Vec<u8> = (0..32).map(|i| (i * 4 + 2) as u8).collect();
-        assert_eq!(out, want);
+    fn clamps_overshoot_at_both_ends() {
+        // Bicubic rings past a hard edge: the sums leave 0..=255 and must be clamped.
+        let mut src = vec![0u8; 8 * 32];
+        src[4 * 32..].fill(255);
+        let taps = Taps::new(8, 20);
+        let mut out = vec![7u8; 20 * 32];
+        filter_rows(&src, (0, 32), 32, &taps, &mut out);
+        let column: Vec<u8> = out.chunks_exact(32).map(|row| row[5]).collect();
+        assert_eq!(column.first(), Some(&0));
+        assert_eq!(column.last(), Some(&255));
+        assert!(column.windows(2).all(|w| w[0] <= w[1]), "{column:?}");
     }
 }

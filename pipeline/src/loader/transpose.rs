@@ -1,8 +1,9 @@
 //! Byte-matrix transpose: lets the planar resize run its horizontal pass as a row pass.
 //!
-//! 16 x 16 blocks go through SSE2 registers in four rounds of `punpck{l,h}bw`, each pairing
-//! register `i` with `i + 8` (every round moves one bit of the row index into the byte index);
-//! the ragged edges go byte by byte.
+//! 16 x 16 blocks go through SIMD registers in four rounds of `punpck{l,h}bw`, each pairing
+//! register `i` with `i + 8` (every round moves one bit of the row index into the byte index).
+//! With AVX2 the two 128-bit lanes of a register transpose two blocks side by side; SSE2 takes
+//! a last single block; the ragged edges go byte by byte.
 
 /// `dst[c * dst_stride + r] = src[r * src_stride + c]` for `r < rows`, `c < cols`.
 ///
@@ -22,19 +23,39 @@ pub fn transpose(
     assert!(rows <= dst_stride && (cols - 1) * dst_stride + rows <= dst.len());
     let (full_rows, full_cols) = (rows / 16 * 16, cols / 16 * 16);
     #[cfg(target_arch = "x86_64")]
-    for r in (0..full_rows).step_by(16) {
-        for c in (0..full_cols).step_by(16) {
-            // SAFETY: the block reads src rows r..r+16, bytes c..c+16 and writes dst rows
-            // c..c+16, bytes r..r+16, all inside the lengths asserted above. SSE2 is part of
-            // x86_64.
-            unsafe {
-                sse2::block(
-                    src.as_ptr().add(r * src_stride + c),
-                    src_stride,
-                    dst.as_mut_ptr().add(c * dst_stride + r),
-                    dst_stride,
-                )
-            };
+    {
+        let wide = if std::arch::is_x86_feature_detected!("avx2") {
+            cols / 32 * 32
+        } else {
+            0
+        };
+        for r in (0..full_rows).step_by(16) {
+            let at = |c: usize| (r * src_stride + c, c * dst_stride + r);
+            // SAFETY (both loops): a block reads src rows r..r+16, bytes c..c+16 (c+32 for the
+            // AVX2 pair) and writes the matching dst rows and bytes r..r+16, all inside the
+            // lengths asserted above; AVX2 was detected where used, SSE2 is part of x86_64.
+            for c in (0..wide).step_by(32) {
+                let (s, d) = at(c);
+                unsafe {
+                    simd::pair_avx2(
+                        src.as_ptr().add(s),
+                        src_stride,
+                        dst.as_mut_ptr().add(d),
+                        dst_stride,
+                    )
+                };
+            }
+            for c in (wide..full_cols).step_by(16) {
+                let (s, d) = at(c);
+                unsafe {
+                    simd::block_sse2(
+                        src.as_ptr().add(s),
+                        src_stride,
+                        dst.as_mut_ptr().add(d),
+                        dst_stride,
+                    )
+                };
+            }
         }
     }
     let simd_done = if cfg!(target_arch = "x86_64") {
@@ -63,8 +84,22 @@ fn transpose_scalar(
 }
 
 #[cfg(target_arch = "x86_64")]
-mod sse2 {
+mod simd {
     use std::arch::x86_64::*;
+
+    /// Four rounds of byte unpacks: register `i` of the result holds column `i` (per lane).
+    macro_rules! transpose_rounds {
+        ($r:ident, $lo:ident, $hi:ident) => {
+            for _ in 0..4 {
+                let mut next = $r;
+                for i in 0..8 {
+                    next[2 * i] = $lo($r[i], $r[i + 8]);
+                    next[2 * i + 1] = $hi($r[i], $r[i + 8]);
+                }
+                $r = next;
+            }
+        };
+    }
 
     /// Transposes one 16 x 16 block.
     ///
@@ -72,21 +107,33 @@ mod sse2 {
     /// 16 rows of 16 bytes readable at `src` (stride `src_stride`) and writable at `dst`
     /// (stride `dst_stride`).
     #[inline(always)]
-    pub unsafe fn block(src: *const u8, src_stride: usize, dst: *mut u8, dst_stride: usize) {
+    pub unsafe fn block_sse2(src: *const u8, src_stride: usize, dst: *mut u8, dst_stride: usize) {
         // SAFETY: the caller's guarantee covers every load and store.
         unsafe {
             let mut r: [__m128i; 16] =
                 std::array::from_fn(|i| _mm_loadu_si128(src.add(i * src_stride).cast()));
-            for _ in 0..4 {
-                let mut next = r;
-                for i in 0..8 {
-                    next[2 * i] = _mm_unpacklo_epi8(r[i], r[i + 8]);
-                    next[2 * i + 1] = _mm_unpackhi_epi8(r[i], r[i + 8]);
-                }
-                r = next;
-            }
+            transpose_rounds!(r, _mm_unpacklo_epi8, _mm_unpackhi_epi8);
             for (i, row) in r.iter().enumerate() {
                 _mm_storeu_si128(dst.add(i * dst_stride).cast(), *row);
+            }
+        }
+    }
+
+    /// Transposes 16 rows x 32 bytes: two 16 x 16 blocks, one per 128-bit lane.
+    ///
+    /// # Safety
+    /// AVX2; 16 rows of 32 bytes readable at `src`, 32 rows of 16 bytes writable at `dst`.
+    #[target_feature(enable = "avx2")]
+    pub unsafe fn pair_avx2(src: *const u8, src_stride: usize, dst: *mut u8, dst_stride: usize) {
+        // SAFETY: the caller's guarantee covers every load and store.
+        unsafe {
+            let mut r: [__m256i; 16] =
+                std::array::from_fn(|i| _mm256_loadu_si256(src.add(i * src_stride).cast()));
+            transpose_rounds!(r, _mm256_unpacklo_epi8, _mm256_unpackhi_epi8);
+            for (i, row) in r.iter().enumerate() {
+                _mm_storeu_si128(dst.add(i * dst_stride).cast(), _mm256_castsi256_si128(*row));
+                let high = _mm256_extracti128_si256::<1>(*row);
+                _mm_storeu_si128(dst.add((16 + i) * dst_stride).cast(), high);
             }
         }
     }
@@ -98,7 +145,16 @@ mod tests {
 
     #[test]
     fn every_shape_and_stride_matches_the_definition() {
-        for (rows, cols) in [(1, 1), (16, 16), (17, 33), (48, 20), (5, 64), (100, 3)] {
+        for (rows, cols) in [
+            (1, 1),
+            (16, 16),
+            (17, 33),
+            (48, 20),
+            (5, 64),
+            (100, 3),
+            (33, 80),
+            (16, 48),
+        ] {
             let (ss, ds) = (cols + 3, rows + 5);
             let src: Vec<u8> = (0..rows * ss).map(|i| (i * 31 % 253) as u8).collect();
             let mut dst = vec![0u8; cols * ds];
