@@ -33,6 +33,29 @@ pub struct Args {
     /// Skip the PIL reference even when python3 with pillow and numpy is present.
     #[arg(long)]
     no_reference: bool,
+    /// Alternating rounds of tessera and decode-only; medians are reported (a shared VM moves
+    /// a single run's rate by a third or more).
+    #[arg(long, default_value_t = 3)]
+    rounds: usize,
+}
+
+/// One round: the loader, then decode-only, back to back.
+struct Round {
+    images_per_s: f64,
+    samples_per_s: f64,
+    decode_only: f64,
+    loader_cpu_ms: Option<f64>,
+    decode_cpu_ms: Option<f64>,
+}
+
+fn median(mut values: Vec<f64>) -> f64 {
+    values.sort_by(f64::total_cmp);
+    let n = values.len();
+    match n {
+        0 => f64::NAN,
+        _ if n % 2 == 1 => values[n / 2],
+        _ => (values[n / 2 - 1] + values[n / 2]) / 2.0,
+    }
 }
 
 #[derive(Clone, Copy, clap::ValueEnum)]
@@ -64,40 +87,66 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         .build()?;
     let threads = config.threads;
 
-    let cpu_before = process_cpu_seconds();
-    let (stats, took) = run_loader(source, work.plans.clone(), config)?;
-    let loader_cpu = cpu_since(cpu_before);
-    let secs = took.as_secs_f64();
-    let images_per_s = stats.images as f64 / secs;
-    let samples_per_s = stats.samples as f64 / secs;
-    println!(
-        "tessera loader: {} images, {} samples, {} skipped in {secs:.3}s with {threads} threads: \
-         {images_per_s:.1} images/s, {samples_per_s:.1} samples/s, consumer wait {:.3}s",
-        stats.images,
-        stats.samples,
-        stats.skipped,
-        stats.wait.as_secs_f64()
-    );
-    let per_image = |d: std::time::Duration| d.as_secs_f64() * 1e3 / stats.images.max(1) as f64;
+    let bytes: Vec<Vec<u8>> = images.iter().map(|(_, b)| b.clone()).collect();
+    let mut rounds = Vec::new();
+    let mut total = pipeline::loader::LoaderStats::default();
+    for round in 1..=args.rounds.max(1) {
+        let cpu_before = process_cpu_seconds();
+        let (stats, took) = run_loader(source.clone(), work.plans.clone(), config.clone())?;
+        let loader_cpu = cpu_since(cpu_before);
+        let secs = took.as_secs_f64();
+        let images_per_s = stats.images as f64 / secs;
+        println!(
+            "round {round}: tessera {} images, {} samples, {} skipped in {secs:.3}s with \
+             {threads} threads: {images_per_s:.1} images/s, consumer wait {:.3}s",
+            stats.images,
+            stats.samples,
+            stats.skipped,
+            stats.wait.as_secs_f64()
+        );
+        let cpu_before = process_cpu_seconds();
+        let (took, failed) = run_decode_only(&bytes, threads);
+        let decode_cpu = cpu_since(cpu_before);
+        let decoded = bytes.len() - failed;
+        let decode_only = decoded as f64 / took.as_secs_f64();
+        println!(
+            "round {round}: decode only (image crate, full decode, {threads} threads): {decoded} \
+             images in {:.3}s: {decode_only:.1} images/s; tessera / decode-only {:.3}",
+            took.as_secs_f64(),
+            images_per_s / decode_only
+        );
+        // CPU seconds per image move less than wall time when other processes share the
+        // cores (preemption drops out; cache contention stays): the same ratio, less noisy.
+        let cpu_ms = |cpu: Option<f64>, n: u64| cpu.map(|c| c * 1e3 / n.max(1) as f64);
+        rounds.push(Round {
+            images_per_s,
+            samples_per_s: stats.samples as f64 / secs,
+            decode_only,
+            loader_cpu_ms: cpu_ms(loader_cpu, stats.images),
+            decode_cpu_ms: cpu_ms(decode_cpu, decoded as u64),
+        });
+        total.add(&stats);
+    }
+    let per_image = |d: std::time::Duration| d.as_secs_f64() * 1e3 / total.images.max(1) as f64;
     println!(
         "  stage time per image (thread-ms): read {:.3}, decode {:.3}, resize {:.3}, assemble {:.3}",
-        per_image(stats.read),
-        per_image(stats.decode),
-        per_image(stats.resize),
-        per_image(stats.assemble)
+        per_image(total.read),
+        per_image(total.decode),
+        per_image(total.resize),
+        per_image(total.assemble)
     );
-
-    let bytes: Vec<Vec<u8>> = images.iter().map(|(_, b)| b.clone()).collect();
-    let cpu_before = process_cpu_seconds();
-    let (took, failed) = run_decode_only(&bytes, threads);
-    let decode_cpu = cpu_since(cpu_before);
-    let decode_only = (bytes.len() - failed) as f64 / took.as_secs_f64();
-    println!(
-        "decode only (image crate, full decode, {threads} threads): {} images in {:.3}s: \
-         {decode_only:.1} images/s",
-        bytes.len() - failed,
-        took.as_secs_f64()
-    );
+    let of = |f: fn(&Round) -> f64| median(rounds.iter().map(f).collect());
+    let images_per_s = of(|r| r.images_per_s);
+    let samples_per_s = of(|r| r.samples_per_s);
+    let decode_only = of(|r| r.decode_only);
+    let ratio_vs_decode_only = of(|r| r.images_per_s / r.decode_only);
+    let cpu_of = |f: fn(&Round) -> Option<f64>| {
+        let values: Option<Vec<f64>> = rounds.iter().map(f).collect();
+        values.map(median)
+    };
+    let loader_cpu_ms = cpu_of(|r| r.loader_cpu_ms);
+    let decode_cpu_ms = cpu_of(|r| r.decode_cpu_ms);
+    let cpu_ratio = cpu_of(|r| Some(r.decode_cpu_ms? / r.loader_cpu_ms?));
 
     let reference = if args.no_reference {
         None
@@ -105,23 +154,18 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         run_reference(&images, args.image_size, threads)?
     };
     let ratio_vs_reference = reference.map(|r| images_per_s / r);
-    let ratio_vs_decode_only = images_per_s / decode_only;
+    let n = rounds.len();
     match (reference, ratio_vs_reference) {
-        (Some(r), Some(ratio)) => {
-            println!("PIL reference ({threads} workers): {r:.1} images/s; tessera is {ratio:.2}x")
-        }
+        (Some(r), Some(ratio)) => println!(
+            "PIL reference ({threads} workers): {r:.1} images/s; tessera (median of {n}) \
+             {images_per_s:.1} images/s is {ratio:.2}x"
+        ),
         _ => println!("PIL reference: not run (needs python3 with pillow and numpy)"),
     }
-    println!("tessera / decode-only: {ratio_vs_decode_only:.3}");
-    // CPU seconds per image move less than wall time when other processes share the cores
-    // (preemption drops out; cache contention stays): the same ratio, less noisy.
-    let cpu_ms = |cpu: Option<f64>, n: u64| cpu.map(|c| c * 1e3 / n.max(1) as f64);
-    let loader_cpu_ms = cpu_ms(loader_cpu, stats.images);
-    let decode_cpu_ms = cpu_ms(decode_cpu, (bytes.len() - failed) as u64);
-    let cpu_ratio = loader_cpu_ms.zip(decode_cpu_ms).map(|(l, d)| d / l);
+    println!("tessera / decode-only, median of {n} paired rounds: {ratio_vs_decode_only:.3}");
     if let (Some(l), Some(d), Some(r)) = (loader_cpu_ms, decode_cpu_ms, cpu_ratio) {
         println!(
-            "process CPU per image: tessera {l:.3} ms, decode-only {d:.3} ms; \
+            "process CPU per image (medians): tessera {l:.3} ms, decode-only {d:.3} ms; \
              decode-only / tessera {r:.3}"
         );
     }
@@ -138,12 +182,13 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         "cpu_ratio_vs_decode_only": cpu_ratio,
         "image_size": args.image_size,
         "policy": match policy { ResizePolicy::Squash => "squash", ResizePolicy::Pad => "pad" },
-        "images": stats.images,
+        "images": total.images / n as u64,
+        "rounds": n,
         "stage_seconds": {
-            "read": stats.read.as_secs_f64(),
-            "decode": stats.decode.as_secs_f64(),
-            "resize": stats.resize.as_secs_f64(),
-            "assemble": stats.assemble.as_secs_f64(),
+            "read": total.read.as_secs_f64() / n as f64,
+            "decode": total.decode.as_secs_f64() / n as f64,
+            "resize": total.resize.as_secs_f64() / n as f64,
+            "assemble": total.assemble.as_secs_f64() / n as f64,
         },
     });
     println!("{line}");

@@ -26,6 +26,21 @@ pub struct LoaderStats {
     pub wait: Duration,
 }
 
+impl LoaderStats {
+    /// Adds `other`'s counts and times to these (totals over several runs).
+    pub fn add(&mut self, other: &LoaderStats) {
+        self.batches += other.batches;
+        self.samples += other.samples;
+        self.images += other.images;
+        self.skipped += other.skipped;
+        self.read += other.read;
+        self.decode += other.decode;
+        self.resize += other.resize;
+        self.assemble += other.assemble;
+        self.wait += other.wait;
+    }
+}
+
 /// Shared, lock-free accumulators behind `LoaderStats`.
 #[derive(Default)]
 pub(crate) struct StatCells {
