@@ -60,7 +60,7 @@ impl Taps {
             (center, first.min(input - 1), end.max(first + 1).min(input))
         };
         let len = (0..output)
-            .map(|i| window(i))
+            .map(window)
             .map(|(_, first, end)| end - first)
             .max()
             .unwrap_or(1);
@@ -85,10 +85,10 @@ impl Taps {
             if let Some(top) = (0..taps).max_by_key(|&k| fixed[k]) {
                 fixed[top] += error;
             }
-            for t in 0..len {
+            for (t, &weight) in fixed.iter().enumerate() {
                 // Padding taps point at the window's last input and weigh nothing.
                 index.push((first + t).min(end - 1) as u32);
-                weights.push(if t < taps { fixed[t] as i16 } else { 0 });
+                weights.push(if t < taps { weight as i16 } else { 0 });
             }
         }
         Taps {
