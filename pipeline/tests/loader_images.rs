@@ -271,3 +271,32 @@ fn one_resizer_gives_the_same_pixels_across_hundreds_of_sizes() -> Result<()> {
     }
     Ok(())
 }
+
+#[test]
+fn planar_resize_handles_one_pixel_edges() -> Result<()> {
+    use pipeline::loader::resize::ResizeBackend;
+    let mut planar = ChwResizer::with_backend(ResizeBackend::Planar);
+    let mut fir = ChwResizer::with_backend(ResizeBackend::FastImageResize);
+    for (w, h) in [(1, 1), (1, 5), (5, 1), (2, 2), (3, 700), (700, 3)] {
+        let img = photo_like(w, h).to_rgb8();
+        let img = RgbImage {
+            width: w,
+            height: h,
+            data: img.into_raw(),
+        };
+        for policy in [ResizePolicy::Squash, ResizePolicy::Pad] {
+            let (mut a, mut b) = (vec![0u8; 3 * 32 * 32], vec![0u8; 3 * 32 * 32]);
+            planar
+                .resize_into(&img, (w, h), 32, policy, [127; 3], &mut a)
+                .map_err(anyhow::Error::msg)?;
+            fir.resize_into(&img, (w, h), 32, policy, [127; 3], &mut b)
+                .map_err(anyhow::Error::msg)?;
+            let worst = a.iter().zip(&b).map(|(x, y)| x.abs_diff(*y)).max();
+            ensure!(
+                worst <= Some(2),
+                "{w}x{h} {policy:?}: worst pixel diff {worst:?}"
+            );
+        }
+    }
+    Ok(())
+}
