@@ -211,10 +211,46 @@ fn bytes_that_are_no_image_give_an_error_not_a_panic() {
     }
 }
 
+/// Photo-like `w x h` content as the decoder hands it over.
+fn decoded_photo(w: u32, h: u32) -> RgbImage {
+    RgbImage {
+        width: w,
+        height: h,
+        data: photo_like(w, h).to_rgb8().into_raw(),
+    }
+}
+
+/// The planar resize against `fast_image_resize` at `size`, both policies: the worst pixel and
+/// the mean difference. Both are PIL's filter; they differ only in rounding and pass order.
+fn planar_vs_fir(shapes: &[(u32, u32)], size: u32, mean_below: f64) -> Result<()> {
+    use pipeline::loader::resize::ResizeBackend;
+    let mut planar = ChwResizer::with_backend(ResizeBackend::Planar);
+    let mut fir = ChwResizer::with_backend(ResizeBackend::FastImageResize);
+    let len = 3 * (size * size) as usize;
+    for &(w, h) in shapes {
+        let img = decoded_photo(w, h);
+        for policy in [ResizePolicy::Squash, ResizePolicy::Pad] {
+            let (mut a, mut b) = (vec![0u8; len], vec![0u8; len]);
+            planar
+                .resize_into(&img, (w, h), size, policy, [127; 3], &mut a)
+                .map_err(anyhow::Error::msg)?;
+            fir.resize_into(&img, (w, h), size, policy, [127; 3], &mut b)
+                .map_err(anyhow::Error::msg)?;
+            let worst = a.iter().zip(&b).map(|(x, y)| x.abs_diff(*y)).max();
+            ensure!(
+                worst <= Some(2),
+                "{w}x{h} {policy:?}: worst pixel diff {worst:?}"
+            );
+            let mean = mean_abs_diff(&a, &b);
+            ensure!(mean < mean_below, "{w}x{h} {policy:?}: mean diff {mean}");
+        }
+    }
+    Ok(())
+}
+
 #[test]
 fn planar_resize_matches_fast_image_resize_on_photo_content() -> Result<()> {
-    use pipeline::loader::resize::ResizeBackend;
-    // Up, down, mixed and DCT-scaled-like sizes; both policies.
+    // Up, down, mixed and DCT-scaled-like sizes.
     let shapes = [
         (448, 336),
         (336, 336),
@@ -223,32 +259,13 @@ fn planar_resize_matches_fast_image_resize_on_photo_content() -> Result<()> {
         (1000, 750),
         (97, 61),
     ];
-    let mut planar = ChwResizer::with_backend(ResizeBackend::Planar);
-    let mut fir = ChwResizer::with_backend(ResizeBackend::FastImageResize);
-    for (w, h) in shapes {
-        let img = photo_like(w, h).to_rgb8();
-        let img = RgbImage {
-            width: w,
-            height: h,
-            data: img.into_raw(),
-        };
-        for policy in [ResizePolicy::Squash, ResizePolicy::Pad] {
-            let (mut a, mut b) = (vec![0u8; 3 * 384 * 384], vec![0u8; 3 * 384 * 384]);
-            planar
-                .resize_into(&img, (w, h), 384, policy, [127; 3], &mut a)
-                .map_err(anyhow::Error::msg)?;
-            fir.resize_into(&img, (w, h), 384, policy, [127; 3], &mut b)
-                .map_err(anyhow::Error::msg)?;
-            let worst = a.iter().zip(&b).map(|(x, y)| x.abs_diff(*y)).max();
-            // Both are PIL's filter; they differ only in rounding and pass order.
-            ensure!(
-                worst <= Some(2),
-                "{w}x{h} {policy:?}: worst pixel diff {worst:?}"
-            );
-            ensure!(mean_abs_diff(&a, &b) < 0.3, "{w}x{h} {policy:?}");
-        }
-    }
-    Ok(())
+    planar_vs_fir(&shapes, 384, 0.3)
+}
+
+#[test]
+fn planar_resize_handles_one_pixel_edges() -> Result<()> {
+    let shapes = [(1, 1), (1, 5), (5, 1), (2, 2), (3, 700), (700, 3)];
+    planar_vs_fir(&shapes, 32, 1.0)
 }
 
 #[test]
@@ -258,45 +275,11 @@ fn one_resizer_gives_the_same_pixels_across_hundreds_of_sizes() -> Result<()> {
     let mut kept = ChwResizer::default();
     for i in 0..300u32 {
         let (w, h) = (40 + i, 30 + (i * 7) % 50);
-        let img = photo_like(w, h).to_rgb8();
-        let img = RgbImage {
-            width: w,
-            height: h,
-            data: img.into_raw(),
-        };
+        let img = decoded_photo(w, h);
         let mut a = vec![0u8; 3 * 32 * 32];
         kept.resize_into(&img, (w, h), 32, ResizePolicy::Pad, [127; 3], &mut a)
             .map_err(anyhow::Error::msg)?;
         ensure!(a == to_chw(&img, 32, ResizePolicy::Pad)?, "{w}x{h}");
-    }
-    Ok(())
-}
-
-#[test]
-fn planar_resize_handles_one_pixel_edges() -> Result<()> {
-    use pipeline::loader::resize::ResizeBackend;
-    let mut planar = ChwResizer::with_backend(ResizeBackend::Planar);
-    let mut fir = ChwResizer::with_backend(ResizeBackend::FastImageResize);
-    for (w, h) in [(1, 1), (1, 5), (5, 1), (2, 2), (3, 700), (700, 3)] {
-        let img = photo_like(w, h).to_rgb8();
-        let img = RgbImage {
-            width: w,
-            height: h,
-            data: img.into_raw(),
-        };
-        for policy in [ResizePolicy::Squash, ResizePolicy::Pad] {
-            let (mut a, mut b) = (vec![0u8; 3 * 32 * 32], vec![0u8; 3 * 32 * 32]);
-            planar
-                .resize_into(&img, (w, h), 32, policy, [127; 3], &mut a)
-                .map_err(anyhow::Error::msg)?;
-            fir.resize_into(&img, (w, h), 32, policy, [127; 3], &mut b)
-                .map_err(anyhow::Error::msg)?;
-            let worst = a.iter().zip(&b).map(|(x, y)| x.abs_diff(*y)).max();
-            ensure!(
-                worst <= Some(2),
-                "{w}x{h} {policy:?}: worst pixel diff {worst:?}"
-            );
-        }
     }
     Ok(())
 }
