@@ -30,31 +30,22 @@ pub fn transpose(
             0
         };
         for r in (0..full_rows).step_by(16) {
-            let at = |c: usize| (r * src_stride + c, c * dst_stride + r);
-            // SAFETY (both loops): a block reads src rows r..r+16, bytes c..c+16 (c+32 for the
-            // AVX2 pair) and writes the matching dst rows and bytes r..r+16, all inside the
-            // lengths asserted above; AVX2 was detected where used, SSE2 is part of x86_64.
-            for c in (0..wide).step_by(32) {
-                let (s, d) = at(c);
+            let mut c = 0;
+            while c < full_cols {
+                let pair = c + 32 <= wide;
+                // SAFETY: the block reads src rows r..r+16, bytes c..c+16 (c+32 for the AVX2
+                // pair) and writes the matching dst rows and bytes r..r+16, all inside the
+                // lengths asserted above; AVX2 was detected where used, SSE2 is part of x86_64.
                 unsafe {
-                    simd::pair_avx2(
-                        src.as_ptr().add(s),
-                        src_stride,
-                        dst.as_mut_ptr().add(d),
-                        dst_stride,
-                    )
-                };
-            }
-            for c in (wide..full_cols).step_by(16) {
-                let (s, d) = at(c);
-                unsafe {
-                    simd::block_sse2(
-                        src.as_ptr().add(s),
-                        src_stride,
-                        dst.as_mut_ptr().add(d),
-                        dst_stride,
-                    )
-                };
+                    let from = src.as_ptr().add(r * src_stride + c);
+                    let to = dst.as_mut_ptr().add(c * dst_stride + r);
+                    if pair {
+                        simd::pair_avx2(from, src_stride, to, dst_stride);
+                    } else {
+                        simd::block_sse2(from, src_stride, to, dst_stride);
+                    }
+                }
+                c += if pair { 32 } else { 16 };
             }
         }
     }
