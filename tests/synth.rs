@@ -3,10 +3,8 @@
 //! folder and the same bytes, sizes and the text-only share are as asked, and a seed pins the
 //! output byte for byte.
 use anyhow::{ensure, Context, Result};
-use ingest::synth::layout::BRIEF_PROMPTS;
-use ingest::synth::scene::SHAPES;
-use ingest::synth::sizes::{SizeStats, MAX_SIDE};
-use ingest::synth::{generate, SynthConfig, JSON_FILE_NAME, MAX_FOLDER};
+use synth::{SizeStats, BRIEF_PROMPTS, MAX_SIDE, SHAPES};
+use synth::{generate, SynthConfig, JSON_FILE_NAME, MAX_FOLDER};
 use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::Read;

@@ -50,3 +50,34 @@ impl IngestError {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `error` under anyhow's `{:#}` (the CLI's format) holds `cause`'s text exactly once.
+    fn assert_cause_printed_once(error: IngestError, cause: &str) {
+        let text = format!("{:#}", anyhow::Error::new(error));
+        assert_eq!(text.matches(cause).count(), 1, "{text}");
+    }
+
+    #[test]
+    fn every_wrapped_error_prints_once() {
+        let io = std::io::Error::other("disk on fire");
+        assert_cause_printed_once(IngestError::io("llava.json", io), "disk on fire");
+        let zip = IngestError::Zip {
+            path: "images.zip".into(),
+            error: zip::result::ZipError::InvalidArchive("no central directory".into()),
+        };
+        assert_cause_printed_once(zip, "no central directory");
+        let shard = shards::ShardError::OutOfRange { index: 9, len: 3 };
+        let cause = shard.to_string();
+        assert_cause_printed_once(IngestError::Shards(shard), &cause);
+        let io = std::io::Error::other("read-only file system");
+        let nested = shards::ShardError::Io {
+            path: "out/index.json".into(),
+            error: io,
+        };
+        assert_cause_printed_once(IngestError::from(nested), "read-only file system");
+    }
+}

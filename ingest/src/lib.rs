@@ -1,5 +1,4 @@
-//! LLaVA json + images (folder or zip) -> tessera shards; and `synth`, a generator of datasets
-//! in LLaVA-Pretrain's exact layout.
+//! LLaVA json + images (folder or zip) -> tessera shards.
 //!
 //! An ingest run ([`run`]):
 //! 1. maps the json and splits it into records (a syntax error stops the run, naming the byte
@@ -10,18 +9,17 @@
 //! 3. one writer puts outcomes back in json order: samples go to `shard-NNNNN.parquet`,
 //!    rejections (id + reason) to `rejected.jsonl`; after each shard a journal makes the run
 //!    resumable; `index.json` is written last.
-pub mod error;
-pub mod images;
-pub mod ordered_writer;
-pub mod probe;
-pub mod reason;
-pub mod record;
-pub mod report;
-pub mod resume;
+mod error;
+mod images;
+mod ordered_writer;
+mod probe;
+mod reason;
+mod record;
+mod report;
+mod resume;
 mod run;
-pub mod synth;
-pub mod template;
-pub mod workers;
+mod template;
+mod workers;
 
 pub use error::IngestError;
 pub use reason::{Reason, Rejection};

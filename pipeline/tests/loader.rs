@@ -6,7 +6,7 @@ use pipeline::{MicroBatch, MicroBatchPlan, IGNORE_INDEX};
 use shards::{Kind, Sample};
 use std::sync::Arc;
 
-const PH: u32 = 151_655;
+const PH: u32 = shards::IMAGE_PAD_ID;
 const PAD: i64 = 151_643;
 const N: i64 = IGNORE_INDEX;
 

@@ -70,3 +70,31 @@ impl ShardError {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `error` under anyhow's `{:#}` (the CLI's format) holds `cause`'s text exactly once.
+    fn assert_cause_printed_once(error: ShardError, cause: &str) {
+        let text = format!("{:#}", anyhow::Error::new(error));
+        assert_eq!(text.matches(cause).count(), 1, "{text}");
+    }
+
+    #[test]
+    fn every_wrapped_error_prints_once() {
+        let io = std::io::Error::other("disk on fire");
+        assert_cause_printed_once(ShardError::io("shard-00000.parquet", io), "disk on fire");
+        let parquet = parquet::errors::ParquetError::General("bad footer".into());
+        assert_cause_printed_once(ShardError::parquet("shard-00001.parquet", parquet), "bad footer");
+        let arrow = arrow_schema::ArrowError::SchemaError("no column".into());
+        assert_cause_printed_once(ShardError::arrow("shard-00002.parquet", arrow), "no column");
+        let json = serde_json::from_str::<u32>("{").expect_err("not json");
+        let cause = json.to_string();
+        let manifest = ShardError::Manifest {
+            path: "data/index.json".into(),
+            error: json,
+        };
+        assert_cause_printed_once(manifest, &cause);
+    }
+}

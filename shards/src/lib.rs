@@ -9,6 +9,10 @@
 //!    (shards in order, rows in order), decoding only the row groups needed; its
 //!    [`Dataset::metadata`] scan reads only kind and token counts (the planner's input).
 //! 4. [`verify()`] and [`stats()`] back `tessera shards verify|stats`.
+//!
+//! Every file tessera writes whole (index.json, the ingest journal, synth's json) goes through
+//! [`atomic`]: a temporary sibling, fsync, rename, fsync of the folder.
+pub mod atomic;
 mod error;
 mod manifest;
 mod reader;
@@ -20,11 +24,12 @@ mod verify;
 mod writer;
 
 pub use error::ShardError;
+pub use atomic::{write_atomically, write_atomically_with};
 pub use manifest::{
-    shard_file_name, write_atomically, IngestReport, Manifest, RowGroupInfo, ShardInfo, INDEX_FILE,
+    shard_file_name, IngestReport, Manifest, RowGroupInfo, ShardInfo, INDEX_FILE,
 };
 pub use reader::{fingerprint_of, Dataset};
-pub use sample::{Kind, Sample, SampleMeta, Turn};
+pub use sample::{Kind, Sample, SampleMeta, Turn, IMAGE_PAD_ID};
 pub use schema::{col, samples_to_batch, schema_v1, FORMAT_VERSION};
 pub use stats::{stats, DatasetStats, Percentiles, EXTREME_ASPECT, TINY_SIDE};
 pub use verify::{sha256_file, verify, VerifyReport};

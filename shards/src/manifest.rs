@@ -1,10 +1,10 @@
-//! `index.json`: the manifest of a shard directory. Written last (atomically: temp name, then
-//! rename), so its presence means every shard it lists is complete.
+//! `index.json`: the manifest of a shard directory. Written last (atomically and durably,
+//! [`crate::atomic`]), so its presence means every shard it lists is complete.
+use crate::atomic::write_atomically;
 use crate::error::ShardError;
 use crate::schema::FORMAT_VERSION;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
-use std::io::Write;
 use std::path::Path;
 
 /// File name of the manifest inside a shard directory.
@@ -104,17 +104,4 @@ impl Manifest {
         })?;
         write_atomically(&dir.join(INDEX_FILE), &text)
     }
-}
-
-/// Writes `bytes` to `path` through a temporary sibling, synced, then renamed over `path`.
-pub fn write_atomically(path: &Path, bytes: &[u8]) -> Result<(), ShardError> {
-    let name = path
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    let tmp = path.with_file_name(format!(".{name}.tmp"));
-    let mut file = std::fs::File::create(&tmp).map_err(|e| ShardError::io(&tmp, e))?;
-    file.write_all(bytes).map_err(|e| ShardError::io(&tmp, e))?;
-    file.sync_all().map_err(|e| ShardError::io(&tmp, e))?;
-    std::fs::rename(&tmp, path).map_err(|e| ShardError::io(path, e))
 }

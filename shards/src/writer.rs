@@ -1,6 +1,6 @@
 //! Writes one shard: samples go into row groups bounded by rows and by bytes, the file is
 //! written under a temporary name (`.shard-00000.parquet.tmp`), hashed while it is written
-//! (on the sink thread of [`crate::sink`]), synced, then renamed. The metadata parquet's
+//! (on the sink thread of [`crate::sink`]), synced, then renamed and its folder synced (`crate::atomic::rename_durably`). The metadata parquet's
 //! footer returns feeds [`ShardInfo`].
 use crate::error::ShardError;
 use crate::manifest::{shard_file_name, RowGroupInfo, ShardInfo};
@@ -172,8 +172,7 @@ impl ShardWriter {
             first_row += rows;
         }
         drop(self.writer);
-        std::fs::rename(&self.tmp_path, &self.final_path)
-            .map_err(|e| ShardError::io(&self.final_path, e))?;
+        crate::atomic::rename_durably(&self.tmp_path, &self.final_path)?;
         Ok(ShardInfo {
             file: self.name,
             rows: self.rows,

@@ -65,7 +65,7 @@ fn write_dataset(dir: &Path, n: u32, per_shard: u32) -> anyhow::Result<Vec<Sampl
         format_version: FORMAT_VERSION,
         tokenizer_fingerprint: "t".repeat(64),
         template: "plain".into(),
-        image_placeholder_id: 151655,
+        image_placeholder_id: shards::IMAGE_PAD_ID,
         num_samples: n as u64,
         shards: infos,
         ingest: IngestReport::default(),

@@ -1,6 +1,6 @@
-//! `tessera synth`: write a dataset in LLaVA-Pretrain's exact layout (see `ingest::synth`).
+//! `tessera synth`: write a dataset in LLaVA-Pretrain's exact layout (see the `synth` crate).
 use anyhow::Context;
-use ingest::synth::{generate, SynthConfig};
+use synth::{generate, SynthConfig};
 use std::path::PathBuf;
 use std::time::Instant;
 

@@ -2,8 +2,6 @@
 //! Built through `LoaderConfig::builder()`, whose `build()` rejects unusable values.
 use super::LoaderError;
 
-/// Qwen2's `<|image_pad|>`: the placeholder id each image expands from.
-pub const DEFAULT_PLACEHOLDER_ID: u32 = 151_655;
 /// Qwen2's `<|endoftext|>`, used to pad rows.
 pub const DEFAULT_PAD_ID: u32 = 151_643;
 /// Environment variable that overrides the worker count (`1` turns parallelism off).
@@ -36,6 +34,7 @@ pub struct LoaderConfig {
     pub image_size: usize,
     /// Vision tokens per image (each placeholder expands to this many ids).
     pub image_tokens: usize,
+    /// The id each image expands from (default `shards::IMAGE_PAD_ID`, Qwen2's `<|image_pad|>`).
     pub placeholder_id: u32,
     pub pad_id: u32,
     pub resize: ResizePolicy,
@@ -137,7 +136,7 @@ impl LoaderConfigBuilder {
         Ok(LoaderConfig {
             image_size,
             image_tokens,
-            placeholder_id: self.placeholder_id.unwrap_or(DEFAULT_PLACEHOLDER_ID),
+            placeholder_id: self.placeholder_id.unwrap_or(shards::IMAGE_PAD_ID),
             pad_id: self.pad_id.unwrap_or(DEFAULT_PAD_ID),
             resize: self.resize,
             pad_rgb: self.pad_rgb.unwrap_or([127, 127, 127]),

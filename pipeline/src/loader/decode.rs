@@ -9,6 +9,50 @@
 /// Larger images are refused as decompression bombs (PIL warns at 89 M pixels).
 pub const MAX_PIXELS: u64 = 100_000_000;
 
+/// Why bytes did not become an RGB image. The decoders' own errors are part of the message
+/// (they are the innermost cause; nothing else prints them).
+#[derive(Debug, thiserror::Error)]
+pub enum DecodeError {
+    #[error("not a JPEG, PNG or WebP (unknown magic bytes)")]
+    UnknownFormat,
+    #[error("empty image {width}x{height}")]
+    Empty { width: u32, height: u32 },
+    #[error("{width}x{height} is over {MAX_PIXELS} pixels (decompression bomb guard)")]
+    TooManyPixels { width: u32, height: u32 },
+    #[error("JPEG header has no frame size")]
+    NoFrameSize,
+    #[error("JPEG: decoding to {width}x{height} asks for {requested} pixels per side, JPEG holds at most 65535")]
+    TooWide {
+        width: u32,
+        height: u32,
+        requested: u32,
+    },
+    /// `zune-jpeg` (full-size decodes) failed.
+    #[error("JPEG: {error}")]
+    Zune {
+        error: zune_jpeg::errors::DecodeErrors,
+    },
+    /// `jpeg-decoder` (DCT-scaled decodes, CMYK) failed.
+    #[error("JPEG: {error}")]
+    JpegDecoder { error: jpeg_decoder::Error },
+    #[error("JPEG decoded without frame info")]
+    NoFrameInfo,
+    /// The decoder's output does not hold `width x height` pixels of its format.
+    #[error("JPEG decoder gives {got} bytes for {width}x{height}x{channels}")]
+    OutputLength {
+        got: usize,
+        width: u32,
+        height: u32,
+        channels: usize,
+    },
+    /// PNG or WebP, through the `image` crate.
+    #[error("{format:?}: {error}")]
+    Image {
+        format: image::ImageFormat,
+        error: image::ImageError,
+    },
+}
+
 /// An interleaved RGB8 image.
 #[derive(Clone, Debug, PartialEq)]
 pub struct RgbImage {
@@ -34,7 +78,7 @@ pub enum DecodePath {
 pub fn decode_rgb(
     bytes: &[u8],
     needed: impl Fn(u32, u32) -> (u32, u32),
-) -> Result<(RgbImage, DecodePath), String> {
+) -> Result<(RgbImage, DecodePath), DecodeError> {
     decode_rgb_reusing(bytes, needed, Vec::new())
 }
 
@@ -45,7 +89,7 @@ pub fn decode_rgb_reusing(
     bytes: &[u8],
     needed: impl Fn(u32, u32) -> (u32, u32),
     reuse: Vec<u8>,
-) -> Result<(RgbImage, DecodePath), String> {
+) -> Result<(RgbImage, DecodePath), DecodeError> {
     if bytes.starts_with(&[0xFF, 0xD8, 0xFF]) {
         decode_jpeg(bytes, needed, reuse)
     } else if bytes.starts_with(b"\x89PNG") {
@@ -53,7 +97,7 @@ pub fn decode_rgb_reusing(
     } else if bytes.len() >= 12 && &bytes[0..4] == b"RIFF" && &bytes[8..12] == b"WEBP" {
         decode_with_image(bytes, image::ImageFormat::WebP).map(|i| (i, DecodePath::Other))
     } else {
-        Err("not a JPEG, PNG or WebP (unknown magic bytes)".into())
+        Err(DecodeError::UnknownFormat)
     }
 }
 
@@ -76,7 +120,7 @@ fn decode_jpeg(
     bytes: &[u8],
     needed: impl Fn(u32, u32) -> (u32, u32),
     reuse: Vec<u8>,
-) -> Result<(RgbImage, DecodePath), String> {
+) -> Result<(RgbImage, DecodePath), DecodeError> {
     use zune_core::{bytestream::ZCursor, colorspace::ColorSpace, options::DecoderOptions};
     let options = DecoderOptions::default()
         .set_strict_mode(false)
@@ -85,10 +129,8 @@ fn decode_jpeg(
         .jpeg_set_out_colorspace(ColorSpace::RGB);
     let mut zune = zune_jpeg::JpegDecoder::new_with_options(ZCursor::new(bytes), options);
     zune.decode_headers()
-        .map_err(|e| format!("JPEG header: {e:?}"))?;
-    let (w, h) = zune
-        .dimensions()
-        .ok_or_else(|| "JPEG header has no frame size".to_string())?;
+        .map_err(|error| DecodeError::Zune { error })?;
+    let (w, h) = zune.dimensions().ok_or(DecodeError::NoFrameSize)?;
     let (w, h) = (w as u32, h as u32);
     check_size(w, h)?;
     let (need_w, need_h) = needed(w, h);
@@ -104,11 +146,14 @@ fn decode_jpeg(
         return Ok((img, DecodePath::JpegScaled { eighths: 8 }));
     }
     let len = w as usize * h as usize * 3;
-    if zune.output_buffer_size() != Some(len) {
-        return Err(format!(
-            "JPEG wants {:?} output bytes for {w}x{h} RGB",
-            zune.output_buffer_size()
-        ));
+    let wanted = zune.output_buffer_size();
+    if wanted != Some(len) {
+        return Err(DecodeError::OutputLength {
+            got: wanted.unwrap_or(0),
+            width: w,
+            height: h,
+            channels: 3,
+        });
     }
     let mut data = reuse;
     // Every byte is overwritten by the decoder: only growth needs filling.
@@ -118,7 +163,7 @@ fn decode_jpeg(
         data.resize(len, 0);
     }
     zune.decode_into(&mut data)
-        .map_err(|e| format!("JPEG: {e:?}"))?;
+        .map_err(|error| DecodeError::Zune { error })?;
     Ok((
         RgbImage {
             width: w,
@@ -131,24 +176,33 @@ fn decode_jpeg(
 
 /// `jpeg-decoder` at the DCT scale that gives `req_w x req_h` (or the nearest larger); with
 /// the full size it is a plain full decode.
-pub fn decode_jpeg_scaled(bytes: &[u8], req_w: u32, req_h: u32) -> Result<RgbImage, String> {
+pub fn decode_jpeg_scaled(bytes: &[u8], req_w: u32, req_h: u32) -> Result<RgbImage, DecodeError> {
     use jpeg_decoder::PixelFormat;
     let mut dec = jpeg_decoder::Decoder::new(bytes);
-    let req_w = u16::try_from(req_w).map_err(|_| format!("width {req_w} too large"))?;
-    let req_h = u16::try_from(req_h).map_err(|_| format!("height {req_h} too large"))?;
-    let (w, h) = dec.scale(req_w, req_h).map_err(|e| format!("JPEG: {e}"))?;
-    let raw = dec.decode().map_err(|e| format!("JPEG: {e}"))?;
-    let info = dec
-        .info()
-        .ok_or_else(|| "JPEG decoded without frame info".to_string())?;
+    let side = |requested: u32| {
+        u16::try_from(requested).map_err(|_| DecodeError::TooWide {
+            width: req_w,
+            height: req_h,
+            requested,
+        })
+    };
+    let (w, h) = dec
+        .scale(side(req_w)?, side(req_h)?)
+        .map_err(|error| DecodeError::JpegDecoder { error })?;
+    let raw = dec
+        .decode()
+        .map_err(|error| DecodeError::JpegDecoder { error })?;
+    let info = dec.info().ok_or(DecodeError::NoFrameInfo)?;
     let (w, h) = (w as u32, h as u32);
     let px = w as usize * h as usize;
     let bpp = info.pixel_format.pixel_bytes();
     if raw.len() != px * bpp {
-        return Err(format!(
-            "JPEG decoded to {} bytes for {w}x{h}x{bpp}",
-            raw.len()
-        ));
+        return Err(DecodeError::OutputLength {
+            got: raw.len(),
+            width: w,
+            height: h,
+            channels: bpp,
+        });
     }
     let data = match info.pixel_format {
         PixelFormat::RGB24 => raw,
@@ -174,15 +228,14 @@ fn cmyk_to_rgb(p: &[u8]) -> [u8; 3] {
     [ch(p[0]), ch(p[1]), ch(p[2])]
 }
 
-fn decode_with_image(bytes: &[u8], format: image::ImageFormat) -> Result<RgbImage, String> {
+fn decode_with_image(bytes: &[u8], format: image::ImageFormat) -> Result<RgbImage, DecodeError> {
+    let failed = |error| DecodeError::Image { format, error };
     let mut reader = image::ImageReader::with_format(std::io::Cursor::new(bytes), format);
     reader.no_limits();
-    let (w, h) = reader
-        .into_dimensions()
-        .map_err(|e| format!("{format:?}: {e}"))?;
+    let (w, h) = reader.into_dimensions().map_err(failed)?;
     check_size(w, h)?;
     let img = image::load_from_memory_with_format(bytes, format)
-        .map_err(|e| format!("{format:?}: {e}"))?
+        .map_err(failed)?
         .into_rgb8();
     let (width, height) = img.dimensions();
     Ok(RgbImage {
@@ -192,14 +245,12 @@ fn decode_with_image(bytes: &[u8], format: image::ImageFormat) -> Result<RgbImag
     })
 }
 
-fn check_size(w: u32, h: u32) -> Result<(), String> {
-    if w == 0 || h == 0 {
-        return Err(format!("empty image {w}x{h}"));
+fn check_size(width: u32, height: u32) -> Result<(), DecodeError> {
+    if width == 0 || height == 0 {
+        return Err(DecodeError::Empty { width, height });
     }
-    if w as u64 * h as u64 > MAX_PIXELS {
-        return Err(format!(
-            "{w}x{h} is over {MAX_PIXELS} pixels (decompression bomb guard)"
-        ));
+    if width as u64 * height as u64 > MAX_PIXELS {
+        return Err(DecodeError::TooManyPixels { width, height });
     }
     Ok(())
 }

@@ -1,12 +1,22 @@
 //! The loader's error type: every message names the sample (or the config field) at fault.
+//!
+//! Errors of other tessera crates (`shards`) and of the loader's own stages (`decode`, `resize`)
+//! are kept as `source()` and left out of the message, so anyhow's `{:#}` prints each cause once;
+//! [`LoaderError::with_causes`] gives the same text for a log line.
+use super::decode::DecodeError;
+use super::resize::ResizeError;
 
 /// What can stop the loader. A bad image under the `skip` policy is not an error: it is
 /// reported with `tracing::warn!` and dropped from its micro-batch.
 #[derive(Debug, thiserror::Error)]
 pub enum LoaderError {
     /// The sample source (shards) failed to read the given indices.
-    #[error("reading samples {indices:?}: {message}")]
-    Read { indices: Vec<u64>, message: String },
+    #[error("reading samples {indices:?}")]
+    Read {
+        indices: Vec<u64>,
+        #[source]
+        source: shards::ShardError,
+    },
     /// The source answered with a different number of samples than asked for.
     #[error("reading samples {indices:?}: asked for {asked} samples, got {got}")]
     ShortRead {
@@ -14,9 +24,20 @@ pub enum LoaderError {
         asked: usize,
         got: usize,
     },
-    /// An image could not be decoded (bad bytes, unsupported format) or resized.
-    #[error("sample {sample_id}: image: {message}")]
-    Image { sample_id: String, message: String },
+    /// An image could not be decoded (bad bytes, unsupported format).
+    #[error("sample {sample_id}: decoding its image")]
+    Decode {
+        sample_id: String,
+        #[source]
+        source: DecodeError,
+    },
+    /// A decoded image could not be resized into its output.
+    #[error("sample {sample_id}: resizing its image")]
+    Resize {
+        sample_id: String,
+        #[source]
+        source: ResizeError,
+    },
     /// The token ids and the image disagree (placeholder count, missing image bytes, ...).
     #[error("sample {sample_id}: {message}")]
     Sample { sample_id: String, message: String },
@@ -32,10 +53,81 @@ impl LoaderError {
     /// The sample id this error is about, when there is one.
     pub fn sample_id(&self) -> Option<&str> {
         match self {
-            LoaderError::Image { sample_id, .. } | LoaderError::Sample { sample_id, .. } => {
-                Some(sample_id)
-            }
+            LoaderError::Decode { sample_id, .. }
+            | LoaderError::Resize { sample_id, .. }
+            | LoaderError::Sample { sample_id, .. } => Some(sample_id),
             _ => None,
         }
+    }
+
+    /// Whether the sample's image is at fault (not its tokens).
+    pub fn is_bad_image(&self) -> bool {
+        matches!(
+            self,
+            LoaderError::Decode { .. } | LoaderError::Resize { .. }
+        )
+    }
+
+    /// The message and every cause, joined by `": "` (what anyhow's `{:#}` prints).
+    pub fn with_causes(&self) -> String {
+        let mut text = self.to_string();
+        let mut cause = std::error::Error::source(self);
+        while let Some(error) = cause {
+            text.push_str(": ");
+            text.push_str(&error.to_string());
+            cause = error.source();
+        }
+        text
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `error` under anyhow's `{:#}` (the CLI's format) holds `cause`'s text exactly once.
+    fn assert_cause_printed_once(error: LoaderError, cause: &str) {
+        let text = format!("{:#}", anyhow::Error::new(error));
+        assert_eq!(text.matches(cause).count(), 1, "{text}");
+    }
+
+    #[test]
+    fn every_wrapped_error_prints_once() {
+        let shard = shards::ShardError::Io {
+            path: "shard-00003.parquet".into(),
+            error: std::io::Error::other("disk on fire"),
+        };
+        let read = LoaderError::Read {
+            indices: vec![4, 5],
+            source: shard,
+        };
+        assert_cause_printed_once(read, "disk on fire");
+        let decode = LoaderError::Decode {
+            sample_id: "s-1".into(),
+            source: DecodeError::TooManyPixels {
+                width: 20_000,
+                height: 20_000,
+            },
+        };
+        assert_cause_printed_once(decode, "decompression bomb guard");
+        let resize = LoaderError::Resize {
+            sample_id: "s-2".into(),
+            source: ResizeError::OutputLength { len: 7, size: 4 },
+        };
+        assert_cause_printed_once(resize, "output holds 7 bytes");
+    }
+
+    #[test]
+    fn with_causes_names_the_sample_and_the_cause() {
+        let error = LoaderError::Decode {
+            sample_id: "s-3".into(),
+            source: DecodeError::UnknownFormat,
+        };
+        assert_eq!(
+            error.with_causes(),
+            "sample s-3: decoding its image: not a JPEG, PNG or WebP (unknown magic bytes)"
+        );
+        assert!(error.is_bad_image());
+        assert_eq!(error.sample_id(), Some("s-3"));
     }
 }

@@ -2,7 +2,8 @@
 //!
 //! 1. `source`: read the plan's samples by global index (`shards::Dataset`, memory-mapped).
 //! 2. `decode`: image bytes -> RGB, DCT-scaled where a JPEG is much larger than needed.
-//! 3. `resize`: `squash` or `pad` to `S x S`, bicubic, SIMD, written as u8 CHW.
+//! 3. `resize`: `squash` or `pad` to `S x S`, bicubic, SIMD, written as u8 CHW (the kernels
+//!    live under `resize/`).
 //! 4. `assemble`: placeholders expanded, labels shifted per sample, positions restarting per
 //!    packed sample, rows padded to the longest.
 //! 5. `pool`: steps 1-4 for whole micro-batches on N threads, bounded channels, reorder buffer.
@@ -26,24 +27,17 @@
 //! assert_eq!(batch.labels, vec![11, 12, -100]);
 //! ```
 mod assemble;
-pub mod bench;
-mod bicubic_taps;
-mod chw;
 mod config;
 pub mod decode;
 mod error;
-mod planar_resize;
 mod pool;
 pub mod resize;
-mod row_filter;
 mod source;
 mod stats;
-mod transpose;
 mod worker;
 
 pub use config::{
-    BadImagePolicy, LoaderConfig, LoaderConfigBuilder, ResizePolicy, DEFAULT_PAD_ID,
-    DEFAULT_PLACEHOLDER_ID, THREADS_ENV,
+    BadImagePolicy, LoaderConfig, LoaderConfigBuilder, ResizePolicy, DEFAULT_PAD_ID, THREADS_ENV,
 };
 pub use error::LoaderError;
 pub use pool::Loader;

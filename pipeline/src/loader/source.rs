@@ -20,7 +20,10 @@ impl SampleSource for Vec<Sample> {
                     .cloned()
                     .ok_or_else(|| LoaderError::Read {
                         indices: vec![i],
-                        message: format!("index out of range (the source holds {})", self.len()),
+                        source: shards::ShardError::OutOfRange {
+                            index: i,
+                            len: self.len(),
+                        },
                     })
             })
             .collect()
@@ -29,9 +32,9 @@ impl SampleSource for Vec<Sample> {
 
 impl SampleSource for shards::Dataset {
     fn read(&self, indices: &[u64]) -> Result<Vec<Sample>, LoaderError> {
-        shards::Dataset::read(self, indices).map_err(|e| LoaderError::Read {
+        shards::Dataset::read(self, indices).map_err(|source| LoaderError::Read {
             indices: indices.to_vec(),
-            message: e.to_string(),
+            source,
         })
     }
 }

@@ -65,9 +65,10 @@ impl Worker {
                     }),
                     Err(e) if self.config.on_bad_image == BadImagePolicy::Fail => return Err(e),
                     Err(e) => {
-                        tracing::warn!(sample = %sample.id, "dropped from its micro-batch: {e}");
+                        let error = e.with_causes();
+                        tracing::warn!(sample = %sample.id, "dropped from its micro-batch: {error}");
                         self.stats.skipped.fetch_add(1, Relaxed);
-                        if matches!(e, LoaderError::Image { .. }) && first_bad_image.is_none() {
+                        if e.is_bad_image() && first_bad_image.is_none() {
                             first_bad_image = Some(sample);
                         }
                     }
@@ -116,10 +117,6 @@ impl Worker {
         let Some(bytes) = sample.image.as_deref() else {
             return Ok(());
         };
-        let bad = |message: String| LoaderError::Image {
-            sample_id: sample.id.clone(),
-            message,
-        };
         let cfg = &self.config;
         let size = cfg.image_size as u32;
         let started = Instant::now();
@@ -131,7 +128,11 @@ impl Worker {
             let [_, _, bw, bh] = content_box(w, h, size, cfg.resize);
             (bw, bh)
         };
-        let (img, _) = decode_rgb_reusing(bytes, needed, reuse).map_err(bad)?;
+        let (img, _) =
+            decode_rgb_reusing(bytes, needed, reuse).map_err(|source| LoaderError::Decode {
+                sample_id: sample.id.clone(),
+                source,
+            })?;
         StatCells::add_time(&self.stats.decode_ns, started.elapsed());
 
         let started = Instant::now();
@@ -144,9 +145,12 @@ impl Worker {
                 .resize_into(&img, source_dims, size, cfg.resize, cfg.pad_rgb, out);
         StatCells::add_time(&self.stats.resize_ns, started.elapsed());
         self.decoded = img.data;
-        resized.map_err(|e| {
+        resized.map_err(|source| {
             pixels.truncate(offset);
-            bad(e)
+            LoaderError::Resize {
+                sample_id: sample.id.clone(),
+                source,
+            }
         })
     }
 }

@@ -2,71 +2,37 @@
 //! on machines that cannot download the real 27 GB.
 //!
 //! What [`generate`] writes under `out`:
-//! 1. `blip_laion_cc_sbu_558k.json`: a JSON list of LLaVA records (`id`, `image`, `conversations`),
-//!    9-digit ids spread over the folders `00000`..`00659` (the folder is the id's first five digits).
-//! 2. `images/NNNNN/ID.jpg`: JPEG quality 90, sizes drawn like LLaVA-Pretrain's ([`sizes`]):
-//!    procedurally drawn scenes whose caption describes them ([`scene`]), or crops of real
-//!    photographs with generic captions ([`photos`]).
+//! 1. `blip_laion_cc_sbu_558k.json`: a JSON list of LLaVA records (`id`, `image`,
+//!    `conversations`), 9-digit ids spread over the folders `00000`..`00659` (the folder is the id's first five digits).
+//! 2. `images/NNNNN/ID.jpg`: JPEG quality 90, sizes drawn like LLaVA-Pretrain's (`sizes`):
+//!    procedurally drawn scenes whose caption describes them (`scene`), or crops of real
+//!    photographs with generic captions (`photos`).
 //! 3. With `zip`, `images.zip` holding the same bytes under the same names, no root folder.
 //!
-//! A share of records can be text-only multi-turn conversations ([`text_only`]). Every sample
+//! A share of records can be text-only multi-turn conversations (`text_only`). Every sample
 //! draws from its own RNG seeded from `(seed, index)`, so the output is byte-identical for a
-//! seed whatever the number of workers. Every file is written to a temporary name and renamed.
+//! seed whatever the number of workers. Every file is written to a temporary name and renamed;
+//! the json and the zip also go through `shards::write_atomically_with` (fsynced, folder
+//! fsynced), the images are not fsynced one by one (see `layout::write_image`).
 mod archive;
+mod error;
 mod generate;
-pub mod layout;
-pub mod photos;
-pub mod scene;
-pub mod sizes;
-pub mod text_only;
+mod layout;
+mod photos;
+mod scene;
+mod sizes;
+mod text_only;
 mod texture;
 
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
-pub use generate::generate;
-pub use layout::{LlavaRecord, Turn, JSON_FILE_NAME, MAX_FOLDER};
-
-/// Errors of `tessera synth`; each names the file, folder or sample it concerns.
-#[derive(Debug, thiserror::Error)]
-pub enum SynthError {
-    #[error("invalid synth settings: {0}")]
-    Config(String),
-    #[error("{path}: {source}")]
-    Io {
-        path: PathBuf,
-        source: std::io::Error,
-    },
-    #[error("sample {id}: encoding JPEG for {path}: {source}")]
-    Encode {
-        id: String,
-        path: PathBuf,
-        source: image::ImageError,
-    },
-    #[error("no readable photographs (.jpg, .jpeg, .png, .webp) under {0}")]
-    NoPhotos(PathBuf),
-    #[error("{path}: adding zip entry {entry}: {source}")]
-    Zip {
-        path: PathBuf,
-        entry: String,
-        source: zip::result::ZipError,
-    },
-    #[error("{path}: writing json: {source}")]
-    Json {
-        path: PathBuf,
-        source: serde_json::Error,
-    },
-}
-
-impl SynthError {
-    pub(crate) fn io(path: &Path, source: std::io::Error) -> Self {
-        SynthError::Io {
-            path: path.to_path_buf(),
-            source,
-        }
-    }
-}
+pub use error::SynthError;
+pub use generate::{generate, JPEG_QUALITY};
+pub use layout::{LlavaRecord, Turn, BRIEF_PROMPTS, JSON_FILE_NAME, MAX_FOLDER};
+pub use scene::SHAPES;
+pub use sizes::{SizeStats, MAX_SIDE, SHORT_SIDE};
 
 /// What to generate. Build with [`SynthConfig::new`], adjust fields, then [`generate`].
 #[derive(Debug, Clone)]

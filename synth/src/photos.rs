@@ -3,7 +3,7 @@
 //! [`CACHE_LONG_SIDE`] px and kept in memory; each sample is a random crop of the sampled aspect
 //! ratio, resized to the sampled size, with a generic caption built from what the crop shows
 //! (orientation, how much of the photo, brightness, dominant colour).
-use super::SynthError;
+use crate::SynthError;
 use image::imageops::FilterType;
 use image::{DynamicImage, RgbImage};
 use rand::Rng;

@@ -1,8 +1,9 @@
 //! Measurements behind `tessera bench loader`: the loader on a dataset prefix, the decode-only
 //! bound on the same image bytes, and an export of those images as a LLaVA json + folder for
-//! the PIL reference loader.
-use super::{Loader, LoaderConfig, LoaderError, LoaderStats, SampleSource};
-use crate::MicroBatchPlan;
+//! the PIL reference loader. Only `pipeline`'s public loader API is used: the measuring lives
+//! with the command, not in the library.
+use pipeline::loader::{Loader, LoaderConfig, LoaderError, LoaderStats, SampleSource};
+use pipeline::MicroBatchPlan;
 use shards::Kind;
 use std::path::Path;
 use std::sync::Arc;
@@ -10,18 +11,18 @@ use std::time::{Duration, Instant};
 
 /// The micro-batches of a bench run and the samples they cover.
 #[derive(Clone, Debug, PartialEq)]
-pub struct Workload {
-    pub plans: Vec<MicroBatchPlan>,
+pub(super) struct Workload {
+    pub(super) plans: Vec<MicroBatchPlan>,
     /// Image samples, in dataset order.
-    pub image_indices: Vec<u64>,
+    pub(super) image_indices: Vec<u64>,
     /// All samples planned (image and text).
-    pub samples: usize,
+    pub(super) samples: usize,
 }
 
 /// The dataset prefix that holds the first `image_limit` image samples, planned the way the
 /// planner would at one rank: each micro-batch one kind, `per_row` samples per packed row,
 /// `rows` rows per micro-batch.
-pub fn workload(kinds: &[Kind], image_limit: usize, per_row: usize, rows: usize) -> Workload {
+pub(super) fn workload(kinds: &[Kind], image_limit: usize, per_row: usize, rows: usize) -> Workload {
     let (per_row, rows) = (per_row.max(1), rows.max(1));
     let mut by_kind: [Vec<u64>; 2] = [Vec::new(), Vec::new()];
     for (i, &kind) in kinds.iter().enumerate() {
@@ -48,7 +49,7 @@ pub fn workload(kinds: &[Kind], image_limit: usize, per_row: usize, rows: usize)
 }
 
 /// Runs the loader over `plans` to the end; returns its counters and the wall time.
-pub fn run_loader(
+pub(super) fn run_loader(
     source: Arc<dyn SampleSource>,
     plans: Vec<MicroBatchPlan>,
     config: LoaderConfig,
@@ -64,7 +65,7 @@ pub fn run_loader(
 /// Full decodes of `images` with the `image` crate (its JPEG decoder is zune-jpeg), split
 /// evenly over `threads`: the CPU bound of any loader that must decode every image. Returns
 /// the wall time and how many images failed to decode.
-pub fn run_decode_only(images: &[Vec<u8>], threads: usize) -> (Duration, usize) {
+pub(super) fn run_decode_only(images: &[Vec<u8>], threads: usize) -> (Duration, usize) {
     let per_thread = images.len().div_ceil(threads.max(1)).max(1);
     let started = Instant::now();
     let failed = std::thread::scope(|scope| {
@@ -89,7 +90,7 @@ pub fn run_decode_only(images: &[Vec<u8>], threads: usize) -> (Duration, usize) 
 }
 
 /// Image bytes of `indices`, read in chunks.
-pub fn read_images(
+pub(super) fn read_images(
     source: &dyn SampleSource,
     indices: &[u64],
 ) -> Result<Vec<(String, Vec<u8>)>, LoaderError> {
@@ -106,7 +107,7 @@ pub fn read_images(
 
 /// Writes `images` as `dir/images/NNNNNNNN.<ext>` plus `dir/llava.json` (LLaVA's record
 /// layout), the input of the PIL reference loader. Returns the json path.
-pub fn export_llava(
+pub(super) fn export_llava(
     dir: &Path,
     images: &[(String, Vec<u8>)],
 ) -> std::io::Result<std::path::PathBuf> {

@@ -1,15 +1,69 @@
 //! RGB image -> `[3, S, S]` u8 CHW, bicubic (Catmull-Rom, a = -0.5, PIL's BICUBIC kernel),
-//! under the `squash` or `pad` policy: by `planar_resize` (AVX2 row passes that write the
-//! planes directly) or by `fast_image_resize` plus a CHW transpose.
+//! under the `squash` or `pad` policy: by `planar` (AVX2 row passes that write the planes
+//! directly) or by `fast_image_resize` plus a CHW transpose.
+//!
+//! The kernels: `bicubic_taps` (PIL's weights, fixed point), `row_filter` (the one arithmetic
+//! kernel, AVX2 or scalar), `transpose` (byte matrices, SSE2/AVX2), `planar` (the two passes
+//! built from those), `chw` (interleaved rows to planes, for the `fast_image_resize` path).
 //!
 //! `pad` is LLaVA's `expand2square` without building the padded square: the image is resized
 //! straight into its centred box of the output and the border is filled with the pad colour,
 //! which gives the same picture as padding first and resizing after, at a fraction of the work.
-use super::chw::deinterleave_row;
+mod bicubic_taps;
+mod chw;
+mod planar;
+mod row_filter;
+mod transpose;
+
 use super::decode::RgbImage;
-use super::planar_resize::{PlanarResizer, PlanarTarget};
 use super::ResizePolicy;
+use chw::deinterleave_row;
 use fast_image_resize as fir;
+use planar::{PlanarResizer, PlanarTarget};
+
+/// Why an image could not be resized into its output. `fast_image_resize`'s own errors are
+/// part of the message (they are the innermost cause; nothing else prints them).
+#[derive(Debug, thiserror::Error)]
+pub enum ResizeError {
+    #[error("output holds {len} bytes, not 3x{size}x{size}")]
+    OutputLength { len: usize, size: u32 },
+    #[error("source {width}x{height} holds {len} bytes")]
+    ShortSource { width: u32, height: u32, len: usize },
+    #[error("box {width}x{height} does not fit the {len} output bytes")]
+    BoxOutside {
+        width: usize,
+        height: usize,
+        len: usize,
+    },
+    #[error("fast_image_resize: source {width}x{height}: {error}")]
+    FirSource {
+        width: u32,
+        height: u32,
+        error: fir::ImageBufferError,
+    },
+    #[error("fast_image_resize: target {width}x{height}: {error}")]
+    FirTarget {
+        width: u32,
+        height: u32,
+        error: fir::ImageBufferError,
+    },
+    #[error("fast_image_resize: {from:?} -> {to:?}: {error}")]
+    Fir {
+        from: (u32, u32),
+        to: (u32, u32),
+        error: fir::ResizeError,
+    },
+}
+
+impl ResizeError {
+    fn short_source(img: &RgbImage) -> Self {
+        ResizeError::ShortSource {
+            width: img.width,
+            height: img.height,
+            len: img.data.len(),
+        }
+    }
+}
 
 /// Where the image lands inside the `size x size` output: `(x, y, width, height)`.
 pub fn content_box(width: u32, height: u32, size: u32, policy: ResizePolicy) -> [u32; 4] {
@@ -27,7 +81,7 @@ pub fn content_box(width: u32, height: u32, size: u32, policy: ResizePolicy) -> 
 /// Which code resizes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ResizeBackend {
-    /// `planar_resize`: two row passes and two transposes, AVX2 (scalar elsewhere).
+    /// `planar`: two row passes and two transposes, AVX2 (scalar elsewhere).
     Planar,
     /// `fast_image_resize` on interleaved pixels, then the CHW transpose.
     FastImageResize,
@@ -85,13 +139,13 @@ impl ChwResizer {
         policy: ResizePolicy,
         pad_rgb: [u8; 3],
         out: &mut [u8],
-    ) -> Result<(), String> {
+    ) -> Result<(), ResizeError> {
         let plane = size as usize * size as usize;
         if out.len() != 3 * plane {
-            return Err(format!(
-                "output holds {} bytes, not 3x{size}x{size}",
-                out.len()
-            ));
+            return Err(ResizeError::OutputLength {
+                len: out.len(),
+                size,
+            });
         }
         let [x0, y0, bw, bh] = content_box(source_dims.0, source_dims.1, size, policy);
         let (size, x0, y0) = (size as usize, x0 as usize, y0 as usize);
@@ -109,7 +163,7 @@ impl ChwResizer {
         let boxed: &[u8] = if same_size {
             img.data
                 .get(..box_bytes)
-                .ok_or_else(|| format!("source {bw}x{bh} holds {} bytes", img.data.len()))?
+                .ok_or_else(|| ResizeError::short_source(img))?
         } else if self.backend == ResizeBackend::Planar {
             let target = PlanarTarget {
                 plane,
@@ -136,17 +190,33 @@ impl ChwResizer {
     }
 
     /// `fast_image_resize` into `scratch`, interleaved.
-    fn resize_with_fir(&mut self, img: &RgbImage, (bw, bh): (u32, u32)) -> Result<&[u8], String> {
-        let src =
-            fir::images::ImageRef::new(img.width, img.height, &img.data, fir::PixelType::U8x3)
-                .map_err(|e| format!("source {}x{}: {e}", img.width, img.height))?;
+    fn resize_with_fir(
+        &mut self,
+        img: &RgbImage,
+        (bw, bh): (u32, u32),
+    ) -> Result<&[u8], ResizeError> {
+        let (width, height) = (img.width, img.height);
+        let src = fir::images::ImageRef::new(width, height, &img.data, fir::PixelType::U8x3)
+            .map_err(|error| ResizeError::FirSource {
+                width,
+                height,
+                error,
+            })?;
         self.scratch.resize(bw as usize * bh as usize * 3, 0);
         let mut dst =
             fir::images::Image::from_slice_u8(bw, bh, &mut self.scratch, fir::PixelType::U8x3)
-                .map_err(|e| format!("resize target {bw}x{bh}: {e}"))?;
+                .map_err(|error| ResizeError::FirTarget {
+                    width: bw,
+                    height: bh,
+                    error,
+                })?;
         self.fir
             .resize(&src, &mut dst, &self.options)
-            .map_err(|e| format!("resize {}x{} -> {bw}x{bh}: {e}", img.width, img.height))?;
+            .map_err(|error| ResizeError::Fir {
+                from: (width, height),
+                to: (bw, bh),
+                error,
+            })?;
         Ok(&self.scratch)
     }
 }

@@ -2,8 +2,10 @@
 //! bound (the `image` crate decoding the same bytes on the same thread count) and the PIL
 //! reference loader (../shared/bench/pil_reference_loader.py) on the same images and worker
 //! count. Human-readable lines first, then one JSON line.
+mod measure;
+
 use anyhow::Context;
-use pipeline::loader::bench::{export_llava, read_images, run_decode_only, run_loader, workload};
+use measure::{export_llava, read_images, run_decode_only, run_loader, workload};
 use pipeline::loader::{LoaderConfig, ResizePolicy, SampleSource};
 use std::path::{Path, PathBuf};
 use std::process::Command;

@@ -82,7 +82,7 @@ pub fn draw_scene(width: u32, height: u32, rng: &mut impl Rng) -> (RgbImage, Str
     };
     let (items, relation) = place_items(width as f32, height as f32, background, wanted, rng);
     let caption = caption(&items, relation, background);
-    let image = super::texture::paint(
+    let image = crate::texture::paint(
         width,
         height,
         BACKGROUNDS[background].1,
@@ -115,10 +115,10 @@ fn caption(items: &[Item], relation: Option<Relation>, background: usize) -> Str
     }
 }
 
-fn shapes(items: &[Item]) -> Vec<super::texture::Shape> {
+fn shapes(items: &[Item]) -> Vec<crate::texture::Shape> {
     items
         .iter()
-        .map(|it| super::texture::Shape {
+        .map(|it| crate::texture::Shape {
             kind: it.shape,
             rgb: COLOURS[it.colour].1,
             cx: it.cx,

@@ -2,8 +2,8 @@
 //! `image` key): 1 to 4 human/gpt exchanges, answers from one short sentence to a paragraph.
 //! Every answer is true (sums add up, letter counts are right, shapes have the sides they have),
 //! so a model trained on them learns nothing false.
-use super::layout::Turn;
-use super::scene::{COLOURS, SHAPES};
+use crate::layout::Turn;
+use crate::scene::{COLOURS, SHAPES};
 use rand::seq::SliceRandom;
 use rand::Rng;
 

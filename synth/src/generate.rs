@@ -1,9 +1,9 @@
 //! The driver: plans which records are text-only, makes every sample on a pool of scoped worker
 //! threads (each sample from its own RNG, so the thread count never changes the output), then
 //! writes the json and, if asked, the zip.
-use super::layout::{self, LlavaRecord, Turn, JSON_FILE_NAME};
-use super::photos::PhotoLibrary;
-use super::{sample_rng, scene, sizes, text_only, SynthConfig, SynthError, SynthReport};
+use crate::layout::{self, LlavaRecord, Turn, JSON_FILE_NAME};
+use crate::photos::PhotoLibrary;
+use crate::{sample_rng, scene, sizes, text_only, SynthConfig, SynthError, SynthReport};
 use image::codecs::jpeg::JpegEncoder;
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
@@ -111,7 +111,7 @@ pub fn generate(cfg: &SynthConfig) -> Result<SynthReport, SynthError> {
     let entries: Vec<&str> = records.iter().filter_map(|r| r.image.as_deref()).collect();
     let zip_path = if cfg.zip {
         let path = cfg.out.join("images.zip");
-        super::archive::write_zip(&path, &images_dir, &entries)?;
+        crate::archive::write_zip(&path, &images_dir, &entries)?;
         Some(path)
     } else {
         None
@@ -164,14 +164,14 @@ fn make_sample(ctx: &Context, index: usize) -> Result<(LlavaRecord, u64), SynthE
     let mut jpeg = Vec::with_capacity(64 * 1024);
     JpegEncoder::new_with_quality(&mut jpeg, JPEG_QUALITY)
         .encode_image(&image)
-        .map_err(|source| SynthError::Encode {
+        .map_err(|error| SynthError::Encode {
             id: id.clone(),
             path: path.clone(),
-            source,
+            error,
         })?;
     let folder = ctx.images_dir.join(layout::folder_of(&id));
     std::fs::create_dir_all(&folder).map_err(|e| SynthError::io(&folder, e))?;
-    layout::write_atomic(&path, &jpeg)?;
+    layout::write_image(&path, &jpeg)?;
     let record = LlavaRecord {
         id,
         image: Some(relative),

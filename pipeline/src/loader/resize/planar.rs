@@ -12,9 +12,10 @@
 //! small upscales (336 -> 384, four taps) costs most of its time in per-pixel shuffling; the
 //! weights here are computed once per (input, output) length and kept.
 use super::bicubic_taps::Taps;
-use super::decode::RgbImage;
 use super::row_filter::filter_rows;
 use super::transpose::transpose;
+use super::ResizeError;
+use crate::loader::decode::RgbImage;
 use std::collections::HashMap;
 
 /// Kept taps are dropped when this many (input, output) lengths have been seen. Building one
@@ -58,18 +59,19 @@ impl PlanarResizer {
         (width, height): (usize, usize),
         out: &mut [u8],
         target: PlanarTarget,
-    ) -> Result<(), String> {
+    ) -> Result<(), ResizeError> {
         let (w, h) = (img.width as usize, img.height as usize);
         let row_bytes = 3 * w;
         if img.data.len() < h * row_bytes {
-            return Err(format!("source {w}x{h} holds {} bytes", img.data.len()));
+            return Err(ResizeError::short_source(img));
         }
         let last = 2 * target.plane + target.origin + (height.max(1) - 1) * target.stride + width;
         if width == 0 || height == 0 || width > target.stride || out.len() < last {
-            return Err(format!(
-                "box {width}x{height} does not fit the {} output bytes",
-                out.len()
-            ));
+            return Err(ResizeError::BoxOutside {
+                width,
+                height,
+                len: out.len(),
+            });
         }
         // Both axes' taps must be in the map at once: clear it before, never between.
         if self.taps.len() + 2 > MAX_CACHED_TAPS {

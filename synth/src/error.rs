@@ -1,0 +1,94 @@
+//! The error type of `tessera synth`.
+use std::path::{Path, PathBuf};
+
+/// Wrapped library errors are part of the message and deliberately not `source()` (as in
+/// `shards` and `ingest`): anyhow's `{:#}` prints the whole chain, so a source that the message
+/// also shows would print twice.
+/// Errors of `tessera synth`; each names the file, folder or sample it concerns.
+#[derive(Debug, thiserror::Error)]
+pub enum SynthError {
+    #[error("invalid synth settings: {0}")]
+    Config(String),
+    #[error("{path}: {error}")]
+    Io {
+        path: PathBuf,
+        error: std::io::Error,
+    },
+    #[error("sample {id}: encoding JPEG for {path}: {error}")]
+    Encode {
+        id: String,
+        path: PathBuf,
+        error: image::ImageError,
+    },
+    #[error("no readable photographs (.jpg, .jpeg, .png, .webp) under {0}")]
+    NoPhotos(PathBuf),
+    #[error("{path}: adding zip entry {entry}: {error}")]
+    Zip {
+        path: PathBuf,
+        entry: String,
+        error: zip::result::ZipError,
+    },
+    #[error("{path}: writing json: {error}")]
+    Json {
+        path: PathBuf,
+        error: serde_json::Error,
+    },
+    /// Creating, syncing or renaming an output file (`shards::write_atomically_with`).
+    #[error(transparent)]
+    Output(#[from] shards::ShardError),
+}
+
+impl SynthError {
+    pub(crate) fn io(path: &Path, error: std::io::Error) -> Self {
+        SynthError::Io {
+            path: path.to_path_buf(),
+            error,
+        }
+    }
+}
+
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `error` under anyhow's `{:#}` (the CLI's format) holds `cause`'s text exactly once.
+    fn assert_cause_printed_once(error: SynthError, cause: &str) {
+        let text = format!("{:#}", anyhow::Error::new(error));
+        assert_eq!(text.matches(cause).count(), 1, "{text}");
+    }
+
+    #[test]
+    fn every_wrapped_error_prints_once() {
+        let io = std::io::Error::other("disk on fire");
+        assert_cause_printed_once(SynthError::io(Path::new("out/images"), io), "disk on fire");
+        let zip = SynthError::Zip {
+            path: "out/.images.zip.tmp".into(),
+            entry: "00000/000000001.jpg".into(),
+            error: zip::result::ZipError::FileNotFound,
+        };
+        assert_cause_printed_once(zip, &zip::result::ZipError::FileNotFound.to_string());
+        let json = serde_json::from_str::<u32>("{").expect_err("not json");
+        let cause = json.to_string();
+        let json = SynthError::Json {
+            path: "out/blip_laion_cc_sbu_558k.json".into(),
+            error: json,
+        };
+        assert_cause_printed_once(json, &cause);
+        let output = shards::ShardError::Io {
+            path: "out/.blip_laion_cc_sbu_558k.json.tmp".into(),
+            error: std::io::Error::other("read-only file system"),
+        };
+        assert_cause_printed_once(SynthError::from(output), "read-only file system");
+        let encode = image::ImageError::Limits(image::error::LimitError::from_kind(
+            image::error::LimitErrorKind::DimensionError,
+        ));
+        let cause = encode.to_string();
+        let encode = SynthError::Encode {
+            id: "000000001".into(),
+            path: "out/images/00000/000000001.jpg".into(),
+            error: encode,
+        };
+        assert_cause_printed_once(encode, &cause);
+    }
+}
