@@ -10,14 +10,14 @@ use std::sync::Arc;
 
 /// Why an image could not be fetched.
 #[derive(Debug)]
-pub struct FetchError {
+pub(crate) struct FetchError {
     pub reason: Reason,
     pub detail: String,
 }
 
 /// A memory map shared between workers, readable through a cursor.
 #[derive(Clone)]
-pub struct SharedMap(Arc<memmap2::Mmap>);
+pub(crate) struct SharedMap(Arc<memmap2::Mmap>);
 
 impl AsRef<[u8]> for SharedMap {
     fn as_ref(&self) -> &[u8] {
@@ -27,14 +27,14 @@ impl AsRef<[u8]> for SharedMap {
 
 /// The images root. Clone it once per worker.
 #[derive(Clone)]
-pub enum ImageSource {
+pub(crate) enum ImageSource {
     Dir(PathBuf),
     Zip(zip::ZipArchive<Cursor<SharedMap>>),
 }
 
 impl ImageSource {
     /// A folder, or a `.zip` file (detected by its name).
-    pub fn open(path: &Path) -> Result<Self, IngestError> {
+    pub(crate) fn open(path: &Path) -> Result<Self, IngestError> {
         let meta = std::fs::metadata(path).map_err(|e| IngestError::io(path, e))?;
         if meta.is_dir() {
             return Ok(ImageSource::Dir(path.to_path_buf()));
@@ -53,7 +53,7 @@ impl ImageSource {
     }
 
     /// Reads the image at `relative` (a path from the json).
-    pub fn fetch(&mut self, relative: &str) -> Result<Vec<u8>, FetchError> {
+    pub(crate) fn fetch(&mut self, relative: &str) -> Result<Vec<u8>, FetchError> {
         let safe = safe_relative_path(relative)?;
         match self {
             ImageSource::Dir(root) => std::fs::read(root.join(&safe)).map_err(|e| FetchError {
@@ -86,7 +86,7 @@ impl ImageSource {
 
 /// Normalises a json image path to `a/b/c.jpg` form, refusing anything that could leave the
 /// images root: absolute paths, drive prefixes, `..` components, backslashes, NUL bytes.
-pub fn safe_relative_path(relative: &str) -> Result<String, FetchError> {
+pub(crate) fn safe_relative_path(relative: &str) -> Result<String, FetchError> {
     let unsafe_path = |why: &str| FetchError {
         reason: Reason::UnsafeImagePath,
         detail: format!("{relative:?}: {why}"),

@@ -14,7 +14,7 @@ use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::path::PathBuf;
 
-pub struct OrderedWriter {
+pub(crate) struct OrderedWriter {
     dir: PathBuf,
     shard_size: u64,
     limits: RowGroupLimits,
@@ -28,7 +28,7 @@ pub struct OrderedWriter {
 
 impl OrderedWriter {
     /// Continues from `state` (a fresh journal, or the one an interrupted run left).
-    pub fn new(
+    pub(crate) fn new(
         dir: PathBuf,
         state: Journal,
         limits: RowGroupLimits,
@@ -55,7 +55,7 @@ impl OrderedWriter {
 
     /// Takes the outcome of record `seq`; writes every outcome now in order. Returns how many
     /// records were written (the reader may send that many more).
-    pub fn push(
+    pub(crate) fn push(
         &mut self,
         seq: u64,
         outcome: Result<Outcome, IngestError>,
@@ -71,7 +71,7 @@ impl OrderedWriter {
     }
 
     /// Records handed over but still waiting for an earlier one.
-    pub fn waiting(&self) -> usize {
+    pub(crate) fn waiting(&self) -> usize {
         self.waiting.len()
     }
 
@@ -142,7 +142,7 @@ impl OrderedWriter {
     }
 
     /// After the last record: closes the last shard and returns the final state.
-    pub fn finish(mut self) -> Result<Journal, IngestError> {
+    pub(crate) fn finish(mut self) -> Result<Journal, IngestError> {
         self.close_shard()?;
         self.progress.finish_and_clear();
         Ok(self.state)

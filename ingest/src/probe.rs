@@ -9,14 +9,14 @@ use std::io::Cursor;
 
 /// Formats tessera stores (the loader decodes these).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ImageFormat {
+pub(crate) enum ImageFormat {
     Jpeg,
     Png,
     Webp,
 }
 
 impl ImageFormat {
-    pub fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             ImageFormat::Jpeg => "jpeg",
             ImageFormat::Png => "png",
@@ -40,7 +40,7 @@ impl ImageFormat {
 
 /// What the header says about an image, plus kept-but-notable facts for the report.
 #[derive(Clone, Debug, PartialEq)]
-pub struct ImageInfo {
+pub(crate) struct ImageInfo {
     pub format: ImageFormat,
     pub width: u32,
     pub height: u32,
@@ -49,10 +49,10 @@ pub struct ImageInfo {
 }
 
 /// A rejected image: reason and detail.
-pub type ProbeError = (Reason, String);
+pub(crate) type ProbeError = (Reason, String);
 
 /// The format from magic bytes.
-pub fn detect_format(bytes: &[u8]) -> Option<ImageFormat> {
+pub(crate) fn detect_format(bytes: &[u8]) -> Option<ImageFormat> {
     if bytes.starts_with(&[0xFF, 0xD8, 0xFF]) {
         Some(ImageFormat::Jpeg)
     } else if bytes.starts_with(b"\x89PNG\r\n\x1a\n") {
@@ -65,7 +65,7 @@ pub fn detect_format(bytes: &[u8]) -> Option<ImageFormat> {
 }
 
 /// Format, size and notes from the header only; refuses images above `max_pixels`.
-pub fn probe(bytes: &[u8], path: &str, max_pixels: u64) -> Result<ImageInfo, ProbeError> {
+pub(crate) fn probe(bytes: &[u8], path: &str, max_pixels: u64) -> Result<ImageInfo, ProbeError> {
     let Some(format) = detect_format(bytes) else {
         let head = String::from_utf8_lossy(&bytes[..bytes.len().min(16)]).into_owned();
         return Err((
@@ -146,7 +146,7 @@ fn to_image_format(format: ImageFormat) -> image::ImageFormat {
 }
 
 /// Decodes the whole file (JPEG at 1/8 DCT scale); fails on truncated or corrupt data.
-pub fn verify_decode(bytes: &[u8], path: &str, info: &ImageInfo) -> Result<(), ProbeError> {
+pub(crate) fn verify_decode(bytes: &[u8], path: &str, info: &ImageInfo) -> Result<(), ProbeError> {
     let corrupt = |e: String| {
         (
             Reason::CorruptImage,

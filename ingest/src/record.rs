@@ -10,7 +10,7 @@ use std::path::Path;
 
 /// One LLaVA record: `{"id", "image"?, "conversations": [{"from", "value"}, ...]}`.
 #[derive(Clone, Debug, PartialEq)]
-pub struct Record {
+pub(crate) struct Record {
     pub id: String,
     /// Path relative to the images root; `None` for text-only records.
     pub image: Option<String>,
@@ -39,7 +39,7 @@ struct RawRecord {
 }
 
 /// The json file, memory-mapped, with the byte range of every top-level array element.
-pub struct RecordFile {
+pub(crate) struct RecordFile {
     path: std::path::PathBuf,
     map: memmap2::Mmap,
     spans: Vec<Range<usize>>,
@@ -47,7 +47,7 @@ pub struct RecordFile {
 
 impl RecordFile {
     /// Maps `path` and finds its elements; fails on any structural syntax error.
-    pub fn open(path: &Path) -> Result<Self, IngestError> {
+    pub(crate) fn open(path: &Path) -> Result<Self, IngestError> {
         let file = std::fs::File::open(path).map_err(|e| IngestError::io(path, e))?;
         // SAFETY: the json is only read; a user editing it during ingest gets garbage records
         // (which fail to parse), never memory unsafety beyond what reading a file allows.
@@ -65,21 +65,17 @@ impl RecordFile {
     }
 
     /// Number of records.
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.spans.len()
     }
 
-    pub fn is_empty(&self) -> bool {
-        self.spans.is_empty()
-    }
-
     /// Size of the json file in bytes.
-    pub fn byte_len(&self) -> u64 {
+    pub(crate) fn byte_len(&self) -> u64 {
         self.map.len() as u64
     }
 
     /// Parses record `n`.
-    pub fn record(&self, n: usize) -> Result<Record, IngestError> {
+    pub(crate) fn record(&self, n: usize) -> Result<Record, IngestError> {
         let span = self.spans[n].clone();
         let text = &self.map[span.clone()];
         let raw: RawRecord = serde_json::from_slice(text).map_err(|e| IngestError::Json {

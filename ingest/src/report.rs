@@ -4,7 +4,7 @@ use serde::Serialize;
 use shards::{IngestReport, ShardInfo};
 use std::fmt::Write;
 
-pub const REPORT_FILE: &str = "ingest_report.json";
+pub(crate) const REPORT_FILE: &str = "ingest_report.json";
 
 /// What a finished ingest run did.
 #[derive(Clone, Debug, Serialize)]

@@ -12,12 +12,12 @@ use serde::{Deserialize, Serialize};
 use shards::{IngestReport, ShardInfo};
 use std::path::Path;
 
-pub const JOURNAL_FILE: &str = "ingest.journal.json";
-pub const REJECTED_FILE: &str = "rejected.jsonl";
+pub(crate) const JOURNAL_FILE: &str = "ingest.journal.json";
+pub(crate) const REJECTED_FILE: &str = "rejected.jsonl";
 
 /// Everything that changes the output bytes; a resume must use the same.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Settings {
+pub(crate) struct Settings {
     pub json_bytes: u64,
     pub json_records: u64,
     pub tokenizer_fingerprint: String,
@@ -29,7 +29,7 @@ pub struct Settings {
 
 /// State after the last completed shard.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct Journal {
+pub(crate) struct Journal {
     pub settings: Settings,
     pub shards: Vec<ShardInfo>,
     /// First record (json order) not yet covered by `shards` and `rejected.jsonl`.
@@ -44,14 +44,14 @@ pub struct Journal {
 
 /// A file's size and modification time (nanoseconds since the epoch).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct FileStamp {
+pub(crate) struct FileStamp {
     pub bytes: u64,
     pub modified_ns: u128,
 }
 
 impl FileStamp {
     /// The stamp of `path` now.
-    pub fn of(path: &Path) -> Result<FileStamp, IngestError> {
+    pub(crate) fn of(path: &Path) -> Result<FileStamp, IngestError> {
         let meta = std::fs::metadata(path).map_err(|e| IngestError::io(path, e))?;
         let modified = meta.modified().map_err(|e| IngestError::io(path, e))?;
         Ok(FileStamp {
@@ -64,7 +64,7 @@ impl FileStamp {
 }
 
 impl Journal {
-    pub fn save(&self, dir: &Path) -> Result<(), IngestError> {
+    pub(crate) fn save(&self, dir: &Path) -> Result<(), IngestError> {
         let text = serde_json::to_vec_pretty(self).map_err(|e| IngestError::Resume {
             dir: dir.to_path_buf(),
             detail: e.to_string(),
@@ -73,7 +73,7 @@ impl Journal {
     }
 
     /// Loads the journal, or `None` when there is none.
-    pub fn load(dir: &Path) -> Result<Option<Journal>, IngestError> {
+    pub(crate) fn load(dir: &Path) -> Result<Option<Journal>, IngestError> {
         let path = dir.join(JOURNAL_FILE);
         match std::fs::read(&path) {
             Ok(text) => serde_json::from_slice(&text)
@@ -90,7 +90,7 @@ impl Journal {
     /// Checks the journal against the settings and the files on disk: each listed shard must
     /// still carry its recorded stamp, or else hash to its sha256; leftovers of the interrupted run (later shards, temporary files,
     /// rejected lines past the checkpoint) are removed.
-    pub fn restore(&self, dir: &Path, settings: &Settings) -> Result<(), IngestError> {
+    pub(crate) fn restore(&self, dir: &Path, settings: &Settings) -> Result<(), IngestError> {
         let fail = |detail: String| IngestError::Resume {
             dir: dir.to_path_buf(),
             detail,
@@ -133,7 +133,7 @@ impl Journal {
 }
 
 /// Removes temporary files and shard files numbered `keep` or above.
-pub fn remove_leftovers(dir: &Path, keep: usize) -> Result<(), IngestError> {
+pub(crate) fn remove_leftovers(dir: &Path, keep: usize) -> Result<(), IngestError> {
     let entries = std::fs::read_dir(dir).map_err(|e| IngestError::io(dir, e))?;
     for entry in entries {
         let entry = entry.map_err(|e| IngestError::io(dir, e))?;

@@ -25,13 +25,13 @@ use crate::record::Record;
 use std::ops::Range;
 use std::path::Path;
 
-pub const IMAGE_TAG: &str = "<image>";
-pub const IMAGE_PAD: &str = "<|image_pad|>";
-pub const END_OF_TEXT: &str = "<|endoftext|>";
-pub const IM_START: &str = "<|im_start|>";
-pub const IM_END: &str = "<|im_end|>";
-pub const VISION_START: &str = "<|vision_start|>";
-pub const VISION_END: &str = "<|vision_end|>";
+pub(crate) const IMAGE_TAG: &str = "<image>";
+pub(crate) const IMAGE_PAD: &str = "<|image_pad|>";
+pub(crate) const END_OF_TEXT: &str = "<|endoftext|>";
+pub(crate) const IM_START: &str = "<|im_start|>";
+pub(crate) const IM_END: &str = "<|im_end|>";
+pub(crate) const VISION_START: &str = "<|vision_start|>";
+pub(crate) const VISION_END: &str = "<|vision_end|>";
 
 /// Which chat template turns a record into tokens.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -77,7 +77,7 @@ pub struct Rendered {
 }
 
 /// A rejected record's reason and detail.
-pub type TemplateError = (Reason, String);
+pub(crate) type TemplateError = (Reason, String);
 
 #[derive(Clone, Copy, PartialEq)]
 enum Role {
@@ -148,7 +148,7 @@ fn push(out: &mut Rendered, text: &str, supervised: bool) {
 }
 
 /// Renders `record` with `template` (see the module docs), or says why it is rejected.
-pub fn render(template: Template, record: &Record) -> Result<Rendered, TemplateError> {
+pub(crate) fn render(template: Template, record: &Record) -> Result<Rendered, TemplateError> {
     let roles = check_turns(record)?;
     let mut out = Rendered {
         text: String::new(),

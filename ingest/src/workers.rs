@@ -12,7 +12,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
 
 /// A record handed to a worker, numbered in json order.
-pub struct Job {
+pub(crate) struct Job {
     pub seq: u64,
     pub record: Result<Record, IngestError>,
     /// The id appeared earlier in the json (decided by the reader, in order).
@@ -21,7 +21,7 @@ pub struct Job {
 
 /// What became of a record.
 #[derive(Debug)]
-pub enum Outcome {
+pub(crate) enum Outcome {
     Kept {
         sample: Box<Sample>,
         notes: Vec<&'static str>,
@@ -30,7 +30,7 @@ pub enum Outcome {
 }
 
 /// Per-worker state: its own image source handle and the shared encoder.
-pub struct Worker {
+pub(crate) struct Worker {
     pub source: ImageSource,
     pub encoder: Arc<Encoder>,
     pub verify: bool,
@@ -39,7 +39,7 @@ pub struct Worker {
 
 impl Worker {
     /// Processes a job; only run-stopping failures (malformed json, tokenizer) are errors.
-    pub fn process(&mut self, job: Job) -> Result<Outcome, IngestError> {
+    pub(crate) fn process(&mut self, job: Job) -> Result<Outcome, IngestError> {
         let record = job.record?;
         let reject = |reason: Reason, detail: String| {
             Ok(Outcome::Rejected(Rejection {

@@ -31,7 +31,7 @@ pub(crate) struct ShardSink {
 
 impl ShardSink {
     /// Starts the sink thread writing into `file` (at `path`, for error messages).
-    pub fn new(file: File, path: PathBuf) -> std::io::Result<Self> {
+    pub(crate) fn new(file: File, path: PathBuf) -> std::io::Result<Self> {
         let (full_tx, full_rx) = sync_channel::<Vec<u8>>(IN_FLIGHT);
         let (empty_tx, empty_rx) = sync_channel::<Vec<u8>>(IN_FLIGHT + 2);
         let thread = std::thread::Builder::new()
@@ -76,7 +76,7 @@ impl ShardSink {
 
     /// Writes what is left, waits for the sink thread (which syncs the file) and returns the
     /// sha256 and length of everything written.
-    pub fn finish(&mut self) -> std::io::Result<SinkDone> {
+    pub(crate) fn finish(&mut self) -> std::io::Result<SinkDone> {
         if !self.buf.is_empty() {
             self.send()?;
         }

@@ -7,7 +7,7 @@ use shards::{
 use std::path::Path;
 
 fn sample(i: u32) -> Sample {
-    let image = (i % 3 != 0).then(|| {
+    let image = (!i.is_multiple_of(3)).then(|| {
         (0..(100 + i * 13))
             .map(|b| (b * 7 + i) as u8)
             .collect::<Vec<u8>>()

@@ -13,7 +13,7 @@ pub const MAX_FOLDER: u32 = 659;
 /// Ids per folder: the four digits after the folder's five.
 const IDS_PER_FOLDER: u32 = 10_000;
 /// Number of distinct ids that fall in folders `00000..=00659`.
-pub const ID_SPACE: u32 = (MAX_FOLDER + 1) * IDS_PER_FOLDER;
+pub(crate) const ID_SPACE: u32 = (MAX_FOLDER + 1) * IDS_PER_FOLDER;
 
 /// LLaVA's instructions for a brief image description (LLaVA paper, table 8).
 pub const BRIEF_PROMPTS: [&str; 11] = [
@@ -66,25 +66,25 @@ pub struct LlavaRecord {
 
 /// The id of sample `index` of `samples`: ids rise with the index and are spread evenly over
 /// the id space (so over all folders), each at a random offset inside its own stride.
-pub fn sample_id(index: usize, samples: usize, rng: &mut impl Rng) -> String {
+pub(crate) fn sample_id(index: usize, samples: usize, rng: &mut impl Rng) -> String {
     let stride = (ID_SPACE as usize / samples.max(1)).max(1);
     let id = index * stride + rng.gen_range(0..stride);
     format!("{id:09}")
 }
 
 /// The folder of an id: its first five digits.
-pub fn folder_of(id: &str) -> &str {
+pub(crate) fn folder_of(id: &str) -> &str {
     &id[..5]
 }
 
 /// The `image` value of an id: `FOLDER/ID.jpg`.
-pub fn image_path(id: &str) -> String {
+pub(crate) fn image_path(id: &str) -> String {
     format!("{}/{id}.jpg", folder_of(id))
 }
 
 /// The human turn of an image record: a brief-caption instruction with `<image>` after it
 /// (or, for a quarter of records, before it).
-pub fn caption_request(rng: &mut impl Rng) -> String {
+pub(crate) fn caption_request(rng: &mut impl Rng) -> String {
     let prompt = BRIEF_PROMPTS[rng.gen_range(0..BRIEF_PROMPTS.len())];
     if rng.gen_bool(IMAGE_FIRST_SHARE) {
         format!("<image>\n{prompt}")

@@ -11,18 +11,18 @@ use std::path::{Path, PathBuf};
 
 /// Long side of the in-memory copy of each source photo: at least most sampled sizes, and
 /// half of the common 1920 px wallpaper width, so such JPEGs decode at 1/2 DCT scale.
-pub const CACHE_LONG_SIDE: u32 = 960;
+pub(crate) const CACHE_LONG_SIDE: u32 = 960;
 const EXTENSIONS: [&str; 4] = ["jpg", "jpeg", "png", "webp"];
 
 /// Decoded, downscaled source photographs, in path order.
-pub struct PhotoLibrary {
+pub(crate) struct PhotoLibrary {
     photos: Vec<(PathBuf, RgbImage)>,
 }
 
 impl PhotoLibrary {
     /// Finds and decodes every photo under `dir` on `workers` threads. A photo that fails to
     /// decode is logged and skipped; none at all is an error.
-    pub fn load(dir: &Path, workers: usize) -> Result<Self, SynthError> {
+    pub(crate) fn load(dir: &Path, workers: usize) -> Result<Self, SynthError> {
         let mut paths = Vec::new();
         find_photos(dir, &mut paths)?;
         paths.sort();
@@ -57,18 +57,8 @@ impl PhotoLibrary {
         Ok(PhotoLibrary { photos })
     }
 
-    /// Number of usable photographs.
-    pub fn len(&self) -> usize {
-        self.photos.len()
-    }
-
-    /// Always false: loading fails on an empty folder.
-    pub fn is_empty(&self) -> bool {
-        self.photos.is_empty()
-    }
-
     /// A `width` x `height` crop of a random photo, with its caption.
-    pub fn crop(&self, width: u32, height: u32, rng: &mut impl Rng) -> (RgbImage, String) {
+    pub(crate) fn crop(&self, width: u32, height: u32, rng: &mut impl Rng) -> (RgbImage, String) {
         let (_, photo) = &self.photos[rng.gen_range(0..self.photos.len())];
         let (pw, ph) = photo.dimensions();
         let aspect = width as f64 / height as f64;

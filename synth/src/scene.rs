@@ -12,7 +12,7 @@ use rand::Rng;
 /// Shape names, as they appear in captions.
 pub const SHAPES: [&str; 5] = ["circle", "square", "triangle", "diamond", "cross"];
 /// Shape colours: caption word and RGB.
-pub const COLOURS: [(&str, [u8; 3]); 8] = [
+pub(crate) const COLOURS: [(&str, [u8; 3]); 8] = [
     ("red", [205, 40, 40]),
     ("green", [45, 165, 60]),
     ("blue", [40, 80, 210]),
@@ -23,7 +23,7 @@ pub const COLOURS: [(&str, [u8; 3]); 8] = [
     ("black", [20, 20, 20]),
 ];
 /// Background colours: caption word and RGB.
-pub const BACKGROUNDS: [(&str, [u8; 3]); 6] = [
+pub(crate) const BACKGROUNDS: [(&str, [u8; 3]); 6] = [
     ("grey", [128, 128, 128]),
     ("white", [222, 222, 216]),
     ("black", [38, 38, 42]),
@@ -73,7 +73,7 @@ impl Item {
 }
 
 /// Draws a `width` x `height` scene and returns it with its caption.
-pub fn draw_scene(width: u32, height: u32, rng: &mut impl Rng) -> (RgbImage, String) {
+pub(crate) fn draw_scene(width: u32, height: u32, rng: &mut impl Rng) -> (RgbImage, String) {
     let background = rng.gen_range(0..BACKGROUNDS.len());
     let wanted = match rng.gen_range(0..20) {
         0..=5 => 1,

@@ -21,7 +21,7 @@ const SQUARE_SHARE: f64 = 0.40;
 const LANDSCAPE_SHARE: f64 = 0.42;
 
 /// Draws one `(width, height)`.
-pub fn sample_size(rng: &mut impl Rng) -> (u32, u32) {
+pub(crate) fn sample_size(rng: &mut impl Rng) -> (u32, u32) {
     let u: f64 = rng.gen();
     let short = if u < SHORT_SIDE_SHARE {
         SHORT_SIDE

@@ -41,7 +41,7 @@ const FOLLOW_UPS: [&str; 3] = [
 ];
 
 /// A conversation of 1 to 4 exchanges, starting with the human.
-pub fn conversation(rng: &mut impl Rng) -> Vec<Turn> {
+pub(crate) fn conversation(rng: &mut impl Rng) -> Vec<Turn> {
     let exchanges = rng.gen_range(1..=4);
     let mut turns = Vec::with_capacity(2 * exchanges);
     let mut last_detail = String::new();

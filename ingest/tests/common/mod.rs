@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 
 /// The Qwen tokenizer under the workspace's `.deps/` (these fixtures serve both the `ingest`
 /// crate's tests and the workspace root's).
-pub fn tokenizer_path() -> PathBuf {
+pub(crate) fn tokenizer_path() -> PathBuf {
     let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
     let here = manifest.join(".deps/tokenizer/tokenizer.json");
     if here.exists() {
@@ -19,14 +19,14 @@ pub fn tokenizer_path() -> PathBuf {
 }
 
 /// A photo-like RGB image: smooth gradients plus a seed-dependent pattern.
-pub fn rgb(width: u32, height: u32, seed: u32) -> RgbImage {
+pub(crate) fn rgb(width: u32, height: u32, seed: u32) -> RgbImage {
     RgbImage::from_fn(width, height, |x, y| {
         let v = (x * 7 + y * 3 + seed * 31) % 256;
         image::Rgb([v as u8, ((x ^ y) + seed) as u8, (y * 5 + seed) as u8])
     })
 }
 
-pub fn jpeg(width: u32, height: u32, seed: u32) -> Vec<u8> {
+pub(crate) fn jpeg(width: u32, height: u32, seed: u32) -> Vec<u8> {
     let mut out = Vec::new();
     image::codecs::jpeg::JpegEncoder::new_with_quality(&mut out, 85)
         .encode_image(&rgb(width, height, seed))
@@ -34,7 +34,7 @@ pub fn jpeg(width: u32, height: u32, seed: u32) -> Vec<u8> {
     out
 }
 
-pub fn gray_jpeg(width: u32, height: u32) -> Vec<u8> {
+pub(crate) fn gray_jpeg(width: u32, height: u32) -> Vec<u8> {
     let img = image::GrayImage::from_fn(width, height, |x, y| image::Luma([((x + y) % 256) as u8]));
     let mut out = Vec::new();
     image::codecs::jpeg::JpegEncoder::new_with_quality(&mut out, 85)
@@ -43,7 +43,7 @@ pub fn gray_jpeg(width: u32, height: u32) -> Vec<u8> {
     out
 }
 
-pub fn png(width: u32, height: u32) -> Vec<u8> {
+pub(crate) fn png(width: u32, height: u32) -> Vec<u8> {
     let img = rgb(width, height, 3);
     let mut out = Vec::new();
     image::codecs::png::PngEncoder::new(&mut out)
@@ -52,7 +52,7 @@ pub fn png(width: u32, height: u32) -> Vec<u8> {
     out
 }
 
-pub fn webp(width: u32, height: u32) -> Vec<u8> {
+pub(crate) fn webp(width: u32, height: u32) -> Vec<u8> {
     let img = image::RgbaImage::from_fn(width, height, |x, y| {
         image::Rgba([x as u8, y as u8, 9, 255])
     });
@@ -64,13 +64,13 @@ pub fn webp(width: u32, height: u32) -> Vec<u8> {
 }
 
 /// A CMYK JPEG made once with Pillow (`Image.new("CMYK", ...).save(...)`), checked in.
-pub fn cmyk_jpeg() -> Vec<u8> {
+pub(crate) fn cmyk_jpeg() -> Vec<u8> {
     std::fs::read(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/cmyk.jpg"))
         .expect("cmyk fixture")
 }
 
 /// A JPEG whose frame header claims `width` x `height` (a decompression bomb's header).
-pub fn jpeg_claiming(width: u16, height: u16) -> Vec<u8> {
+pub(crate) fn jpeg_claiming(width: u16, height: u16) -> Vec<u8> {
     let mut bytes = jpeg(16, 16, 1);
     let sof = bytes
         .windows(2)
@@ -82,14 +82,14 @@ pub fn jpeg_claiming(width: u16, height: u16) -> Vec<u8> {
 }
 
 /// A LLaVA-Pretrain-shaped image record.
-pub fn image_record(id: &str, image: &str, caption: &str) -> Value {
+pub(crate) fn image_record(id: &str, image: &str, caption: &str) -> Value {
     json!({"id": id, "image": image, "conversations": [
         {"from": "human", "value": "Render a clear and concise summary of the photo.\n<image>"},
         {"from": "gpt", "value": caption}]})
 }
 
 /// A text-only record with the given (from, value) turns.
-pub fn text_record(id: &str, turns: &[(&str, &str)]) -> Value {
+pub(crate) fn text_record(id: &str, turns: &[(&str, &str)]) -> Value {
     let turns: Vec<Value> = turns
         .iter()
         .map(|(f, v)| json!({"from": f, "value": v}))
@@ -98,13 +98,13 @@ pub fn text_record(id: &str, turns: &[(&str, &str)]) -> Value {
 }
 
 /// A dataset under construction in a temp dir: `images/`, `data.json`, and `out/`.
-pub struct Fixture {
+pub(crate) struct Fixture {
     pub root: tempfile::TempDir,
     pub records: Vec<Value>,
 }
 
 impl Fixture {
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         let root = tempfile::tempdir().expect("tempdir");
         std::fs::create_dir_all(root.path().join("images")).expect("images dir");
         Fixture {
@@ -113,34 +113,34 @@ impl Fixture {
         }
     }
 
-    pub fn images(&self) -> PathBuf {
+    pub(crate) fn images(&self) -> PathBuf {
         self.root.path().join("images")
     }
 
-    pub fn json(&self) -> PathBuf {
+    pub(crate) fn json(&self) -> PathBuf {
         self.root.path().join("data.json")
     }
 
-    pub fn out(&self) -> PathBuf {
+    pub(crate) fn out(&self) -> PathBuf {
         self.root.path().join("out")
     }
 
     /// Writes `bytes` at `images/<relative>`.
-    pub fn put_image(&self, relative: &str, bytes: &[u8]) {
+    pub(crate) fn put_image(&self, relative: &str, bytes: &[u8]) {
         let path = self.images().join(relative);
         std::fs::create_dir_all(path.parent().expect("parent")).expect("mkdir");
         std::fs::write(path, bytes).expect("write image");
     }
 
     /// An image record plus its file, LLaVA style (`00453/004539375.jpg`).
-    pub fn add_image(&mut self, id: &str, bytes: &[u8], caption: &str) -> String {
+    pub(crate) fn add_image(&mut self, id: &str, bytes: &[u8], caption: &str) -> String {
         let relative = format!("{}/{id}.jpg", &id[..id.len().min(5)]);
         self.put_image(&relative, bytes);
         self.records.push(image_record(id, &relative, caption));
         relative
     }
 
-    pub fn write_json(&self) {
+    pub(crate) fn write_json(&self) {
         std::fs::write(
             self.json(),
             serde_json::to_vec_pretty(&self.records).expect("json"),
@@ -149,7 +149,7 @@ impl Fixture {
     }
 
     /// A config for this fixture (json written first), small shards and row groups.
-    pub fn config(&self, template: Template) -> IngestConfig {
+    pub(crate) fn config(&self, template: Template) -> IngestConfig {
         self.write_json();
         let mut config =
             IngestConfig::new(self.json(), self.images(), tokenizer_path(), self.out());
@@ -161,7 +161,7 @@ impl Fixture {
 }
 
 /// `(id, reason)` pairs of `rejected.jsonl`.
-pub fn rejected(out: &Path) -> Vec<(String, String)> {
+pub(crate) fn rejected(out: &Path) -> Vec<(String, String)> {
     let text = std::fs::read_to_string(out.join("rejected.jsonl")).expect("rejected.jsonl");
     text.lines()
         .map(|line| {
@@ -175,7 +175,7 @@ pub fn rejected(out: &Path) -> Vec<(String, String)> {
 }
 
 /// The files of a shard directory with their bytes (for byte-identity checks).
-pub fn dir_bytes(dir: &Path) -> Vec<(String, Vec<u8>)> {
+pub(crate) fn dir_bytes(dir: &Path) -> Vec<(String, Vec<u8>)> {
     let mut out: Vec<(String, Vec<u8>)> = std::fs::read_dir(dir)
         .expect("read dir")
         .map(|e| e.expect("entry").path())

@@ -11,14 +11,14 @@ use crate::{MicroBatch, IGNORE_INDEX};
 use shards::{Kind, Sample};
 
 /// One sample as it enters a row.
-pub struct RowSample {
+pub(super) struct RowSample {
     pub sample: Sample,
     /// All labels `IGNORE_INDEX` (a zero-loss plan, or a stand-in for a failed image).
     pub ignore_labels: bool,
 }
 
 /// Checks a sample's tokens against its kind before any image work is spent on it.
-pub fn check_tokens(sample: &Sample, placeholder_id: u32) -> Result<(), LoaderError> {
+pub(super) fn check_tokens(sample: &Sample, placeholder_id: u32) -> Result<(), LoaderError> {
     let bad = |message: String| LoaderError::Sample {
         sample_id: sample.id.clone(),
         message,
@@ -56,7 +56,7 @@ pub fn check_tokens(sample: &Sample, placeholder_id: u32) -> Result<(), LoaderEr
 
 /// Builds the token tensors of a micro-batch. `pixels` must already hold one image per image
 /// sample, in row-major packing order.
-pub fn assemble(
+pub(super) fn assemble(
     kind: Kind,
     zero_loss: bool,
     rows: Vec<Vec<RowSample>>,

@@ -54,11 +54,11 @@ pub(crate) struct StatCells {
 }
 
 impl StatCells {
-    pub fn add_time(cell: &AtomicU64, d: Duration) {
+    pub(super) fn add_time(cell: &AtomicU64, d: Duration) {
         cell.fetch_add(d.as_nanos() as u64, Relaxed);
     }
 
-    pub fn snapshot(&self, batches: u64, wait: Duration) -> LoaderStats {
+    pub(super) fn snapshot(&self, batches: u64, wait: Duration) -> LoaderStats {
         LoaderStats {
             batches,
             samples: self.samples.load(Relaxed),

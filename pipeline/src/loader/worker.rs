@@ -22,7 +22,7 @@ pub(crate) struct Worker {
 }
 
 impl Worker {
-    pub fn new(
+    pub(super) fn new(
         source: Arc<dyn SampleSource>,
         config: Arc<LoaderConfig>,
         stats: Arc<StatCells>,
@@ -36,7 +36,7 @@ impl Worker {
         }
     }
 
-    pub fn load(&mut self, plan: &MicroBatchPlan) -> Result<MicroBatch, LoaderError> {
+    pub(super) fn load(&mut self, plan: &MicroBatchPlan) -> Result<MicroBatch, LoaderError> {
         let started = Instant::now();
         let indices: Vec<u64> = plan.rows.iter().flatten().copied().collect();
         let samples = self.source.read(&indices)?;

@@ -18,7 +18,7 @@ pub(crate) struct SampleOrder {
 }
 
 impl SampleOrder {
-    pub fn new(kinds: &[Kind], fingerprint: &str, seed: u64, epoch: u64) -> Self {
+    pub(crate) fn new(kinds: &[Kind], fingerprint: &str, seed: u64, epoch: u64) -> Self {
         let mut hasher = Sha256::new();
         hasher.update(b"tessera-plan-order-v1\0");
         hasher.update(fingerprint.as_bytes());
@@ -44,24 +44,24 @@ impl SampleOrder {
     /// Drops every sample of another kind. The kept samples stay in the whole dataset's
     /// shuffled order, so the filter does not change which of them comes first. The key names
     /// the filter too: a position counted in the unfiltered order means something else here.
-    pub fn keep_only(&mut self, keep: Kind, kinds: &[Kind]) {
+    pub(crate) fn keep_only(&mut self, keep: Kind, kinds: &[Kind]) {
         self.key = format!("{}-only-{keep:?}", self.key).to_lowercase();
         self.order.retain(|&s| kinds[s as usize] == keep);
         self.streams = [Vec::new(), Vec::new()];
         self.streams[keep as usize] = (0..self.order.len() as u32).collect();
     }
 
-    pub fn stream_len(&self, kind: Kind) -> usize {
+    pub(crate) fn stream_len(&self, kind: Kind) -> usize {
         self.streams[kind as usize].len()
     }
 
     /// The `i`-th sample of `kind`'s stream.
-    pub fn sample(&self, kind: Kind, i: usize) -> u32 {
+    pub(crate) fn sample(&self, kind: Kind, i: usize) -> u32 {
         self.order[self.streams[kind as usize][i] as usize]
     }
 
     /// Position in the global shuffled order of `kind`'s `i`-th sample.
-    pub fn global_pos(&self, kind: Kind, i: usize) -> Option<u32> {
+    pub(crate) fn global_pos(&self, kind: Kind, i: usize) -> Option<u32> {
         self.streams[kind as usize].get(i).copied()
     }
 }

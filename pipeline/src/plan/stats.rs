@@ -11,7 +11,7 @@ pub(crate) struct StatsAccumulator {
 }
 
 impl StatsAccumulator {
-    pub fn add(&mut self, planner: &Planner, micro_step: &MicroStep) {
+    pub(super) fn add(&mut self, planner: &Planner, micro_step: &MicroStep) {
         let s = &mut self.stats;
         s.micro_steps += 1;
         let mut rank_costs = Vec::with_capacity(micro_step.ranks.len());
@@ -44,7 +44,7 @@ impl StatsAccumulator {
         self.aligned += u64::from(micro_step.kind().is_some());
     }
 
-    pub fn finish(mut self, token_budget: u64) -> PlanStats {
+    pub(super) fn finish(mut self, token_budget: u64) -> PlanStats {
         let s = &mut self.stats;
         if s.micro_steps > 0 {
             s.imbalance_mean = self.imbalance_sum / s.micro_steps as f64;

@@ -6,12 +6,12 @@
 //! (the widest window's); the extra ones of narrower windows weigh zero.
 
 /// Fixed-point weights: 1.0 is `1 << WEIGHT_BITS`. 14 bits keep every weight an `i16`.
-pub const WEIGHT_BITS: u32 = 14;
+pub(super) const WEIGHT_BITS: u32 = 14;
 const ONE: i32 = 1 << WEIGHT_BITS;
 
 /// The taps of every output position along one axis.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Taps {
+pub(super) struct Taps {
     /// Taps per output.
     len: usize,
     /// Input index of each tap, `len` per output, all `< input`.
@@ -44,7 +44,7 @@ fn round(x: f64) -> i32 {
 
 impl Taps {
     /// Taps that resample `input` positions to `output` (both at least 1).
-    pub fn new(input: usize, output: usize) -> Taps {
+    pub(super) fn new(input: usize, output: usize) -> Taps {
         let (input, output) = (input.max(1), output.max(1));
         let scale = input as f64 / output as f64;
         let filter_scale = scale.max(1.0);
@@ -99,22 +99,22 @@ impl Taps {
     }
 
     /// How many output positions these taps make.
-    pub fn output(&self) -> usize {
+    pub(super) fn output(&self) -> usize {
         self.index.len() / self.len
     }
 
     /// Taps per output.
-    pub fn per_output(&self) -> usize {
+    pub(super) fn per_output(&self) -> usize {
         self.len
     }
 
     /// The largest input index any tap reads.
-    pub fn max_index(&self) -> usize {
+    pub(super) fn max_index(&self) -> usize {
         self.index.iter().copied().max().unwrap_or(0) as usize
     }
 
     /// Input indices and weights of output `i`.
-    pub fn of(&self, i: usize) -> (&[u32], &[i16]) {
+    pub(super) fn of(&self, i: usize) -> (&[u32], &[i16]) {
         let span = i * self.len..(i + 1) * self.len;
         (&self.index[span.clone()], &self.weights[span])
     }

@@ -5,7 +5,7 @@
 //! per plane instead. Both paths give identical bytes (tested below).
 
 /// Splits `src` (RGB pixels) into `r`, `g`, `b`; all three hold `src.len() / 3` bytes.
-pub fn deinterleave_row(src: &[u8], r: &mut [u8], g: &mut [u8], b: &mut [u8]) {
+pub(super) fn deinterleave_row(src: &[u8], r: &mut [u8], g: &mut [u8], b: &mut [u8]) {
     let n = (src.len() / 3).min(r.len()).min(g.len()).min(b.len());
     let (src, r, g, b) = (&src[..3 * n], &mut r[..n], &mut g[..n], &mut b[..n]);
     #[cfg(target_arch = "x86_64")]
@@ -27,7 +27,7 @@ pub fn deinterleave_row(src: &[u8], r: &mut [u8], g: &mut [u8], b: &mut [u8]) {
 }
 
 /// One pixel at a time (zipped iterators: no bounds checks).
-pub fn deinterleave_scalar(src: &[u8], r: &mut [u8], g: &mut [u8], b: &mut [u8]) {
+pub(super) fn deinterleave_scalar(src: &[u8], r: &mut [u8], g: &mut [u8], b: &mut [u8]) {
     let dst = r.iter_mut().zip(g.iter_mut()).zip(b.iter_mut());
     for (((r, g), b), px) in dst.zip(src.chunks_exact(3)) {
         *r = px[0];
@@ -77,7 +77,7 @@ mod ssse3 {
     /// # Safety
     /// The CPU must support SSSE3, and `r`, `g`, `b` must hold at least `src.len() / 3` bytes.
     #[target_feature(enable = "ssse3")]
-    pub unsafe fn deinterleave(src: &[u8], r: &mut [u8], g: &mut [u8], b: &mut [u8]) -> usize {
+    pub(super) unsafe fn deinterleave(src: &[u8], r: &mut [u8], g: &mut [u8], b: &mut [u8]) -> usize {
         let blocks = src.len() / 48;
         for i in 0..blocks {
             // SAFETY: block i reads src[48i..48i + 48] (< src.len()) and writes

@@ -26,7 +26,7 @@ const MAX_CACHED_TAPS: usize = 1024;
 /// Where one channel's box lies in the output: plane `c` starts at `c * plane`, the box's top
 /// left byte is `origin` into the plane, and its rows are `stride` bytes apart.
 #[derive(Clone, Copy, Debug)]
-pub struct PlanarTarget {
+pub(super) struct PlanarTarget {
     pub plane: usize,
     pub origin: usize,
     pub stride: usize,
@@ -34,7 +34,7 @@ pub struct PlanarTarget {
 
 /// Reusable state of one worker thread: cached taps and the intermediate images.
 #[derive(Default)]
-pub struct PlanarResizer {
+pub(super) struct PlanarResizer {
     taps: HashMap<(usize, usize), Taps>,
     vertical: Vec<u8>,
     transposed: Vec<u8>,
@@ -53,7 +53,7 @@ fn sized(buf: &mut Vec<u8>, len: usize) -> &mut [u8] {
 
 impl PlanarResizer {
     /// Resizes `img` to `width x height` into the three channel boxes of `out`.
-    pub fn resize(
+    pub(super) fn resize(
         &mut self,
         img: &RgbImage,
         (width, height): (usize, usize),

@@ -11,7 +11,7 @@ use super::bicubic_taps::{Taps, WEIGHT_BITS};
 ///
 /// # Panics
 /// If a tapped row runs past `src`, or `dst` holds fewer than `taps.output()` rows.
-pub fn filter_rows(
+pub(super) fn filter_rows(
     src: &[u8],
     (base, stride): (usize, usize),
     n: usize,
@@ -106,7 +106,7 @@ mod avx2 {
     /// # Safety
     /// AVX2, and `rows[t] + dst.len() <= src.len()` for every `t`.
     #[target_feature(enable = "avx2")]
-    pub unsafe fn filter_row(src: &[u8], rows: &[usize], weights: &[i16], dst: &mut [u8]) -> usize {
+    pub(super) unsafe fn filter_row(src: &[u8], rows: &[usize], weights: &[i16], dst: &mut [u8]) -> usize {
         let pairs = rows.len().div_ceil(2);
         if rows.is_empty() || pairs > MAX_PAIRS {
             return 0;

@@ -9,7 +9,7 @@
 ///
 /// # Panics
 /// If `src` or `dst` is too short for the strides and sizes given.
-pub fn transpose(
+pub(super) fn transpose(
     src: &[u8],
     src_stride: usize,
     (rows, cols): (usize, usize),
@@ -98,7 +98,7 @@ mod simd {
     /// 16 rows of 16 bytes readable at `src` (stride `src_stride`) and writable at `dst`
     /// (stride `dst_stride`).
     #[inline(always)]
-    pub unsafe fn block_sse2(src: *const u8, src_stride: usize, dst: *mut u8, dst_stride: usize) {
+    pub(super) unsafe fn block_sse2(src: *const u8, src_stride: usize, dst: *mut u8, dst_stride: usize) {
         // SAFETY: the caller's guarantee covers every load and store.
         unsafe {
             let mut r: [__m128i; 16] =
@@ -115,7 +115,7 @@ mod simd {
     /// # Safety
     /// AVX2; 16 rows of 32 bytes readable at `src`, 32 rows of 16 bytes writable at `dst`.
     #[target_feature(enable = "avx2")]
-    pub unsafe fn pair_avx2(src: *const u8, src_stride: usize, dst: *mut u8, dst_stride: usize) {
+    pub(super) unsafe fn pair_avx2(src: *const u8, src_stride: usize, dst: *mut u8, dst_stride: usize) {
         // SAFETY: the caller's guarantee covers every load and store.
         unsafe {
             let mut r: [__m256i; 16] =
