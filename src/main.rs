@@ -34,7 +34,7 @@ enum Command {
     InitModel(commands::init_model::Args),
     /// Train stage 1 (projector) or stage 2 (projector + LoRA) off pre-built shards.
     #[cfg(feature = "train")]
-    Train(commands::train::Args),
+    Train(Box<commands::train::Args>),
     /// Export a run: projector safetensors, PEFT adapter, VLM config.json.
     #[cfg(feature = "train")]
     Export(commands::export::Args),
@@ -51,7 +51,7 @@ fn main() -> ExitCode {
         #[cfg(feature = "train")]
         Command::InitModel(args) => commands::init_model::run(args),
         #[cfg(feature = "train")]
-        Command::Train(args) => commands::train::run(args),
+        Command::Train(args) => commands::train::run(*args),
         #[cfg(feature = "train")]
         Command::Export(args) => commands::export::run(args),
     };

@@ -3,13 +3,13 @@
 //! folder and the same bytes, sizes and the text-only share are as asked, and a seed pins the
 //! output byte for byte.
 use anyhow::{ensure, Context, Result};
-use synth::{SizeStats, BRIEF_PROMPTS, MAX_SIDE, SHAPES};
-use synth::{generate, SynthConfig, JSON_FILE_NAME, MAX_FOLDER};
 use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use synth::{generate, SynthConfig, JSON_FILE_NAME, MAX_FOLDER};
+use synth::{SizeStats, BRIEF_PROMPTS, MAX_SIDE, SHAPES};
 
 const SAMPLES: usize = 400;
 const TEXT_ONLY_FRACTION: f64 = 0.25;
@@ -19,8 +19,7 @@ fn load_json(dir: &Path) -> Result<Vec<Value>> {
     let path = dir.join(JSON_FILE_NAME);
     let text =
         std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
-    Ok(serde_json::from_str(&text)
-        .with_context(|| format!("{} is not a JSON list", path.display()))?)
+    serde_json::from_str(&text).with_context(|| format!("{} is not a JSON list", path.display()))
 }
 
 fn text(v: &Value, key: &str) -> Result<String> {

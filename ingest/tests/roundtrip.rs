@@ -146,7 +146,11 @@ fn plain_template_round_trips_every_sample() -> anyhow::Result<()> {
             )
         };
         assert_tokens(&tokenizer, sample, &expected_text, &expected_supervised)?;
-        let placeholders = sample.input_ids.iter().filter(|&&t| t == shards::IMAGE_PAD_ID).count();
+        let placeholders = sample
+            .input_ids
+            .iter()
+            .filter(|&&t| t == shards::IMAGE_PAD_ID)
+            .count();
         assert_eq!(placeholders, usize::from(sample.kind == Kind::Image));
         assert_eq!(sample.num_text_tokens as usize, sample.input_ids.len());
         let targets = sample.label_mask.iter().skip(1).filter(|&&m| m).count();

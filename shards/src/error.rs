@@ -86,7 +86,10 @@ mod tests {
         let io = std::io::Error::other("disk on fire");
         assert_cause_printed_once(ShardError::io("shard-00000.parquet", io), "disk on fire");
         let parquet = parquet::errors::ParquetError::General("bad footer".into());
-        assert_cause_printed_once(ShardError::parquet("shard-00001.parquet", parquet), "bad footer");
+        assert_cause_printed_once(
+            ShardError::parquet("shard-00001.parquet", parquet),
+            "bad footer",
+        );
         let arrow = arrow_schema::ArrowError::SchemaError("no column".into());
         assert_cause_printed_once(ShardError::arrow("shard-00002.parquet", arrow), "no column");
         let json = serde_json::from_str::<u32>("{").expect_err("not json");

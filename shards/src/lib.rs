@@ -23,11 +23,9 @@ mod stats;
 mod verify;
 mod writer;
 
-pub use error::ShardError;
 pub use atomic::{write_atomically, write_atomically_with};
-pub use manifest::{
-    shard_file_name, IngestReport, Manifest, RowGroupInfo, ShardInfo, INDEX_FILE,
-};
+pub use error::ShardError;
+pub use manifest::{shard_file_name, IngestReport, Manifest, RowGroupInfo, ShardInfo, INDEX_FILE};
 pub use reader::{fingerprint_of, Dataset};
 pub use sample::{Kind, Sample, SampleMeta, Turn, IMAGE_PAD_ID};
 pub use schema::{col, samples_to_batch, schema_v1, FORMAT_VERSION};

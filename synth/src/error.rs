@@ -47,7 +47,6 @@ impl SynthError {
     }
 }
 
-
 #[cfg(test)]
 mod tests {
     use super::*;

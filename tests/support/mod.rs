@@ -8,7 +8,7 @@ use std::process::{Command, Output};
 /// A private hard link to a `tessera` built with `train`, taken once. Builds with
 /// `--no-default-features` elsewhere in the shared target dir re-link `target/release/tessera`
 /// to a binary without `train`; then the newest train-capable `deps/tessera-*` is used.
-pub fn binary() -> &'static Path {
+pub(crate) fn binary() -> &'static Path {
     static LINK: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
     LINK.get_or_init(|| {
         let has_train = |p: &Path| {
@@ -53,14 +53,14 @@ pub fn binary() -> &'static Path {
     })
 }
 
-pub fn tessera() -> Command {
+pub(crate) fn tessera() -> Command {
     let mut cmd = Command::new(binary());
     cmd.env("NO_PROGRESS", "1")
         .env("TESSERA_LOADER_THREADS", "1");
     cmd
 }
 
-pub fn run_ok(cmd: &mut Command) -> Result<Output> {
+pub(crate) fn run_ok(cmd: &mut Command) -> Result<Output> {
     let out = cmd.output().context("spawning tessera")?;
     ensure!(
         out.status.success(),
@@ -71,14 +71,14 @@ pub fn run_ok(cmd: &mut Command) -> Result<Output> {
     Ok(out)
 }
 
-pub fn run_err(cmd: &mut Command) -> Result<String> {
+pub(crate) fn run_err(cmd: &mut Command) -> Result<String> {
     let out = cmd.output().context("spawning tessera")?;
     ensure!(!out.status.success(), "{cmd:?} should have failed");
     Ok(String::from_utf8_lossy(&out.stderr).into_owned())
 }
 
 /// Shards of synthetic LLaVA records and a tiny random model, in a temporary directory.
-pub struct Fixture {
+pub(crate) struct Fixture {
     _tmp: tempfile::TempDir,
     pub root: PathBuf,
     pub shards: PathBuf,
@@ -87,7 +87,7 @@ pub struct Fixture {
 }
 
 /// `samples` synth records (`text_only` of them text-only), ingested, and `init-model tiny`.
-pub fn fixture(samples: usize, text_only: f64) -> Result<Fixture> {
+pub(crate) fn fixture(samples: usize, text_only: f64) -> Result<Fixture> {
     let tmp = tempfile::tempdir()?;
     let root = tmp.path().to_path_buf();
     let tokenizer = Path::new(env!("CARGO_MANIFEST_DIR")).join(".deps/tokenizer/tokenizer.json");

@@ -22,7 +22,12 @@ pub(super) struct Workload {
 /// The dataset prefix that holds the first `image_limit` image samples, planned the way the
 /// planner would at one rank: each micro-batch one kind, `per_row` samples per packed row,
 /// `rows` rows per micro-batch.
-pub(super) fn workload(kinds: &[Kind], image_limit: usize, per_row: usize, rows: usize) -> Workload {
+pub(super) fn workload(
+    kinds: &[Kind],
+    image_limit: usize,
+    per_row: usize,
+    rows: usize,
+) -> Workload {
     let (per_row, rows) = (per_row.max(1), rows.max(1));
     let mut by_kind: [Vec<u64>; 2] = [Vec::new(), Vec::new()];
     for (i, &kind) in kinds.iter().enumerate() {

@@ -77,7 +77,12 @@ mod ssse3 {
     /// # Safety
     /// The CPU must support SSSE3, and `r`, `g`, `b` must hold at least `src.len() / 3` bytes.
     #[target_feature(enable = "ssse3")]
-    pub(super) unsafe fn deinterleave(src: &[u8], r: &mut [u8], g: &mut [u8], b: &mut [u8]) -> usize {
+    pub(super) unsafe fn deinterleave(
+        src: &[u8],
+        r: &mut [u8],
+        g: &mut [u8],
+        b: &mut [u8],
+    ) -> usize {
         let blocks = src.len() / 48;
         for i in 0..blocks {
             // SAFETY: block i reads src[48i..48i + 48] (< src.len()) and writes

@@ -106,7 +106,12 @@ mod avx2 {
     /// # Safety
     /// AVX2, and `rows[t] + dst.len() <= src.len()` for every `t`.
     #[target_feature(enable = "avx2")]
-    pub(super) unsafe fn filter_row(src: &[u8], rows: &[usize], weights: &[i16], dst: &mut [u8]) -> usize {
+    pub(super) unsafe fn filter_row(
+        src: &[u8],
+        rows: &[usize],
+        weights: &[i16],
+        dst: &mut [u8],
+    ) -> usize {
         let pairs = rows.len().div_ceil(2);
         if rows.is_empty() || pairs > MAX_PAIRS {
             return 0;

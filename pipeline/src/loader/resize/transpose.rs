@@ -98,7 +98,12 @@ mod simd {
     /// 16 rows of 16 bytes readable at `src` (stride `src_stride`) and writable at `dst`
     /// (stride `dst_stride`).
     #[inline(always)]
-    pub(super) unsafe fn block_sse2(src: *const u8, src_stride: usize, dst: *mut u8, dst_stride: usize) {
+    pub(super) unsafe fn block_sse2(
+        src: *const u8,
+        src_stride: usize,
+        dst: *mut u8,
+        dst_stride: usize,
+    ) {
         // SAFETY: the caller's guarantee covers every load and store.
         unsafe {
             let mut r: [__m128i; 16] =
@@ -115,7 +120,12 @@ mod simd {
     /// # Safety
     /// AVX2; 16 rows of 32 bytes readable at `src`, 32 rows of 16 bytes writable at `dst`.
     #[target_feature(enable = "avx2")]
-    pub(super) unsafe fn pair_avx2(src: *const u8, src_stride: usize, dst: *mut u8, dst_stride: usize) {
+    pub(super) unsafe fn pair_avx2(
+        src: *const u8,
+        src_stride: usize,
+        dst: *mut u8,
+        dst_stride: usize,
+    ) {
         // SAFETY: the caller's guarantee covers every load and store.
         unsafe {
             let mut r: [__m256i; 16] =
