@@ -2,7 +2,8 @@
 //! sample, plus `index.json` written last (its presence means every listed shard is complete).
 //!
 //! 1. [`ShardWriter`] writes one shard: row groups bounded by rows and bytes, a temporary name,
-//!    sha256 computed while writing (on a sink thread), then a rename. It returns the [`ShardInfo`] for the index.
+//!    sha256 computed while writing (on a sink thread), then a rename. It returns the
+//!    [`ShardInfo`] for the index.
 //! 2. [`Manifest`] is `index.json`: format version, tokenizer fingerprint, template, shards,
 //!    and the ingest report.
 //! 3. [`Dataset`] opens a directory (memory-mapped shards) and reads samples by global index
@@ -10,9 +11,9 @@
 //!    [`Dataset::metadata`] scan reads only kind and token counts (the planner's input).
 //! 4. [`verify()`] and [`stats()`] back `tessera shards verify|stats`.
 //!
-//! Every file tessera writes whole (index.json, the ingest journal, synth's json) goes through
-//! [`atomic`]: a temporary sibling, fsync, rename, fsync of the folder.
-pub mod atomic;
+//! Every file tessera writes whole (index.json, the ingest journal, synth's json and zip) goes
+//! through [`write_atomically`]: a temporary sibling, fsync, rename, fsync of the folder.
+mod atomic;
 mod error;
 mod manifest;
 mod reader;
@@ -23,7 +24,7 @@ mod stats;
 mod verify;
 mod writer;
 
-pub use atomic::{write_atomically, write_atomically_with};
+pub use atomic::{temp_path, write_atomically, write_atomically_with};
 pub use error::ShardError;
 pub use manifest::{shard_file_name, IngestReport, Manifest, RowGroupInfo, ShardInfo, INDEX_FILE};
 pub use reader::{fingerprint_of, Dataset};

@@ -1,5 +1,5 @@
 //! `index.json`: the manifest of a shard directory. Written last (atomically and durably,
-//! [`crate::atomic`]), so its presence means every shard it lists is complete.
+//! `crate::atomic`), so its presence means every shard it lists is complete.
 use crate::atomic::write_atomically;
 use crate::error::ShardError;
 use crate::schema::FORMAT_VERSION;

@@ -1,7 +1,8 @@
 //! Writes one shard: samples go into row groups bounded by rows and by bytes, the file is
 //! written under a temporary name (`.shard-00000.parquet.tmp`), hashed while it is written
-//! (on the sink thread of [`crate::sink`]), synced, then renamed and its folder synced (`crate::atomic::rename_durably`). The metadata parquet's
-//! footer returns feeds [`ShardInfo`].
+//! (on the sink thread of [`crate::sink`]), synced, renamed, and its folder synced
+//! (`crate::atomic::rename_durably`). The metadata parquet's footer returns feeds
+//! [`ShardInfo`].
 use crate::error::ShardError;
 use crate::manifest::{shard_file_name, RowGroupInfo, ShardInfo};
 use crate::sample::{Kind, Sample};

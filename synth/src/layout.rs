@@ -99,7 +99,7 @@ pub(crate) fn caption_request(rng: &mut impl Rng) -> String {
 /// on a bench dataset; a dataset cut short by a power loss is remade by running synth again
 /// with the same seed (the output is deterministic).
 pub(crate) fn write_image(path: &Path, bytes: &[u8]) -> Result<(), SynthError> {
-    let tmp = shards::atomic::temp_path(path);
+    let tmp = shards::temp_path(path);
     std::fs::write(&tmp, bytes).map_err(|e| SynthError::io(&tmp, e))?;
     std::fs::rename(&tmp, path).map_err(|e| SynthError::io(path, e))
 }

@@ -3,7 +3,8 @@
 //!
 //! What [`generate`] writes under `out`:
 //! 1. `blip_laion_cc_sbu_558k.json`: a JSON list of LLaVA records (`id`, `image`,
-//!    `conversations`), 9-digit ids spread over the folders `00000`..`00659` (the folder is the id's first five digits).
+//!    `conversations`), 9-digit ids spread over the folders `00000`..`00659` (the folder is
+//!    the id's first five digits).
 //! 2. `images/NNNNN/ID.jpg`: JPEG quality 90, sizes drawn like LLaVA-Pretrain's (`sizes`):
 //!    procedurally drawn scenes whose caption describes them (`scene`), or crops of real
 //!    photographs with generic captions (`photos`).

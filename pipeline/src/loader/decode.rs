@@ -21,7 +21,7 @@ pub enum DecodeError {
     TooManyPixels { width: u32, height: u32 },
     #[error("JPEG header has no frame size")]
     NoFrameSize,
-    #[error("JPEG: decoding to {width}x{height} asks for {requested} pixels per side, JPEG holds at most 65535")]
+    #[error("JPEG: a {width}x{height} decode asks for a side of {requested}, over JPEG's 65535")]
     TooWide {
         width: u32,
         height: u32,

@@ -65,8 +65,8 @@ impl Worker {
                     }),
                     Err(e) if self.config.on_bad_image == BadImagePolicy::Fail => return Err(e),
                     Err(e) => {
-                        let error = e.with_causes();
-                        tracing::warn!(sample = %sample.id, "dropped from its micro-batch: {error}");
+                        let why = e.with_causes();
+                        tracing::warn!(sample = %sample.id, "dropped from its micro-batch: {why}");
                         self.stats.skipped.fetch_add(1, Relaxed);
                         if e.is_bad_image() && first_bad_image.is_none() {
                             first_bad_image = Some(sample);
