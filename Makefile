@@ -3,7 +3,7 @@
 CARGO ?= cargo
 DEMO_DIR ?= runs/demo
 
-.PHONY: setup demo test bench build fmt
+.PHONY: setup demo test lint bench build fmt
 
 setup:
 	@bash scripts/setup.sh
@@ -14,11 +14,15 @@ build: setup
 demo: build
 	@bash scripts/demo.sh "$(DEMO_DIR)"
 
-# The no-libtorch build is checked first: building it replaces target/release/tessera, and
-# the tests that run the binary need the full one that `cargo test` builds after it.
-test: setup
-	$(CARGO) build --release --no-default-features
+# Lints first (check mode: no binaries), then the no-libtorch CLI as a `cargo check` (it writes
+# no binary, so it cannot replace the train-capable target/release/tessera the tests run), then
+# every test of the workspace, built once in release mode.
+test: setup lint
+	$(CARGO) check --release --no-default-features --bin tessera
 	$(CARGO) test --release --workspace
+
+lint: setup
+	$(CARGO) clippy --release --workspace --all-targets -- -D warnings
 
 bench: build
 	@bash scripts/bench.sh

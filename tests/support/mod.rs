@@ -5,51 +5,20 @@ use anyhow::{ensure, Context, Result};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-/// A private hard link to a `tessera` built with `train`, taken once. Builds with
-/// `--no-default-features` elsewhere in the shared target dir re-link `target/release/tessera`
-/// to a binary without `train`; then the newest train-capable `deps/tessera-*` is used.
+/// The `tessera` binary cargo built for these tests (with `train`: the root's default
+/// features). `make test` checks the no-libtorch build with `cargo check`, which writes no
+/// binary, so nothing replaces this one while the tests run.
 pub(crate) fn binary() -> &'static Path {
-    static LINK: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
-    LINK.get_or_init(|| {
-        let has_train = |p: &Path| {
-            Command::new(p)
-                .arg("--help")
-                .output()
-                .map(|o| String::from_utf8_lossy(&o.stdout).contains("\n  train "))
-                .unwrap_or(false)
-        };
-        let main = PathBuf::from(env!("CARGO_BIN_EXE_tessera"));
-        let mut candidates = vec![main.clone()];
-        if let Some(deps) = main.parent().map(|d| d.join("deps")) {
-            let mut found: Vec<(std::time::SystemTime, PathBuf)> = std::fs::read_dir(&deps)
-                .into_iter()
-                .flatten()
-                .flatten()
-                .map(|e| e.path())
-                .filter(|p| {
-                    let name = p
-                        .file_name()
-                        .map(|n| n.to_string_lossy().into_owned())
-                        .unwrap_or_default();
-                    name.starts_with("tessera-") && !name.contains('.')
-                })
-                .filter_map(|p| Some((p.metadata().ok()?.modified().ok()?, p)))
-                .collect();
-            found.sort();
-            candidates.extend(found.into_iter().rev().map(|(_, p)| p));
-        }
-        let source = candidates
-            .into_iter()
-            .find(|p| has_train(p))
-            .expect("a tessera binary with `train`");
-        let dir = Path::new(env!("CARGO_TARGET_TMPDIR"));
-        std::fs::create_dir_all(dir).expect("target tmp dir");
-        let link = dir.join(format!("tessera-train-test-{}", std::process::id()));
-        let _ = std::fs::remove_file(&link);
-        if std::fs::hard_link(&source, &link).is_err() {
-            std::fs::copy(&source, &link).expect("copy of the tessera binary");
-        }
-        link
+    static CHECKED: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    CHECKED.get_or_init(|| {
+        let path = PathBuf::from(env!("CARGO_BIN_EXE_tessera"));
+        let help = Command::new(&path).arg("--help").output().expect("running tessera --help");
+        assert!(
+            String::from_utf8_lossy(&help.stdout).contains("\n  train "),
+            "{} was built without the `train` feature; run the tests with default features",
+            path.display()
+        );
+        path
     })
 }
 
