@@ -1,7 +1,7 @@
 //! `index.json`: the manifest of a shard directory. Written last (atomically: temp name, then
 //! rename), so its presence means every shard it lists is complete.
 use crate::error::ShardError;
-use crate::schema::FORMAT_VERSION;
+use crate::schema::{FORMAT_VERSION, OLDEST_READABLE_VERSION};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -86,7 +86,7 @@ impl Manifest {
                 path: path.clone(),
                 error: source,
             })?;
-        if manifest.format_version != FORMAT_VERSION {
+        if !(OLDEST_READABLE_VERSION..=FORMAT_VERSION).contains(&manifest.format_version) {
             return Err(ShardError::FormatVersion {
                 path,
                 found: manifest.format_version,

@@ -37,6 +37,10 @@ pub struct Args {
     /// a single run's rate by a third or more).
     #[arg(long, default_value_t = 3)]
     rounds: usize,
+    /// Measure the per-sample crc32c check: each round also runs the loader with the check
+    /// off, and the median ratio is reported (`checksum_cost`).
+    #[arg(long, hide = true)]
+    checksum_cost: bool,
 }
 
 /// One round: the loader, then decode-only, back to back.
@@ -46,6 +50,8 @@ struct Round {
     decode_only: f64,
     loader_cpu_ms: Option<f64>,
     decode_cpu_ms: Option<f64>,
+    /// Images/s with the checksum check off (`--checksum-cost`).
+    unchecked: Option<f64>,
 }
 
 fn median(mut values: Vec<f64>) -> f64 {
@@ -104,6 +110,23 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             stats.skipped,
             stats.wait.as_secs_f64()
         );
+        let unchecked = if args.checksum_cost {
+            let off = config.clone();
+            let off = pipeline::loader::LoaderConfig {
+                verify_checksums: false,
+                ..off
+            };
+            let (stats, took) = run_loader(source.clone(), work.plans.clone(), off)?;
+            let rate = stats.images as f64 / took.as_secs_f64();
+            println!(
+                "round {round}: tessera without the crc32c check: {rate:.1} images/s; with / \
+                 without {:.4}",
+                images_per_s / rate
+            );
+            Some(rate)
+        } else {
+            None
+        };
         let cpu_before = process_cpu_seconds();
         let (took, failed) = run_decode_only(&bytes, threads);
         let decode_cpu = cpu_since(cpu_before);
@@ -124,6 +147,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             decode_only,
             loader_cpu_ms: cpu_ms(loader_cpu, stats.images),
             decode_cpu_ms: cpu_ms(decode_cpu, decoded as u64),
+            unchecked,
         });
         total.add(&stats);
     }
@@ -147,6 +171,16 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let loader_cpu_ms = cpu_of(|r| r.loader_cpu_ms);
     let decode_cpu_ms = cpu_of(|r| r.decode_cpu_ms);
     let cpu_ratio = cpu_of(|r| Some(r.decode_cpu_ms? / r.loader_cpu_ms?));
+    // 1 - (with check / without), median over paired rounds: the share of throughput the
+    // check costs (negative = within noise).
+    let checksum_cost = cpu_of(|r| Some(1.0 - r.images_per_s / r.unchecked?));
+    if let Some(cost) = checksum_cost {
+        println!(
+            "crc32c check cost, median of {} paired rounds: {:.2}% of loader throughput",
+            rounds.len(),
+            100.0 * cost
+        );
+    }
 
     let reference = if args.no_reference {
         None
@@ -181,6 +215,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         "decode_only_cpu_ms_per_image": decode_cpu_ms,
         "cpu_ratio_vs_decode_only": cpu_ratio,
         "image_size": args.image_size,
+        "checksum_cost": checksum_cost,
         "policy": match policy { ResizePolicy::Squash => "squash", ResizePolicy::Pad => "pad" },
         "images": total.images / n as u64,
         "rounds": n,

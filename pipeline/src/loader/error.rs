@@ -17,6 +17,20 @@ pub enum LoaderError {
     /// An image could not be decoded (bad bytes, unsupported format) or resized.
     #[error("sample {sample_id}: image: {message}")]
     Image { sample_id: String, message: String },
+    /// A sample's image bytes or token ids do not match the crc32c written at ingest: the
+    /// shard changed on disk. Handled like an undecodable image (the bad-image policy).
+    #[error(
+        "{at} (sample {sample_id}): {column} fails its crc32c (stored {stored:08x}, computed \
+         {computed:08x}): the shard is corrupt on disk; `tessera shards verify` checks every row"
+    )]
+    Checksum {
+        /// Shard file and row (`shard-00003.parquet row 17`), or the global index.
+        at: String,
+        sample_id: String,
+        column: &'static str,
+        stored: u32,
+        computed: u32,
+    },
     /// The token ids and the image disagree (placeholder count, missing image bytes, ...).
     #[error("sample {sample_id}: {message}")]
     Sample { sample_id: String, message: String },
@@ -32,9 +46,9 @@ impl LoaderError {
     /// The sample id this error is about, when there is one.
     pub fn sample_id(&self) -> Option<&str> {
         match self {
-            LoaderError::Image { sample_id, .. } | LoaderError::Sample { sample_id, .. } => {
-                Some(sample_id)
-            }
+            LoaderError::Image { sample_id, .. }
+            | LoaderError::Sample { sample_id, .. }
+            | LoaderError::Checksum { sample_id, .. } => Some(sample_id),
             _ => None,
         }
     }
