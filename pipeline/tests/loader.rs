@@ -334,8 +334,8 @@ fn sample_whose_tokens_disagree_with_its_kind_is_reported() -> Result<()> {
     Ok(())
 }
 
-/// Image samples whose stored crc32c are right, except: `flipped-img` has one bit of its
-/// image flipped after ingest (it still decodes) and `flipped-ids` one token id changed.
+/// Image samples whose stored crc32c are right, except: `flipped-img` has a byte appended to
+/// its image after ingest (it still decodes) and `flipped-ids` one token id changed.
 fn with_corrupt_samples() -> Result<Vec<Sample>> {
     let ids = [PH, 20, 21];
     let mask = [false, true, true];
@@ -348,8 +348,7 @@ fn with_corrupt_samples() -> Result<Vec<Sample>> {
     };
     let mut flipped_img = sound("flipped-img", 2)?;
     if let Some(bytes) = flipped_img.image.as_mut() {
-        let at = bytes.len() / 2;
-        bytes[at] ^= 0x10;
+        bytes.push(0);
     }
     let mut flipped_ids = sound("flipped-ids", 3)?;
     flipped_ids.input_ids[2] ^= 1;

@@ -157,12 +157,16 @@ pub struct TrainConfig {
     pub seed: u64,
     /// Write a checkpoint every N steps (and always at the end); 0 = only at the end.
     pub checkpoint_every: u64,
-    /// Keep the last N checkpoints (at least 1)...
+    /// Keep the last N checkpoints (at least 1)... (serde defaults: checkpoints written
+    /// before these fields existed still export.)
+    #[serde(default = "default_keep_checkpoints")]
     pub keep_checkpoints: usize,
     /// ...plus every checkpoint whose step is a multiple of this (0 = none).
+    #[serde(default)]
     pub keep_every: u64,
     /// A sample whose image does not decode or whose stored crc32c does not match: `fail`
     /// (default: stop naming shard, row and sample) or `skip` (warn, drop it).
+    #[serde(default)]
     pub on_bad_image: pipeline::loader::BadImagePolicy,
     pub device: Device,
     /// Vision input size; `None` = the vision config's `image_size`.
@@ -269,7 +273,7 @@ impl ConfigLayer {
             lora_alpha: self.lora_alpha.unwrap_or(256.0),
             seed: self.seed.unwrap_or(42),
             checkpoint_every: self.checkpoint_every.unwrap_or(0),
-            keep_checkpoints: self.keep_checkpoints.unwrap_or(3),
+            keep_checkpoints: self.keep_checkpoints.unwrap_or_else(default_keep_checkpoints),
             keep_every: self.keep_every.unwrap_or(0),
             on_bad_image: self
                 .on_bad_image
@@ -285,6 +289,10 @@ impl ConfigLayer {
         cfg.validate()?;
         Ok(cfg)
     }
+}
+
+fn default_keep_checkpoints() -> usize {
+    3
 }
 
 fn default_loader_threads() -> usize {
