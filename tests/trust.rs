@@ -96,14 +96,14 @@ fn a_used_run_folder_is_refused_and_a_resume_names_what_changed() -> Result<()> 
         msg.contains("is not empty") && msg.contains("--resume") && msg.contains("--overwrite"),
         "{msg}"
     );
-    let resume = ["--steps", "2", "--resume", "--lr", "0.002", "--seed", "6"];
+    let resume = ["--steps", "2", "--resume", "--lr", "0.002", "--warmup-ratio", "0.1"];
     let msg = run_err(&mut train(&f, &f.lm, &run, &resume))?;
     assert!(
-        msg.contains("lr: 0.001 -> 0.002, seed: 5 -> 6")
-            && msg.contains("--resume-changing lr,seed"),
+        msg.contains("lr: 0.001 -> 0.002, warmup_ratio: 0.03 -> 0.1")
+            && msg.contains("--resume-changing lr,warmup_ratio"),
         "{msg}"
     );
-    run_ok(train(&f, &f.lm, &run, &resume).args(["--resume-changing", "lr,seed"]))?;
+    run_ok(train(&f, &f.lm, &run, &resume).args(["--resume-changing", "lr,warmup_ratio"]))?;
 
     run_ok(&mut train(&f, &f.lm, &run, &["--steps", "1", "--overwrite"]))?;
     assert_eq!(names_in(&run.join("checkpoints"))?, ["step-00000001"]);
