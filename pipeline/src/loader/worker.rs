@@ -49,6 +49,7 @@ impl Worker {
             });
         }
         // Checked as part of the read: a few GB/s of crc32c next to a decode's tens of MB/s.
+        let checking = Instant::now();
         let mut corrupt: Vec<Option<LoaderError>> = if self.config.verify_checksums {
             samples
                 .iter()
@@ -59,6 +60,7 @@ impl Worker {
             Vec::new()
         };
         corrupt.resize_with(samples.len(), || None);
+        StatCells::add_time(&self.stats.checksum_ns, checking.elapsed());
         StatCells::add_time(&self.stats.read_ns, started.elapsed());
 
         let image_bytes = 3 * self.config.image_size * self.config.image_size;
