@@ -159,7 +159,10 @@ fn shards_verify_names_a_flipped_shard_and_exits_non_zero() -> anyhow::Result<()
     );
 
     // A shard file the index does not list is reported too.
-    std::fs::copy(out.join("shard-00000.parquet"), out.join("shard-00099.parquet"))?;
+    std::fs::copy(
+        out.join("shard-00000.parquet"),
+        out.join("shard-00099.parquet"),
+    )?;
     let failed = tessera().args(["shards", "verify"]).arg(&out).output()?;
     let stdout = String::from_utf8_lossy(&failed.stdout);
     assert!(
@@ -204,7 +207,11 @@ fn malformed_json_and_too_many_rejections_exit_non_zero() -> anyhow::Result<()> 
     // value that accepts them, which then finishes the run.
     let quiet = f.root.path().join("quiet");
     let out = tessera()
-        .args(ingest_args(&f, &quiet, &["--max-rejected-fraction", "0.01"]))
+        .args(ingest_args(
+            &f,
+            &quiet,
+            &["--max-rejected-fraction", "0.01"],
+        ))
         .arg("--quiet")
         .output()?;
     assert!(!out.status.success());
@@ -218,10 +225,18 @@ fn malformed_json_and_too_many_rejections_exit_non_zero() -> anyhow::Result<()> 
     );
     let out = run_ok(
         tessera()
-            .args(ingest_args(&f, &quiet, &["--resume", "--max-rejected-fraction", "0.0500"]))
+            .args(ingest_args(
+                &f,
+                &quiet,
+                &["--resume", "--max-rejected-fraction", "0.0500"],
+            ))
             .arg("--quiet"),
     )?;
-    assert!(out.stderr.is_empty(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.stderr.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert!(quiet.join("index.json").exists());
     Ok(())
 }

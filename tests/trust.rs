@@ -55,7 +55,12 @@ fn a_flipped_image_bit_in_a_shard_stops_training_naming_shard_row_and_sample() -
         let dataset = shards::Dataset::open(&f.shards)?;
         let sample = dataset.read(&[13])?.remove(0);
         let (shard, row) = dataset.location(13).context("sample 13's place")?;
-        (shard.to_string(), row, sample.id, sample.image.context("an image")?)
+        (
+            shard.to_string(),
+            row,
+            sample.id,
+            sample.image.context("an image")?,
+        )
     };
     // One bit in the middle of the stored JPEG: it still decodes, only the checksum can tell.
     let path = f.shards.join(&shard);
@@ -89,14 +94,27 @@ fn a_flipped_image_bit_in_a_shard_stops_training_naming_shard_row_and_sample() -
 fn a_used_run_folder_is_refused_and_a_resume_names_what_changed() -> Result<()> {
     let f = fixture(24, 0.0)?;
     let run = f.root.join("run");
-    run_ok(&mut train(&f, &f.lm, &run, &["--steps", "2", "--checkpoint-every", "1"]))?;
+    run_ok(&mut train(
+        &f,
+        &f.lm,
+        &run,
+        &["--steps", "2", "--checkpoint-every", "1"],
+    ))?;
 
     let msg = run_err(&mut train(&f, &f.lm, &run, &["--steps", "2"]))?;
     assert!(
         msg.contains("is not empty") && msg.contains("--resume") && msg.contains("--overwrite"),
         "{msg}"
     );
-    let resume = ["--steps", "2", "--resume", "--lr", "0.002", "--warmup-ratio", "0.1"];
+    let resume = [
+        "--steps",
+        "2",
+        "--resume",
+        "--lr",
+        "0.002",
+        "--warmup-ratio",
+        "0.1",
+    ];
     let msg = run_err(&mut train(&f, &f.lm, &run, &resume))?;
     assert!(
         msg.contains("lr: 0.001 -> 0.002, warmup_ratio: 0.03 -> 0.1")
@@ -105,10 +123,19 @@ fn a_used_run_folder_is_refused_and_a_resume_names_what_changed() -> Result<()> 
     );
     run_ok(train(&f, &f.lm, &run, &resume).args(["--resume-changing", "lr,warmup_ratio"]))?;
 
-    run_ok(&mut train(&f, &f.lm, &run, &["--steps", "1", "--overwrite"]))?;
+    run_ok(&mut train(
+        &f,
+        &f.lm,
+        &run,
+        &["--steps", "1", "--overwrite"],
+    ))?;
     assert_eq!(names_in(&run.join("checkpoints"))?, ["step-00000001"]);
     let lines = std::fs::read_to_string(run.join("metrics.jsonl"))?;
-    assert_eq!(lines.lines().count(), 1, "the old run's history went: {lines}");
+    assert_eq!(
+        lines.lines().count(),
+        1,
+        "the old run's history went: {lines}"
+    );
     Ok(())
 }
 
@@ -116,7 +143,12 @@ fn a_used_run_folder_is_refused_and_a_resume_names_what_changed() -> Result<()> 
 fn checkpoints_hold_only_trainable_state_and_only_the_last_three_stay() -> Result<()> {
     let f = fixture(24, 0.0)?;
     let run = f.root.join("run");
-    run_ok(&mut train(&f, &f.lm, &run, &["--steps", "8", "--checkpoint-every", "1"]))?;
+    run_ok(&mut train(
+        &f,
+        &f.lm,
+        &run,
+        &["--steps", "8", "--checkpoint-every", "1"],
+    ))?;
     let root = run.join("checkpoints");
     assert_eq!(
         names_in(&root)?,
@@ -137,7 +169,10 @@ fn checkpoints_hold_only_trainable_state_and_only_the_last_three_stay() -> Resul
             .keys()
             .filter(|k| !k.starts_with("projector.") && k.as_str() != "optimizer.step")
             .collect();
-        assert!(frozen.is_empty(), "{name} stores frozen tensors: {frozen:?}");
+        assert!(
+            frozen.is_empty(),
+            "{name} stores frozen tensors: {frozen:?}"
+        );
     }
     Ok(())
 }

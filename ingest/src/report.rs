@@ -151,7 +151,10 @@ mod tests {
             assert_eq!(text, want, "{rejected} of {read}");
             let value: f64 = text.parse().expect("a number");
             let accepted = Summary::new(s.report.clone(), &[], 1.0, read, value);
-            assert!(accepted.complete, "{text} does not accept {rejected} of {read}");
+            assert!(
+                accepted.complete,
+                "{text} does not accept {rejected} of {read}"
+            );
         }
     }
 }

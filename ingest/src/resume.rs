@@ -87,8 +87,18 @@ impl Settings {
             }
         };
         let (a, b) = (self, now);
-        differ("the --json content", "json_sha256", short(&a.json_sha256), short(&b.json_sha256));
-        differ("the --json size", "json_bytes", a.json_bytes.to_string(), b.json_bytes.to_string());
+        differ(
+            "the --json content",
+            "json_sha256",
+            short(&a.json_sha256),
+            short(&b.json_sha256),
+        );
+        differ(
+            "the --json size",
+            "json_bytes",
+            a.json_bytes.to_string(),
+            b.json_bytes.to_string(),
+        );
         differ(
             "the --json record count",
             "json_records",
@@ -107,10 +117,30 @@ impl Settings {
             short(&a.tokenizer_fingerprint),
             short(&b.tokenizer_fingerprint),
         );
-        differ("--template", "template", a.template.clone(), b.template.clone());
-        differ("--shard-size", "shard_size", a.shard_size.to_string(), b.shard_size.to_string());
-        differ("--no-verify", "verify", (!a.verify).to_string(), (!b.verify).to_string());
-        differ("--max-pixels", "max_pixels", a.max_pixels.to_string(), b.max_pixels.to_string());
+        differ(
+            "--template",
+            "template",
+            a.template.clone(),
+            b.template.clone(),
+        );
+        differ(
+            "--shard-size",
+            "shard_size",
+            a.shard_size.to_string(),
+            b.shard_size.to_string(),
+        );
+        differ(
+            "--no-verify",
+            "verify",
+            (!a.verify).to_string(),
+            (!b.verify).to_string(),
+        );
+        differ(
+            "--max-pixels",
+            "max_pixels",
+            a.max_pixels.to_string(),
+            b.max_pixels.to_string(),
+        );
         out
     }
 }

@@ -107,8 +107,7 @@ pub fn run(config: &IngestConfig) -> Result<Summary, IngestError> {
     }
     let progress = progress_bar(config.progress, records.len() as u64);
     let earlier_s = state.elapsed_s;
-    let mut writer =
-        OrderedWriter::new(dir.clone(), state, config.row_groups, progress, started)?;
+    let mut writer = OrderedWriter::new(dir.clone(), state, config.row_groups, progress, started)?;
     let workers = config.workers.max(1);
     // Records travel in batches of BATCH (one channel message, one wake-up, one credit each).
     let window = (64 * workers + 256).div_ceil(BATCH);

@@ -17,7 +17,10 @@ fn interrupted() -> anyhow::Result<(Fixture, ingest::IngestConfig)> {
     let mut config = f.config(Template::Plain);
     config.max_rejected_fraction = 0.01;
     let summary = ingest::run(&config)?;
-    anyhow::ensure!(!summary.complete, "the fixture must stop short of index.json");
+    anyhow::ensure!(
+        !summary.complete,
+        "the fixture must stop short of index.json"
+    );
     config.resume = true;
     config.max_rejected_fraction = 0.5;
     Ok((f, config))
@@ -61,7 +64,11 @@ fn a_finishing_resume_reports_the_whole_ingest() -> anyhow::Result<()> {
     assert!(summary.complete);
     assert_eq!(summary.resumed_at_record, 3);
     assert!(summary.seconds >= earlier + summary.this_run_seconds - 1e-9);
-    assert!(summary.text().contains("whole ingest"), "{}", summary.text());
+    assert!(
+        summary.text().contains("whole ingest"),
+        "{}",
+        summary.text()
+    );
     let report: serde_json::Value =
         serde_json::from_slice(&std::fs::read(f.out().join("ingest_report.json"))?)?;
     assert_eq!(report["seconds"].as_f64(), Some(summary.seconds));

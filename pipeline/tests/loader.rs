@@ -374,7 +374,9 @@ fn a_checksum_mismatch_fails_under_fail_naming_the_sample_and_column() -> Result
         let msg = err.to_string();
         assert_eq!(err.sample_id(), Some(id));
         assert!(
-            msg.contains(&format!("sample index {index} (sample {id}): {column} fails its crc32c")),
+            msg.contains(&format!(
+                "sample index {index} (sample {id}): {column} fails its crc32c"
+            )),
             "{msg}"
         );
     }

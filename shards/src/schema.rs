@@ -69,8 +69,11 @@ pub fn schema_v2() -> SchemaRef {
     static SCHEMA: OnceLock<SchemaRef> = OnceLock::new();
     SCHEMA
         .get_or_init(|| {
-            let mut fields: Vec<Field> =
-                schema_v1().fields().iter().map(|f| f.as_ref().clone()).collect();
+            let mut fields: Vec<Field> = schema_v1()
+                .fields()
+                .iter()
+                .map(|f| f.as_ref().clone())
+                .collect();
             fields.push(Field::new(col::INPUT_IDS_CRC32C, DataType::UInt32, false));
             Arc::new(Schema::new(fields))
         })

@@ -180,7 +180,8 @@ fn downgrade_to_v1(dir: &Path) -> anyhow::Result<()> {
         let groups = ParquetRecordBatchReaderBuilder::try_new(bytes.clone())?
             .metadata()
             .num_row_groups();
-        let mut writer = ArrowWriter::try_new(std::fs::File::create(&path)?, shards::schema_v1(), None)?;
+        let mut writer =
+            ArrowWriter::try_new(std::fs::File::create(&path)?, shards::schema_v1(), None)?;
         for g in 0..groups {
             let reader = ParquetRecordBatchReaderBuilder::try_new(bytes.clone())?
                 .with_row_groups(vec![g])
@@ -211,7 +212,10 @@ fn shards_written_before_the_token_checksum_still_read_and_verify() -> anyhow::R
     let read = dataset.read(&(0..30).collect::<Vec<u64>>())?;
     for (got, want) in read.iter().zip(&samples) {
         assert_eq!(got.input_ids_crc32c, None, "v1 has no token checksum");
-        assert_eq!(got.image_crc32c, want.image_crc32c, "the image checksum is still there");
+        assert_eq!(
+            got.image_crc32c, want.image_crc32c,
+            "the image checksum is still there"
+        );
         let same = Sample {
             input_ids_crc32c: want.input_ids_crc32c,
             ..got.clone()

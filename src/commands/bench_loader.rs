@@ -129,7 +129,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         );
         let unchecked = unchecked_before.or(unchecked_rate(false)?);
         if let Some(rate) = unchecked {
-            println!("round {round}: with / without the check {:.4}", images_per_s / rate);
+            println!(
+                "round {round}: with / without the check {:.4}",
+                images_per_s / rate
+            );
         }
         let cpu_before = process_cpu_seconds();
         let (took, failed) = run_decode_only(&bytes, threads);

@@ -406,7 +406,11 @@ impl Checkpoint {
 /// whose step is a multiple of `keep_every` (0 = none), and removes the rest, along with
 /// uncommitted `.tmp` folders of earlier steps (a killed write). Returns the removed steps.
 /// Rank 0 calls it after a commit, when no other write is under way.
-pub fn prune(run_dir: &Path, keep_last: usize, keep_every: u64) -> Result<Vec<u64>, CheckpointError> {
+pub fn prune(
+    run_dir: &Path,
+    keep_last: usize,
+    keep_every: u64,
+) -> Result<Vec<u64>, CheckpointError> {
     let root = run_dir.join("checkpoints");
     let mut complete: Vec<(u64, PathBuf)> = Vec::new();
     let mut unfinished: Vec<(u64, PathBuf)> = Vec::new();

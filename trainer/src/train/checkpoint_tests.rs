@@ -171,7 +171,10 @@ fn mismatched_checkpoints_are_refused_saying_which_part_differs() -> anyhow::Res
         })
         .expect_err("lm_weights not allowed")
         .to_string();
-    assert!(msg.contains("lm_weights: lw1 -> lw2") && !msg.contains("lr:"), "{msg}");
+    assert!(
+        msg.contains("lm_weights: lw1 -> lw2") && !msg.contains("lr:"),
+        "{msg}"
+    );
     let typo = ["learning_rate".to_string()];
     let msg = ckpt
         .check_matches(&Expected {
@@ -180,7 +183,10 @@ fn mismatched_checkpoints_are_refused_saying_which_part_differs() -> anyhow::Res
         })
         .expect_err("unknown key")
         .to_string();
-    assert!(msg.contains("no such run-record key") && msg.contains("lr"), "{msg}");
+    assert!(
+        msg.contains("no such run-record key") && msg.contains("lr"),
+        "{msg}"
+    );
     Ok(())
 }
 
@@ -188,7 +194,11 @@ fn mismatched_checkpoints_are_refused_saying_which_part_differs() -> anyhow::Res
 fn a_format_1_checkpoint_opens_but_is_not_resumed() -> anyhow::Result<()> {
     let run = tempfile::tempdir()?;
     write(run.path(), 10, 2)?;
-    let meta = run.path().join("checkpoints").join(step_dir_name(10)).join("meta.json");
+    let meta = run
+        .path()
+        .join("checkpoints")
+        .join(step_dir_name(10))
+        .join("meta.json");
     let mut value: serde_json::Value = serde_json::from_slice(&std::fs::read(&meta)?)?;
     value["format_version"] = 1.into();
     std::fs::write(&meta, serde_json::to_vec(&value)?)?;
@@ -215,7 +225,15 @@ fn prune_keeps_the_last_n_and_every_mth() -> anyhow::Result<()> {
         .map(|e| Ok(e?.file_name().to_string_lossy().into_owned()))
         .collect::<std::io::Result<_>>()?;
     left.sort();
-    assert_eq!(left, ["step-00000004", "step-00000007", "step-00000008", "step-00000009"]);
+    assert_eq!(
+        left,
+        [
+            "step-00000004",
+            "step-00000007",
+            "step-00000008",
+            "step-00000009"
+        ]
+    );
     Ok(())
 }
 

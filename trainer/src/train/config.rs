@@ -273,7 +273,9 @@ impl ConfigLayer {
             lora_alpha: self.lora_alpha.unwrap_or(256.0),
             seed: self.seed.unwrap_or(42),
             checkpoint_every: self.checkpoint_every.unwrap_or(0),
-            keep_checkpoints: self.keep_checkpoints.unwrap_or_else(default_keep_checkpoints),
+            keep_checkpoints: self
+                .keep_checkpoints
+                .unwrap_or_else(default_keep_checkpoints),
             keep_every: self.keep_every.unwrap_or(0),
             on_bad_image: self
                 .on_bad_image

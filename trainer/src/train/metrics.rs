@@ -330,8 +330,13 @@ mod tests {
         let dir = tempfile::tempdir()?;
         let path = dir.path().join("metrics.jsonl");
         std::fs::write(&path, "{\"step\":0}\nnot json\n{\"step\":1}\n")?;
-        let err = MetricsWriter::open(&path, Some(1)).err().map(|e| e.to_string());
-        assert!(err.as_deref().is_some_and(|e| e.contains("line 2")), "{err:?}");
+        let err = MetricsWriter::open(&path, Some(1))
+            .err()
+            .map(|e| e.to_string());
+        assert!(
+            err.as_deref().is_some_and(|e| e.contains("line 2")),
+            "{err:?}"
+        );
         Ok(())
     }
 

@@ -43,7 +43,9 @@ pub fn prepare(out: &Path, start: &RunStart) -> Result<(), ConfigError> {
         ));
     }
     if !start.resume && !start.resume_changing.is_empty() {
-        return Err(invalid("--resume-changing applies only with --resume".into()));
+        return Err(invalid(
+            "--resume-changing applies only with --resume".into(),
+        ));
     }
     if start.resume || !out.exists() {
         return Ok(());
@@ -65,7 +67,11 @@ pub fn prepare(out: &Path, start: &RunStart) -> Result<(), ConfigError> {
              --overwrite to clear it, or choose another --out",
             out.display(),
             shown.join(", "),
-            if names.len() > shown.len() { ", ..." } else { "" }
+            if names.len() > shown.len() {
+                ", ..."
+            } else {
+                ""
+            }
         )));
     }
     if !names.iter().any(|n| RUN_MARKERS.contains(&n.as_str())) {
