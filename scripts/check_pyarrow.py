@@ -11,8 +11,10 @@ import sys
 
 import pyarrow.parquet as pq
 
-COLUMNS = ["id", "kind", "image", "image_format", "width", "height", "conversation",
-           "input_ids", "label_mask", "num_text_tokens", "num_supervised_tokens", "image_crc32c"]
+COLUMNS_V1 = ["id", "kind", "image", "image_format", "width", "height", "conversation",
+              "input_ids", "label_mask", "num_text_tokens", "num_supervised_tokens", "image_crc32c"]
+# Format 2 added the crc32c of the token ids' little-endian bytes.
+COLUMNS = {1: COLUMNS_V1, 2: COLUMNS_V1 + ["input_ids_crc32c"]}
 MAGIC = {"jpeg": b"\xff\xd8\xff", "png": b"\x89PNG", "webp": b"RIFF"}
 
 
@@ -29,7 +31,8 @@ def check(directory):
         for g, info in enumerate(shard["row_groups"]):
             assert meta.row_group(g).num_rows == info["rows"], f"{name}: row group {g} rows differ"
         table = parquet.read()
-        assert table.column_names == COLUMNS, f"{name}: columns {table.column_names}"
+        columns = COLUMNS[index["format_version"]]
+        assert table.column_names == columns, f"{name}: columns {table.column_names}"
         rows = table.to_pylist()
         assert sum(r["num_text_tokens"] for r in rows) == shard["num_text_tokens"], f"{name}: token total"
         assert sum(r["num_supervised_tokens"] for r in rows) == shard["num_supervised_tokens"]

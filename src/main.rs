@@ -45,7 +45,7 @@ fn main() -> ExitCode {
     commands::init_logging(cli.quiet);
     let result = match cli.command {
         Command::Synth(args) => commands::synth::run(args),
-        Command::Ingest(args) => commands::ingest::run(args),
+        Command::Ingest(args) => commands::ingest::run(args, cli.quiet),
         Command::Shards(args) => commands::shards::run(args),
         Command::Bench(args) => commands::bench::run(args),
         #[cfg(feature = "train")]

@@ -157,6 +157,18 @@ fn shards_verify_names_a_flipped_shard_and_exits_non_zero() -> anyhow::Result<()
         stdout.contains("shard-00001.parquet: sha256 mismatch"),
         "{stdout}"
     );
+
+    // A shard file the index does not list is reported too.
+    std::fs::copy(
+        out.join("shard-00000.parquet"),
+        out.join("shard-00099.parquet"),
+    )?;
+    let failed = tessera().args(["shards", "verify"]).arg(&out).output()?;
+    let stdout = String::from_utf8_lossy(&failed.stdout);
+    assert!(
+        stdout.contains("shard-00099.parquet: not listed in index.json"),
+        "{stdout}"
+    );
     Ok(())
 }
 
@@ -190,6 +202,58 @@ fn malformed_json_and_too_many_rejections_exit_non_zero() -> anyhow::Result<()> 
         "summary lists reasons: {stderr}"
     );
     assert!(out_dir.join("ingest_report.json").exists() && !out_dir.join("index.json").exists());
+
+    // --quiet prints no summary; the stopping message alone says how many, why, and the flag
+    // value that accepts them, which then finishes the run.
+    let quiet = f.root.path().join("quiet");
+    let out = tessera()
+        .args(ingest_args(
+            &f,
+            &quiet,
+            &["--max-rejected-fraction", "0.01"],
+        ))
+        .arg("--quiet")
+        .output()?;
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(stderr.lines().count(), 1, "only the error: {stderr}");
+    assert!(
+        stderr.contains("1 of 20 records rejected")
+            && stderr.contains("missing_image 1")
+            && stderr.contains("--resume --max-rejected-fraction 0.0500"),
+        "{stderr}"
+    );
+    let out = run_ok(
+        tessera()
+            .args(ingest_args(
+                &f,
+                &quiet,
+                &["--resume", "--max-rejected-fraction", "0.0500"],
+            ))
+            .arg("--quiet"),
+    )?;
+    assert!(
+        out.stderr.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(quiet.join("index.json").exists());
+    Ok(())
+}
+
+#[test]
+fn json_that_is_a_folder_is_named_as_a_folder() -> anyhow::Result<()> {
+    let f = dataset(2);
+    let mut args = ingest_args(&f, &f.root.path().join("out"), &[]);
+    let json = args.iter().position(|a| a == "--json").expect("--json") + 1;
+    args[json] = f.images().to_string_lossy().into_owned();
+    let out = tessera().args(args).output()?;
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("is a folder") && !stderr.contains("No such device"),
+        "{stderr}"
+    );
     Ok(())
 }
 

@@ -216,7 +216,7 @@ fn two_ranks_interrupted_and_resumed_match_an_uninterrupted_run_and_export_round
     let resume = ["--nproc", "2", "--steps", "8", "--resume"];
     let msg = run_err(&mut train_with_lm(&f, &other_lm, 1, &straight, &resume))?;
     assert!(
-        msg.contains("another model") && msg.contains("LM config"),
+        msg.contains("lm_config: ") && msg.contains("--resume-changing lm_config"),
         "{msg}"
     );
     let last = straight

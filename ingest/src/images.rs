@@ -84,6 +84,62 @@ impl ImageSource {
     }
 }
 
+impl ImageSource {
+    /// What a resume checks the images against, without reading every image: a zip's central
+    /// directory (names, sizes and crc32 of every entry) and end records, hashed; a folder's
+    /// sorted relative names with sizes and modification times, hashed.
+    pub(crate) fn fingerprint(&self) -> Result<String, IngestError> {
+        use sha2::Digest;
+        let mut hasher = sha2::Sha256::new();
+        match self {
+            ImageSource::Zip(archive) => {
+                let map = archive.clone().into_inner().into_inner();
+                let bytes: &[u8] = map.as_ref();
+                let start = (archive.central_directory_start() as usize).min(bytes.len());
+                hasher.update(b"zip\n");
+                hasher.update(&bytes[start..]);
+            }
+            ImageSource::Dir(root) => {
+                let mut entries = Vec::new();
+                list_files(root, root, &mut entries)?;
+                entries.sort();
+                hasher.update(b"dir\n");
+                for (name, bytes, modified_ns) in entries {
+                    hasher.update(format!("{name}\t{bytes}\t{modified_ns}\n").as_bytes());
+                }
+            }
+        }
+        Ok(hex::encode(hasher.finalize()))
+    }
+}
+
+/// Every file under `dir` as (path relative to `root`, size, mtime in ns), recursively.
+fn list_files(
+    root: &Path,
+    dir: &Path,
+    out: &mut Vec<(String, u64, u128)>,
+) -> Result<(), IngestError> {
+    for entry in std::fs::read_dir(dir).map_err(|e| IngestError::io(dir, e))? {
+        let entry = entry.map_err(|e| IngestError::io(dir, e))?;
+        let path = entry.path();
+        let meta = std::fs::metadata(&path).map_err(|e| IngestError::io(&path, e))?;
+        if meta.is_dir() {
+            list_files(root, &path, out)?;
+        } else {
+            let modified = meta.modified().map_err(|e| IngestError::io(&path, e))?;
+            let name = path.strip_prefix(root).unwrap_or(&path);
+            out.push((
+                name.to_string_lossy().into_owned(),
+                meta.len(),
+                modified
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| d.as_nanos()),
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// Normalises a json image path to `a/b/c.jpg` form, refusing anything that could leave the
 /// images root: absolute paths, drive prefixes, `..` components, backslashes, NUL bytes.
 pub(crate) fn safe_relative_path(relative: &str) -> Result<String, FetchError> {

@@ -24,6 +24,9 @@ pub(crate) struct OrderedWriter {
     waiting: BTreeMap<u64, Result<Outcome, IngestError>>,
     rejected: BufWriter<File>,
     progress: ProgressBar,
+    /// When this run started, and the journal's time of the runs before it.
+    started: std::time::Instant,
+    earlier_s: f64,
 }
 
 impl OrderedWriter {
@@ -33,6 +36,7 @@ impl OrderedWriter {
         state: Journal,
         limits: RowGroupLimits,
         progress: ProgressBar,
+        started: std::time::Instant,
     ) -> Result<Self, IngestError> {
         let path = dir.join(REJECTED_FILE);
         let file = std::fs::OpenOptions::new()
@@ -42,6 +46,8 @@ impl OrderedWriter {
             .map_err(|e| IngestError::io(&path, e))?;
         progress.set_position(state.next_record);
         Ok(OrderedWriter {
+            earlier_s: state.elapsed_s,
+            started,
             shard_size: state.settings.shard_size,
             dir,
             limits,
@@ -138,6 +144,7 @@ impl OrderedWriter {
             .get_ref()
             .sync_data()
             .map_err(|e| IngestError::io(&path, e))?;
+        self.state.elapsed_s = self.earlier_s + self.started.elapsed().as_secs_f64();
         self.state.save(&self.dir)
     }
 

@@ -48,6 +48,14 @@ pub(crate) struct RecordFile {
 impl RecordFile {
     /// Maps `path` and finds its elements; fails on any structural syntax error.
     pub(crate) fn open(path: &Path) -> Result<Self, IngestError> {
+        let meta = std::fs::metadata(path).map_err(|e| IngestError::io(path, e))?;
+        if meta.is_dir() {
+            // mmap of a folder fails with ENODEV ("No such device"), which says nothing useful.
+            return Err(IngestError::io(
+                path,
+                std::io::Error::other("is a folder; --json wants the LLaVA .json file"),
+            ));
+        }
         let file = std::fs::File::open(path).map_err(|e| IngestError::io(path, e))?;
         // SAFETY: the json is only read; a user editing it during ingest gets garbage records
         // (which fail to parse), never memory unsafety beyond what reading a file allows.
@@ -67,6 +75,12 @@ impl RecordFile {
     /// Number of records.
     pub(crate) fn len(&self) -> usize {
         self.spans.len()
+    }
+
+    /// Hex sha256 of the json's bytes: what a resume checks the file against.
+    pub(crate) fn sha256(&self) -> String {
+        use sha2::Digest;
+        hex::encode(sha2::Sha256::digest(&self.map[..]))
     }
 
     /// Size of the json file in bytes.

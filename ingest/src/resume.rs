@@ -7,6 +7,10 @@
 //! and modification time still equal the ones recorded right after its rename is trusted
 //! without reading it again (a renamed, synced shard is not touched by a kill). A shard whose
 //! stamp differs is hashed and must match its sha256. `tessera shards verify` always hashes.
+//!
+//! The inputs are fingerprinted too (the json's sha256; the images' zip central directory, or
+//! the folder's names, sizes and modification times): a resume whose inputs changed since the
+//! interrupted run is refused, naming what changed.
 use crate::error::IngestError;
 use serde::{Deserialize, Serialize};
 use shards::{IngestReport, ShardInfo};
@@ -20,6 +24,12 @@ pub(crate) const REJECTED_FILE: &str = "rejected.jsonl";
 pub(crate) struct Settings {
     pub json_bytes: u64,
     pub json_records: u64,
+    /// Hex sha256 of the json (empty in journals written before it was recorded).
+    #[serde(default)]
+    pub json_sha256: String,
+    /// See [`crate::images::ImageSource::fingerprint`] (empty in older journals).
+    #[serde(default)]
+    pub images_fingerprint: String,
     pub tokenizer_fingerprint: String,
     pub template: String,
     pub shard_size: u64,
@@ -40,6 +50,9 @@ pub(crate) struct Journal {
     /// Size and modification time of each shard in `shards`, taken after its rename.
     #[serde(default)]
     pub stamps: Vec<FileStamp>,
+    /// Seconds of ingest work up to this journal, summed over the runs of a resumed ingest.
+    #[serde(default)]
+    pub elapsed_s: f64,
 }
 
 /// A file's size and modification time (nanoseconds since the epoch).
@@ -60,6 +73,75 @@ impl FileStamp {
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(0, |d| d.as_nanos()),
         })
+    }
+}
+
+impl Settings {
+    /// One line per field that differs: `what (field): old -> new`.
+    pub(crate) fn changes_to(&self, now: &Settings) -> Vec<String> {
+        let short = |s: &str| s.chars().take(16).collect::<String>();
+        let mut out = Vec::new();
+        let mut differ = |what: &str, field: &str, old: String, new: String| {
+            if old != new {
+                out.push(format!("{what} ({field}): {old} -> {new}"));
+            }
+        };
+        let (a, b) = (self, now);
+        differ(
+            "the --json content",
+            "json_sha256",
+            short(&a.json_sha256),
+            short(&b.json_sha256),
+        );
+        differ(
+            "the --json size",
+            "json_bytes",
+            a.json_bytes.to_string(),
+            b.json_bytes.to_string(),
+        );
+        differ(
+            "the --json record count",
+            "json_records",
+            a.json_records.to_string(),
+            b.json_records.to_string(),
+        );
+        differ(
+            "the --images zip directory or folder listing",
+            "images_fingerprint",
+            short(&a.images_fingerprint),
+            short(&b.images_fingerprint),
+        );
+        differ(
+            "the --tokenizer",
+            "tokenizer_fingerprint",
+            short(&a.tokenizer_fingerprint),
+            short(&b.tokenizer_fingerprint),
+        );
+        differ(
+            "--template",
+            "template",
+            a.template.clone(),
+            b.template.clone(),
+        );
+        differ(
+            "--shard-size",
+            "shard_size",
+            a.shard_size.to_string(),
+            b.shard_size.to_string(),
+        );
+        differ(
+            "--no-verify",
+            "verify",
+            (!a.verify).to_string(),
+            (!b.verify).to_string(),
+        );
+        differ(
+            "--max-pixels",
+            "max_pixels",
+            a.max_pixels.to_string(),
+            b.max_pixels.to_string(),
+        );
+        out
     }
 }
 
@@ -95,10 +177,12 @@ impl Journal {
             dir: dir.to_path_buf(),
             detail,
         };
-        if &self.settings != settings {
+        let changes = self.settings.changes_to(settings);
+        if !changes.is_empty() {
             return Err(fail(format!(
-                "the interrupted run used different inputs or settings ({:?}); now {:?}; start over in an empty directory",
-                self.settings, settings
+                "the inputs or settings changed since the interrupted run: {}; restore them, or \
+                 start over in an empty directory",
+                changes.join("; ")
             )));
         }
         for (n, shard) in self.shards.iter().enumerate() {
@@ -161,6 +245,8 @@ mod tests {
         let settings = Settings {
             json_bytes: 1,
             json_records: 1,
+            json_sha256: "j".into(),
+            images_fingerprint: "i".into(),
             tokenizer_fingerprint: "t".into(),
             template: "plain".into(),
             shard_size: 1,
@@ -183,6 +269,7 @@ mod tests {
             rejected_bytes: 0,
             report: IngestReport::default(),
             stamps: vec![FileStamp::of(&dir.join(&file))?],
+            elapsed_s: 0.0,
         };
         Ok((journal, settings))
     }

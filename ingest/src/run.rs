@@ -77,6 +77,8 @@ pub fn run(config: &IngestConfig) -> Result<Summary, IngestError> {
     let settings = Settings {
         json_bytes: records.byte_len(),
         json_records: records.len() as u64,
+        json_sha256: records.sha256(),
+        images_fingerprint: source.fingerprint()?,
         tokenizer_fingerprint: encoder.fingerprint.clone(),
         template: config.template.name().to_string(),
         shard_size: config.shard_size,
@@ -104,7 +106,8 @@ pub fn run(config: &IngestConfig) -> Result<Summary, IngestError> {
         );
     }
     let progress = progress_bar(config.progress, records.len() as u64);
-    let mut writer = OrderedWriter::new(dir.clone(), state, config.row_groups, progress)?;
+    let earlier_s = state.elapsed_s;
+    let mut writer = OrderedWriter::new(dir.clone(), state, config.row_groups, progress, started)?;
     let workers = config.workers.max(1);
     // Records travel in batches of BATCH (one channel message, one wake-up, one credit each).
     let window = (64 * workers + 256).div_ceil(BATCH);
@@ -186,7 +189,7 @@ pub fn run(config: &IngestConfig) -> Result<Summary, IngestError> {
         }
         writer.finish()
     })?;
-    finalize(config, &encoder, final_state, started, start)
+    finalize(config, &encoder, final_state, started, start, earlier_s)
 }
 
 /// Creates the output directory, or restores the state an interrupted run left in it.
@@ -199,6 +202,7 @@ fn prepare_out_dir(dir: &Path, resume: bool, settings: &Settings) -> Result<Jour
         rejected_bytes: 0,
         report: IngestReport::default(),
         stamps: Vec::new(),
+        elapsed_s: 0.0,
     };
     if resume {
         if let Some(journal) = Journal::load(dir)? {
@@ -229,17 +233,22 @@ fn finalize(
     mut state: Journal,
     started: Instant,
     start: u64,
+    earlier_s: f64,
 ) -> Result<Summary, IngestError> {
     let dir = &config.out;
     state.report.images_verified = config.verify;
-    let processed = state.next_record.saturating_sub(start);
-    let summary = Summary::new(
+    // A resumed ingest reports the whole ingest: the journal carries the earlier runs' time
+    // (up to their last completed shard; the work after it was redone by this run).
+    let this_run = started.elapsed().as_secs_f64();
+    let mut summary = Summary::new(
         state.report.clone(),
         &state.shards,
-        started.elapsed().as_secs_f64(),
-        processed,
+        earlier_s + this_run,
+        state.next_record,
         config.max_rejected_fraction,
     );
+    summary.resumed_at_record = start;
+    summary.this_run_seconds = this_run;
     let report_json = serde_json::to_vec_pretty(&summary).map_err(|e| IngestError::OutDir {
         dir: dir.clone(),
         detail: e.to_string(),

@@ -104,6 +104,7 @@ impl Worker {
                 Kind::Text
             },
             image_crc32c: image.as_deref().map(crc32c::crc32c),
+            input_ids_crc32c: Some(shards::input_ids_crc32c(&tokens.input_ids)),
             image_format: info.as_ref().map(|i| i.format.as_str().to_string()),
             width: info.as_ref().map_or(0, |i| i.width),
             height: info.as_ref().map_or(0, |i| i.height),

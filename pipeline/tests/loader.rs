@@ -24,6 +24,7 @@ fn text_sample(id: &str, ids: &[u32], mask: &[bool]) -> Sample {
         num_text_tokens: ids.len() as u32,
         num_supervised_tokens: mask.iter().skip(1).filter(|&&m| m).count() as u32,
         image_crc32c: None,
+        input_ids_crc32c: None,
     }
 }
 
@@ -330,5 +331,86 @@ fn sample_whose_tokens_disagree_with_its_kind_is_reported() -> Result<()> {
         .err()
         .context("must fail")?;
     assert!(err.to_string().contains("two-ph") && err.to_string().contains("placeholders"));
+    Ok(())
+}
+
+/// Image samples whose stored crc32c are right, except: `flipped-img` has a byte appended to
+/// its image after ingest (it still decodes) and `flipped-ids` one token id changed.
+fn with_corrupt_samples() -> Result<Vec<Sample>> {
+    let ids = [PH, 20, 21];
+    let mask = [false, true, true];
+    let sound = |id: &str, seed: u32| -> Result<Sample> {
+        let bytes = jpeg(40, 30, seed)?;
+        let mut s = image_sample(id, &ids, &mask, bytes, 40, 30);
+        s.image_crc32c = s.image.as_deref().map(crc32c::crc32c);
+        s.input_ids_crc32c = Some(shards::input_ids_crc32c(&s.input_ids));
+        Ok(s)
+    };
+    let mut flipped_img = sound("flipped-img", 2)?;
+    if let Some(bytes) = flipped_img.image.as_mut() {
+        bytes.push(0);
+    }
+    let mut flipped_ids = sound("flipped-ids", 3)?;
+    flipped_ids.input_ids[2] ^= 1;
+    Ok(vec![sound("good-0", 1)?, flipped_img, flipped_ids])
+}
+
+#[test]
+fn a_checksum_mismatch_fails_under_fail_naming_the_sample_and_column() -> Result<()> {
+    for (index, id, column) in [(1, "flipped-img", "image"), (2, "flipped-ids", "input_ids")] {
+        let source: Arc<dyn SampleSource> = Arc::new(with_corrupt_samples()?);
+        let cfg = LoaderConfig::builder()
+            .threads(1)
+            .image_tokens(3)
+            .image_size(8)
+            .on_bad_image(BadImagePolicy::Fail)
+            .build()?;
+        let plans = vec![plan(Kind::Image, vec![vec![0, index]])];
+        let err = Loader::new(source, plans, cfg)
+            .next()
+            .context("one result")?
+            .err()
+            .context("a corrupt sample must fail the micro-batch")?;
+        let msg = err.to_string();
+        assert_eq!(err.sample_id(), Some(id));
+        assert!(
+            msg.contains(&format!(
+                "sample index {index} (sample {id}): {column} fails its crc32c"
+            )),
+            "{msg}"
+        );
+    }
+    Ok(())
+}
+
+#[test]
+fn checksum_mismatches_are_dropped_under_skip_and_unchecked_when_turned_off() -> Result<()> {
+    let plans = || vec![plan(Kind::Image, vec![vec![0, 1], vec![2]])];
+    let (batches, stats) = load_all(with_corrupt_samples()?, plans(), config(1, 3, 8)?)?;
+    assert_eq!(batches[0].sample_ids, vec!["good-0"]);
+    assert_eq!(stats.skipped, 2);
+    let off = LoaderConfig::builder()
+        .threads(1)
+        .image_tokens(3)
+        .image_size(8)
+        .verify_checksums(false)
+        .build()?;
+    let (batches, stats) = load_all(with_corrupt_samples()?, plans(), off)?;
+    assert_eq!(batches[0].sample_ids.len(), 3);
+    assert_eq!(stats.skipped, 0);
+    Ok(())
+}
+
+#[test]
+fn a_sample_without_a_token_checksum_still_has_its_image_checked() -> Result<()> {
+    // Format-v1 shards carry no input_ids crc32c: the image check still runs.
+    let mut samples = with_corrupt_samples()?;
+    for s in &mut samples {
+        s.input_ids_crc32c = None;
+    }
+    let plans = vec![plan(Kind::Image, vec![vec![0, 1, 2]])];
+    let (batches, stats) = load_all(samples, plans, config(1, 3, 8)?)?;
+    assert_eq!(batches[0].sample_ids, vec!["good-0", "flipped-ids"]);
+    assert_eq!(stats.skipped, 1);
     Ok(())
 }

@@ -28,13 +28,16 @@ pub enum ShardError {
         path: PathBuf,
         error: serde_json::Error,
     },
-    #[error("{path}: index.json has format version {found}, this build reads version {expected}")]
+    #[error(
+        "{path}: index.json has format version {found}, this build reads versions 1 to \
+         {expected}; read it with the tessera that wrote it, or re-ingest the source json"
+    )]
     FormatVersion {
         path: PathBuf,
         found: u32,
         expected: u32,
     },
-    #[error("{shard}: schema does not match tessera schema v1: {detail}")]
+    #[error("{shard}: schema does not match tessera's shard schema: {detail}")]
     Schema { shard: String, detail: String },
     #[error("{shard} row {row}: {detail}")]
     BadRow {

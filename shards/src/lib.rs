@@ -1,4 +1,4 @@
-//! tessera's shard format (schema v1): parquet files `shard-00000.parquet`, ... one row per
+//! tessera's shard format (schema v2): parquet files `shard-00000.parquet`, ... one row per
 //! sample, plus `index.json` written last (its presence means every listed shard is complete).
 //!
 //! 1. [`ShardWriter`] writes one shard: row groups bounded by rows and bytes, a temporary name,
@@ -29,7 +29,10 @@ pub use error::ShardError;
 pub use manifest::{shard_file_name, IngestReport, Manifest, RowGroupInfo, ShardInfo, INDEX_FILE};
 pub use reader::{fingerprint_of, Dataset};
 pub use sample::{Kind, Sample, SampleMeta, Turn, IMAGE_PAD_ID};
-pub use schema::{col, samples_to_batch, schema_v1, FORMAT_VERSION};
+pub use schema::{
+    col, input_ids_crc32c, samples_to_batch, schema_for, schema_v1, schema_v2, FORMAT_VERSION,
+    OLDEST_READABLE_VERSION,
+};
 pub use stats::{stats, DatasetStats, Percentiles, EXTREME_ASPECT, TINY_SIDE};
 pub use verify::{sha256_file, verify, VerifyReport};
 pub use writer::{estimated_sample_bytes, RowGroupLimits, ShardWriter};

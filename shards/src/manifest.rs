@@ -2,7 +2,7 @@
 //! `crate::atomic`), so its presence means every shard it lists is complete.
 use crate::atomic::write_atomically;
 use crate::error::ShardError;
-use crate::schema::FORMAT_VERSION;
+use crate::schema::{FORMAT_VERSION, OLDEST_READABLE_VERSION};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -86,7 +86,7 @@ impl Manifest {
                 path: path.clone(),
                 error: source,
             })?;
-        if manifest.format_version != FORMAT_VERSION {
+        if !(OLDEST_READABLE_VERSION..=FORMAT_VERSION).contains(&manifest.format_version) {
             return Err(ShardError::FormatVersion {
                 path,
                 found: manifest.format_version,

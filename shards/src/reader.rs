@@ -270,6 +270,13 @@ impl Dataset {
         Ok((shard_idx, group, (row - shard.group_starts[group]) as usize))
     }
 
+    /// The shard file and row (within it) that hold global sample `index`.
+    pub fn location(&self, index: u64) -> Option<(&str, u64)> {
+        let (shard, group, row) = self.locate(index).ok()?;
+        let shard = &self.shards[shard];
+        Some((&shard.name, shard.group_starts[group] + row as u64))
+    }
+
     /// Full samples for `indices`, returned in the given order (repeats allowed). Each needed
     /// row group is decoded once. Safe to call from many threads at once.
     pub fn read(&self, indices: &[u64]) -> Result<Vec<Sample>, ShardError> {

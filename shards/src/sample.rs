@@ -1,4 +1,4 @@
-//! One sample as stored in a shard row (schema v1): the contract between `ingest` (writes it),
+//! One sample as stored in a shard row (schema v2): the contract between `ingest` (writes it),
 //! `pipeline` (reads it) and `trainer`.
 
 /// `<|image_pad|>` in the Qwen2 tokenizers (Qwen2-VL's framing): the one token id that stands
@@ -48,6 +48,9 @@ pub struct Sample {
     /// predecessor inside its sample, so it is never a target).
     pub num_supervised_tokens: u32,
     pub image_crc32c: Option<u32>,
+    /// crc32c of `input_ids` (see [`crate::input_ids_crc32c`]) as read from the shard; `None`
+    /// for shards of format v1, which predate the column. Writers ignore it (they compute it).
+    pub input_ids_crc32c: Option<u32>,
 }
 
 /// What the planner needs of a sample; loaded for the whole dataset by reading only the

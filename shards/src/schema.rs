@@ -1,5 +1,10 @@
-//! Parquet/arrow schema v1 of a shard row, and the conversions between arrow record batches
-//! and [`Sample`]s. Column order is part of the format: readers project columns by name.
+//! Parquet/arrow schema of a shard row (v2; v1 still reads), and the conversions between arrow
+//! record batches and [`Sample`]s. Column order is part of the format: readers project columns
+//! by name.
+//!
+//! v2 added `input_ids_crc32c` (crc32c of the token ids' little-endian bytes), checked by the
+//! loader beside `image_crc32c`. A v1 shard lacks the column: its samples read with
+//! `input_ids_crc32c: None` (the token check is skipped, the image check still runs).
 use crate::error::ShardError;
 use crate::sample::{Kind, Sample, SampleMeta, Turn};
 use arrow_array::builder::BinaryBuilder;
@@ -12,8 +17,10 @@ use arrow_array::{
 use arrow_schema::{DataType, Field, Fields, Schema, SchemaRef};
 use std::sync::{Arc, OnceLock};
 
-/// The format version written to index.json; readers refuse other versions.
-pub const FORMAT_VERSION: u32 = 1;
+/// The format version written to index.json.
+pub const FORMAT_VERSION: u32 = 2;
+/// The oldest format version this build still reads (v1: no `input_ids_crc32c` column).
+pub const OLDEST_READABLE_VERSION: u32 = 1;
 
 /// Column names, in schema order.
 pub mod col {
@@ -29,6 +36,21 @@ pub mod col {
     pub const NUM_TEXT_TOKENS: &str = "num_text_tokens";
     pub const NUM_SUPERVISED_TOKENS: &str = "num_supervised_tokens";
     pub const IMAGE_CRC32C: &str = "image_crc32c";
+    /// Since format v2.
+    pub const INPUT_IDS_CRC32C: &str = "input_ids_crc32c";
+}
+
+/// crc32c of token ids as stored in `input_ids_crc32c`: over each id's 4 little-endian bytes.
+pub fn input_ids_crc32c(ids: &[u32]) -> u32 {
+    let mut crc = 0;
+    let mut buf = [0u8; 1024];
+    for chunk in ids.chunks(buf.len() / 4) {
+        for (out, id) in buf.chunks_exact_mut(4).zip(chunk) {
+            out.copy_from_slice(&id.to_le_bytes());
+        }
+        crc = crc32c::crc32c_append(crc, &buf[..4 * chunk.len()]);
+    }
+    crc
 }
 
 fn turn_fields() -> Fields {
@@ -42,7 +64,32 @@ fn item(data_type: DataType) -> Arc<Field> {
     Arc::new(Field::new("item", data_type, false))
 }
 
-/// Schema v1: one row per sample.
+/// The schema this build writes (v2): v1's columns, then `input_ids_crc32c`.
+pub fn schema_v2() -> SchemaRef {
+    static SCHEMA: OnceLock<SchemaRef> = OnceLock::new();
+    SCHEMA
+        .get_or_init(|| {
+            let mut fields: Vec<Field> = schema_v1()
+                .fields()
+                .iter()
+                .map(|f| f.as_ref().clone())
+                .collect();
+            fields.push(Field::new(col::INPUT_IDS_CRC32C, DataType::UInt32, false));
+            Arc::new(Schema::new(fields))
+        })
+        .clone()
+}
+
+/// The schema of a shard of `format_version` (`None` for versions this build cannot read).
+pub fn schema_for(format_version: u32) -> Option<SchemaRef> {
+    match format_version {
+        1 => Some(schema_v1()),
+        2 => Some(schema_v2()),
+        _ => None,
+    }
+}
+
+/// Schema v1 (format version 1, read but no longer written): one row per sample.
 pub fn schema_v1() -> SchemaRef {
     static SCHEMA: OnceLock<SchemaRef> = OnceLock::new();
     SCHEMA
@@ -83,7 +130,8 @@ fn list(values: ArrayRef, lengths: impl Iterator<Item = usize>) -> ArrayRef {
     Arc::new(ListArray::new(field, offsets, values, None))
 }
 
-/// Builds one record batch (schema v1) from samples, in order.
+/// Builds one record batch (schema v2) from samples, in order. `input_ids_crc32c` is computed
+/// here from the ids (a sample's own field is what a reader found, not an input).
 pub fn samples_to_batch(samples: &[Sample]) -> Result<RecordBatch, ShardError> {
     let ids = StringArray::from_iter_values(samples.iter().map(|s| s.id.as_str()));
     let kinds = UInt8Array::from_iter_values(samples.iter().map(|s| s.kind as u8));
@@ -128,6 +176,8 @@ pub fn samples_to_batch(samples: &[Sample]) -> Result<RecordBatch, ShardError> {
     let text_tokens = UInt32Array::from_iter_values(samples.iter().map(|s| s.num_text_tokens));
     let supervised = UInt32Array::from_iter_values(samples.iter().map(|s| s.num_supervised_tokens));
     let crcs = UInt32Array::from_iter(samples.iter().map(|s| s.image_crc32c));
+    let ids_crcs =
+        UInt32Array::from_iter_values(samples.iter().map(|s| input_ids_crc32c(&s.input_ids)));
     let columns: Vec<ArrayRef> = vec![
         Arc::new(ids),
         Arc::new(kinds),
@@ -141,8 +191,9 @@ pub fn samples_to_batch(samples: &[Sample]) -> Result<RecordBatch, ShardError> {
         Arc::new(text_tokens),
         Arc::new(supervised),
         Arc::new(crcs),
+        Arc::new(ids_crcs),
     ];
-    RecordBatch::try_new(schema_v1(), columns).map_err(|e| ShardError::arrow("record batch", e))
+    RecordBatch::try_new(schema_v2(), columns).map_err(|e| ShardError::arrow("record batch", e))
 }
 
 /// Where rows of a batch came from, for error messages.
@@ -195,7 +246,7 @@ fn kind_of(origin: &RowOrigin, row: usize, value: u8) -> Result<Kind, ShardError
     }
 }
 
-/// Decodes the rows `rows` (indices into the batch) of a full schema-v1 batch.
+/// Decodes the rows `rows` (indices into the batch) of a full batch (schema v1 or v2).
 pub(crate) fn batch_to_samples(
     batch: &RecordBatch,
     rows: &[usize],
@@ -213,6 +264,11 @@ pub(crate) fn batch_to_samples(
     let text_tokens: &UInt32Array = origin.typed(batch, col::NUM_TEXT_TOKENS)?;
     let supervised: &UInt32Array = origin.typed(batch, col::NUM_SUPERVISED_TOKENS)?;
     let crcs: &UInt32Array = origin.typed(batch, col::IMAGE_CRC32C)?;
+    // Absent from v1 shards: their samples carry no token checksum.
+    let ids_crcs: Option<&UInt32Array> = match batch.column_by_name(col::INPUT_IDS_CRC32C) {
+        Some(_) => Some(origin.typed(batch, col::INPUT_IDS_CRC32C)?),
+        None => None,
+    };
     let mut out = Vec::with_capacity(rows.len());
     for &row in rows {
         let turns = conversation.value(row);
@@ -255,6 +311,7 @@ pub(crate) fn batch_to_samples(
             num_text_tokens: text_tokens.value(row),
             num_supervised_tokens: supervised.value(row),
             image_crc32c: crcs.is_valid(row).then(|| crcs.value(row)),
+            input_ids_crc32c: ids_crcs.map(|c| c.value(row)),
         });
     }
     Ok(out)

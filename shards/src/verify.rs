@@ -1,11 +1,12 @@
 //! `tessera shards verify`: checks a shard directory against its index.json: every shard's
 //! size and sha256, its schema, its row and row-group counts, and every row's internal
-//! consistency (token counts, label mask length, image crc32c, kind vs image).
+//! consistency (token counts, label mask length, image and token crc32c, kind vs image); and
+//! that no `shard-*.parquet` lies in the directory without being listed.
 use crate::error::ShardError;
 use crate::manifest::{Manifest, ShardInfo};
 use crate::reader::OpenShard;
 use crate::sample::{Kind, Sample};
-use crate::schema::schema_v1;
+use crate::schema::{input_ids_crc32c, schema_for};
 use sha2::{Digest, Sha256};
 use std::io::Read;
 use std::path::Path;
@@ -50,7 +51,8 @@ pub fn verify(dir: &Path) -> Result<VerifyReport, ShardError> {
     let mut first_sample = 0u64;
     for info in &manifest.shards {
         report.shards_checked += 1;
-        if let Err(problem) = verify_shard(dir, info, first_sample, &mut report) {
+        let checked = verify_shard(dir, &manifest, info, first_sample, &mut report);
+        if let Err(problem) = checked {
             report.problems.push(problem);
         }
         first_sample += info.rows;
@@ -61,12 +63,34 @@ pub fn verify(dir: &Path) -> Result<VerifyReport, ShardError> {
             manifest.num_samples
         ));
     }
+    report.problems.extend(unlisted_shards(dir, &manifest)?);
     Ok(report)
+}
+
+/// `shard-*.parquet` files in `dir` that index.json does not list (a leftover of another
+/// ingest, or a file copied in by hand: the dataset would silently not contain it).
+fn unlisted_shards(dir: &Path, manifest: &Manifest) -> Result<Vec<String>, ShardError> {
+    let listed: std::collections::HashSet<&str> =
+        manifest.shards.iter().map(|s| s.file.as_str()).collect();
+    let mut extra = Vec::new();
+    for entry in std::fs::read_dir(dir).map_err(|e| ShardError::io(dir, e))? {
+        let entry = entry.map_err(|e| ShardError::io(dir, e))?;
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if name.starts_with("shard-") && name.ends_with(".parquet") && !listed.contains(&*name) {
+            extra.push(name);
+        }
+    }
+    extra.sort();
+    Ok(extra
+        .into_iter()
+        .map(|name| format!("{name}: not listed in index.json (not part of this dataset)"))
+        .collect())
 }
 
 /// Checks one shard; the first fatal problem is returned, row-level ones are pushed.
 fn verify_shard(
     dir: &Path,
+    manifest: &Manifest,
     info: &ShardInfo,
     first_sample: u64,
     report: &mut VerifyReport,
@@ -87,9 +111,11 @@ fn verify_shard(
     }
     let shard = OpenShard::open(dir, name, first_sample).map_err(|e| e.to_string())?;
     let file_schema = shard.metadata.schema();
-    if file_schema.fields() != schema_v1().fields() {
+    let version = manifest.format_version;
+    let expected = schema_for(version).ok_or_else(|| format!("{name}: format {version}?"))?;
+    if file_schema.fields() != expected.fields() {
         return Err(format!(
-            "{name}: schema differs from tessera schema v1: {file_schema:?}"
+            "{name}: schema differs from tessera's format {version} schema: {file_schema:?}"
         ));
     }
     let groups = shard.metadata.metadata().row_groups();
@@ -157,6 +183,12 @@ pub(crate) fn check_row(s: &Sample) -> Option<String> {
             "num_supervised_tokens {} != {counted} counted",
             s.num_supervised_tokens
         ));
+    }
+    if let Some(stored) = s.input_ids_crc32c {
+        let crc = input_ids_crc32c(&s.input_ids);
+        if stored != crc {
+            return Some(format!("input_ids crc32c {stored} != {crc} computed"));
+        }
     }
     match (s.kind, &s.image) {
         (Kind::Image, Some(bytes)) => {

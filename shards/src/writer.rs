@@ -6,7 +6,7 @@
 use crate::error::ShardError;
 use crate::manifest::{shard_file_name, RowGroupInfo, ShardInfo};
 use crate::sample::{Kind, Sample};
-use crate::schema::{col, samples_to_batch, schema_v1};
+use crate::schema::{col, samples_to_batch, schema_v2};
 use crate::sink::ShardSink;
 use parquet::arrow::ArrowWriter;
 use parquet::basic::Compression;
@@ -83,7 +83,7 @@ impl ShardWriter {
         let sink =
             ShardSink::new(file, tmp_path.clone()).map_err(|e| ShardError::io(&tmp_path, e))?;
         let props = writer_properties(limits);
-        let writer = ArrowWriter::try_new(sink, schema_v1(), Some(props))
+        let writer = ArrowWriter::try_new(sink, schema_v2(), Some(props))
             .map_err(|e| ShardError::parquet(&name, e))?;
         Ok(ShardWriter {
             name,

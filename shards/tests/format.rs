@@ -22,6 +22,7 @@ fn sample(i: u32) -> Sample {
             Kind::Text
         },
         image_crc32c: image.as_deref().map(crc32c::crc32c),
+        input_ids_crc32c: Some(shards::input_ids_crc32c(&ids)),
         image_format: image.as_ref().map(|_| "jpeg".to_string()),
         width: image.as_ref().map_or(0, |_| 10 + i),
         height: image.as_ref().map_or(0, |_| 20 + i),
@@ -164,5 +165,81 @@ fn stats_percentiles_and_kinds() -> anyhow::Result<()> {
     assert_eq!(stats.by_kind.get("image"), Some(&20));
     assert_eq!(stats.image_width.max, 10 + 29);
     assert_eq!(stats.text_tokens.max, 15);
+    Ok(())
+}
+
+/// Rewrites every shard of `dir` as format v1 wrote it (no `input_ids_crc32c` column, same row
+/// groups) and index.json with version 1: a dataset ingested before the column existed.
+fn downgrade_to_v1(dir: &Path) -> anyhow::Result<()> {
+    use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+    use parquet::arrow::ArrowWriter;
+    let mut manifest = Manifest::load(dir)?;
+    for info in &mut manifest.shards {
+        let path = dir.join(&info.file);
+        let bytes = bytes::Bytes::from(std::fs::read(&path)?);
+        let groups = ParquetRecordBatchReaderBuilder::try_new(bytes.clone())?
+            .metadata()
+            .num_row_groups();
+        let mut writer =
+            ArrowWriter::try_new(std::fs::File::create(&path)?, shards::schema_v1(), None)?;
+        for g in 0..groups {
+            let reader = ParquetRecordBatchReaderBuilder::try_new(bytes.clone())?
+                .with_row_groups(vec![g])
+                .build()?;
+            for batch in reader {
+                let batch = batch?;
+                let keep: Vec<usize> = (0..batch.num_columns() - 1).collect();
+                writer.write(&batch.project(&keep)?.with_schema(shards::schema_v1())?)?;
+            }
+            writer.flush()?;
+        }
+        writer.close()?;
+        let (sha256, len) = shards::sha256_file(&path)?;
+        (info.sha256, info.bytes) = (sha256, len);
+    }
+    manifest.format_version = 1;
+    manifest.save(dir)?;
+    Ok(())
+}
+
+#[test]
+fn shards_written_before_the_token_checksum_still_read_and_verify() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let samples = write_dataset(dir.path(), 30, 15)?;
+    downgrade_to_v1(dir.path())?;
+    let dataset = Dataset::open(dir.path())?;
+    assert_eq!(dataset.manifest().format_version, 1);
+    let read = dataset.read(&(0..30).collect::<Vec<u64>>())?;
+    for (got, want) in read.iter().zip(&samples) {
+        assert_eq!(got.input_ids_crc32c, None, "v1 has no token checksum");
+        assert_eq!(
+            got.image_crc32c, want.image_crc32c,
+            "the image checksum is still there"
+        );
+        let same = Sample {
+            input_ids_crc32c: want.input_ids_crc32c,
+            ..got.clone()
+        };
+        assert_eq!(&same, want);
+    }
+    let report = shards::verify(dir.path())?;
+    assert!(report.is_ok(), "{:?}", report.problems);
+    assert_eq!(report.samples_checked, 30);
+    Ok(())
+}
+
+#[test]
+fn verify_reports_a_shard_file_that_index_json_does_not_list() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    write_dataset(dir.path(), 20, 10)?;
+    std::fs::copy(
+        dir.path().join("shard-00001.parquet"),
+        dir.path().join("shard-00002.parquet"),
+    )?;
+    let report = shards::verify(dir.path())?;
+    assert_eq!(
+        report.problems,
+        vec!["shard-00002.parquet: not listed in index.json (not part of this dataset)"]
+    );
     Ok(())
 }

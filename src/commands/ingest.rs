@@ -42,7 +42,8 @@ pub(crate) struct Args {
     max_pixels: u64,
 }
 
-pub(crate) fn run(args: Args) -> anyhow::Result<()> {
+/// `quiet`: the global `--quiet` (no summary on stderr; failures still say everything).
+pub(crate) fn run(args: Args, quiet: bool) -> anyhow::Result<()> {
     let mut config = IngestConfig::new(args.json, args.images, args.tokenizer, args.out);
     config.template = args.template;
     config.shard_size = args.shard_size.max(1);
@@ -56,16 +57,21 @@ pub(crate) fn run(args: Args) -> anyhow::Result<()> {
     config.progress = std::io::stderr().is_terminal() && std::env::var_os("NO_PROGRESS").is_none();
     let summary =
         ingest::run(&config).with_context(|| format!("ingest into {}", config.out.display()))?;
-    eprint!("{}", summary.text());
+    if !quiet {
+        eprint!("{}", summary.text());
+    }
     if !summary.complete {
         anyhow::bail!(
-            "{} of {} records rejected ({:.3}%), above --max-rejected-fraction {}: index.json not written; \
-             see {}/rejected.jsonl, or rerun with --resume and a higher --max-rejected-fraction to accept",
+            "{} of {} records rejected ({:.3}%: {}), above --max-rejected-fraction {}: \
+             index.json not written; see {}/rejected.jsonl. To accept them, rerun the same \
+             command with --resume --max-rejected-fraction {} (nothing is re-processed)",
             summary.report.rejected_total(),
             summary.report.records_read,
             100.0 * summary.rejected_fraction,
+            summary.rejected_by_reason(),
             summary.max_rejected_fraction,
-            config.out.display()
+            config.out.display(),
+            summary.accepting_fraction()
         );
     }
     Ok(())

@@ -11,8 +11,9 @@ pub(crate) struct Args {
 
 #[derive(clap::Subcommand)]
 enum ShardsCommand {
-    /// Check every shard's sha256, size, schema and row counts against index.json, and every
-    /// row's token counts and image crc32c. Exits non-zero on any problem.
+    /// Check every shard's sha256, size, schema and row counts against index.json, every row's
+    /// token counts and image and token crc32c, and that no unlisted shard-*.parquet lies in
+    /// DIR. Exits non-zero on any problem.
     Verify {
         /// Shard directory (holding index.json).
         dir: PathBuf,

@@ -71,9 +71,25 @@ pub struct Args {
     /// Checkpoint every N steps (and always at the end; default 0 = only at the end).
     #[arg(long)]
     pub checkpoint_every: Option<u64>,
-    /// Continue from the latest complete checkpoint in --out.
+    /// Keep the last N checkpoints (default 3; older ones are deleted after each checkpoint).
+    #[arg(long)]
+    pub keep_checkpoints: Option<usize>,
+    /// Also keep every checkpoint whose step is a multiple of M (default 0 = none).
+    #[arg(long)]
+    pub keep_every: Option<u64>,
+    /// A sample whose image does not decode or fails its stored crc32c (shard corrupt on
+    /// disk): fail (default; names shard, row and sample) or skip (warn and drop it).
+    #[arg(long, value_parser = ["fail", "skip"])]
+    pub on_bad_image: Option<String>,
+    /// Continue from the latest complete checkpoint in --out (its run record must match).
     #[arg(long)]
     pub resume: bool,
+    /// With --resume: run-record keys allowed to differ from the checkpoint's (e.g. lr,seed).
+    #[arg(long, value_delimiter = ',')]
+    pub resume_changing: Vec<String>,
+    /// Clear a non-empty --out (a previous run's folder) and start afresh.
+    #[arg(long)]
+    pub overwrite: bool,
     /// Where to train.
     #[arg(long, value_parser = ["cpu", "cuda"])]
     pub device: Option<String>,
@@ -132,6 +148,15 @@ impl Args {
             lora_alpha: self.lora_alpha,
             seed: self.seed,
             checkpoint_every: self.checkpoint_every,
+            keep_checkpoints: self.keep_checkpoints,
+            keep_every: self.keep_every,
+            on_bad_image: self.on_bad_image.as_deref().map(|p| {
+                if p == "skip" {
+                    pipeline::loader::BadImagePolicy::Skip
+                } else {
+                    pipeline::loader::BadImagePolicy::Fail
+                }
+            }),
             device: self.device.as_deref().map(|d| {
                 if d == "cuda" {
                     Device::Cuda
@@ -162,12 +187,20 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     };
     let cfg = file.overlay(args.layer()?).resolve()?;
     cfg.check_paths()?;
+    let start = trainer::train::run_dir::RunStart {
+        resume: args.resume,
+        overwrite: args.overwrite,
+        resume_changing: args.resume_changing.clone(),
+    };
     let rank_env =
         trainer::dist::RankEnv::from_env().context("reading the torchrun environment")?;
     if rank_env.is_none() && cfg.nproc > 1 {
+        // Checked once here, so a refusal is one message rather than one per rank.
+        trainer::train::setup::check_model_dirs(&cfg)?;
+        trainer::train::run_dir::prepare(&cfg.out, &start)?;
         return launch_ranks(cfg.nproc);
     }
-    let summary = trainer::train::run::train(&cfg, rank_env, args.resume)?;
+    let summary = trainer::train::run::train(&cfg, rank_env, &start)?;
     if let Some(s) = summary {
         println!(
             "trained {} steps: loss {:.4} -> {:.4} (mean of the last 10%: {:.4}); run in {}",

@@ -17,8 +17,10 @@ pub enum ResizePolicy {
     Pad,
 }
 
-/// What happens to a sample whose image does not decode.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+/// What happens to a sample whose image does not decode, or whose stored checksum does not
+/// match its bytes. (`tessera train --on-bad-image` defaults to `fail`.)
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum BadImagePolicy {
     /// Warn with the sample id and drop the sample from its micro-batch.
     #[default]
@@ -45,6 +47,9 @@ pub struct LoaderConfig {
     pub threads: usize,
     /// Micro-batches in flight or waiting at most (bounds memory).
     pub prefetch: usize,
+    /// Check each sample's stored crc32c (image bytes, token ids) as it is read (default on;
+    /// off only to measure what the check costs).
+    pub verify_checksums: bool,
 }
 
 impl LoaderConfig {
@@ -66,6 +71,7 @@ pub struct LoaderConfigBuilder {
     on_bad_image: BadImagePolicy,
     threads: Option<usize>,
     prefetch: Option<usize>,
+    skip_checksums: bool,
 }
 
 impl LoaderConfigBuilder {
@@ -106,6 +112,11 @@ impl LoaderConfigBuilder {
         self.prefetch = Some(v);
         self
     }
+    /// Whether to check stored checksums (default true).
+    pub fn verify_checksums(mut self, v: bool) -> Self {
+        self.skip_checksums = !v;
+        self
+    }
 
     pub fn build(self) -> Result<LoaderConfig, LoaderError> {
         let image_size = self.image_size.unwrap_or(384);
@@ -143,6 +154,7 @@ impl LoaderConfigBuilder {
             on_bad_image: self.on_bad_image,
             threads,
             prefetch,
+            verify_checksums: !self.skip_checksums,
         })
     }
 }

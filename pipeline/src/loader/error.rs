@@ -38,6 +38,20 @@ pub enum LoaderError {
         #[source]
         source: ResizeError,
     },
+    /// A sample's image bytes or token ids do not match the crc32c written at ingest: the
+    /// shard changed on disk. Handled like an undecodable image (the bad-image policy).
+    #[error(
+        "{at} (sample {sample_id}): {column} fails its crc32c (stored {stored:08x}, computed \
+         {computed:08x}): the shard is corrupt on disk; `tessera shards verify` checks every row"
+    )]
+    Checksum {
+        /// Shard file and row (`shard-00003.parquet row 17`), or the global index.
+        at: String,
+        sample_id: String,
+        column: &'static str,
+        stored: u32,
+        computed: u32,
+    },
     /// The token ids and the image disagree (placeholder count, missing image bytes, ...).
     #[error("sample {sample_id}: {message}")]
     Sample { sample_id: String, message: String },
@@ -55,16 +69,23 @@ impl LoaderError {
         match self {
             LoaderError::Decode { sample_id, .. }
             | LoaderError::Resize { sample_id, .. }
-            | LoaderError::Sample { sample_id, .. } => Some(sample_id),
+            | LoaderError::Sample { sample_id, .. }
+            | LoaderError::Checksum { sample_id, .. } => Some(sample_id),
             _ => None,
         }
     }
 
-    /// Whether the sample's image is at fault (not its tokens).
+    /// Whether the sample's image is at fault and its tokens are sound (an image that fails to
+    /// decode or resize, or image bytes that fail their checksum).
     pub fn is_bad_image(&self) -> bool {
         matches!(
             self,
-            LoaderError::Decode { .. } | LoaderError::Resize { .. }
+            LoaderError::Decode { .. }
+                | LoaderError::Resize { .. }
+                | LoaderError::Checksum {
+                    column: shards::col::IMAGE,
+                    ..
+                }
         )
     }
 

@@ -17,7 +17,7 @@
 //! let sample = Sample {
 //!     id: "t0".into(), kind: Kind::Text, image: None, image_format: None, width: 0, height: 0,
 //!     conversation: vec![], input_ids: vec![10, 11, 12], label_mask: vec![false, true, true],
-//!     num_text_tokens: 3, num_supervised_tokens: 2, image_crc32c: None,
+//!     num_text_tokens: 3, num_supervised_tokens: 2, image_crc32c: None, input_ids_crc32c: None,
 //! };
 //! let source: Arc<dyn SampleSource> = Arc::new(vec![sample]);
 //! let plan = MicroBatchPlan { kind: Kind::Text, rows: vec![vec![0]], zero_loss: false };

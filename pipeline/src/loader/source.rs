@@ -7,6 +7,11 @@ use shards::Sample;
 pub trait SampleSource: Send + Sync {
     /// The samples at `indices`, in that order.
     fn read(&self, indices: &[u64]) -> Result<Vec<Sample>, LoaderError>;
+
+    /// Where sample `index` is stored, for error messages (shards: file and row).
+    fn locate(&self, index: u64) -> String {
+        format!("sample index {index}")
+    }
 }
 
 impl SampleSource for Vec<Sample> {
@@ -36,5 +41,12 @@ impl SampleSource for shards::Dataset {
             indices: indices.to_vec(),
             source,
         })
+    }
+
+    fn locate(&self, index: u64) -> String {
+        match self.location(index) {
+            Some((shard, row)) => format!("{shard} row {row}"),
+            None => format!("sample index {index}"),
+        }
     }
 }

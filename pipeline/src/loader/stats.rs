@@ -14,8 +14,10 @@ pub struct LoaderStats {
     pub images: u64,
     /// Samples dropped under the `skip` policy.
     pub skipped: u64,
-    /// Worker time reading samples from the source.
+    /// Worker time reading samples from the source (the checksum check included).
     pub read: Duration,
+    /// Of `read`: worker time checking the samples' stored crc32c.
+    pub checksum: Duration,
     /// Worker time decoding images.
     pub decode: Duration,
     /// Worker time resizing (and laying out CHW).
@@ -34,6 +36,7 @@ impl LoaderStats {
         self.images += other.images;
         self.skipped += other.skipped;
         self.read += other.read;
+        self.checksum += other.checksum;
         self.decode += other.decode;
         self.resize += other.resize;
         self.assemble += other.assemble;
@@ -48,6 +51,7 @@ pub(crate) struct StatCells {
     pub images: AtomicU64,
     pub skipped: AtomicU64,
     pub read_ns: AtomicU64,
+    pub checksum_ns: AtomicU64,
     pub decode_ns: AtomicU64,
     pub resize_ns: AtomicU64,
     pub assemble_ns: AtomicU64,
@@ -65,6 +69,7 @@ impl StatCells {
             images: self.images.load(Relaxed),
             skipped: self.skipped.load(Relaxed),
             read: Duration::from_nanos(self.read_ns.load(Relaxed)),
+            checksum: Duration::from_nanos(self.checksum_ns.load(Relaxed)),
             decode: Duration::from_nanos(self.decode_ns.load(Relaxed)),
             resize: Duration::from_nanos(self.resize_ns.load(Relaxed)),
             assemble: Duration::from_nanos(self.assemble_ns.load(Relaxed)),

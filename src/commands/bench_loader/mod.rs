@@ -39,6 +39,10 @@ pub(crate) struct Args {
     /// a single run's rate by a third or more).
     #[arg(long, default_value_t = 3)]
     rounds: usize,
+    /// Measure the per-sample crc32c check: each round also runs the loader with the check
+    /// off, and the median ratio is reported (`checksum_cost`).
+    #[arg(long, hide = true)]
+    checksum_cost: bool,
 }
 
 /// One round: the loader, then decode-only, back to back.
@@ -48,6 +52,8 @@ struct Round {
     decode_only: f64,
     loader_cpu_ms: Option<f64>,
     decode_cpu_ms: Option<f64>,
+    /// Images/s with the checksum check off (`--checksum-cost`).
+    unchecked: Option<f64>,
 }
 
 fn median(mut values: Vec<f64>) -> f64 {
@@ -93,6 +99,23 @@ pub(crate) fn run(args: Args) -> anyhow::Result<()> {
     let mut rounds = Vec::new();
     let mut total = pipeline::loader::LoaderStats::default();
     for round in 1..=args.rounds.max(1) {
+        // With --checksum-cost, odd rounds run the unchecked loader first (order effects:
+        // a warmer cache for the second run) and even rounds after.
+        let unchecked_first = args.checksum_cost && round % 2 == 1;
+        let unchecked_rate = |first: bool| -> anyhow::Result<Option<f64>> {
+            if !args.checksum_cost || first != unchecked_first {
+                return Ok(None);
+            }
+            let off = pipeline::loader::LoaderConfig {
+                verify_checksums: false,
+                ..config.clone()
+            };
+            let (stats, took) = run_loader(source.clone(), work.plans.clone(), off)?;
+            let rate = stats.images as f64 / took.as_secs_f64();
+            println!("round {round}: tessera without the crc32c check: {rate:.1} images/s");
+            Ok(Some(rate))
+        };
+        let unchecked_before = unchecked_rate(true)?;
         let cpu_before = process_cpu_seconds();
         let (stats, took) = run_loader(source.clone(), work.plans.clone(), config.clone())?;
         let loader_cpu = cpu_since(cpu_before);
@@ -106,6 +129,13 @@ pub(crate) fn run(args: Args) -> anyhow::Result<()> {
             stats.skipped,
             stats.wait.as_secs_f64()
         );
+        let unchecked = unchecked_before.or(unchecked_rate(false)?);
+        if let Some(rate) = unchecked {
+            println!(
+                "round {round}: with / without the check {:.4}",
+                images_per_s / rate
+            );
+        }
         let cpu_before = process_cpu_seconds();
         let (took, failed) = run_decode_only(&bytes, threads);
         let decode_cpu = cpu_since(cpu_before);
@@ -126,13 +156,16 @@ pub(crate) fn run(args: Args) -> anyhow::Result<()> {
             decode_only,
             loader_cpu_ms: cpu_ms(loader_cpu, stats.images),
             decode_cpu_ms: cpu_ms(decode_cpu, decoded as u64),
+            unchecked,
         });
         total.add(&stats);
     }
     let per_image = |d: std::time::Duration| d.as_secs_f64() * 1e3 / total.images.max(1) as f64;
     println!(
-        "  stage time per image (thread-ms): read {:.3}, decode {:.3}, resize {:.3}, assemble {:.3}",
+        "  stage time per image (thread-ms): read {:.3} (of it crc32c {:.4}), decode {:.3}, \
+         resize {:.3}, assemble {:.3}",
         per_image(total.read),
+        per_image(total.checksum),
         per_image(total.decode),
         per_image(total.resize),
         per_image(total.assemble)
@@ -149,6 +182,23 @@ pub(crate) fn run(args: Args) -> anyhow::Result<()> {
     let loader_cpu_ms = cpu_of(|r| r.loader_cpu_ms);
     let decode_cpu_ms = cpu_of(|r| r.decode_cpu_ms);
     let cpu_ratio = cpu_of(|r| Some(r.decode_cpu_ms? / r.loader_cpu_ms?));
+    // 1 - (with check / without), median over paired rounds: the share of throughput the
+    // check costs (negative = within noise).
+    let checksum_cost = cpu_of(|r| Some(1.0 - r.images_per_s / r.unchecked?));
+    if let Some(cost) = checksum_cost {
+        println!(
+            "crc32c check cost, median of {} paired rounds: {:.2}% of loader throughput",
+            rounds.len(),
+            100.0 * cost
+        );
+    }
+    // The check's own thread time over all stages' (noise-free next to paired wall times).
+    let stages = total.read + total.decode + total.resize + total.assemble;
+    let checksum_share = total.checksum.as_secs_f64() / stages.as_secs_f64().max(1e-12);
+    println!(
+        "crc32c check: {:.3}% of the loader's thread time",
+        100.0 * checksum_share
+    );
 
     let reference = if args.no_reference {
         None
@@ -183,11 +233,14 @@ pub(crate) fn run(args: Args) -> anyhow::Result<()> {
         "decode_only_cpu_ms_per_image": decode_cpu_ms,
         "cpu_ratio_vs_decode_only": cpu_ratio,
         "image_size": args.image_size,
+        "checksum_cost": checksum_cost,
+        "checksum_thread_time_fraction": checksum_share,
         "policy": match policy { ResizePolicy::Squash => "squash", ResizePolicy::Pad => "pad" },
         "images": total.images / n as u64,
         "rounds": n,
         "stage_seconds": {
             "read": total.read.as_secs_f64() / n as f64,
+            "checksum": total.checksum.as_secs_f64() / n as f64,
             "decode": total.decode.as_secs_f64() / n as f64,
             "resize": total.resize.as_secs_f64() / n as f64,
             "assemble": total.assemble.as_secs_f64() / n as f64,

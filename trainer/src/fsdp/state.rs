@@ -49,11 +49,13 @@ impl<C> Fsdp<'_, C> {
         Ok(out)
     }
 
-    /// This rank's shards and optimizer state as named tensors ("projector.trainable.param",
-    /// ".exp_avg", ".exp_avg_sq", "optimizer.step").
+    /// This rank's trainable shards and optimizer state as named tensors
+    /// ("projector.trainable.param", ".exp_avg", ".exp_avg_sq", "optimizer.step"). Frozen
+    /// buffers are left out: they never change, so the model directories they were loaded from
+    /// (whose fingerprints a checkpoint records) hold them already.
     pub fn shard_state(&self) -> BTreeMap<String, Tensor> {
         let mut out = BTreeMap::new();
-        for b in &self.flat.buffers {
+        for b in self.flat.buffers.iter().filter(|b| b.trainable) {
             out.insert(format!("{}.param", b.key()), b.shard.copy());
         }
         for s in &self.optim.states {
@@ -65,7 +67,8 @@ impl<C> Fsdp<'_, C> {
         out
     }
 
-    /// Restores what `shard_state` returned (same units, world size, rank and strategy).
+    /// Restores what `shard_state` returned (same units, world size, rank and strategy); frozen
+    /// buffers keep what they were built from.
     pub fn load_shard_state(&mut self, state: &BTreeMap<String, Tensor>) -> Result<(), FsdpError> {
         let get = |key: String, like: &Tensor| -> Result<Tensor, FsdpError> {
             let t = state.get(&key).ok_or_else(|| FsdpError::State {
@@ -84,7 +87,7 @@ impl<C> Fsdp<'_, C> {
             }
             Ok(t.shallow_clone())
         };
-        for b in &self.flat.buffers {
+        for b in self.flat.buffers.iter().filter(|b| b.trainable) {
             let t = get(format!("{}.param", b.key()), &b.shard)?;
             tch::no_grad(|| b.shard.shallow_clone().copy_(&t));
         }

@@ -3,11 +3,16 @@
 //!
 //! ```text
 //! checkpoints/step-00000100/          complete (renamed from step-00000100.tmp by rank 0)
-//!   meta.json                         rank 0, written last: W, strategy, fingerprints, config
+//!   meta.json                         rank 0, written last: W, strategy, fingerprints, config,
+//!                                     the run record
 //!   rank-00000/manifest.json          sha256 of every file this rank wrote
 //!   rank-00000/state.json             next step, planner position, RNG seed
-//!   rank-00000/...                    this rank's parameter and optimizer shards (FSDP)
+//!   rank-00000/...                    this rank's trainable shards and optimizer state (FSDP)
 //! ```
+//! Frozen parameters are not stored: the model directories hold them, and `meta.json` names
+//! those directories by fingerprint (configs and weight files), checked on resume with the
+//! rest of the run record (everything that changes the math). After each commit [`prune`]
+//! keeps the last `--keep-checkpoints` and every `--keep-every`-th.
 //! Protocol: every rank calls [`CheckpointWriter::begin`], writes its files, calls
 //! [`CheckpointWriter::finish_rank`]; after a barrier rank 0 calls [`CheckpointWriter::commit`],
 //! which checks all W manifests, writes `meta.json` and renames the folder. A `.tmp` folder is
@@ -18,7 +23,9 @@ use std::collections::BTreeMap;
 use std::io::Read;
 use std::path::{Path, PathBuf};
 
-pub const FORMAT_VERSION: u32 = 1;
+/// v2: trainable state only, and the run record in `meta.json`. v1 checkpoints still open
+/// (export, `--init-projector`) but cannot be resumed.
+pub const FORMAT_VERSION: u32 = 2;
 const META: &str = "meta.json";
 const MANIFEST: &str = "manifest.json";
 const STATE: &str = "state.json";
@@ -45,20 +52,24 @@ pub enum CheckpointError {
     #[error("checkpoint {dir} belongs to another model: {what} differs from this run's")]
     Model { dir: PathBuf, what: &'static str },
     #[error(
-        "checkpoint {dir} was trained on other data: dataset fingerprint {found} but --shards \
-         has {expected}"
+        "checkpoint {dir} was written by a run with other settings: {changes}; resume with the \
+         same settings, or pass --resume-changing {keys} to accept the change"
     )]
-    Data {
+    RunChanged {
         dir: PathBuf,
-        found: String,
-        expected: String,
+        /// `key: old -> new`, joined.
+        changes: String,
+        /// The changed keys, comma-separated (what `--resume-changing` would need).
+        keys: String,
     },
-    #[error("checkpoint {dir} is a stage {found} run; this run is stage {expected}")]
-    Stage {
-        dir: PathBuf,
-        found: u8,
-        expected: u8,
-    },
+    #[error("--resume-changing {key}: no such run-record key (keys: {known})")]
+    UnknownKey { key: String, known: String },
+    #[error(
+        "checkpoint {dir} has format version {found} (it stores frozen weights and no run \
+         record); this tessera resumes format 2 only: start the run again \
+         (export and --init-projector still read it)"
+    )]
+    TooOld { dir: PathBuf, found: u32 },
 }
 
 fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> CheckpointError + '_ {
@@ -77,6 +88,13 @@ pub struct ModelFingerprint {
     pub lm_config: String,
     /// sha256 of every unit's parameter names, shapes and trainable flags (LoRA included).
     pub params: String,
+    /// Fingerprint of the vision directory's weight files (names, sizes, crc32c of the bytes):
+    /// the frozen tower a checkpoint leaves out. Empty in format-v1 checkpoints.
+    #[serde(default)]
+    pub vision_weights: String,
+    /// The same for the LM directory.
+    #[serde(default)]
+    pub lm_weights: String,
 }
 
 /// Rank 0's description of a checkpoint (`meta.json`).
@@ -92,6 +110,10 @@ pub struct CheckpointMeta {
     pub data_fingerprint: String,
     /// The resolved training config (as JSON) of the run that wrote it.
     pub config: serde_json::Value,
+    /// What a resume must match, by key (`lr`, `seed`, `lm_weights`, ...): see
+    /// `run::run_record`. Empty in format-v1 checkpoints.
+    #[serde(default)]
+    pub run: BTreeMap<String, String>,
 }
 
 /// One rank's position (`state.json`): enough to continue exactly where it stopped.
@@ -219,9 +241,21 @@ impl CheckpointWriter {
 /// What a run expects of the checkpoint it resumes from.
 pub struct Expected<'a> {
     pub world_size: usize,
-    pub stage: u8,
     pub model: &'a ModelFingerprint,
-    pub data_fingerprint: &'a str,
+    /// This run's record (same keys as [`CheckpointMeta::run`]).
+    pub run: &'a BTreeMap<String, String>,
+    /// Record keys allowed to differ (`--resume-changing`).
+    pub allow_changing: &'a [String],
+}
+
+/// Fingerprints are long: a message shows their first 12 characters.
+fn shown(value: &str) -> &str {
+    let hex = value.len() >= 32 && value.bytes().all(|b| b.is_ascii_hexdigit());
+    if hex {
+        &value[..12]
+    } else {
+        value
+    }
 }
 
 /// A complete checkpoint, opened for reading.
@@ -256,10 +290,10 @@ impl Checkpoint {
         best.map(|(_, dir)| Checkpoint::open(&dir)).transpose()
     }
 
-    /// Reads `meta.json` of a complete checkpoint folder.
+    /// Reads `meta.json` of a complete checkpoint folder (format 1 or 2).
     pub fn open(dir: &Path) -> Result<Checkpoint, CheckpointError> {
         let meta: CheckpointMeta = read_json(dir, &dir.join(META))?;
-        if meta.format_version != FORMAT_VERSION {
+        if !(1..=FORMAT_VERSION).contains(&meta.format_version) {
             return Err(CheckpointError::Corrupt {
                 dir: dir.to_path_buf(),
                 reason: format!(
@@ -274,10 +308,18 @@ impl Checkpoint {
         })
     }
 
-    /// Refuses a checkpoint of another world size, stage, model or dataset.
+    /// Refuses a checkpoint of another format, world size or parameter set, or whose run
+    /// record differs from this run's in a key not allowed to change; the refusal names every
+    /// difference (`key: old -> new`).
     pub fn check_matches(&self, want: &Expected<'_>) -> Result<(), CheckpointError> {
         let dir = self.dir.clone();
         let m = &self.meta;
+        if m.format_version < FORMAT_VERSION {
+            return Err(CheckpointError::TooOld {
+                dir,
+                found: m.format_version,
+            });
+        }
         if m.world_size != want.world_size {
             return Err(CheckpointError::WorldSize {
                 dir,
@@ -285,38 +327,47 @@ impl Checkpoint {
                 expected: want.world_size,
             });
         }
-        if m.stage != want.stage {
-            return Err(CheckpointError::Stage {
+        if m.model.params != want.model.params {
+            return Err(CheckpointError::Model {
                 dir,
-                found: m.stage,
-                expected: want.stage,
+                what: "the parameter set (names, shapes, LoRA)",
             });
         }
-        let parts = [
-            (
-                &m.model.vision_config,
-                &want.model.vision_config,
-                "the vision config (--vision)",
-            ),
-            (
-                &m.model.lm_config,
-                &want.model.lm_config,
-                "the LM config (--lm)",
-            ),
-            (
-                &m.model.params,
-                &want.model.params,
-                "the parameter set (names, shapes, LoRA)",
-            ),
-        ];
-        if let Some((_, _, what)) = parts.iter().find(|(a, b, _)| a != b) {
-            return Err(CheckpointError::Model { dir, what });
+        if let Some(key) = want
+            .allow_changing
+            .iter()
+            .find(|k| !want.run.contains_key(k.as_str()))
+        {
+            let known: Vec<&str> = want.run.keys().map(String::as_str).collect();
+            return Err(CheckpointError::UnknownKey {
+                key: key.clone(),
+                known: known.join(", "),
+            });
         }
-        if m.data_fingerprint != want.data_fingerprint {
-            return Err(CheckpointError::Data {
+        let missing = String::from("(none)");
+        let mut keys: Vec<&String> = m.run.keys().chain(want.run.keys()).collect();
+        keys.sort();
+        keys.dedup();
+        let mut changes = Vec::new();
+        let mut changed_keys = Vec::new();
+        for key in keys {
+            let old = m.run.get(key).unwrap_or(&missing);
+            let new = want.run.get(key).unwrap_or(&missing);
+            if old == new {
+                continue;
+            }
+            if want.allow_changing.contains(key) {
+                tracing::warn!("--resume-changing {key}: {} -> {}", shown(old), shown(new));
+                continue;
+            }
+            changes.push(format!("{key}: {} -> {}", shown(old), shown(new)));
+            changed_keys.push(key.as_str());
+        }
+        if !changes.is_empty() {
+            return Err(CheckpointError::RunChanged {
                 dir,
-                found: m.data_fingerprint.clone(),
-                expected: want.data_fingerprint.to_string(),
+                changes: changes.join(", "),
+                keys: changed_keys.join(","),
             });
         }
         Ok(())
@@ -349,4 +400,47 @@ impl Checkpoint {
         let dir = self.rank_dir(rank)?;
         read_json(&self.dir, &dir.join(STATE))
     }
+}
+
+/// Keeps the last `keep_last` complete checkpoints under `run_dir/checkpoints` plus every one
+/// whose step is a multiple of `keep_every` (0 = none), and removes the rest, along with
+/// uncommitted `.tmp` folders of earlier steps (a killed write). Returns the removed steps.
+/// Rank 0 calls it after a commit, when no other write is under way.
+pub fn prune(
+    run_dir: &Path,
+    keep_last: usize,
+    keep_every: u64,
+) -> Result<Vec<u64>, CheckpointError> {
+    let root = run_dir.join("checkpoints");
+    let mut complete: Vec<(u64, PathBuf)> = Vec::new();
+    let mut unfinished: Vec<(u64, PathBuf)> = Vec::new();
+    for entry in std::fs::read_dir(&root).map_err(io_err(&root))? {
+        let path = entry.map_err(io_err(&root))?.path();
+        let name = path.file_name().map(|n| n.to_string_lossy().into_owned());
+        let Some(rest) = name.as_deref().and_then(|n| n.strip_prefix("step-")) else {
+            continue;
+        };
+        if let Ok(step) = rest.parse::<u64>() {
+            complete.push((step, path));
+        } else if let Some(step) = rest.strip_suffix(".tmp").and_then(|n| n.parse().ok()) {
+            unfinished.push((step, path));
+        }
+    }
+    complete.sort();
+    let newest = complete.last().map_or(0, |(step, _)| *step);
+    let first_kept = complete.len().saturating_sub(keep_last.max(1));
+    let mut removed = Vec::new();
+    for (i, (step, path)) in complete.iter().enumerate() {
+        let every = keep_every > 0 && step % keep_every == 0;
+        if i < first_kept && !every {
+            std::fs::remove_dir_all(path).map_err(io_err(path))?;
+            removed.push(*step);
+        }
+    }
+    for (step, path) in unfinished {
+        if step < newest {
+            std::fs::remove_dir_all(&path).map_err(io_err(&path))?;
+        }
+    }
+    Ok(removed)
 }

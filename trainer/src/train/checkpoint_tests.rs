@@ -1,5 +1,6 @@
-//! Checkpoint container: atomic commit, latest-complete selection, and refusal messages.
+//! Checkpoint container: atomic commit, latest-complete selection, refusal messages, pruning.
 use super::checkpoint::*;
+use std::collections::BTreeMap;
 use std::path::Path;
 
 fn model() -> ModelFingerprint {
@@ -7,7 +8,26 @@ fn model() -> ModelFingerprint {
         vision_config: "v1".into(),
         lm_config: "l1".into(),
         params: "p1".into(),
+        vision_weights: "vw1".into(),
+        lm_weights: "lw1".into(),
     }
+}
+
+fn record(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+    pairs
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+fn run_record() -> BTreeMap<String, String> {
+    record(&[
+        ("lm_weights", "lw1"),
+        ("lr", "0.001"),
+        ("seed", "5"),
+        ("shards", "d1"),
+        ("stage", "1"),
+    ])
 }
 
 fn meta(step: u64, world_size: usize) -> CheckpointMeta {
@@ -20,6 +40,7 @@ fn meta(step: u64, world_size: usize) -> CheckpointMeta {
         model: model(),
         data_fingerprint: "d1".into(),
         config: serde_json::json!({}),
+        run: run_record(),
     }
 }
 
@@ -41,12 +62,12 @@ fn write(run: &Path, step: u64, world_size: usize) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn expected(m: &ModelFingerprint) -> Expected<'_> {
+fn expected<'a>(m: &'a ModelFingerprint, run: &'a BTreeMap<String, String>) -> Expected<'a> {
     Expected {
         world_size: 2,
-        stage: 1,
         model: m,
-        data_fingerprint: "d1",
+        run,
+        allow_changing: &[],
     }
 }
 
@@ -61,7 +82,7 @@ fn latest_complete_checkpoint_wins_and_tmp_folders_are_ignored() -> anyhow::Resu
     std::fs::write(w.dir().join("params.bin"), b"partial")?;
     let ckpt = Checkpoint::latest(run.path())?.expect("a complete checkpoint");
     assert_eq!(ckpt.meta.step, 20);
-    ckpt.check_matches(&expected(&model()))?;
+    ckpt.check_matches(&expected(&model(), &run_record()))?;
     let state = ckpt.rank_state(1)?;
     assert_eq!((state.rank, state.next_step), (1, 20));
     assert_eq!(
@@ -98,11 +119,11 @@ fn mismatched_checkpoints_are_refused_saying_which_part_differs() -> anyhow::Res
     let run = tempfile::tempdir()?;
     write(run.path(), 10, 2)?;
     let ckpt = Checkpoint::latest(run.path())?.expect("checkpoint");
-    let m = model();
+    let (m, same) = (model(), run_record());
     let msg = ckpt
         .check_matches(&Expected {
             world_size: 4,
-            ..expected(&m)
+            ..expected(&m, &same)
         })
         .expect_err("other W")
         .to_string();
@@ -110,46 +131,109 @@ fn mismatched_checkpoints_are_refused_saying_which_part_differs() -> anyhow::Res
         msg.contains("written by 2 ranks but this run has 4") && msg.contains("--nproc 2"),
         "{msg}"
     );
-    let other_lm = ModelFingerprint {
-        lm_config: "l2".into(),
-        ..model()
-    };
-    let msg = ckpt
-        .check_matches(&expected(&other_lm))
-        .expect_err("other LM")
-        .to_string();
-    assert!(
-        msg.contains("another model") && msg.contains("LM config"),
-        "{msg}"
-    );
     let other_params = ModelFingerprint {
         params: "p2".into(),
         ..model()
     };
     let msg = ckpt
-        .check_matches(&expected(&other_params))
+        .check_matches(&expected(&other_params, &same))
         .expect_err("other shapes")
         .to_string();
     assert!(msg.contains("parameter set"), "{msg}");
+
+    // Another lr and other LM weights: both named, old -> new, with the escape hatch.
+    let changed = record(&[
+        ("lm_weights", "lw2"),
+        ("lr", "0.002"),
+        ("seed", "5"),
+        ("shards", "d1"),
+        ("stage", "1"),
+    ]);
     let msg = ckpt
-        .check_matches(&Expected {
-            data_fingerprint: "d2",
-            ..expected(&m)
-        })
-        .expect_err("other data")
+        .check_matches(&expected(&m, &changed))
+        .expect_err("other lr")
         .to_string();
     assert!(
-        msg.contains("other data") && msg.contains("d1") && msg.contains("d2"),
+        msg.contains("lm_weights: lw1 -> lw2, lr: 0.001 -> 0.002")
+            && msg.contains("--resume-changing lm_weights,lr"),
         "{msg}"
     );
+    let allowed = ["lm_weights".to_string(), "lr".to_string()];
+    ckpt.check_matches(&Expected {
+        allow_changing: &allowed,
+        ..expected(&m, &changed)
+    })?;
+    let only_lr = ["lr".to_string()];
     let msg = ckpt
         .check_matches(&Expected {
-            stage: 2,
-            ..expected(&m)
+            allow_changing: &only_lr,
+            ..expected(&m, &changed)
         })
-        .expect_err("other stage")
+        .expect_err("lm_weights not allowed")
         .to_string();
-    assert!(msg.contains("stage 1 run; this run is stage 2"), "{msg}");
+    assert!(
+        msg.contains("lm_weights: lw1 -> lw2") && !msg.contains("lr:"),
+        "{msg}"
+    );
+    let typo = ["learning_rate".to_string()];
+    let msg = ckpt
+        .check_matches(&Expected {
+            allow_changing: &typo,
+            ..expected(&m, &same)
+        })
+        .expect_err("unknown key")
+        .to_string();
+    assert!(
+        msg.contains("no such run-record key") && msg.contains("lr"),
+        "{msg}"
+    );
+    Ok(())
+}
+
+#[test]
+fn a_format_1_checkpoint_opens_but_is_not_resumed() -> anyhow::Result<()> {
+    let run = tempfile::tempdir()?;
+    write(run.path(), 10, 2)?;
+    let meta = run
+        .path()
+        .join("checkpoints")
+        .join(step_dir_name(10))
+        .join("meta.json");
+    let mut value: serde_json::Value = serde_json::from_slice(&std::fs::read(&meta)?)?;
+    value["format_version"] = 1.into();
+    std::fs::write(&meta, serde_json::to_vec(&value)?)?;
+    let ckpt = Checkpoint::latest(run.path())?.expect("a v1 checkpoint still opens");
+    let msg = ckpt
+        .check_matches(&expected(&model(), &run_record()))
+        .expect_err("v1 resume")
+        .to_string();
+    assert!(msg.contains("format version 1"), "{msg}");
+    Ok(())
+}
+
+#[test]
+fn prune_keeps_the_last_n_and_every_mth() -> anyhow::Result<()> {
+    let run = tempfile::tempdir()?;
+    for step in 1..=9 {
+        write(run.path(), step, 1)?;
+    }
+    let w = CheckpointWriter::begin(run.path(), 5, 0)?;
+    std::fs::write(w.dir().join("params.bin"), b"a killed write")?;
+    let removed = prune(run.path(), 3, 4)?;
+    assert_eq!(removed, vec![1, 2, 3, 5, 6]);
+    let mut left: Vec<String> = std::fs::read_dir(run.path().join("checkpoints"))?
+        .map(|e| Ok(e?.file_name().to_string_lossy().into_owned()))
+        .collect::<std::io::Result<_>>()?;
+    left.sort();
+    assert_eq!(
+        left,
+        [
+            "step-00000004",
+            "step-00000007",
+            "step-00000008",
+            "step-00000009"
+        ]
+    );
     Ok(())
 }
 

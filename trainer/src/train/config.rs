@@ -115,6 +115,9 @@ pub struct ConfigLayer {
     pub lora_alpha: Option<f64>,
     pub seed: Option<u64>,
     pub checkpoint_every: Option<u64>,
+    pub keep_checkpoints: Option<usize>,
+    pub keep_every: Option<u64>,
+    pub on_bad_image: Option<pipeline::loader::BadImagePolicy>,
     pub device: Option<Device>,
     pub image_size: Option<usize>,
     pub resize: Option<Resize>,
@@ -154,6 +157,17 @@ pub struct TrainConfig {
     pub seed: u64,
     /// Write a checkpoint every N steps (and always at the end); 0 = only at the end.
     pub checkpoint_every: u64,
+    /// Keep the last N checkpoints (at least 1)... (serde defaults: checkpoints written
+    /// before these fields existed still export.)
+    #[serde(default = "default_keep_checkpoints")]
+    pub keep_checkpoints: usize,
+    /// ...plus every checkpoint whose step is a multiple of this (0 = none).
+    #[serde(default)]
+    pub keep_every: u64,
+    /// A sample whose image does not decode or whose stored crc32c does not match: `fail`
+    /// (default: stop naming shard, row and sample) or `skip` (warn, drop it).
+    #[serde(default)]
+    pub on_bad_image: pipeline::loader::BadImagePolicy,
     pub device: Device,
     /// Vision input size; `None` = the vision config's `image_size`.
     pub image_size: Option<usize>,
@@ -206,6 +220,9 @@ impl ConfigLayer {
             lora_alpha,
             seed,
             checkpoint_every,
+            keep_checkpoints,
+            keep_every,
+            on_bad_image,
             device,
             image_size,
             resize,
@@ -256,6 +273,13 @@ impl ConfigLayer {
             lora_alpha: self.lora_alpha.unwrap_or(256.0),
             seed: self.seed.unwrap_or(42),
             checkpoint_every: self.checkpoint_every.unwrap_or(0),
+            keep_checkpoints: self
+                .keep_checkpoints
+                .unwrap_or_else(default_keep_checkpoints),
+            keep_every: self.keep_every.unwrap_or(0),
+            on_bad_image: self
+                .on_bad_image
+                .unwrap_or(pipeline::loader::BadImagePolicy::Fail),
             device: self.device.unwrap_or(Device::Cpu),
             image_size: self.image_size,
             resize: self.resize.unwrap_or(Resize::Squash),
@@ -267,6 +291,10 @@ impl ConfigLayer {
         cfg.validate()?;
         Ok(cfg)
     }
+}
+
+fn default_keep_checkpoints() -> usize {
+    3
 }
 
 fn default_loader_threads() -> usize {
@@ -362,6 +390,12 @@ impl TrainConfig {
             return Err(invalid(
                 "lora_alpha",
                 format!("{} must be > 0", self.lora_alpha),
+            ));
+        }
+        if self.keep_checkpoints == 0 {
+            return Err(invalid(
+                "keep_checkpoints",
+                "0 would delete the checkpoint a resume needs (at least 1)",
             ));
         }
         if self.image_size == Some(0) {

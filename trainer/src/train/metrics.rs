@@ -58,25 +58,36 @@ pub struct MetricsWriter {
 }
 
 impl MetricsWriter {
-    /// Opens `path` for appending. A run resumed at `resume_step` first drops the lines of steps
-    /// >= `resume_step` (written after the checkpoint it resumes from), so every step appears
-    /// once.
+    /// Opens `path` for appending. A run resumed at `resume_step` first cuts the file after
+    /// the last line of a step < `resume_step` (lines of later steps were written after the
+    /// checkpoint it resumes from), so every step appears once.
+    ///
+    /// The cut is a byte offset: kept lines stay byte for byte as they were (nothing is
+    /// re-serialised), and it is made with one `set_len` (ftruncate) in place. Truncation
+    /// never touches the bytes before the offset, so a kill at any moment leaves either the
+    /// whole old file or exactly the kept lines: no moment without the history, and no copy
+    /// of a long history (a temp file + rename would rewrite all of it on every resume).
     pub fn open(path: &Path, resume_step: Option<u64>) -> Result<Self, MetricsError> {
         let io = |source| MetricsError::Io {
             path: path.to_path_buf(),
             source,
         };
-        let kept = match resume_step {
-            Some(step) if path.exists() => read_metrics(path)?
-                .into_iter()
-                .filter(|m| m.step < step)
-                .collect(),
-            _ => Vec::new(),
-        };
-        let mut file = std::fs::File::create(path).map_err(io)?;
-        for m in &kept {
-            writeln!(file, "{}", to_line(m)).map_err(io)?;
+        let mut file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .read(true)
+            .open(path)
+            .map_err(io)?;
+        if let Some(step) = resume_step {
+            let mut bytes = Vec::new();
+            std::io::Read::read_to_end(&mut file, &mut bytes).map_err(io)?;
+            let keep = kept_prefix_len(path, &bytes, step)?;
+            if keep < bytes.len() {
+                file.set_len(keep as u64).map_err(io)?;
+                file.sync_all().map_err(io)?;
+            }
         }
+        file.flush().map_err(io)?;
         Ok(MetricsWriter {
             path: path.to_path_buf(),
             file,
@@ -91,6 +102,37 @@ impl MetricsWriter {
                 source,
             })
     }
+}
+
+/// Bytes of `metrics.jsonl` to keep when resuming at `resume_step`: up to the first line
+/// whose step is >= `resume_step` (lines are appended in step order). A torn last line (a
+/// write cut by a kill) is dropped; an unreadable line before the end is an error.
+fn kept_prefix_len(path: &Path, bytes: &[u8], resume_step: u64) -> Result<usize, MetricsError> {
+    #[derive(Deserialize)]
+    struct StepOnly {
+        step: u64,
+    }
+    let mut offset = 0;
+    for (i, line) in bytes.split_inclusive(|&b| b == b'\n').enumerate() {
+        let complete = line.ends_with(b"\n");
+        if line.iter().all(u8::is_ascii_whitespace) {
+            offset += line.len();
+            continue;
+        }
+        match serde_json::from_slice::<StepOnly>(line) {
+            Ok(m) if complete && m.step < resume_step => offset += line.len(),
+            Ok(_) => return Ok(offset),
+            Err(_) if !complete => return Ok(offset),
+            Err(source) => {
+                return Err(MetricsError::Json {
+                    path: path.to_path_buf(),
+                    line: i + 1,
+                    source,
+                })
+            }
+        }
+    }
+    Ok(offset)
 }
 
 fn to_line(m: &StepMetrics) -> String {
@@ -257,6 +299,44 @@ mod tests {
         let ids: Vec<u64> = steps.iter().map(|m| m.step).collect();
         assert_eq!(ids, vec![0, 1, 2, 3]);
         assert_eq!(steps[3].loss, 1.5);
+        Ok(())
+    }
+
+    #[test]
+    fn resume_keeps_earlier_lines_byte_for_byte() -> anyhow::Result<()> {
+        let dir = tempfile::tempdir()?;
+        let path = dir.path().join("metrics.jsonl");
+        // Lines as another writer (or an older tessera) formatted them: a float serde would
+        // print differently, a key order of its own, an extra key. Then a torn line.
+        let kept = concat!(
+            "{\"step\":0,\"loss\":2.50,\"lr\":1e-3,\"note\":\"warm\"}\n",
+            "{\"loss\":2.4000000000000004,\"step\":1,\"lr\":0.001}\n",
+            "\n",
+            "{\"step\":2,\"loss\":2.3,\"lr\":1.0E-3}\n",
+        );
+        let dropped = "{\"step\":3,\"loss\":2.2,\"lr\":0.001}\n{\"step\":4,\"lo";
+        std::fs::write(&path, format!("{kept}{dropped}"))?;
+        let mut w = MetricsWriter::open(&path, Some(3))?;
+        assert_eq!(std::fs::read(&path)?, kept.as_bytes(), "kept lines changed");
+        w.append(&step(3, 1.5))?;
+        let text = std::fs::read_to_string(&path)?;
+        let appended = text.strip_prefix(kept).expect("kept prefix");
+        assert_eq!(appended, format!("{}\n", to_line(&step(3, 1.5))));
+        Ok(())
+    }
+
+    #[test]
+    fn an_unreadable_line_before_the_end_is_an_error_naming_it() -> anyhow::Result<()> {
+        let dir = tempfile::tempdir()?;
+        let path = dir.path().join("metrics.jsonl");
+        std::fs::write(&path, "{\"step\":0}\nnot json\n{\"step\":1}\n")?;
+        let err = MetricsWriter::open(&path, Some(1))
+            .err()
+            .map(|e| e.to_string());
+        assert!(
+            err.as_deref().is_some_and(|e| e.contains("line 2")),
+            "{err:?}"
+        );
         Ok(())
     }
 

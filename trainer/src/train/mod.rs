@@ -11,6 +11,7 @@ pub mod fsdp_engine;
 pub mod metrics;
 pub mod plot;
 pub mod run;
+pub mod run_dir;
 pub mod schedule;
 pub mod setup;
 

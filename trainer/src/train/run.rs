@@ -3,7 +3,7 @@
 //! ranks the same kind), scale each micro-batch's summed token loss by 1 / (supervised tokens
 //! of the whole step across ranks), all-reduce, clip, AdamW, log, checkpoint.
 use super::checkpoint::{
-    Checkpoint, CheckpointMeta, CheckpointWriter, Expected, RankState, FORMAT_VERSION,
+    self, Checkpoint, CheckpointMeta, CheckpointWriter, Expected, RankState, FORMAT_VERSION,
 };
 use super::config::{Resize, Stage, TrainConfig};
 use super::engine::{Engine, UnitTimes};
@@ -12,12 +12,14 @@ use super::export::{VlmDescription, TRAINABLE_FILE, VLM_FILE};
 use super::fsdp_engine::FsdpEngine;
 use super::metrics::{self, MetricsWriter, Progress, StepMetrics, Summary};
 use super::plot::plot_loss;
+use super::run_dir::{self, RunStart};
 use super::schedule::CosineSchedule;
 use super::setup::{self, Setup};
 use crate::dist::RankEnv;
 use crate::model::weights;
 use pipeline::loader::{Loader, LoaderConfig, ResizePolicy, SampleSource};
 use pipeline::plan::{Plan, Planner, Position, Step};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Instant;
 use tch::Tensor;
@@ -26,11 +28,15 @@ use tch::Tensor;
 pub fn train(
     cfg: &TrainConfig,
     env: Option<RankEnv>,
-    resume: bool,
+    start: &RunStart,
 ) -> Result<Option<Summary>, TrainError> {
     let mut cfg = cfg.clone();
     if let Some(env) = &env {
         cfg.nproc = env.world_size;
+    }
+    // Rank 0 alone, before joining the job: no other rank writes into --out until then.
+    if env.as_ref().is_none_or(|e| e.rank == 0) {
+        run_dir::prepare(&cfg.out, start)?;
     }
     std::fs::create_dir_all(&cfg.out).map_err(io(&cfg.out))?;
     let pg = setup::process_group(&cfg, env.as_ref())?;
@@ -53,8 +59,8 @@ pub fn train(
         Box::new(FsdpEngine::new(&cfg, &s.vlm, &s.pg, &params, s.device)?);
     drop(params);
     let mut looper = Looper::new(&cfg, &s)?;
-    let start = looper.restore(resume, engine.as_mut())?;
-    looper.run(engine.as_mut(), start)?;
+    let first = looper.restore(start, engine.as_mut())?;
+    looper.run(engine.as_mut(), first)?;
     drop(engine);
     if s.rank != 0 {
         return Ok(None);
@@ -120,6 +126,7 @@ impl<'a> Looper<'a> {
                 Resize::Pad => ResizePolicy::Pad,
             })
             .threads(cfg.loader_threads)
+            .on_bad_image(cfg.on_bad_image)
             .build()?;
         let mut looper = Looper {
             cfg,
@@ -157,13 +164,46 @@ impl<'a> Looper<'a> {
             .build()?)
     }
 
-    /// With `resume`: loads the latest complete checkpoint after checking it belongs to this run.
-    fn restore(&mut self, resume: bool, engine: &mut dyn Engine) -> Result<Start, TrainError> {
+    /// What a resume must match: everything that changes the math. The frozen weights are
+    /// named by the model directories' fingerprints (a checkpoint does not store them).
+    fn run_record(&self) -> BTreeMap<String, String> {
+        let (cfg, s) = (self.cfg, self.s);
+        let m = &s.model_fingerprint;
+        let mut r = BTreeMap::new();
+        let mut put = |key: &str, value: String| r.insert(key.to_string(), value);
+        put("vision_config", m.vision_config.clone());
+        put("vision_weights", m.vision_weights.clone());
+        put("lm_config", m.lm_config.clone());
+        put("lm_weights", m.lm_weights.clone());
+        put("shards", s.dataset.fingerprint().to_string());
+        put("stage", (cfg.stage as u8).to_string());
+        put("lr", cfg.lr.to_string());
+        put("projector_lr", cfg.projector_lr.to_string());
+        put("warmup_ratio", cfg.warmup_ratio.to_string());
+        put("weight_decay", cfg.weight_decay.to_string());
+        put("grad_clip", cfg.grad_clip.to_string());
+        put("total_steps", self.total_steps.to_string());
+        put("token_budget", cfg.token_budget.to_string());
+        put("seq_len", cfg.seq_len.to_string());
+        put("micro_steps", cfg.micro_steps.to_string());
+        put("seed", cfg.seed.to_string());
+        put("image_size", s.vlm.vision.image_size.to_string());
+        put("resize", format!("{:?}", cfg.resize).to_lowercase());
+        if cfg.stage == Stage::Finetune {
+            put("lora_r", cfg.lora_r.to_string());
+            put("lora_alpha", cfg.lora_alpha.to_string());
+        }
+        r
+    }
+
+    /// With `--resume`: loads the latest complete checkpoint after checking it belongs to this
+    /// run (format, world size, parameter set, run record).
+    fn restore(&mut self, start: &RunStart, engine: &mut dyn Engine) -> Result<Start, TrainError> {
         let fresh = Start {
             step: 0,
             position: None,
         };
-        if !resume {
+        if !start.resume {
             return Ok(fresh);
         }
         let Some(ckpt) = Checkpoint::latest(&self.cfg.out)? else {
@@ -175,9 +215,9 @@ impl<'a> Looper<'a> {
         };
         ckpt.check_matches(&Expected {
             world_size: self.s.world_size,
-            stage: self.cfg.stage.into(),
             model: &self.s.model_fingerprint,
-            data_fingerprint: self.s.dataset.fingerprint(),
+            run: &self.run_record(),
+            allow_changing: &start.resume_changing,
         })?;
         let state = ckpt.rank_state(self.s.rank)?;
         let position: Position = serde_json::from_value(state.planner.clone()).map_err(|e| {
@@ -358,8 +398,13 @@ impl<'a> Looper<'a> {
                 model: s.model_fingerprint.clone(),
                 data_fingerprint: s.dataset.fingerprint().to_string(),
                 config,
+                run: self.run_record(),
             })?;
             tracing::info!("checkpoint {}", dir.display());
+            let removed = checkpoint::prune(&cfg.out, cfg.keep_checkpoints, cfg.keep_every)?;
+            if !removed.is_empty() {
+                tracing::debug!("removed the checkpoints of steps {removed:?}");
+            }
         }
         s.pg.barrier("checkpoint commit")?;
         Ok(())

@@ -85,7 +85,44 @@ fn sha256_hex(bytes: &[u8]) -> String {
     hex::encode(Sha256::digest(bytes))
 }
 
-/// Configs by bytes, parameters by name, shape and trainability (LoRA alpha included).
+/// Parses both model directories' configs and opens the LM's weights index, so a broken
+/// directory is reported once, by the launcher, before any rank starts.
+pub fn check_model_dirs(cfg: &TrainConfig) -> Result<(), crate::model::ModelError> {
+    Vlm::from_dirs(&cfg.vision, &cfg.lm, VlmOptions::default()).map(drop)
+}
+
+/// A model directory's weight files (`*.safetensors`, sorted by name): name, size and crc32c
+/// of the bytes, hashed. Names the frozen parameters a checkpoint does not store; crc32c reads
+/// a multi-GB model in about a second (from the page cache the loading just filled).
+fn weights_fingerprint(dir: &Path) -> Result<String, TrainError> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+        .map_err(io(dir))?
+        .map(|e| e.map(|e| e.path()))
+        .collect::<Result<_, _>>()
+        .map_err(io(dir))?;
+    files.retain(|p| p.extension().is_some_and(|e| e == "safetensors"));
+    files.sort();
+    let mut hasher = Sha256::new();
+    for path in files {
+        let mut file = std::fs::File::open(&path).map_err(io(&path))?;
+        let (mut crc, mut len) = (0u32, 0u64);
+        let mut buf = vec![0u8; 1 << 20];
+        loop {
+            let n = std::io::Read::read(&mut file, &mut buf).map_err(io(&path))?;
+            if n == 0 {
+                break;
+            }
+            crc = crc32c::crc32c_append(crc, &buf[..n]);
+            len += n as u64;
+        }
+        let name = path.file_name().map(|n| n.to_string_lossy().into_owned());
+        hasher.update(format!("{} {len} {crc:08x}\n", name.unwrap_or_default()).as_bytes());
+    }
+    Ok(hex::encode(hasher.finalize()))
+}
+
+/// Configs by bytes, weight files by crc32c, parameters by name, shape and trainability (LoRA
+/// alpha included).
 pub fn model_fingerprint(cfg: &TrainConfig, vlm: &Vlm) -> Result<ModelFingerprint, TrainError> {
     let read = |dir: &Path| {
         let path = dir.join("config.json");
@@ -105,6 +142,8 @@ pub fn model_fingerprint(cfg: &TrainConfig, vlm: &Vlm) -> Result<ModelFingerprin
         vision_config: sha256_hex(&read(&cfg.vision)?),
         lm_config: sha256_hex(&read(&cfg.lm)?),
         params: sha256_hex(params.as_bytes()),
+        vision_weights: weights_fingerprint(&cfg.vision)?,
+        lm_weights: weights_fingerprint(&cfg.lm)?,
     })
 }
 
