@@ -13,7 +13,11 @@ pub const THREADS_ENV: &str = "TESSERA_LOADER_THREADS";
 /// `clap` feature) on the command line.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
-#[cfg_attr(feature = "clap", derive(clap::ValueEnum), value(rename_all = "snake_case"))]
+#[cfg_attr(
+    feature = "clap",
+    derive(clap::ValueEnum),
+    value(rename_all = "snake_case")
+)]
 pub enum ResizePolicy {
     /// Resize straight to `size x size`, bicubic (SigLIP's image processor).
     #[default]

@@ -22,7 +22,9 @@ use crate::dist::DistError;
 
 /// How parameters, gradients and optimizer state are split over ranks; PyTorch's names
 /// (`full_shard`, `shard_grad_op`, `no_shard`) in TOML, JSON and on the command line.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize, clap::ValueEnum)]
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize, clap::ValueEnum,
+)]
 #[serde(rename_all = "snake_case")]
 #[value(rename_all = "snake_case")]
 pub enum Strategy {

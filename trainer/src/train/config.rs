@@ -38,6 +38,9 @@ pub enum ConfigError {
     },
     #[error("config field `{field}`: {reason}")]
     Invalid { field: &'static str, reason: String },
+    /// A config stored in a checkpoint that this build cannot read.
+    #[error("stored config: {0}")]
+    Stored(serde_json::Error),
 }
 
 fn invalid(field: &'static str, reason: impl Into<String>) -> ConfigError {
@@ -204,6 +207,14 @@ fn describe_span(text: &str, span: Option<std::ops::Range<usize>>) -> String {
 }
 
 impl TrainConfig {
+    /// A config stored by a run (checkpoint metadata), read back: a knob added after the run
+    /// takes its default, so adding one does not make older runs unreadable. Not validated
+    /// again (the run was).
+    pub fn from_stored(value: serde_json::Value) -> Result<TrainConfig, ConfigError> {
+        let layer: ConfigLayer = serde_json::from_value(value).map_err(ConfigError::Stored)?;
+        layer.fill()
+    }
+
     /// Checks values only (no file system access): ranges, and relations between fields.
     pub fn validate(&self) -> Result<(), ConfigError> {
         let positive_rate = |field, v: f64| {

@@ -259,7 +259,7 @@ fn every_flag_and_its_toml_key_set_the_same_knob() -> anyhow::Result<()> {
         ("--seq-len", "1024", "seq_len = 1024"),
         ("--loader-threads", "3", "loader_threads = 3"),
         ("--collective-timeout", "60", "collective_timeout_s = 60"),
-        ("--init-projector", "runs/s1", "init_projector = \"runs/s1\""),
+        ("--init-projector", "s1", "init_projector = \"s1\""),
     ];
     let flags: Vec<&str> = knobs.iter().flat_map(|(f, v, _)| [*f, *v]).collect();
     let from_flags = parse_flags(&flags)?;
@@ -275,7 +275,10 @@ fn every_flag_and_its_toml_key_set_the_same_knob() -> anyhow::Result<()> {
             .collect(),
         other => anyhow::bail!("a layer serialises as an object, not {other}"),
     };
-    assert!(unset.is_empty(), "knobs without a flag in this test: {unset:?}");
+    assert!(
+        unset.is_empty(),
+        "knobs without a flag in this test: {unset:?}"
+    );
     assert_eq!(from_flags.strategy, Some(Strategy::NoShard));
     assert_eq!(from_flags.resize, Some(ResizePolicy::Pad));
     assert_eq!(from_flags.collective_timeout_s, Some(60));
@@ -294,7 +297,10 @@ fn bad_flag_values_name_the_flag_and_the_choices() {
         "{m}"
     );
     let m = msg(&["--stage", "3"]);
-    assert!(m.contains("--stage") && m.contains("stage 3 does not exist"), "{m}");
+    assert!(
+        m.contains("--stage") && m.contains("stage 3 does not exist"),
+        "{m}"
+    );
     let m = msg(&["--resize", "crop"]);
     assert!(m.contains("--resize") && m.contains("squash"), "{m}");
     let m = msg(&["--collective-timeout-s", "5"]);
@@ -327,4 +333,23 @@ fn an_unreadable_config_file_prints_its_cause_once() {
     let chain = format!("{:#}", anyhow::Error::from(err));
     assert!(chain.contains("/nonexistent/train.toml"), "{chain}");
     assert_eq!(chain.matches("os error").count(), 1, "{chain}");
+}
+
+#[test]
+fn a_stored_config_without_a_newer_knob_reads_with_its_default() -> anyhow::Result<()> {
+    let cfg = base().resolve()?;
+    let mut stored = serde_json::to_value(&cfg)?;
+    let fields = stored
+        .as_object_mut()
+        .ok_or_else(|| anyhow::anyhow!("a config serialises as an object"))?;
+    fields.remove("seed");
+    fields.remove("steps");
+    assert_eq!(TrainConfig::from_stored(stored)?, cfg);
+    let mut stored = serde_json::to_value(&cfg)?;
+    stored["zero_stage"] = 3.into();
+    let msg = TrainConfig::from_stored(stored)
+        .expect_err("unknown knob")
+        .to_string();
+    assert!(msg.contains("zero_stage"), "{msg}");
+    Ok(())
 }

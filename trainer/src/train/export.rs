@@ -157,8 +157,8 @@ pub fn latest_trainable(run: &Path) -> Result<(Checkpoint, ParamMap), ExportErro
 pub fn export(run: &Path, out: &Path) -> Result<ExportReport, ExportError> {
     let mut vlm = VlmDescription::load(&run.join(VLM_FILE))?;
     let (ckpt, params) = latest_trainable(run)?;
-    let cfg: TrainConfig =
-        serde_json::from_value(ckpt.meta.config.clone()).map_err(|e| ExportError::BadRun {
+    let cfg =
+        TrainConfig::from_stored(ckpt.meta.config.clone()).map_err(|e| ExportError::BadRun {
             run: run.to_path_buf(),
             what: format!(
                 "checkpoint {} holds an unreadable config: {e}",

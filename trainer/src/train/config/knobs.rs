@@ -56,7 +56,8 @@ macro_rules! knobs {
             )*
         }
 
-        /// A resolved configuration: every knob has its value.
+        /// A resolved configuration: every knob has its value ([`ConfigLayer::resolve`]
+        /// validates it).
         #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
         pub struct TrainConfig {
             $(
