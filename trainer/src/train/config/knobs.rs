@@ -15,6 +15,9 @@
 //! - `ConfigLayer::overlay` (a field set on top wins) and `ConfigLayer::fill` (defaults, or the
 //!   missing required knob);
 //! - `TrainConfig`: every knob resolved, with the same doc comment.
+//!
+//! A `bool` knob takes a value on the command line (`--name true`); an on/off switch that only
+//! makes sense for one invocation (`--resume`) is a plain field of the CLI's `train::Args`.
 
 /// The resolved type of a knob: `Option<T>` for `optional`, `T` otherwise.
 macro_rules! knob_type {
