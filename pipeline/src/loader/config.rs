@@ -7,8 +7,15 @@ pub const DEFAULT_PAD_ID: u32 = 151_643;
 /// Environment variable that overrides the worker count (`1` turns parallelism off).
 pub const THREADS_ENV: &str = "TESSERA_LOADER_THREADS";
 
-/// How an image becomes `size x size`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+/// How an image becomes `size x size`. Named `squash` / `pad` in TOML, JSON and (with the
+/// `clap` feature) on the command line.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[cfg_attr(
+    feature = "clap",
+    derive(clap::ValueEnum),
+    value(rename_all = "snake_case")
+)]
 pub enum ResizePolicy {
     /// Resize straight to `size x size`, bicubic (SigLIP's image processor).
     #[default]
@@ -21,6 +28,11 @@ pub enum ResizePolicy {
 /// match its bytes. (`tessera train --on-bad-image` defaults to `fail`.)
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
+#[cfg_attr(
+    feature = "clap",
+    derive(clap::ValueEnum),
+    value(rename_all = "snake_case")
+)]
 pub enum BadImagePolicy {
     /// Warn with the sample id and drop the sample from its micro-batch.
     #[default]

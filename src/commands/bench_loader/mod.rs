@@ -27,8 +27,8 @@ pub(crate) struct Args {
     #[arg(long, default_value_t = 2000)]
     limit: usize,
     /// squash (SigLIP: resize to S x S) or pad (LLaVA expand2square, as the PIL reference does).
-    #[arg(long, value_enum, default_value_t = Policy::Pad)]
-    policy: Policy,
+    #[arg(long, value_enum, default_value_t = ResizePolicy::Pad)]
+    policy: ResizePolicy,
     /// Samples per packed row and rows per micro-batch of the synthetic plan.
     #[arg(long, num_args = 2, default_values_t = [2, 4])]
     packing: Vec<usize>,
@@ -66,12 +66,6 @@ fn median(mut values: Vec<f64>) -> f64 {
     }
 }
 
-#[derive(Clone, Copy, clap::ValueEnum)]
-enum Policy {
-    Squash,
-    Pad,
-}
-
 pub(crate) fn run(args: Args) -> anyhow::Result<()> {
     let dataset = shards::Dataset::open(&args.shards)
         .with_context(|| format!("opening shards in {}", args.shards.display()))?;
@@ -84,10 +78,7 @@ pub(crate) fn run(args: Args) -> anyhow::Result<()> {
         args.shards.display()
     );
     let images = read_images(source.as_ref(), &work.image_indices)?; // also warms the page cache
-    let policy = match args.policy {
-        Policy::Squash => ResizePolicy::Squash,
-        Policy::Pad => ResizePolicy::Pad,
-    };
+    let policy = args.policy;
     let config = LoaderConfig::builder()
         .threads(args.threads)
         .image_size(args.image_size)
@@ -235,7 +226,7 @@ pub(crate) fn run(args: Args) -> anyhow::Result<()> {
         "image_size": args.image_size,
         "checksum_cost": checksum_cost,
         "checksum_thread_time_fraction": checksum_share,
-        "policy": match policy { ResizePolicy::Squash => "squash", ResizePolicy::Pad => "pad" },
+        "policy": policy, // serialises as "squash" / "pad"
         "images": total.images / n as u64,
         "rounds": n,
         "stage_seconds": {

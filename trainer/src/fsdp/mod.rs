@@ -19,10 +19,14 @@ pub use engine::{Fsdp, FsdpConfig, MemoryReport, StepStats};
 pub use optim::{AdamWConfig, ParamGroup};
 
 use crate::dist::DistError;
-use std::str::FromStr;
 
-/// How parameters, gradients and optimizer state are split over ranks.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// How parameters, gradients and optimizer state are split over ranks; PyTorch's names
+/// (`full_shard`, `shard_grad_op`, `no_shard`) in TOML, JSON and on the command line.
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize, clap::ValueEnum,
+)]
+#[serde(rename_all = "snake_case")]
+#[value(rename_all = "snake_case")]
 pub enum Strategy {
     /// Shards everywhere; gather before each unit's forward and again in its backward.
     FullShard,
@@ -30,20 +34,6 @@ pub enum Strategy {
     ShardGradOp,
     /// DDP: full parameters and optimizer state on every rank, gradients all-reduced.
     NoShard,
-}
-
-impl FromStr for Strategy {
-    type Err = FsdpError;
-    fn from_str(s: &str) -> Result<Self, FsdpError> {
-        match s {
-            "full_shard" => Ok(Strategy::FullShard),
-            "shard_grad_op" => Ok(Strategy::ShardGradOp),
-            "no_shard" => Ok(Strategy::NoShard),
-            other => Err(FsdpError::Config(format!(
-                "unknown strategy {other:?} (full_shard, shard_grad_op or no_shard)"
-            ))),
-        }
-    }
 }
 
 /// FSDP errors; each names the unit, parameter or checkpoint key involved.
@@ -77,6 +67,4 @@ pub enum FsdpError {
     },
     #[error("shard state `{key}`: {message}")]
     State { key: String, message: String },
-    #[error("FSDP configuration: {0}")]
-    Config(String),
 }

@@ -1,18 +1,30 @@
 //! The training configuration: a TOML file (`--config FILE`) overlaid by command-line flags,
 //! then resolved against the stage defaults of LLaVA-1.5 and validated before any work starts.
 //!
-//! Every field of the file is optional ([`ConfigLayer`]); the CLI builds a second layer from
-//! its flags and [`ConfigLayer::overlay`] puts it on top. [`ConfigLayer::resolve`] fills the
-//! stage defaults (stage 1: lr 1e-3, weight decay 0, warmup 3 %, cosine; stage 2: LoRA r 128,
-//! alpha 256, lr 2e-4, projector lr 2e-5) and returns a [`TrainConfig`] or a
+//! The knobs are listed once, in the `knobs!` call below (see `config/knobs.rs`): each is a
+//! TOML key, a `--flag` whose help is its doc comment, an `Option` field of [`ConfigLayer`] and
+//! a field of [`TrainConfig`]. The file is one layer, the flags another;
+//! [`ConfigLayer::overlay`] puts the flags on top and [`ConfigLayer::resolve`] fills the
+//! defaults (stage 1: lr 1e-3, weight decay 0, warmup 3 %, cosine; stage 2: LoRA r 128,
+//! alpha 256, lr 2e-4, projector lr 2e-5) and validates, returning a [`TrainConfig`] or a
 //! [`ConfigError`] naming the field and the reason.
+//!
+//! Adding a knob: one entry in `knobs!` (`/// help` + `name: Type = default(value)`), plus a
+//! check in [`TrainConfig::validate`] if some values are invalid. Enum values parse through
+//! `clap::ValueEnum` (derive it next to serde's, both `snake_case`) or `FromStr`.
+#[macro_use]
+mod knobs;
+
+pub use crate::fsdp::Strategy;
+pub use pipeline::loader::{BadImagePolicy, ResizePolicy};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
+use std::str::FromStr;
 
 /// Why a configuration was refused; every message names the field (or the file) and the reason.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
-    #[error("config file {path}: {source}")]
+    #[error("config file {path}")]
     Read {
         path: PathBuf,
         source: std::io::Error,
@@ -26,6 +38,9 @@ pub enum ConfigError {
     },
     #[error("config field `{field}`: {reason}")]
     Invalid { field: &'static str, reason: String },
+    /// A config stored in a checkpoint that this build cannot read.
+    #[error("stored config: {0}")]
+    Stored(serde_json::Error),
 }
 
 fn invalid(field: &'static str, reason: impl Into<String>) -> ConfigError {
@@ -45,16 +60,27 @@ pub enum Stage {
     Finetune = 2,
 }
 
+const STAGES: &str = "1: projector, 2: projector + LoRA";
+
 impl TryFrom<u8> for Stage {
     type Error = String;
     fn try_from(v: u8) -> Result<Self, String> {
         match v {
             1 => Ok(Stage::Align),
             2 => Ok(Stage::Finetune),
-            other => Err(format!(
-                "stage {other} does not exist (1: projector, 2: projector + LoRA)"
-            )),
+            other => Err(format!("stage {other} does not exist ({STAGES})")),
         }
+    }
+}
+
+/// `--stage 1` or `--stage 2`.
+impl FromStr for Stage {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        s.parse::<u8>()
+            .ok()
+            .and_then(|n| Stage::try_from(n).ok())
+            .ok_or_else(|| format!("stage {s} does not exist ({STAGES})"))
     }
 }
 
@@ -64,121 +90,88 @@ impl From<Stage> for u8 {
     }
 }
 
-/// FSDP sharding strategy (PyTorch's names).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Strategy {
-    FullShard,
-    ShardGradOp,
-    NoShard,
-}
-
 /// Where tensors live.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "snake_case")]
+#[value(rename_all = "snake_case")]
 pub enum Device {
+    /// CPU tensors, gloo collectives.
     Cpu,
+    /// One GPU per rank, NCCL collectives (a build with `--features cuda`).
     Cuda,
 }
 
-/// How images reach the vision tower's square input.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Resize {
-    /// SigLIP processor: resize straight to size x size.
-    Squash,
-    /// LLaVA's expand2square, then resize.
-    Pad,
-}
-
-/// One layer of settings: a TOML file or the command line. `None` = not set here.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ConfigLayer {
-    pub shards: Option<PathBuf>,
-    pub vision: Option<PathBuf>,
-    pub lm: Option<PathBuf>,
-    pub stage: Option<Stage>,
-    pub out: Option<PathBuf>,
-    pub nproc: Option<usize>,
-    pub strategy: Option<Strategy>,
-    pub token_budget: Option<usize>,
-    pub micro_steps: Option<usize>,
-    pub steps: Option<u64>,
-    pub epochs: Option<u32>,
-    pub lr: Option<f64>,
-    pub projector_lr: Option<f64>,
-    pub warmup_ratio: Option<f64>,
-    pub weight_decay: Option<f64>,
-    pub grad_clip: Option<f64>,
-    pub lora_r: Option<usize>,
-    pub lora_alpha: Option<f64>,
-    pub seed: Option<u64>,
-    pub checkpoint_every: Option<u64>,
-    pub keep_checkpoints: Option<usize>,
-    pub keep_every: Option<u64>,
-    pub on_bad_image: Option<pipeline::loader::BadImagePolicy>,
-    pub device: Option<Device>,
-    pub image_size: Option<usize>,
-    pub resize: Option<Resize>,
-    pub seq_len: Option<usize>,
-    pub loader_threads: Option<usize>,
-    pub collective_timeout_s: Option<u64>,
-    pub init_projector: Option<PathBuf>,
-}
-
-/// A resolved, validated configuration: every knob has its value.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct TrainConfig {
-    pub shards: PathBuf,
-    pub vision: PathBuf,
-    pub lm: PathBuf,
-    pub stage: Stage,
-    pub out: PathBuf,
-    pub nproc: usize,
-    pub strategy: Strategy,
-    /// Most tokens (padding included) in one rank's micro-batch.
-    pub token_budget: usize,
-    /// Micro-steps (gradient accumulation) per optimizer step.
-    pub micro_steps: usize,
-    /// Optimizer steps; `None` = run `epochs` full passes.
-    pub steps: Option<u64>,
-    pub epochs: u32,
-    /// Learning rate of the trained part (stage 1: projector; stage 2: LoRA).
-    pub lr: f64,
-    /// Stage 2: learning rate of the projector (LLaVA-1.5's mm_projector_lr).
-    pub projector_lr: f64,
-    pub warmup_ratio: f64,
-    pub weight_decay: f64,
-    /// Clip the global gradient norm to this; 0 = no clipping.
-    pub grad_clip: f64,
-    pub lora_r: usize,
-    pub lora_alpha: f64,
-    pub seed: u64,
-    /// Write a checkpoint every N steps (and always at the end); 0 = only at the end.
-    pub checkpoint_every: u64,
-    /// Keep the last N checkpoints (at least 1)... (serde defaults: checkpoints written
-    /// before these fields existed still export.)
-    #[serde(default = "default_keep_checkpoints")]
-    pub keep_checkpoints: usize,
-    /// ...plus every checkpoint whose step is a multiple of this (0 = none).
-    #[serde(default)]
-    pub keep_every: u64,
-    /// A sample whose image does not decode or whose stored crc32c does not match: `fail`
-    /// (default: stop naming shard, row and sample) or `skip` (warn, drop it).
-    #[serde(default)]
-    pub on_bad_image: pipeline::loader::BadImagePolicy,
-    pub device: Device,
-    /// Vision input size; `None` = the vision config's `image_size`.
-    pub image_size: Option<usize>,
-    pub resize: Resize,
-    /// Longest packed row, in tokens.
-    pub seq_len: usize,
-    pub loader_threads: usize,
-    pub collective_timeout_s: u64,
-    /// Projector to start from (stage 2 after stage 1): an exported `mm_projector.safetensors`
-    /// or a stage-1 run directory (its latest checkpoint); `None` = fresh init.
-    pub init_projector: Option<PathBuf>,
+// The training knobs, once: each is a TOML key, a `--flag` (help = its doc comment), a field of
+// `ConfigLayer` (`Option<T>`) and of `TrainConfig`. See `knobs.rs` for the forms of the default.
+knobs! {
+    /// Shard directory written by `tessera ingest`.
+    shards: PathBuf = required("a directory written by `tessera ingest`"),
+    /// SigLIP vision tower: a Hugging Face directory (config.json + safetensors).
+    vision: PathBuf = required("a SigLIP Hugging Face directory"),
+    /// Qwen2 language model: a Hugging Face directory (config.json + safetensors).
+    lm: PathBuf = required("a Qwen2 Hugging Face directory"),
+    /// 1: train the projector (alignment); 2: projector + LoRA on the LM (LLaVA-1.5 stages).
+    stage: Stage = required("1: projector only, 2: projector + LoRA"),
+    /// Run directory: metrics.jsonl, checkpoints/, loss.png, summary.json.
+    out: PathBuf = required("the run directory to write"),
+    /// Local ranks to launch (ignored when RANK is set, e.g. under torchrun).
+    nproc: usize = default(1),
+    /// FSDP sharding strategy.
+    strategy: Strategy = default(Strategy::FullShard),
+    /// Optimizer steps (default: one epoch).
+    steps: u64 = optional,
+    /// Full passes over the data (instead of --steps).
+    epochs: u32 = default(1),
+    /// Tokens per rank per micro-batch, padding included (default 4096).
+    token_budget: usize = default(4096),
+    /// Micro-steps (gradient accumulation) per optimizer step (default 1).
+    micro_steps: usize = default(1),
+    /// Peak learning rate (stage 1 default 1e-3; stage 2 default 2e-4 for LoRA).
+    lr: f64 = default(match stage {
+        Stage::Align => 1e-3,
+        Stage::Finetune => 2e-4,
+    }),
+    /// Stage 2: projector learning rate (default 2e-5).
+    projector_lr: f64 = default(match stage {
+        Stage::Align => 1e-3,
+        Stage::Finetune => 2e-5,
+    }),
+    /// Warmup as a fraction of all steps (default 0.03), then cosine decay to 0.
+    warmup_ratio: f64 = default(0.03),
+    /// AdamW weight decay (default 0).
+    weight_decay: f64 = default(0.0),
+    /// Clip the global gradient norm to this (default 1.0; 0 = off).
+    grad_clip: f64 = default(1.0),
+    /// Stage 2: LoRA rank (default 128).
+    lora_r: usize = default(128),
+    /// Stage 2: LoRA alpha (default 256).
+    lora_alpha: f64 = default(256.0),
+    /// Seed of the data order and fresh initialisations (default 42).
+    seed: u64 = default(42),
+    /// Checkpoint every N steps (and always at the end; default 0 = only at the end).
+    checkpoint_every: u64 = default(0),
+    /// Keep the last N checkpoints (default 3; older ones are deleted after each checkpoint).
+    keep_checkpoints: usize = default(3),
+    /// Also keep every checkpoint whose step is a multiple of M (default 0 = none).
+    keep_every: u64 = default(0),
+    /// A sample whose image does not decode or fails its stored crc32c (shard corrupt on
+    /// disk): fail (default; names shard, row and sample) or skip (warn and drop it).
+    on_bad_image: BadImagePolicy = default(BadImagePolicy::Fail),
+    /// Where to train.
+    device: Device = default(Device::Cpu),
+    /// Vision input size in pixels (default: the vision config's image_size).
+    image_size: usize = optional,
+    /// How images become square: squash (SigLIP) or pad (LLaVA expand2square).
+    resize: ResizePolicy = default(ResizePolicy::Squash),
+    /// Longest packed row in tokens (default 2048).
+    seq_len: usize = default(2048),
+    /// Loader worker threads per rank (default: cores, at most 8).
+    loader_threads: usize = default(default_loader_threads()),
+    /// Seconds before a collective that a peer never joins fails (default 300).
+    #[arg(long = "collective-timeout", value_name = "COLLECTIVE_TIMEOUT")]
+    collective_timeout_s: u64 = default(300),
+    /// Projector to start from: an exported mm_projector.safetensors or a stage-1 run directory.
+    init_projector: PathBuf = optional,
 }
 
 impl ConfigLayer {
@@ -194,107 +187,16 @@ impl ConfigLayer {
         })
     }
 
-    /// `self` with every field that `top` sets replaced by `top`'s value.
-    pub fn overlay(self, top: ConfigLayer) -> ConfigLayer {
-        macro_rules! pick {
-            ($($f:ident),*) => { ConfigLayer { $($f: top.$f.or(self.$f)),* } };
-        }
-        pick!(
-            shards,
-            vision,
-            lm,
-            stage,
-            out,
-            nproc,
-            strategy,
-            token_budget,
-            micro_steps,
-            steps,
-            epochs,
-            lr,
-            projector_lr,
-            warmup_ratio,
-            weight_decay,
-            grad_clip,
-            lora_r,
-            lora_alpha,
-            seed,
-            checkpoint_every,
-            keep_checkpoints,
-            keep_every,
-            on_bad_image,
-            device,
-            image_size,
-            resize,
-            seq_len,
-            loader_threads,
-            collective_timeout_s,
-            init_projector
-        )
-    }
-
-    /// Fills stage defaults and validates every field.
+    /// Fills the defaults (stage defaults included) and validates every knob.
     pub fn resolve(self) -> Result<TrainConfig, ConfigError> {
-        let stage = self.stage.ok_or(ConfigError::Missing {
-            field: "stage",
-            hint: "1: projector only, 2: projector + LoRA",
-        })?;
-        let required =
-            |v: Option<PathBuf>, field, hint| v.ok_or(ConfigError::Missing { field, hint });
-        let (default_lr, default_projector_lr) = match stage {
-            Stage::Align => (1e-3, 1e-3),
-            Stage::Finetune => (2e-4, 2e-5),
-        };
+        // Checked before `fill`, which gives `epochs` its default.
         if self.steps.is_some() && self.epochs.is_some() {
             return Err(invalid("steps", "set either `steps` or `epochs`, not both"));
         }
-        let cfg = TrainConfig {
-            shards: required(
-                self.shards,
-                "shards",
-                "a directory written by `tessera ingest`",
-            )?,
-            vision: required(self.vision, "vision", "a SigLIP Hugging Face directory")?,
-            lm: required(self.lm, "lm", "a Qwen2 Hugging Face directory")?,
-            out: required(self.out, "out", "the run directory to write")?,
-            stage,
-            nproc: self.nproc.unwrap_or(1),
-            strategy: self.strategy.unwrap_or(Strategy::FullShard),
-            token_budget: self.token_budget.unwrap_or(4096),
-            micro_steps: self.micro_steps.unwrap_or(1),
-            steps: self.steps,
-            epochs: self.epochs.unwrap_or(1),
-            lr: self.lr.unwrap_or(default_lr),
-            projector_lr: self.projector_lr.unwrap_or(default_projector_lr),
-            warmup_ratio: self.warmup_ratio.unwrap_or(0.03),
-            weight_decay: self.weight_decay.unwrap_or(0.0),
-            grad_clip: self.grad_clip.unwrap_or(1.0),
-            lora_r: self.lora_r.unwrap_or(128),
-            lora_alpha: self.lora_alpha.unwrap_or(256.0),
-            seed: self.seed.unwrap_or(42),
-            checkpoint_every: self.checkpoint_every.unwrap_or(0),
-            keep_checkpoints: self
-                .keep_checkpoints
-                .unwrap_or_else(default_keep_checkpoints),
-            keep_every: self.keep_every.unwrap_or(0),
-            on_bad_image: self
-                .on_bad_image
-                .unwrap_or(pipeline::loader::BadImagePolicy::Fail),
-            device: self.device.unwrap_or(Device::Cpu),
-            image_size: self.image_size,
-            resize: self.resize.unwrap_or(Resize::Squash),
-            seq_len: self.seq_len.unwrap_or(2048),
-            loader_threads: self.loader_threads.unwrap_or_else(default_loader_threads),
-            collective_timeout_s: self.collective_timeout_s.unwrap_or(300),
-            init_projector: self.init_projector,
-        };
+        let cfg = self.fill()?;
         cfg.validate()?;
         Ok(cfg)
     }
-}
-
-fn default_keep_checkpoints() -> usize {
-    3
 }
 
 fn default_loader_threads() -> usize {
@@ -312,6 +214,14 @@ fn describe_span(text: &str, span: Option<std::ops::Range<usize>>) -> String {
 }
 
 impl TrainConfig {
+    /// A config stored by a run (checkpoint metadata), read back: a knob added after the run
+    /// takes its default, so adding one does not make older runs unreadable. Not validated
+    /// again (the run was).
+    pub fn from_stored(value: serde_json::Value) -> Result<TrainConfig, ConfigError> {
+        let layer: ConfigLayer = serde_json::from_value(value).map_err(ConfigError::Stored)?;
+        layer.fill()
+    }
+
     /// Checks values only (no file system access): ranges, and relations between fields.
     pub fn validate(&self) -> Result<(), ConfigError> {
         let positive_rate = |field, v: f64| {

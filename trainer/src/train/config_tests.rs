@@ -214,3 +214,145 @@ fn paths_that_are_not_shards_or_models_are_refused_before_work() -> anyhow::Resu
     );
     Ok(())
 }
+
+/// `tessera train`'s knobs as the binary sees them (it flattens `ConfigLayer` the same way).
+#[derive(clap::Parser, Debug)]
+struct Cli {
+    #[command(flatten)]
+    knobs: ConfigLayer,
+}
+
+fn parse_flags(flags: &[&str]) -> Result<ConfigLayer, clap::Error> {
+    use clap::Parser;
+    Cli::try_parse_from(std::iter::once("train").chain(flags.iter().copied())).map(|c| c.knobs)
+}
+
+#[test]
+fn every_flag_and_its_toml_key_set_the_same_knob() -> anyhow::Result<()> {
+    use clap::CommandFactory;
+    Cli::command().debug_assert();
+    // (flag, value, TOML line): the names users and scripts already rely on.
+    let knobs = [
+        ("--shards", "data/shards", "shards = \"data/shards\""),
+        ("--vision", "m/vision", "vision = \"m/vision\""),
+        ("--lm", "m/lm", "lm = \"m/lm\""),
+        ("--stage", "2", "stage = 2"),
+        ("--out", "runs/a", "out = \"runs/a\""),
+        ("--nproc", "2", "nproc = 2"),
+        ("--strategy", "no_shard", "strategy = \"no_shard\""),
+        ("--steps", "7", "steps = 7"),
+        ("--epochs", "3", "epochs = 3"),
+        ("--token-budget", "8192", "token_budget = 8192"),
+        ("--micro-steps", "4", "micro_steps = 4"),
+        ("--lr", "0.0001", "lr = 1e-4"),
+        ("--projector-lr", "0.00002", "projector_lr = 2e-5"),
+        ("--warmup-ratio", "0.1", "warmup_ratio = 0.1"),
+        ("--weight-decay", "0.01", "weight_decay = 0.01"),
+        ("--grad-clip", "0.5", "grad_clip = 0.5"),
+        ("--lora-r", "8", "lora_r = 8"),
+        ("--lora-alpha", "16", "lora_alpha = 16.0"),
+        ("--seed", "5", "seed = 5"),
+        ("--checkpoint-every", "3", "checkpoint_every = 3"),
+        ("--keep-checkpoints", "5", "keep_checkpoints = 5"),
+        ("--keep-every", "10", "keep_every = 10"),
+        ("--on-bad-image", "skip", "on_bad_image = \"skip\""),
+        ("--device", "cuda", "device = \"cuda\""),
+        ("--image-size", "224", "image_size = 224"),
+        ("--resize", "pad", "resize = \"pad\""),
+        ("--seq-len", "1024", "seq_len = 1024"),
+        ("--loader-threads", "3", "loader_threads = 3"),
+        ("--collective-timeout", "60", "collective_timeout_s = 60"),
+        ("--init-projector", "s1", "init_projector = \"s1\""),
+    ];
+    let flags: Vec<&str> = knobs.iter().flat_map(|(f, v, _)| [*f, *v]).collect();
+    let from_flags = parse_flags(&flags)?;
+    let toml: Vec<&str> = knobs.iter().map(|(_, _, line)| *line).collect();
+    let from_file: ConfigLayer = toml::from_str(&toml.join("\n"))?;
+    assert_eq!(from_flags, from_file);
+    // Every knob is in the table above: none is left unset.
+    let unset: Vec<String> = match serde_json::to_value(&from_flags)? {
+        serde_json::Value::Object(fields) => fields
+            .into_iter()
+            .filter(|(_, v)| v.is_null())
+            .map(|(k, _)| k)
+            .collect(),
+        other => anyhow::bail!("a layer serialises as an object, not {other}"),
+    };
+    assert!(
+        unset.is_empty(),
+        "knobs without a flag in this test: {unset:?}"
+    );
+    assert_eq!(from_flags.strategy, Some(Strategy::NoShard));
+    assert_eq!(from_flags.resize, Some(ResizePolicy::Pad));
+    assert_eq!(from_flags.collective_timeout_s, Some(60));
+    Ok(())
+}
+
+#[test]
+fn bad_flag_values_name_the_flag_and_the_choices() {
+    let msg = |flags: &[&str]| match parse_flags(flags) {
+        Ok(layer) => panic!("{flags:?} parsed as {layer:?}"),
+        Err(e) => e.to_string(),
+    };
+    let m = msg(&["--strategy", "zero3"]);
+    assert!(
+        m.contains("--strategy") && m.contains("zero3") && m.contains("shard_grad_op"),
+        "{m}"
+    );
+    let m = msg(&["--stage", "3"]);
+    assert!(
+        m.contains("--stage") && m.contains("stage 3 does not exist"),
+        "{m}"
+    );
+    let m = msg(&["--resize", "crop"]);
+    assert!(m.contains("--resize") && m.contains("squash"), "{m}");
+    let m = msg(&["--collective-timeout-s", "5"]);
+    assert!(m.contains("--collective-timeout-s"), "{m}");
+}
+
+#[test]
+fn a_resolved_config_keeps_the_names_checkpoints_store() -> anyhow::Result<()> {
+    let cfg = ConfigLayer {
+        stage: Some(Stage::Finetune),
+        strategy: Some(Strategy::ShardGradOp),
+        resize: Some(ResizePolicy::Pad),
+        ..base()
+    }
+    .resolve()?;
+    let json = serde_json::to_value(&cfg)?;
+    assert_eq!(json["stage"], 2);
+    assert_eq!(json["strategy"], "shard_grad_op");
+    assert_eq!(json["resize"], "pad");
+    assert_eq!(json["device"], "cpu");
+    assert_eq!(json["collective_timeout_s"], 300);
+    assert_eq!(serde_json::from_value::<TrainConfig>(json)?, cfg);
+    Ok(())
+}
+
+#[test]
+fn an_unreadable_config_file_prints_its_cause_once() {
+    let err = ConfigLayer::from_file(std::path::Path::new("/nonexistent/train.toml"))
+        .expect_err("no such file");
+    let chain = format!("{:#}", anyhow::Error::from(err));
+    assert!(chain.contains("/nonexistent/train.toml"), "{chain}");
+    assert_eq!(chain.matches("os error").count(), 1, "{chain}");
+}
+
+#[test]
+fn a_stored_config_without_a_newer_knob_reads_with_its_default() -> anyhow::Result<()> {
+    let cfg = base().resolve()?;
+    let mut stored = serde_json::to_value(&cfg)?;
+    let fields = stored
+        .as_object_mut()
+        .ok_or_else(|| anyhow::anyhow!("a config serialises as an object"))?;
+    fields.remove("seed");
+    fields.remove("steps");
+    assert_eq!(TrainConfig::from_stored(stored)?, cfg);
+    let mut stored = serde_json::to_value(&cfg)?;
+    stored["zero_stage"] = 3.into();
+    let msg = TrainConfig::from_stored(stored)
+        .expect_err("unknown knob")
+        .to_string();
+    assert!(msg.contains("zero_stage"), "{msg}");
+    Ok(())
+}

@@ -6,7 +6,7 @@
 //! - `config.json`: the VLM (vision and LM source directories, projector type, image token
 //!   count and id, template, resize policy), using LLaVA's config key names where LLaVA has one.
 use super::checkpoint::{Checkpoint, CheckpointError};
-use super::config::{Resize, Stage, TrainConfig};
+use super::config::{ResizePolicy, Stage, TrainConfig};
 use crate::model::config::{Qwen2Config, SiglipVisionConfig};
 use crate::model::lora::{self, ADAPTER_CONFIG};
 use crate::model::{weights, LoraConfig, ModelError};
@@ -98,8 +98,8 @@ impl VlmDescription {
             image_token_id: manifest.image_placeholder_id,
             image_token: "<|image_pad|>".into(),
             image_aspect_ratio: match cfg.resize {
-                Resize::Squash => "square".into(),
-                Resize::Pad => "pad".into(),
+                ResizePolicy::Squash => "square".into(),
+                ResizePolicy::Pad => "pad".into(),
             },
             template: manifest.template.clone(),
             tokenizer_fingerprint: manifest.tokenizer_fingerprint.clone(),
@@ -157,8 +157,8 @@ pub fn latest_trainable(run: &Path) -> Result<(Checkpoint, ParamMap), ExportErro
 pub fn export(run: &Path, out: &Path) -> Result<ExportReport, ExportError> {
     let mut vlm = VlmDescription::load(&run.join(VLM_FILE))?;
     let (ckpt, params) = latest_trainable(run)?;
-    let cfg: TrainConfig =
-        serde_json::from_value(ckpt.meta.config.clone()).map_err(|e| ExportError::BadRun {
+    let cfg =
+        TrainConfig::from_stored(ckpt.meta.config.clone()).map_err(|e| ExportError::BadRun {
             run: run.to_path_buf(),
             what: format!(
                 "checkpoint {} holds an unreadable config: {e}",

@@ -1,10 +1,10 @@
 //! The [`Engine`] for FULL_SHARD and SHARD_GRAD_OP: `crate::fsdp::Fsdp` over the VLM's unit
 //! chain. Each rank saves its own shards and optimizer moments (`fsdp_shard.safetensors`).
-use super::config::{Stage, Strategy, TrainConfig};
+use super::config::{Stage, TrainConfig};
 use super::engine::{Engine, UnitTimes};
 use super::error::TrainError;
 use crate::dist::ProcessGroup;
-use crate::fsdp::{self, AdamWConfig, Fsdp, FsdpConfig, FsdpError, ParamGroup};
+use crate::fsdp::{AdamWConfig, Fsdp, FsdpConfig, FsdpError, ParamGroup};
 use crate::model::{Vlm, VlmCtx};
 use crate::unit::ParamMap;
 use pipeline::MicroBatch;
@@ -36,11 +36,6 @@ impl<'a> FsdpEngine<'a> {
         params: &ParamMap,
         device: tch::Device,
     ) -> Result<Self, TrainError> {
-        let strategy = match cfg.strategy {
-            Strategy::FullShard => fsdp::Strategy::FullShard,
-            Strategy::ShardGradOp => fsdp::Strategy::ShardGradOp,
-            Strategy::NoShard => fsdp::Strategy::NoShard,
-        };
         let mut groups = Vec::new();
         if cfg.stage == Stage::Finetune {
             groups.push(ParamGroup {
@@ -52,7 +47,7 @@ impl<'a> FsdpEngine<'a> {
             });
         }
         let config = FsdpConfig {
-            strategy,
+            strategy: cfg.strategy,
             adamw: AdamWConfig {
                 lr: cfg.lr,
                 weight_decay: cfg.weight_decay,

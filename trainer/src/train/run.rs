@@ -5,7 +5,7 @@
 use super::checkpoint::{
     self, Checkpoint, CheckpointMeta, CheckpointWriter, Expected, RankState, FORMAT_VERSION,
 };
-use super::config::{Resize, Stage, TrainConfig};
+use super::config::{Stage, TrainConfig};
 use super::engine::{Engine, UnitTimes};
 use super::error::{io, TrainError};
 use super::export::{VlmDescription, TRAINABLE_FILE, VLM_FILE};
@@ -17,7 +17,7 @@ use super::schedule::CosineSchedule;
 use super::setup::{self, Setup};
 use crate::dist::RankEnv;
 use crate::model::weights;
-use pipeline::loader::{Loader, LoaderConfig, ResizePolicy, SampleSource};
+use pipeline::loader::{Loader, LoaderConfig, SampleSource};
 use pipeline::plan::{Plan, Planner, Position, Step};
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -121,10 +121,7 @@ impl<'a> Looper<'a> {
             .image_size(s.vlm.vision.image_size as usize)
             .image_tokens(s.vlm.vision.num_patches() as usize)
             .placeholder_id(s.dataset.manifest().image_placeholder_id)
-            .resize(match cfg.resize {
-                Resize::Squash => ResizePolicy::Squash,
-                Resize::Pad => ResizePolicy::Pad,
-            })
+            .resize(cfg.resize)
             .threads(cfg.loader_threads)
             .on_bad_image(cfg.on_bad_image)
             .build()?;
