@@ -1,8 +1,7 @@
 //! LoRA in PEFT's format: fresh adapters leave the model unchanged, a saved adapter loads
 //! back to the same outputs, and merging gives W + (alpha/r)·B·A with the same outputs.
-mod model_support;
 
-use model_support::*;
+use crate::support::*;
 use trainer::model::lora::{
     init, load_adapter, merge, save_adapter, ADAPTER_CONFIG, ADAPTER_WEIGHTS,
 };

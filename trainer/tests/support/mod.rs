@@ -1,4 +1,4 @@
-//! Shared helpers of the model tests: tiny configs, random parameters, micro-batches built by
+//! Shared helpers of the model and FSDP tests: tiny configs, random parameters, micro-batches built by
 //! hand (the loader is not involved), and a float comparison with an explicit tolerance.
 #![allow(dead_code)]
 use pipeline::{MicroBatch, IGNORE_INDEX};

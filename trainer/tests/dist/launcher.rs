@@ -1,6 +1,6 @@
 //! The `--nproc` launcher with real processes: this test binary re-invokes itself as the ranks
-//! (the `#[ignore]`d `rank_body` test, selected with `--ignored --exact`), which rendezvous
-//! through the torchrun variables the launcher sets.
+//! (the `#[ignore]`d `launcher::rank_body` test, selected with `--ignored --exact`), which
+//! rendezvous through the torchrun variables the launcher sets.
 use std::ffi::OsString;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -38,7 +38,7 @@ fn spec(role: &str, lines: Arc<Mutex<Vec<(Stream, String)>>>) -> anyhow::Result<
     let args: Vec<OsString> = [
         "--ignored",
         "--exact",
-        "rank_body",
+        "launcher::rank_body",
         "--nocapture",
         "--test-threads=1",
     ]

@@ -2,9 +2,8 @@
 //! written by scripts/golden.py (SiglipVisionModel, tied and untied Qwen2ForCausalLM, LLaVA's
 //! mlp2x_gelu projector); tessera loads the same files and must compute the same numbers
 //! (f32, CPU, within 1e-4).
-mod model_support;
 
-use model_support::*;
+use crate::support::*;
 use std::path::PathBuf;
 use trainer::model::weights::load_all;
 use trainer::model::{Vlm, VlmOptions};

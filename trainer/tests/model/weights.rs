@@ -1,8 +1,7 @@
 //! Loading Hugging Face directories: sparse and nested configs, sharded checkpoints, dtype
 //! conversion, error messages that name the tensor, and `init-model` output loading back.
-mod model_support;
 
-use model_support::*;
+use crate::support::*;
 use std::collections::BTreeMap;
 use tch::{Kind, Tensor};
 use trainer::model::init::{random_params, write_checkpoints, write_preset, Preset};
