@@ -30,6 +30,10 @@ pub use stats::{stats, DatasetStats, Percentiles, EXTREME_ASPECT, TINY_SIDE};
 pub use verify::{sha256_file, verify, VerifyReport};
 pub use writer::{estimated_sample_bytes, RowGroupLimits, ShardWriter};
 
+/// `<|image_pad|>` in the Qwen2 tokenizer: the placeholder id each image's tokens replace
+/// (ingest writes it once per image; the loader expands it; the model finds images by it).
+pub const IMAGE_PAD_ID: u32 = 151_655;
+
 /// Sanity check that a dataset is usable from many threads (the loader relies on it).
 #[allow(dead_code)]
 fn assert_send_sync() {

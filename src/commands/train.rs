@@ -3,7 +3,7 @@
 //! itself; with RANK set (torchrun or the launcher) it runs one rank.
 use anyhow::Context;
 use std::path::PathBuf;
-use trainer::train::config::{ConfigLayer, Device, Resize, Stage, Strategy};
+use trainer::train::{ConfigLayer, Device, Resize, Stage, Strategy};
 
 /// Arguments of `tessera train` (each flag overrides the same key of `--config`).
 #[derive(clap::Args, Debug)]
@@ -167,7 +167,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     if rank_env.is_none() && cfg.nproc > 1 {
         return launch_ranks(cfg.nproc);
     }
-    let summary = trainer::train::run::train(&cfg, rank_env, args.resume)?;
+    let summary = trainer::train::train(&cfg, rank_env, args.resume)?;
     if let Some(s) = summary {
         println!(
             "trained {} steps: loss {:.4} -> {:.4} (mean of the last 10%: {:.4}); run in {}",
@@ -185,8 +185,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
 /// in their environment, so they train instead of launching again).
 fn launch_ranks(nproc: usize) -> anyhow::Result<()> {
     let args: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();
-    let spec = trainer::dist::launcher::LaunchSpec::current_exe(nproc, args)
+    let spec = trainer::dist::LaunchSpec::current_exe(nproc, args)
         .context("locating the tessera binary")?;
-    trainer::dist::launcher::run(spec).context("training on local ranks")?;
+    trainer::dist::launch(spec).context("training on local ranks")?;
     Ok(())
 }

@@ -177,7 +177,7 @@ pub fn random_params_by(
 pub fn lm_checkpoint_specs(cfg: &Qwen2Config) -> Vec<ParamSpec> {
     let mut specs = qwen2::embed_specs(cfg);
     for i in 0..cfg.num_hidden_layers {
-        specs.extend(qwen2::layer_specs(cfg, i, None));
+        specs.extend(qwen2::DecoderLayer::new(cfg, i).specs(None));
     }
     specs.extend(
         qwen2::head_specs(cfg, cfg.tie_word_embeddings)
@@ -242,7 +242,7 @@ fn write_dir(dir: &Path, config: &serde_json::Value, params: &ParamMap) -> Resul
         source,
     })?;
     std::fs::write(&path, text + "\n").map_err(|source| ModelError::Io { path, source })?;
-    weights::save(&dir.join(weights::SINGLE_FILE), params)
+    weights::save_safetensors(&dir.join(weights::SINGLE_FILE), params)
 }
 
 /// Writes `out/vision` and `out/lm` for `preset`; returns the number of parameters written.

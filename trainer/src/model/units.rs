@@ -2,22 +2,24 @@
 //! `layers.{i}` and `head`. Each lists the parameters it reads and computes from them alone.
 use super::config::{LoraConfig, Qwen2Config, SiglipVisionConfig};
 use super::ctx::VlmCtx;
-use super::qwen2::{self, LayerInputs};
-use super::{loss, param, projector, siglip};
+use super::qwen2::{self, DecoderLayer, LayerInputs};
+use super::siglip::VisionTower;
+use super::{loss, param, projector};
 use crate::unit::{ParamMap, ParamSpec, Unit};
 use tch::{Kind, Tensor};
 
 /// Normalised pixels `[n, 3, s, s]` -> features of the layer before the last `[n, tokens, Dv]`.
 pub struct VisionUnit {
-    cfg: SiglipVisionConfig,
+    tower: VisionTower,
     specs: Vec<ParamSpec>,
 }
 
 impl VisionUnit {
     pub fn new(cfg: &SiglipVisionConfig) -> Self {
+        let tower = VisionTower::new(cfg);
         Self {
-            cfg: cfg.clone(),
-            specs: siglip::param_specs(cfg),
+            specs: tower.param_specs(),
+            tower,
         }
     }
 }
@@ -33,7 +35,7 @@ impl Unit<VlmCtx> for VisionUnit {
         ctx.has_images()
     }
     fn forward(&self, params: &ParamMap, input: &Tensor, _ctx: &VlmCtx) -> Tensor {
-        siglip::features(&self.cfg, params, input)
+        self.tower.features(params, input)
     }
 }
 
@@ -108,19 +110,20 @@ impl Unit<VlmCtx> for EmbedUnit {
 pub struct LayerUnit {
     cfg: Qwen2Config,
     lora: Option<LoraConfig>,
-    index: i64,
+    layer: DecoderLayer,
     name: String,
     specs: Vec<ParamSpec>,
 }
 
 impl LayerUnit {
     pub fn new(cfg: &Qwen2Config, index: i64, lora: Option<&LoraConfig>) -> Self {
+        let layer = DecoderLayer::new(cfg, index);
         Self {
             cfg: cfg.clone(),
             lora: lora.cloned(),
-            index,
             name: format!("layers.{index}"),
-            specs: qwen2::layer_specs(cfg, index, lora),
+            specs: layer.specs(lora),
+            layer,
         }
     }
 }
@@ -142,14 +145,8 @@ impl Unit<VlmCtx> for LayerUnit {
             sin: &ctx.sin,
             dropout_seed: ctx.dropout_seed,
         };
-        qwen2::layer_forward(
-            &self.cfg,
-            self.lora.as_ref(),
-            params,
-            self.index,
-            input,
-            &inputs,
-        )
+        self.layer
+            .forward(&self.cfg, self.lora.as_ref(), params, input, &inputs)
     }
 }
 

@@ -13,9 +13,7 @@
 //! which checks all W manifests, writes `meta.json` and renames the folder. A `.tmp` folder is
 //! never read; a complete one whose files do not hash as their manifest says is refused.
 use serde::{Deserialize, Serialize};
-use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;
-use std::io::Read;
 use std::path::{Path, PathBuf};
 
 pub const FORMAT_VERSION: u32 = 1;
@@ -26,7 +24,7 @@ const STATE: &str = "state.json";
 /// Why a checkpoint could not be written or used. Each message names the checkpoint folder.
 #[derive(Debug, thiserror::Error)]
 pub enum CheckpointError {
-    #[error("checkpoint {path}: {source}")]
+    #[error("checkpoint {path}")]
     Io {
         path: PathBuf,
         source: std::io::Error,
@@ -59,6 +57,9 @@ pub enum CheckpointError {
         found: u8,
         expected: u8,
     },
+    /// Hashing or atomically writing one of its files failed (the message names the file).
+    #[error(transparent)]
+    File(#[from] shards::ShardError),
 }
 
 fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> CheckpointError + '_ {
@@ -105,21 +106,6 @@ pub struct RankState {
     pub seed: u64,
 }
 
-/// Hex sha256 of a file's bytes.
-pub fn sha256_file(path: &Path) -> Result<String, CheckpointError> {
-    let mut file = std::fs::File::open(path).map_err(io_err(path))?;
-    let mut hasher = Sha256::new();
-    let mut buf = vec![0u8; 1 << 20];
-    loop {
-        let n = file.read(&mut buf).map_err(io_err(path))?;
-        if n == 0 {
-            break;
-        }
-        hasher.update(&buf[..n]);
-    }
-    Ok(hex::encode(hasher.finalize()))
-}
-
 pub fn step_dir_name(step: u64) -> String {
     format!("step-{step:08}")
 }
@@ -128,14 +114,21 @@ pub fn rank_dir_name(rank: usize) -> String {
     format!("rank-{rank:05}")
 }
 
+/// Writes `value` as JSON through [`shards::write_atomically`] (synced, then renamed).
 fn write_json_atomic<T: Serialize>(path: &Path, value: &T) -> Result<(), CheckpointError> {
-    let tmp = path.with_extension("json.tmp");
     let bytes = serde_json::to_vec_pretty(value).map_err(|e| CheckpointError::Io {
         path: path.to_path_buf(),
         source: std::io::Error::other(e),
     })?;
-    std::fs::write(&tmp, bytes).map_err(io_err(&tmp))?;
-    std::fs::rename(&tmp, path).map_err(io_err(path))
+    Ok(shards::write_atomically(path, &bytes)?)
+}
+
+/// Flushes `path` (a file this rank wrote, or a folder after entries were renamed into it) to
+/// the disk, so a power cut cannot leave a committed checkpoint whose files are not there.
+fn sync(path: &Path) -> Result<(), CheckpointError> {
+    std::fs::File::open(path)
+        .and_then(|f| f.sync_all())
+        .map_err(io_err(path))
 }
 
 fn read_json<T: for<'de> Deserialize<'de>>(dir: &Path, path: &Path) -> Result<T, CheckpointError> {
@@ -178,7 +171,8 @@ impl CheckpointWriter {
         &self.rank_dir
     }
 
-    /// Writes this rank's `state.json`, then its manifest (sha256 of every file in its folder).
+    /// Writes this rank's `state.json`, then its manifest (sha256 of every file in its folder),
+    /// each file synced to disk before the manifest vouches for it.
     pub fn finish_rank(&self, state: &RankState) -> Result<(), CheckpointError> {
         write_json_atomic(&self.rank_dir.join(STATE), state)?;
         let mut manifest = BTreeMap::new();
@@ -186,10 +180,12 @@ impl CheckpointWriter {
             let path = entry.map_err(io_err(&self.rank_dir))?.path();
             let name = path.file_name().map(|n| n.to_string_lossy().into_owned());
             if let Some(name) = name.filter(|n| n != MANIFEST && path.is_file()) {
-                manifest.insert(name, sha256_file(&path)?);
+                sync(&path)?;
+                manifest.insert(name, shards::sha256_file(&path)?.0);
             }
         }
-        write_json_atomic(&self.rank_dir.join(MANIFEST), &manifest)
+        write_json_atomic(&self.rank_dir.join(MANIFEST), &manifest)?;
+        sync(&self.rank_dir)
     }
 
     /// Rank 0, after every rank finished: checks all `world_size` manifests exist, writes
@@ -211,7 +207,11 @@ impl CheckpointWriter {
             std::fs::rename(&self.final_root, &old).map_err(io_err(&old))?;
             std::fs::remove_dir_all(&old).map_err(io_err(&old))?;
         }
+        sync(&self.tmp_root)?;
         std::fs::rename(&self.tmp_root, &self.final_root).map_err(io_err(&self.final_root))?;
+        if let Some(root) = self.final_root.parent() {
+            sync(root)?;
+        }
         Ok(self.final_root)
     }
 }
@@ -334,7 +334,7 @@ impl Checkpoint {
                     reason: format!("rank {rank}: {name} is missing"),
                 });
             }
-            if &sha256_file(&path)? != want {
+            if &shards::sha256_file(&path)?.0 != want {
                 return Err(CheckpointError::Corrupt {
                     dir: self.dir.clone(),
                     reason: format!("rank {rank}: {name} does not match its sha256 in {MANIFEST}"),

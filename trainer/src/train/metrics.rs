@@ -37,12 +37,12 @@ pub struct StepMetrics {
 /// Why a metrics file could not be written or read.
 #[derive(Debug, thiserror::Error)]
 pub enum MetricsError {
-    #[error("metrics file {path}: {source}")]
+    #[error("metrics file {path}")]
     Io {
         path: PathBuf,
         source: std::io::Error,
     },
-    #[error("metrics file {path} line {line}: {source}")]
+    #[error("metrics file {path} line {line}")]
     Json {
         path: PathBuf,
         line: usize,

@@ -17,7 +17,7 @@ const SCALE: i64 = 2;
 pub enum PlotError {
     #[error("{path}: no finite loss to plot")]
     Empty { path: String },
-    #[error("{path}: {source}")]
+    #[error("{path}")]
     Write {
         path: String,
         source: image::ImageError,

@@ -3,7 +3,7 @@
 //! checked against, and the per-parameter peak learning rates.
 use super::checkpoint::{Checkpoint, ModelFingerprint};
 use super::config::{ConfigError, Device, Stage, TrainConfig};
-use super::error::{io, TrainError};
+use super::error::TrainError;
 use super::export::TRAINABLE_FILE;
 use crate::dist::{self, Backend, ProcessGroup, RankEnv};
 use crate::model::{LoraConfig, Vlm, VlmOptions};
@@ -81,16 +81,9 @@ pub fn process_group(cfg: &TrainConfig, env: Option<&RankEnv>) -> Result<Process
     })
 }
 
-fn sha256_hex(bytes: &[u8]) -> String {
-    hex::encode(Sha256::digest(bytes))
-}
-
 /// Configs by bytes, parameters by name, shape and trainability (LoRA alpha included).
 pub fn model_fingerprint(cfg: &TrainConfig, vlm: &Vlm) -> Result<ModelFingerprint, TrainError> {
-    let read = |dir: &Path| {
-        let path = dir.join("config.json");
-        std::fs::read(&path).map_err(io(&path))
-    };
+    let config_sha = |dir: &Path| shards::sha256_file(&dir.join("config.json")).map(|(sha, _)| sha);
     let mut params = String::new();
     for spec in vlm.param_specs() {
         params += &format!("{} {:?} {}\n", spec.name, spec.shape, spec.trainable);
@@ -102,9 +95,9 @@ pub fn model_fingerprint(cfg: &TrainConfig, vlm: &Vlm) -> Result<ModelFingerprin
         );
     }
     Ok(ModelFingerprint {
-        vision_config: sha256_hex(&read(&cfg.vision)?),
-        lm_config: sha256_hex(&read(&cfg.lm)?),
-        params: sha256_hex(params.as_bytes()),
+        vision_config: config_sha(&cfg.vision)?,
+        lm_config: config_sha(&cfg.lm)?,
+        params: hex::encode(Sha256::digest(params.as_bytes())),
     })
 }
 

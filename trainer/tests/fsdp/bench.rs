@@ -9,9 +9,9 @@ use crate::support::{image_sample, micro_batch, on_thread_ranks, text_sample};
 use std::time::{Duration, Instant};
 use trainer::dist::{local_groups, ProcessGroup};
 use trainer::fsdp::{Fsdp, FsdpConfig, Strategy};
-use trainer::model::init::{random_params, Preset};
+use trainer::model::{random_params, Preset};
 use trainer::model::{LoraConfig, Vlm, VlmOptions};
-use trainer::unit::ParamMap;
+use trainer::ParamMap;
 
 const STEPS: usize = 6;
 

@@ -7,7 +7,7 @@ use std::time::Duration;
 use trainer::dist::{local_groups, ProcessGroup};
 use trainer::fsdp::{AdamWConfig, Fsdp, FsdpConfig, ParamGroup, Strategy};
 use trainer::model::{LoraConfig, Vlm};
-use trainer::unit::ParamMap;
+use trainer::ParamMap;
 
 const STEPS: usize = 6;
 

@@ -4,9 +4,9 @@
 use pipeline::{MicroBatch, IGNORE_INDEX};
 use shards::Kind as SampleKind;
 use tch::Tensor;
-use trainer::model::init::random_params;
+use trainer::model::random_params;
 use trainer::model::{LoraConfig, Qwen2Config, SiglipVisionConfig, Vlm, VlmOptions};
-use trainer::unit::ParamMap;
+use trainer::ParamMap;
 
 /// Placeholder id of the tiny test vocabulary.
 pub const IMAGE_ID: i64 = 299;
