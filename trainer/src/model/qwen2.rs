@@ -12,9 +12,9 @@ use super::rope::apply_rotary;
 use crate::unit::{ParamMap, ParamSpec};
 use tch::{Kind, Tensor};
 
-pub const EMBED: &str = "model.embed_tokens.weight";
-pub const NORM: &str = "model.norm.weight";
-pub const LM_HEAD: &str = "lm_head.weight";
+pub(super) const EMBED: &str = "model.embed_tokens.weight";
+pub(super) const NORM: &str = "model.norm.weight";
+pub(super) const LM_HEAD: &str = "lm_head.weight";
 
 fn frozen(name: String, shape: Vec<i64>) -> ParamSpec {
     ParamSpec {
@@ -24,12 +24,12 @@ fn frozen(name: String, shape: Vec<i64>) -> ParamSpec {
     }
 }
 
-pub fn embed_specs(cfg: &Qwen2Config) -> Vec<ParamSpec> {
+pub(super) fn embed_specs(cfg: &Qwen2Config) -> Vec<ParamSpec> {
     vec![frozen(EMBED.into(), vec![cfg.vocab_size, cfg.hidden_size])]
 }
 
 /// Final norm + output projection; with tied embeddings the projection is `EMBED` itself.
-pub fn head_specs(cfg: &Qwen2Config, tied: bool) -> Vec<ParamSpec> {
+pub(super) fn head_specs(cfg: &Qwen2Config, tied: bool) -> Vec<ParamSpec> {
     vec![
         frozen(NORM.into(), vec![cfg.hidden_size]),
         frozen(
@@ -40,7 +40,7 @@ pub fn head_specs(cfg: &Qwen2Config, tied: bool) -> Vec<ParamSpec> {
 }
 
 /// Name of the output projection the head reads.
-pub fn output_weight(tied: bool) -> &'static str {
+pub(super) fn output_weight(tied: bool) -> &'static str {
     if tied {
         EMBED
     } else {
@@ -172,7 +172,7 @@ impl DecoderLayer {
 }
 
 /// RMSNorm as transformers computes it: in f32, x·rsqrt(mean(x²) + eps), cast back, · weight.
-pub fn rms_norm(x: &Tensor, weight: &Tensor, eps: f64) -> Tensor {
+pub(super) fn rms_norm(x: &Tensor, weight: &Tensor, eps: f64) -> Tensor {
     let xf = x.to_kind(Kind::Float);
     let var = xf.pow_tensor_scalar(2).mean_dim(-1, true, Kind::Float);
     let normed = (xf * (var + eps).rsqrt()).to_kind(x.kind());
@@ -180,7 +180,7 @@ pub fn rms_norm(x: &Tensor, weight: &Tensor, eps: f64) -> Tensor {
 }
 
 /// Per-micro-batch inputs a decoder layer needs (built once by `VlmCtx`).
-pub struct LayerInputs<'a> {
+pub(super) struct LayerInputs<'a> {
     pub mask: &'a Tensor,
     pub cos: &'a Tensor,
     pub sin: &'a Tensor,
@@ -216,13 +216,13 @@ impl Linear<'_> {
 }
 
 /// Token embeddings `[rows, len, D]` for `input_ids` `[rows, len]`.
-pub fn embed(params: &ParamMap, input_ids: &Tensor) -> Tensor {
+pub(super) fn embed(params: &ParamMap, input_ids: &Tensor) -> Tensor {
     Tensor::embedding(param(params, EMBED), input_ids, -1, false, false)
 }
 
 /// Full logits `[.., vocab]` of final hidden states (for evaluation and tests; training uses
 /// the chunked loss in [`super::loss`]).
-pub fn logits(cfg: &Qwen2Config, params: &ParamMap, tied: bool, hidden: &Tensor) -> Tensor {
+pub(super) fn logits(cfg: &Qwen2Config, params: &ParamMap, tied: bool, hidden: &Tensor) -> Tensor {
     let h = rms_norm(hidden, param(params, NORM), cfg.rms_norm_eps);
     h.matmul(&param(params, output_weight(tied)).tr())
 }

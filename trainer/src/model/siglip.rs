@@ -22,7 +22,7 @@ fn spec(name: &str, shape: Vec<i64>) -> ParamSpec {
 }
 
 /// Number of encoder layers the features need: all but the last.
-pub fn feature_layers(cfg: &SiglipVisionConfig) -> i64 {
+pub(super) fn feature_layers(cfg: &SiglipVisionConfig) -> i64 {
     cfg.num_hidden_layers - 1
 }
 
@@ -215,13 +215,13 @@ impl VisionTower {
 }
 
 /// Parameters the vision features read, in checkpoint order, frozen.
-pub fn param_specs(cfg: &SiglipVisionConfig) -> Vec<ParamSpec> {
+pub(super) fn param_specs(cfg: &SiglipVisionConfig) -> Vec<ParamSpec> {
     VisionTower::new(cfg).param_specs()
 }
 
 /// Every tensor of a complete `SiglipVisionModel` checkpoint without the pooling head: the
 /// feature parameters plus the last layer and `post_layernorm` (what `init-model` writes).
-pub fn checkpoint_specs(cfg: &SiglipVisionConfig) -> Vec<ParamSpec> {
+pub(super) fn checkpoint_specs(cfg: &SiglipVisionConfig) -> Vec<ParamSpec> {
     let mut specs = param_specs(cfg);
     specs.extend(EncoderLayer::new(cfg, cfg.num_hidden_layers - 1).specs(cfg));
     let post = NormKeys::new(KeyPath::new(PREFIX) / "post_layernorm");

@@ -9,13 +9,13 @@ use crate::unit::{ParamMap, ParamSpec, Unit};
 use tch::{Kind, Tensor};
 
 /// Normalised pixels `[n, 3, s, s]` -> features of the layer before the last `[n, tokens, Dv]`.
-pub struct VisionUnit {
+pub(super) struct VisionUnit {
     tower: VisionTower,
     specs: Vec<ParamSpec>,
 }
 
 impl VisionUnit {
-    pub fn new(cfg: &SiglipVisionConfig) -> Self {
+    pub(super) fn new(cfg: &SiglipVisionConfig) -> Self {
         let tower = VisionTower::new(cfg);
         Self {
             specs: tower.param_specs(),
@@ -40,13 +40,13 @@ impl Unit<VlmCtx> for VisionUnit {
 }
 
 /// Features `[n, tokens, Dv]` -> image tokens `[n * tokens, D]` (in placeholder order).
-pub struct ProjectorUnit {
+pub(super) struct ProjectorUnit {
     lm_hidden: i64,
     specs: Vec<ParamSpec>,
 }
 
 impl ProjectorUnit {
-    pub fn new(vision_hidden: i64, lm_hidden: i64, trainable: bool) -> Self {
+    pub(super) fn new(vision_hidden: i64, lm_hidden: i64, trainable: bool) -> Self {
         Self {
             lm_hidden,
             specs: projector::param_specs(vision_hidden, lm_hidden, trainable),
@@ -71,12 +71,12 @@ impl Unit<VlmCtx> for ProjectorUnit {
 
 /// Image tokens `[n * tokens, D]` (or an empty tensor) -> input embeddings `[rows, len, D]`
 /// with the image tokens written at the placeholder positions, in order.
-pub struct EmbedUnit {
+pub(super) struct EmbedUnit {
     specs: Vec<ParamSpec>,
 }
 
 impl EmbedUnit {
-    pub fn new(cfg: &Qwen2Config) -> Self {
+    pub(super) fn new(cfg: &Qwen2Config) -> Self {
         Self {
             specs: qwen2::embed_specs(cfg),
         }
@@ -107,7 +107,7 @@ impl Unit<VlmCtx> for EmbedUnit {
 }
 
 /// Decoder layer `i` (with its LoRA adapters, the trainable parameters of stage 2).
-pub struct LayerUnit {
+pub(super) struct LayerUnit {
     cfg: Qwen2Config,
     lora: Option<LoraConfig>,
     layer: DecoderLayer,
@@ -116,7 +116,7 @@ pub struct LayerUnit {
 }
 
 impl LayerUnit {
-    pub fn new(cfg: &Qwen2Config, index: i64, lora: Option<&LoraConfig>) -> Self {
+    pub(super) fn new(cfg: &Qwen2Config, index: i64, lora: Option<&LoraConfig>) -> Self {
         let layer = DecoderLayer::new(cfg, index);
         Self {
             cfg: cfg.clone(),
@@ -153,7 +153,7 @@ impl Unit<VlmCtx> for LayerUnit {
 /// Final norm + output projection -> scalar sum of token cross-entropy over supervised
 /// labels, chunked (see [`loss`]). With tied embeddings it reads `model.embed_tokens.weight`,
 /// which the `embed` unit also reads (see `Vlm::shared_params`).
-pub struct HeadUnit {
+pub(super) struct HeadUnit {
     cfg: Qwen2Config,
     tied: bool,
     chunk: i64,
@@ -161,7 +161,7 @@ pub struct HeadUnit {
 }
 
 impl HeadUnit {
-    pub fn new(cfg: &Qwen2Config, tied: bool, chunk: i64) -> Self {
+    pub(super) fn new(cfg: &Qwen2Config, tied: bool, chunk: i64) -> Self {
         Self {
             cfg: cfg.clone(),
             tied,

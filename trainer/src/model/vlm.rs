@@ -7,6 +7,7 @@
 //! then for every unit that `runs_on(ctx)`: `x = unit.forward(params, &x, ctx)`. Vision and
 //! projector skip text-only micro-batches, so `embed` then receives the empty tensor.
 use super::config::{LoraConfig, Qwen2Config, SiglipVisionConfig};
+use super::ctx::VlmCtx;
 use super::units::{EmbedUnit, HeadUnit, LayerUnit, ProjectorUnit, VisionUnit};
 use super::weights::{self, HfCheckpoint};
 use super::{lora, projector, qwen2, siglip, ModelError, Result};
@@ -14,8 +15,6 @@ use crate::unit::{ParamMap, ParamSpec, Unit};
 use std::collections::BTreeMap;
 use std::path::Path;
 use tch::{Device, Kind, Tensor};
-
-pub use super::ctx::VlmCtx;
 
 /// Choices that are not in the checkpoints: what trains, the placeholder id, the loss chunk.
 #[derive(Clone, Debug)]

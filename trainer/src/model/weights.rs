@@ -11,8 +11,8 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use tch::{Device, Kind, Tensor};
 
-pub const SINGLE_FILE: &str = "model.safetensors";
-pub const INDEX_FILE: &str = "model.safetensors.index.json";
+pub(super) const SINGLE_FILE: &str = "model.safetensors";
+pub(super) const INDEX_FILE: &str = "model.safetensors.index.json";
 
 /// An opened checkpoint directory: every file memory-mapped, every key located.
 pub struct HfCheckpoint {

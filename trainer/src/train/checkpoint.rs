@@ -16,7 +16,7 @@ use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-pub const FORMAT_VERSION: u32 = 1;
+pub(super) const FORMAT_VERSION: u32 = 1;
 const META: &str = "meta.json";
 const MANIFEST: &str = "manifest.json";
 const STATE: &str = "state.json";
@@ -106,11 +106,11 @@ pub struct RankState {
     pub seed: u64,
 }
 
-pub fn step_dir_name(step: u64) -> String {
+pub(super) fn step_dir_name(step: u64) -> String {
     format!("step-{step:08}")
 }
 
-pub fn rank_dir_name(rank: usize) -> String {
+pub(super) fn rank_dir_name(rank: usize) -> String {
     format!("rank-{rank:05}")
 }
 
@@ -143,7 +143,7 @@ fn read_json<T: for<'de> Deserialize<'de>>(dir: &Path, path: &Path) -> Result<T,
 }
 
 /// One rank's side of writing the checkpoint of `step`.
-pub struct CheckpointWriter {
+pub(super) struct CheckpointWriter {
     tmp_root: PathBuf,
     final_root: PathBuf,
     rank_dir: PathBuf,
@@ -151,7 +151,7 @@ pub struct CheckpointWriter {
 
 impl CheckpointWriter {
     /// Creates `checkpoints/step-N.tmp/rank-R/` (empty; a leftover from a crash is replaced).
-    pub fn begin(run_dir: &Path, step: u64, rank: usize) -> Result<Self, CheckpointError> {
+    pub(super) fn begin(run_dir: &Path, step: u64, rank: usize) -> Result<Self, CheckpointError> {
         let root = run_dir.join("checkpoints");
         let tmp_root = root.join(format!("{}.tmp", step_dir_name(step)));
         let rank_dir = tmp_root.join(rank_dir_name(rank));
@@ -167,13 +167,13 @@ impl CheckpointWriter {
     }
 
     /// Where this rank writes its files.
-    pub fn dir(&self) -> &Path {
+    pub(super) fn dir(&self) -> &Path {
         &self.rank_dir
     }
 
     /// Writes this rank's `state.json`, then its manifest (sha256 of every file in its folder),
     /// each file synced to disk before the manifest vouches for it.
-    pub fn finish_rank(&self, state: &RankState) -> Result<(), CheckpointError> {
+    pub(super) fn finish_rank(&self, state: &RankState) -> Result<(), CheckpointError> {
         write_json_atomic(&self.rank_dir.join(STATE), state)?;
         let mut manifest = BTreeMap::new();
         for entry in std::fs::read_dir(&self.rank_dir).map_err(io_err(&self.rank_dir))? {
@@ -191,7 +191,7 @@ impl CheckpointWriter {
     /// Rank 0, after every rank finished: checks all `world_size` manifests exist, writes
     /// `meta.json` and renames the folder to its final name (replacing an older one of the same
     /// step). Returns the final folder.
-    pub fn commit(self, meta: &CheckpointMeta) -> Result<PathBuf, CheckpointError> {
+    pub(super) fn commit(self, meta: &CheckpointMeta) -> Result<PathBuf, CheckpointError> {
         for rank in 0..meta.world_size {
             let manifest = self.tmp_root.join(rank_dir_name(rank)).join(MANIFEST);
             if !manifest.is_file() {

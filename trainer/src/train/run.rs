@@ -138,7 +138,8 @@ impl<'a> TrainLoop<'a> {
                 n
             }
         };
-        train_loop.schedule = CosineSchedule::new(1.0, cfg.warmup_ratio, train_loop.total_steps);
+        train_loop.schedule =
+            CosineSchedule::new(cfg.lr, cfg.warmup_ratio, train_loop.total_steps);
         Ok(train_loop)
     }
 
@@ -241,7 +242,7 @@ impl<'a> TrainLoop<'a> {
                     progress.show(&m);
                 }
                 step += 1;
-                let due = cfg.checkpoint_every > 0 && step % cfg.checkpoint_every == 0;
+                let due = cfg.checkpoint_every > 0 && step.is_multiple_of(cfg.checkpoint_every);
                 if due || step == self.total_steps {
                     self.checkpoint(model, step, &plan.resume_position(i + 1)?)?;
                 }
@@ -300,7 +301,7 @@ impl<'a> TrainLoop<'a> {
         Ok(StepMetrics {
             step,
             loss: totals.loss_sum / divisor,
-            lr: self.cfg.lr * lr_factor,
+            lr: self.schedule.lr(step),
             grad_norm,
             tokens_per_s: totals.tokens / secs,
             real_tokens_per_s: totals.real_tokens / secs,

@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 /// A rank, ready to train.
-pub struct Setup {
+pub(super) struct Setup {
     pub pg: Arc<ProcessGroup>,
     pub rank: usize,
     pub world_size: usize,
@@ -58,7 +58,7 @@ fn keep_freed_memory() {
 }
 
 /// Joins the job (torchrun variables) or forms a one-rank group.
-pub fn process_group(cfg: &TrainConfig, env: Option<&RankEnv>) -> Result<ProcessGroup, TrainError> {
+pub(super) fn process_group(cfg: &TrainConfig, env: Option<&RankEnv>) -> Result<ProcessGroup, TrainError> {
     share_cores(env);
     if cfg.device == Device::Cpu {
         keep_freed_memory();
@@ -82,7 +82,7 @@ pub fn process_group(cfg: &TrainConfig, env: Option<&RankEnv>) -> Result<Process
 }
 
 /// Configs by bytes, parameters by name, shape and trainability (LoRA alpha included).
-pub fn model_fingerprint(cfg: &TrainConfig, vlm: &Vlm) -> Result<ModelFingerprint, TrainError> {
+pub(super) fn model_fingerprint(cfg: &TrainConfig, vlm: &Vlm) -> Result<ModelFingerprint, TrainError> {
     let config_sha = |dir: &Path| shards::sha256_file(&dir.join("config.json")).map(|(sha, _)| sha);
     let mut params = String::new();
     for spec in vlm.param_specs() {
@@ -116,7 +116,7 @@ fn init_projector_file(path: &Path) -> Result<PathBuf, TrainError> {
     Ok(ckpt.rank_dir(0)?.join(TRAINABLE_FILE))
 }
 
-pub fn build(cfg: &TrainConfig, pg: ProcessGroup) -> Result<Setup, TrainError> {
+pub(super) fn build(cfg: &TrainConfig, pg: ProcessGroup) -> Result<Setup, TrainError> {
     let (rank, world_size) = (pg.rank(), pg.world_size());
     let dataset = shards::Dataset::open(&cfg.shards)?;
     let samples = dataset.metadata()?;

@@ -72,8 +72,7 @@ fn missing_and_misshaped_tensors_are_named() -> anyhow::Result<()> {
 
     let err = ckpt
         .load_specs(&[spec("model.norm.weight", &[16])], None, tch::Device::Cpu)
-        .err()
-        .expect("shape error");
+        .expect_err("shape error");
     assert!(matches!(err, ModelError::ShapeMismatch { .. }));
     let msg = err.to_string();
     assert!(
@@ -83,8 +82,7 @@ fn missing_and_misshaped_tensors_are_named() -> anyhow::Result<()> {
 
     let err = ckpt
         .load_specs(&[spec("lm_head.weight", &[4, 8])], None, tch::Device::Cpu)
-        .err()
-        .expect("missing");
+        .expect_err("missing");
     let msg = err.to_string();
     assert!(
         msg.contains("lm_head.weight") && msg.contains("missing"),
