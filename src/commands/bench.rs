@@ -3,7 +3,7 @@ use super::{bench_loader, bench_plan};
 
 /// Arguments of `tessera bench`.
 #[derive(clap::Args)]
-pub struct Args {
+pub(crate) struct Args {
     #[command(subcommand)]
     which: Which,
 }
@@ -16,7 +16,7 @@ enum Which {
     Plan(bench_plan::Args),
 }
 
-pub fn run(args: Args) -> anyhow::Result<()> {
+pub(crate) fn run(args: Args) -> anyhow::Result<()> {
     match args.which {
         Which::Loader(a) => bench_loader::run(a),
         Which::Plan(a) => bench_plan::run(a),

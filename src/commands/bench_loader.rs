@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 /// Arguments of `tessera bench loader`.
 #[derive(clap::Args)]
-pub struct Args {
+pub(crate) struct Args {
     /// Shard directory (with index.json).
     #[arg(long)]
     shards: PathBuf,
@@ -64,7 +64,7 @@ enum Policy {
     Pad,
 }
 
-pub fn run(args: Args) -> anyhow::Result<()> {
+pub(crate) fn run(args: Args) -> anyhow::Result<()> {
     let dataset = shards::Dataset::open(&args.shards)
         .with_context(|| format!("opening shards in {}", args.shards.display()))?;
     let kinds: Vec<_> = dataset.metadata()?.iter().map(|m| m.kind).collect();

@@ -10,7 +10,7 @@ use std::time::Instant;
 /// Arguments of `tessera bench plan`.
 #[derive(clap::Args)]
 #[command(group(clap::ArgGroup::new("source").required(true).args(["shards", "synthetic_llava"])))]
-pub struct Args {
+pub(crate) struct Args {
     /// Plan the samples of this shard directory (reads only the metadata columns).
     #[arg(long, value_name = "DIR")]
     shards: Option<PathBuf>,
@@ -50,7 +50,7 @@ struct ModeResult {
     seconds: f64,
 }
 
-pub fn run(args: Args) -> anyhow::Result<()> {
+pub(crate) fn run(args: Args) -> anyhow::Result<()> {
     let (samples, fingerprint) = match (&args.shards, args.synthetic_llava) {
         (Some(dir), _) => {
             let dataset = shards::Dataset::open(dir)

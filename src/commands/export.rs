@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 /// Arguments of `tessera export`.
 #[derive(clap::Args)]
-pub struct Args {
+pub(crate) struct Args {
     /// Run directory written by `tessera train` (its latest complete checkpoint is exported).
     #[arg(long)]
     pub run: PathBuf,
@@ -14,7 +14,7 @@ pub struct Args {
     pub out: PathBuf,
 }
 
-pub fn run(args: Args) -> anyhow::Result<()> {
+pub(crate) fn run(args: Args) -> anyhow::Result<()> {
     let report = trainer::train::export(&args.run, &args.out)
         .with_context(|| format!("exporting run {}", args.run.display()))?;
     println!("exported step {} of {}", report.step, args.run.display());

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 /// Arguments of `tessera ingest`.
 #[derive(clap::Args)]
-pub struct Args {
+pub(crate) struct Args {
     /// LLaVA json: an array of {"id", "image"?, "conversations": [{"from", "value"}]}.
     #[arg(long)]
     json: PathBuf,
@@ -42,7 +42,7 @@ pub struct Args {
     max_pixels: u64,
 }
 
-pub fn run(args: Args) -> anyhow::Result<()> {
+pub(crate) fn run(args: Args) -> anyhow::Result<()> {
     let mut config = IngestConfig::new(args.json, args.images, args.tokenizer, args.out);
     config.template = args.template;
     config.shard_size = args.shard_size.max(1);

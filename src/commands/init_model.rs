@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use trainer::model::{write_preset, Preset};
 
 #[derive(Clone, Copy, Debug, clap::ValueEnum)]
-pub enum PresetArg {
+pub(crate) enum PresetArg {
     /// 64 px images (64 tokens), LM hidden 128 at a trained scale, 2 layers, 151,936-row vocab.
     Tiny,
     /// 128 px images (64 tokens), LM hidden 256, 6 layers.
@@ -17,7 +17,7 @@ pub enum PresetArg {
 
 /// Arguments of `tessera init-model`.
 #[derive(clap::Args)]
-pub struct Args {
+pub(crate) struct Args {
     /// Model size to write.
     #[arg(long, value_enum)]
     preset: PresetArg,
@@ -29,7 +29,7 @@ pub struct Args {
     seed: u64,
 }
 
-pub fn run(args: Args) -> anyhow::Result<()> {
+pub(crate) fn run(args: Args) -> anyhow::Result<()> {
     let preset = match args.preset {
         PresetArg::Tiny => Preset::Tiny,
         PresetArg::Small => Preset::Small,

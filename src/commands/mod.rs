@@ -1,19 +1,19 @@
 //! One module per subcommand: its clap `Args` and a `run(args) -> anyhow::Result<()>`.
-pub mod bench;
-pub mod bench_loader;
-pub mod bench_plan;
+pub(crate) mod bench;
+pub(crate) mod bench_loader;
+pub(crate) mod bench_plan;
 #[cfg(feature = "train")]
-pub mod export;
-pub mod ingest;
+pub(crate) mod export;
+pub(crate) mod ingest;
 #[cfg(feature = "train")]
-pub mod init_model;
-pub mod shards;
-pub mod synth;
+pub(crate) mod init_model;
+pub(crate) mod shards;
+pub(crate) mod synth;
 #[cfg(feature = "train")]
-pub mod train;
+pub(crate) mod train;
 
 /// Logs go to stderr through `tracing`; RUST_LOG overrides the level.
-pub fn init_logging(quiet: bool) {
+pub(crate) fn init_logging(quiet: bool) {
     let default = if quiet { "warn" } else { "info" };
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));

@@ -4,7 +4,7 @@ use std::path::PathBuf;
 
 /// Arguments of `tessera shards`.
 #[derive(clap::Args)]
-pub struct Args {
+pub(crate) struct Args {
     #[command(subcommand)]
     command: ShardsCommand,
 }
@@ -27,7 +27,7 @@ enum ShardsCommand {
     },
 }
 
-pub fn run(args: Args) -> anyhow::Result<()> {
+pub(crate) fn run(args: Args) -> anyhow::Result<()> {
     match args.command {
         ShardsCommand::Verify { dir } => verify(&dir),
         ShardsCommand::Stats { dir, json } => stats(&dir, json),

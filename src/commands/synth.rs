@@ -6,7 +6,7 @@ use std::time::Instant;
 
 /// Arguments of `tessera synth`.
 #[derive(clap::Args)]
-pub struct Args {
+pub(crate) struct Args {
     /// Output folder: receives blip_laion_cc_sbu_558k.json, images/ and (with --zip) images.zip.
     #[arg(long)]
     out: PathBuf,
@@ -31,7 +31,7 @@ pub struct Args {
     workers: Option<usize>,
 }
 
-pub fn run(args: Args) -> anyhow::Result<()> {
+pub(crate) fn run(args: Args) -> anyhow::Result<()> {
     let mut cfg = SynthConfig::new(&args.out, args.samples);
     cfg.text_only_fraction = args.text_only_fraction;
     cfg.photos = args.photos;
