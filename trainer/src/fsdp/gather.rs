@@ -64,7 +64,13 @@ impl Gathered {
     }
 
     /// Frees unit `unit`'s gathered buffers except those in `keep`.
-    pub(super) fn release(&mut self, flat: &FlatParams, unit: usize, keep: &[usize], sharded: bool) {
+    pub(super) fn release(
+        &mut self,
+        flat: &FlatParams,
+        unit: usize,
+        keep: &[usize],
+        sharded: bool,
+    ) {
         for b in &flat.unit_buffers[unit] {
             if keep.contains(b) {
                 continue;

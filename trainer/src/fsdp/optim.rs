@@ -88,7 +88,12 @@ impl ShardedAdamW {
 
     /// One update of every shard from `grads` (indexed like the buffers); the learning rates are
     /// the configured ones times `lr_factor` (the schedule).
-    pub(super) fn update(&mut self, buffers: &[FlatBuffer], grads: &[Option<Tensor>], lr_factor: f64) {
+    pub(super) fn update(
+        &mut self,
+        buffers: &[FlatBuffer],
+        grads: &[Option<Tensor>],
+        lr_factor: f64,
+    ) {
         self.step += 1;
         let (b1, b2) = self.config.betas;
         let bias1 = 1.0 - b1.powi(self.step as i32);

@@ -112,7 +112,10 @@ mod tests {
         assert_eq!(q.leaf(), "q_proj");
         let linear = LinearKeys::new(q, 8, 4, true);
         assert_eq!(linear.weight, "model.layers.3.self_attn.q_proj.weight");
-        assert_eq!(linear.bias.as_deref(), Some("model.layers.3.self_attn.q_proj.bias"));
+        assert_eq!(
+            linear.bias.as_deref(),
+            Some("model.layers.3.self_attn.q_proj.bias")
+        );
         let shapes: Vec<Vec<i64>> = linear.specs(false).into_iter().map(|s| s.shape).collect();
         assert_eq!(shapes, vec![vec![8, 4], vec![8]]);
     }

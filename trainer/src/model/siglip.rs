@@ -41,7 +41,10 @@ impl NormKeys {
     }
 
     fn specs(&self, hidden: i64) -> [ParamSpec; 2] {
-        [spec(&self.weight, vec![hidden]), spec(&self.bias, vec![hidden])]
+        [
+            spec(&self.weight, vec![hidden]),
+            spec(&self.bias, vec![hidden]),
+        ]
     }
 
     fn forward(&self, cfg: &SiglipVisionConfig, params: &ParamMap, x: &Tensor) -> Tensor {

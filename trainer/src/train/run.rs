@@ -138,8 +138,7 @@ impl<'a> TrainLoop<'a> {
                 n
             }
         };
-        train_loop.schedule =
-            CosineSchedule::new(cfg.lr, cfg.warmup_ratio, train_loop.total_steps);
+        train_loop.schedule = CosineSchedule::new(cfg.lr, cfg.warmup_ratio, train_loop.total_steps);
         Ok(train_loop)
     }
 

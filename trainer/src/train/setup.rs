@@ -58,7 +58,10 @@ fn keep_freed_memory() {
 }
 
 /// Joins the job (torchrun variables) or forms a one-rank group.
-pub(super) fn process_group(cfg: &TrainConfig, env: Option<&RankEnv>) -> Result<ProcessGroup, TrainError> {
+pub(super) fn process_group(
+    cfg: &TrainConfig,
+    env: Option<&RankEnv>,
+) -> Result<ProcessGroup, TrainError> {
     share_cores(env);
     if cfg.device == Device::Cpu {
         keep_freed_memory();
@@ -82,7 +85,10 @@ pub(super) fn process_group(cfg: &TrainConfig, env: Option<&RankEnv>) -> Result<
 }
 
 /// Configs by bytes, parameters by name, shape and trainability (LoRA alpha included).
-pub(super) fn model_fingerprint(cfg: &TrainConfig, vlm: &Vlm) -> Result<ModelFingerprint, TrainError> {
+pub(super) fn model_fingerprint(
+    cfg: &TrainConfig,
+    vlm: &Vlm,
+) -> Result<ModelFingerprint, TrainError> {
     let config_sha = |dir: &Path| shards::sha256_file(&dir.join("config.json")).map(|(sha, _)| sha);
     let mut params = String::new();
     for spec in vlm.param_specs() {
