@@ -25,8 +25,8 @@ cargo bench --no-default-features --bench ingest 2>&1 | tee "$OUT/ingest.log" | 
 cargo build --release   # the ingest bench rebuilt the binary without libtorch
 
 echo "== model: forward+backward tokens/s vs peak matmul"
-cargo test --release -p trainer --test model_bench -- --ignored --nocapture 2>&1 | tee "$OUT/model.log" | tail -n 5
+cargo bench --bench model --features bench 2>&1 | tee "$OUT/model.log" | tail -n 5
 
 echo "== fsdp: step time W=2 vs W=1, bytes vs theory"
-cargo test --release -p trainer --test fsdp_bench -- --ignored --nocapture 2>&1 | tee "$OUT/fsdp.log" | tail -n 5
+cargo test --release -p trainer --test fsdp -- --ignored --exact bench::fsdp_step_time_and_bytes_tiny_preset --nocapture 2>&1 | tee "$OUT/fsdp.log" | tail -n 5
 echo "results in $OUT"

@@ -19,6 +19,8 @@ struct Cli {
     command: Command,
 }
 
+// Parsed once at start-up: the size of the largest variant (train's flags) costs nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand)]
 enum Command {
     /// Write a dataset in LLaVA-Pretrain's exact layout (json + images/ [+ images.zip]).

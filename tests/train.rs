@@ -10,9 +10,8 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use trainer::model::{lora, weights, Vlm, VlmOptions};
-use trainer::train::export::TRAINABLE_FILE;
-use trainer::train::metrics::read_metrics;
+use trainer::model::{load_adapter, load_safetensors, Vlm, VlmOptions};
+use trainer::train::{read_metrics, TRAINABLE_FILE};
 
 mod support;
 use support::{fixture, run_err, run_ok, tessera, Fixture};
@@ -103,9 +102,9 @@ fn image_batch(f: &Fixture, vlm: &Vlm, n: usize) -> Result<pipeline::MicroBatch>
         .map_err(Into::into)
 }
 
-fn latest_trainable(run: &Path) -> Result<trainer::unit::ParamMap> {
-    let (ckpt, _) = trainer::train::export::latest_trainable(run)?;
-    Ok(weights::load_all(&ckpt.rank_dir(0)?.join(TRAINABLE_FILE))?)
+fn latest_trainable(run: &Path) -> Result<trainer::ParamMap> {
+    let (ckpt, _) = trainer::train::latest_trainable(run)?;
+    Ok(load_safetensors(&ckpt.rank_dir(0)?.join(TRAINABLE_FILE))?)
 }
 
 #[test]
@@ -152,7 +151,7 @@ fn two_ranks_interrupted_and_resumed_match_an_uninterrupted_run_and_export_round
         serde_json::from_slice(&std::fs::read(export.join("config.json"))?)?;
     assert_eq!(config["mm_projector_type"], "mlp2x_gelu");
     assert_eq!(config["image_token_count"], 64);
-    let projector = weights::load_all(&export.join("mm_projector.safetensors"))?;
+    let projector = load_safetensors(&export.join("mm_projector.safetensors"))?;
     let keys: Vec<&str> = projector.keys().map(String::as_str).collect();
     assert_eq!(
         keys,
@@ -163,7 +162,7 @@ fn two_ranks_interrupted_and_resumed_match_an_uninterrupted_run_and_export_round
             "mm_projector.2.weight"
         ]
     );
-    let (lora_cfg, adapter) = lora::load_adapter(&export.join("adapter"))?;
+    let (lora_cfg, adapter) = load_adapter(&export.join("adapter"))?;
     assert_eq!((lora_cfg.r, lora_cfg.lora_alpha), (4, 8.0));
 
     let options = VlmOptions {

@@ -162,7 +162,7 @@ fn checkpoints_hold_only_trainable_state_and_only_the_last_three_stay() -> Resul
             size * 20 < frozen_lm,
             "{name} holds {size} bytes; the frozen LM alone is {frozen_lm}"
         );
-        let state = trainer::model::weights::load_all(
+        let state = trainer::model::load_safetensors(
             &dir.join("rank-00000").join("fsdp_shard.safetensors"),
         )?;
         let frozen: Vec<&String> = state

@@ -15,7 +15,7 @@ pub(crate) struct Args {
 }
 
 pub(crate) fn run(args: Args) -> anyhow::Result<()> {
-    let report = trainer::train::export::export(&args.run, &args.out)
+    let report = trainer::train::export(&args.run, &args.out)
         .with_context(|| format!("exporting run {}", args.run.display()))?;
     println!("exported step {} of {}", report.step, args.run.display());
     println!("  projector: {}", report.projector.display());

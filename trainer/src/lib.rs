@@ -1,7 +1,18 @@
 //! tch model (SigLIP, projector, Qwen2, LoRA), c10d collectives, FSDP and the train loop.
-//! `unit` is the contract between the model and FSDP.
+//!
+//! 1. [`model`]: the VLM as a chain of units over Hugging Face checkpoints.
+//! 2. [`dist`]: c10d process groups (gloo, NCCL) and the `--nproc` launcher.
+//! 3. [`fsdp`]: a unit chain sharded over a process group, with its optimizer.
+//! 4. [`train`]: config, the loop, checkpoints, metrics and export (`tessera train|export`).
+//!
+//! [`Unit`], [`ParamSpec`] and [`ParamMap`] are the contract between the model and FSDP.
 pub mod dist;
 pub mod fsdp;
 pub mod model;
 pub mod train;
-pub mod unit;
+mod unit;
+
+pub use unit::{ParamMap, ParamSpec, Unit};
+
+#[cfg(test)]
+mod error_chain_tests;

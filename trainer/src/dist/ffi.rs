@@ -6,26 +6,26 @@ use torch_sys::C_tensor;
 
 /// Opaque c10d store (a `PrefixStore` over a `TCPStore`).
 #[repr(C)]
-pub struct RawStore {
+pub(crate) struct RawStore {
     _private: [u8; 0],
 }
 
 /// Opaque c10d backend (ProcessGroupGloo or ProcessGroupNCCL).
 #[repr(C)]
-pub struct RawProcessGroup {
+pub(super) struct RawProcessGroup {
     _private: [u8; 0],
 }
 
 /// Opaque c10d Work handle of one issued collective.
 #[repr(C)]
-pub struct RawWork {
+pub(super) struct RawWork {
     _private: [u8; 0],
 }
 
 extern "C" {
-    pub fn tc_free_error(err: *mut c_char);
+    pub(super) fn tc_free_error(err: *mut c_char);
 
-    pub fn tc_store_new(
+    pub(super) fn tc_store_new(
         host: *const c_char,
         port: u16,
         is_server: c_int,
@@ -34,10 +34,10 @@ extern "C" {
         prefix: *const c_char,
         out: *mut *mut RawStore,
     ) -> *mut c_char;
-    pub fn tc_store_port(store: *const RawStore) -> u16;
-    pub fn tc_store_free(store: *mut RawStore);
+    pub(super) fn tc_store_port(store: *const RawStore) -> u16;
+    pub(super) fn tc_store_free(store: *mut RawStore);
 
-    pub fn tc_pg_gloo_new(
+    pub(super) fn tc_pg_gloo_new(
         store: *mut RawStore,
         rank: c_int,
         world_size: c_int,
@@ -45,49 +45,49 @@ extern "C" {
         timeout_ms: i64,
         out: *mut *mut RawProcessGroup,
     ) -> *mut c_char;
-    pub fn tc_nccl_available() -> c_int;
-    pub fn tc_pg_nccl_new(
+    pub(super) fn tc_nccl_available() -> c_int;
+    pub(super) fn tc_pg_nccl_new(
         store: *mut RawStore,
         rank: c_int,
         world_size: c_int,
         timeout_ms: i64,
         out: *mut *mut RawProcessGroup,
     ) -> *mut c_char;
-    pub fn tc_pg_free(pg: *mut RawProcessGroup);
+    pub(super) fn tc_pg_free(pg: *mut RawProcessGroup);
 
-    pub fn tc_all_gather_base(
+    pub(super) fn tc_all_gather_base(
         pg: *mut RawProcessGroup,
         out_full: *mut C_tensor,
         in_shard: *mut C_tensor,
         work: *mut *mut RawWork,
     ) -> *mut c_char;
-    pub fn tc_reduce_scatter_base(
+    pub(super) fn tc_reduce_scatter_base(
         pg: *mut RawProcessGroup,
         out_shard: *mut C_tensor,
         in_full: *mut C_tensor,
         work: *mut *mut RawWork,
     ) -> *mut c_char;
-    pub fn tc_all_reduce_sum(
+    pub(super) fn tc_all_reduce_sum(
         pg: *mut RawProcessGroup,
         tensor: *mut C_tensor,
         work: *mut *mut RawWork,
     ) -> *mut c_char;
-    pub fn tc_broadcast(
+    pub(super) fn tc_broadcast(
         pg: *mut RawProcessGroup,
         tensor: *mut C_tensor,
         root: c_int,
         work: *mut *mut RawWork,
     ) -> *mut c_char;
-    pub fn tc_barrier(pg: *mut RawProcessGroup, work: *mut *mut RawWork) -> *mut c_char;
-    pub fn tc_work_wait(work: *mut RawWork, timeout_ms: i64) -> *mut c_char;
-    pub fn tc_work_free(work: *mut RawWork);
+    pub(super) fn tc_barrier(pg: *mut RawProcessGroup, work: *mut *mut RawWork) -> *mut c_char;
+    pub(super) fn tc_work_wait(work: *mut RawWork, timeout_ms: i64) -> *mut c_char;
+    pub(super) fn tc_work_free(work: *mut RawWork);
 }
 
 /// Turns a shim error pointer into `Err(message)` and frees it; null is `Ok(())`.
 ///
 /// # Safety
 /// `err` must be null or a string returned by one of the shim's functions, not yet freed.
-pub unsafe fn take_error(err: *mut c_char) -> Result<(), String> {
+pub(super) unsafe fn take_error(err: *mut c_char) -> Result<(), String> {
     if err.is_null() {
         return Ok(());
     }

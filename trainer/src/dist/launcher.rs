@@ -61,13 +61,13 @@ pub enum LaunchError {
     CurrentExe(std::io::Error),
     #[error("cannot find a free TCP port for the rendezvous: {0}")]
     Port(std::io::Error),
-    #[error("cannot start rank {rank} ({program}): {source}")]
+    #[error("cannot start rank {rank} ({program})")]
     Spawn {
         rank: usize,
         program: String,
         source: std::io::Error,
     },
-    #[error("waiting for rank {rank} failed: {source}")]
+    #[error("waiting for rank {rank} failed")]
     Wait { rank: usize, source: std::io::Error },
     #[error("rank {rank} {status}; stopped the other {stopped} rank(s)")]
     RankFailed {
@@ -81,14 +81,15 @@ pub enum LaunchError {
     Runtime(std::io::Error),
 }
 
-/// Blocking entry point: runs `launch` on a small tokio runtime.
-pub fn run(spec: LaunchSpec) -> Result<(), LaunchError> {
+/// Starts the ranks and supervises them until all succeed or one fails (blocking: runs
+/// [`run_ranks`] on a small tokio runtime).
+pub fn launch(spec: LaunchSpec) -> Result<(), LaunchError> {
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
         .map_err(LaunchError::Runtime)?
-        .block_on(launch(spec))
+        .block_on(run_ranks(spec))
 }
 
 /// Removes `--nproc N` / `--nproc=N` from a command line so ranks do not launch again.
@@ -108,7 +109,7 @@ pub fn args_without_nproc(args: impl IntoIterator<Item = OsString>) -> Vec<OsStr
 }
 
 /// Starts the ranks and supervises them until all succeed or one fails.
-pub async fn launch(spec: LaunchSpec) -> Result<(), LaunchError> {
+async fn run_ranks(spec: LaunchSpec) -> Result<(), LaunchError> {
     if spec.nproc == 0 {
         return Err(LaunchError::NoRanks);
     }

@@ -4,13 +4,14 @@
 //! 1. `RankEnv::from_env` reads RANK / WORLD_SIZE / LOCAL_RANK / MASTER_ADDR / MASTER_PORT.
 //! 2. `init_process_group` connects to the TCPStore that rank 0 hosts and builds a gloo (CPU)
 //!    or NCCL (CUDA, feature `cuda`) process group whose collectives all carry a timeout.
-//! 3. `launcher::launch` starts N local ranks with those variables set, prefixes their log
+//! 3. [`launch`] starts N local ranks with those variables set, prefixes their log
 //!    lines with the rank, and stops the others when one fails.
 mod ffi;
-pub mod launcher;
-pub mod process_group;
-pub mod store;
+mod launcher;
+mod process_group;
+mod store;
 
+pub use launcher::{args_without_nproc, launch, LaunchError, LaunchSpec, LogSink, Stream};
 pub use process_group::{cuda_device_for, Backend, ProcessGroup, Work};
 pub use store::{RankEnv, Store};
 

@@ -346,23 +346,47 @@ impl Work {
         // SAFETY: raw is a live work handle.
         let err = unsafe { ffi::tc_work_wait(self.raw, millis(self.timeout)) };
         let result = unsafe { ffi::take_error(err) }.and_then(|()| self.staged.copy_back());
-        result.map_err(|message| {
-            let lower = message.to_lowercase();
-            DistError::Collective {
-                rank: self.rank,
-                op: self.op,
-                unit: self.unit.clone(),
-                timed_out: lower.contains("timed out") || lower.contains("timeout"),
-                timeout: self.timeout,
-                message,
-            }
+        result.map_err(|message| DistError::Collective {
+            rank: self.rank,
+            op: self.op,
+            unit: self.unit.clone(),
+            timed_out: reports_timeout(&message),
+            timeout: self.timeout,
+            message,
         })
     }
+}
+
+/// Whether a failed wait's message says the collective timed out. c10d gives no typed
+/// timeout: `Work::wait` raises a plain `c10::Error` ("Operation timed out!"), gloo a
+/// `gloo::IoException` ("Timed out waiting ... for recv operation"), NCCL's watchdog a
+/// `DistBackendError` whose text names the timeout; connection failures share those exception
+/// types. So the text is all there is to tell a peer that never joined from one that died.
+fn reports_timeout(message: &str) -> bool {
+    let lower = message.to_lowercase();
+    lower.contains("timed out") || lower.contains("timeout")
 }
 
 impl Drop for Work {
     fn drop(&mut self) {
         // SAFETY: raw came from the shim and is freed once.
         unsafe { ffi::tc_work_free(self.raw) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::reports_timeout;
+
+    #[test]
+    fn timeouts_are_told_from_dead_peers_by_the_backends_texts() {
+        assert!(reports_timeout("Operation timed out!"));
+        assert!(reports_timeout(
+            "[gloo/transport/tcp/pair.cc:534] Timed out waiting 2000ms for recv operation to \
+             complete"
+        ));
+        assert!(!reports_timeout(
+            "[gloo/transport/tcp/pair.cc:598] Connection closed by peer [127.0.0.1]:36143"
+        ));
     }
 }

@@ -8,7 +8,7 @@ use tch::Tensor;
 
 /// Gathered (full) buffers and in-flight gathers of one rank.
 #[derive(Default)]
-pub struct Gathered {
+pub(super) struct Gathered {
     pub full: HashMap<usize, Tensor>,
     pending: HashMap<usize, (Tensor, Work)>,
     pub bytes: u64,
@@ -18,7 +18,7 @@ pub struct Gathered {
 impl Gathered {
     /// Starts gathering every buffer unit `unit` reads that is neither gathered nor in flight.
     /// Without sharding the shard is the whole buffer and nothing is sent.
-    pub fn issue(
+    pub(super) fn issue(
         &mut self,
         flat: &FlatParams,
         unit: usize,
@@ -45,7 +45,7 @@ impl Gathered {
     }
 
     /// Issues (if needed) and waits for unit `unit`'s buffers.
-    pub fn ready(
+    pub(super) fn ready(
         &mut self,
         flat: &FlatParams,
         unit: usize,
@@ -64,7 +64,13 @@ impl Gathered {
     }
 
     /// Frees unit `unit`'s gathered buffers except those in `keep`.
-    pub fn release(&mut self, flat: &FlatParams, unit: usize, keep: &[usize], sharded: bool) {
+    pub(super) fn release(
+        &mut self,
+        flat: &FlatParams,
+        unit: usize,
+        keep: &[usize],
+        sharded: bool,
+    ) {
         for b in &flat.unit_buffers[unit] {
             if keep.contains(b) {
                 continue;

@@ -1,18 +1,18 @@
 //! FSDP over c10d: flat sharded unit buffers, gather / free, recompute, reduce-scatter.
 //!
-//! 1. [`flat_param`]: each unit's parameters flatten into a frozen and a trainable buffer padded
+//! 1. `flat_param.rs`: each unit's parameters flatten into a frozen and a trainable buffer padded
 //!    to a multiple of W; rank r keeps shard r (a tied parameter lives once, in its first unit).
-//! 2. [`engine::Fsdp::forward_backward`]: forward runs every unit that `runs_on` the micro-batch
+//! 2. [`Fsdp::forward_backward`]: forward runs every unit that `runs_on` the micro-batch
 //!    under no_grad, gathering the next unit's buffers while the current one computes; backward
 //!    re-gathers (FULL_SHARD), recomputes each unit from its saved input, back-propagates the
 //!    upstream gradient and reduce-scatters parameter gradients into the shards. The frozen
 //!    prefix (units before the first trainable one) runs no backward at all.
-//! 3. [`engine::Fsdp::step`]: one all-reduce of (squared grad norm, loss), clipping, and
-//!    [`optim::ShardedAdamW`] on the shards.
-pub mod engine;
-pub mod flat_param;
-pub mod gather;
-pub mod optim;
+//! 3. [`Fsdp::step`]: one all-reduce of (squared grad norm, loss), clipping, and
+//!    `ShardedAdamW` (`optim.rs`) on the shards.
+mod engine;
+mod flat_param;
+mod gather;
+mod optim;
 mod state;
 
 pub use engine::{Fsdp, FsdpConfig, MemoryReport, StepStats};
@@ -43,7 +43,7 @@ pub enum FsdpError {
     Dist(#[from] DistError),
     #[error("parameter `{name}`: {message}")]
     Layout { name: String, message: String },
-    #[error("rank {rank}: unit '{unit}': {source}")]
+    #[error("rank {rank}: unit '{unit}'")]
     Torch {
         rank: usize,
         unit: String,

@@ -54,14 +54,14 @@ pub(crate) struct ShardState {
 }
 
 /// AdamW state of every trainable shard on this rank.
-pub struct ShardedAdamW {
+pub(super) struct ShardedAdamW {
     pub config: AdamWConfig,
     pub step: i64,
     pub(crate) states: Vec<ShardState>,
 }
 
 impl ShardedAdamW {
-    pub fn new(config: AdamWConfig, buffers: &[FlatBuffer]) -> Self {
+    pub(super) fn new(config: AdamWConfig, buffers: &[FlatBuffer]) -> Self {
         let mut states = Vec::new();
         for (index, b) in buffers.iter().enumerate().filter(|(_, b)| b.trainable) {
             states.push(ShardState {
@@ -79,7 +79,7 @@ impl ShardedAdamW {
     }
 
     /// Bytes of optimizer state held on this rank.
-    pub fn bytes(&self) -> u64 {
+    pub(super) fn bytes(&self) -> u64 {
         self.states
             .iter()
             .map(|s| tensor_bytes(&s.exp_avg) + tensor_bytes(&s.exp_avg_sq))
@@ -88,7 +88,12 @@ impl ShardedAdamW {
 
     /// One update of every shard from `grads` (indexed like the buffers); the learning rates are
     /// the configured ones times `lr_factor` (the schedule).
-    pub fn update(&mut self, buffers: &[FlatBuffer], grads: &[Option<Tensor>], lr_factor: f64) {
+    pub(super) fn update(
+        &mut self,
+        buffers: &[FlatBuffer],
+        grads: &[Option<Tensor>],
+        lr_factor: f64,
+    ) {
         self.step += 1;
         let (b1, b2) = self.config.betas;
         let bias1 = 1.0 - b1.powi(self.step as i32);

@@ -6,7 +6,7 @@ use tch::{Kind, Tensor};
 /// query t sees key s when both belong to the same packed sample (equal, non-negative
 /// `segment_ids`) and s <= t. Padding tokens (segment -1) see only themselves, so no softmax
 /// row is empty (an empty row would be NaN, and NaN·0 leaks into real tokens' values).
-pub fn block_causal_mask(segment_ids: &Tensor) -> Tensor {
+pub(super) fn block_causal_mask(segment_ids: &Tensor) -> Tensor {
     let len = segment_ids.size()[1];
     let device = segment_ids.device();
     let q = segment_ids.unsqueeze(2);
@@ -19,7 +19,7 @@ pub fn block_causal_mask(segment_ids: &Tensor) -> Tensor {
 
 /// `softmax(q kᵀ · head_dim^-0.5 + mask) v` for `q` `[b, heads, len, hd]` and `k`, `v`
 /// `[b, kv_heads, len, hd]`; kv heads are repeated (repeat_interleave) to match q's heads.
-pub fn attend(q: &Tensor, k: &Tensor, v: &Tensor, mask: Option<&Tensor>) -> Tensor {
+pub(super) fn attend(q: &Tensor, k: &Tensor, v: &Tensor, mask: Option<&Tensor>) -> Tensor {
     let heads = q.size()[1];
     let kv_heads = k.size()[1];
     let (k, v) = if heads != kv_heads {

@@ -2,8 +2,9 @@
 //! device: ids, labels, the block-diagonal causal mask of the packed rows, rotary tables from
 //! the per-sample positions, the placeholder positions, and the normalised pixels.
 use super::attention::block_causal_mask;
+use super::config::{Qwen2Config, SiglipVisionConfig};
 use super::rope::rotary_tables;
-use super::vlm::Vlm;
+use super::siglip;
 use super::{ModelError, Result};
 use pipeline::{MicroBatch, IGNORE_INDEX};
 use tch::{Device, Kind, Tensor};
@@ -27,7 +28,8 @@ pub struct VlmCtx {
     pub targets: Tensor,
     /// Number of supervised positions.
     pub supervised: i64,
-    /// Normalised pixels `[n, 3, s, s]` f32 ((x/255 − 0.5)/0.5), `None` without images.
+    /// Normalised pixels `[n, 3, s, s]` f32 (see [`siglip::normalize_pixels`]), `None` without
+    /// images.
     pub pixel_values: Option<Tensor>,
     /// LoRA dropout seed for this micro-batch; `None` (the default) runs without dropout.
     pub dropout_seed: Option<u64>,
@@ -35,9 +37,15 @@ pub struct VlmCtx {
 }
 
 impl VlmCtx {
-    /// Validates `mb` against the model (lengths, token ids, image size, placeholder count)
-    /// and builds the context on `device`.
-    pub fn new(mb: &MicroBatch, vlm: &Vlm, device: Device) -> Result<Self> {
+    /// Validates `mb` against the model's configs and placeholder id (lengths, token ids,
+    /// image size, placeholder count) and builds the context on `device`.
+    pub fn new(
+        mb: &MicroBatch,
+        vision: &SiglipVisionConfig,
+        lm: &Qwen2Config,
+        image_token_id: i64,
+        device: Device,
+    ) -> Result<Self> {
         let bad = |reason: String| ModelError::BadBatch {
             samples: mb.sample_ids.clone(),
             reason,
@@ -55,7 +63,7 @@ impl VlmCtx {
                 )));
             }
         }
-        let vocab = vlm.lm.vocab_size;
+        let vocab = lm.vocab_size;
         if let Some(id) = mb.input_ids.iter().find(|&&id| id < 0 || id >= vocab) {
             return Err(bad(format!(
                 "token id {id} is outside the vocabulary of {vocab}"
@@ -70,13 +78,13 @@ impl VlmCtx {
                 "label {l} is outside the vocabulary of {vocab}"
             )));
         }
-        if mb.labels.contains(&vlm.options.image_token_id) {
+        if mb.labels.contains(&image_token_id) {
             return Err(bad(
                 "a label is the image placeholder id; image positions must not be targets".into(),
             ));
         }
         let placeholders: Vec<i64> = (0..n as i64)
-            .filter(|&i| mb.input_ids[i as usize] == vlm.options.image_token_id)
+            .filter(|&i| mb.input_ids[i as usize] == image_token_id)
             .collect();
         let expected = mb.num_images * mb.image_tokens;
         if placeholders.len() != expected {
@@ -88,13 +96,13 @@ impl VlmCtx {
             )));
         }
         let pixel_values = if mb.num_images > 0 {
-            let side = vlm.vision.image_size;
-            if mb.image_size as i64 != side || mb.image_tokens as i64 != vlm.vision.num_patches() {
+            let side = vision.image_size;
+            if mb.image_size as i64 != side || mb.image_tokens as i64 != vision.num_patches() {
                 return Err(bad(format!(
                     "images are {}px with {} tokens; the vision tower takes {side}px and makes {} tokens",
                     mb.image_size,
                     mb.image_tokens,
-                    vlm.vision.num_patches()
+                    vision.num_patches()
                 )));
             }
             let numel = mb.num_images * 3 * mb.image_size * mb.image_size;
@@ -106,7 +114,7 @@ impl VlmCtx {
             }
             let shape = [mb.num_images as i64, 3, side, side];
             let raw = Tensor::from_slice(&mb.pixels).view(shape).to_device(device);
-            Some((raw.to_kind(Kind::Float) / 255.0 - 0.5) / 0.5)
+            Some(siglip::normalize_pixels(&raw))
         } else {
             None
         };
@@ -117,7 +125,7 @@ impl VlmCtx {
         let segments = Tensor::from_slice(&mb.segment_ids)
             .view(shape)
             .to_device(device);
-        let (cos, sin) = rotary_tables(&positions, vlm.lm.head_dim(), vlm.lm.rope_theta());
+        let (cos, sin) = rotary_tables(&positions, lm.head_dim(), lm.rope_theta());
         let supervised: Vec<i64> = (0..n as i64)
             .filter(|&i| mb.labels[i as usize] != IGNORE_INDEX)
             .collect();

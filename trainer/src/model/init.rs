@@ -109,7 +109,7 @@ fn is_norm_weight(spec: &ParamSpec) -> bool {
 }
 
 /// Norm weights 1 + N(0, std²), everything else N(0, std²).
-pub fn uniform_draw(spec: &ParamSpec, std: f64) -> Draw {
+pub(super) fn uniform_draw(spec: &ParamSpec, std: f64) -> Draw {
     let offset = if is_norm_weight(spec) { 1.0 } else { 0.0 };
     Draw { offset, std }
 }
@@ -144,7 +144,7 @@ pub fn random_params(specs: &[ParamSpec], seed: u64, std: f64) -> ParamMap {
 }
 
 /// Seeded tensors for `specs`, each drawn as `draw` says.
-pub fn random_params_by(
+pub(super) fn random_params_by(
     specs: &[ParamSpec],
     seed: u64,
     draw: impl Fn(&ParamSpec) -> Draw,
@@ -177,7 +177,7 @@ pub fn random_params_by(
 pub fn lm_checkpoint_specs(cfg: &Qwen2Config) -> Vec<ParamSpec> {
     let mut specs = qwen2::embed_specs(cfg);
     for i in 0..cfg.num_hidden_layers {
-        specs.extend(qwen2::layer_specs(cfg, i, None));
+        specs.extend(qwen2::DecoderLayer::new(cfg, i).specs(None));
     }
     specs.extend(
         qwen2::head_specs(cfg, cfg.tie_word_embeddings)
@@ -188,7 +188,7 @@ pub fn lm_checkpoint_specs(cfg: &Qwen2Config) -> Vec<ParamSpec> {
 }
 
 /// `config.json` of a `SiglipVisionModel` without pooling head.
-pub fn vision_config_json(cfg: &SiglipVisionConfig) -> serde_json::Value {
+pub(super) fn vision_config_json(cfg: &SiglipVisionConfig) -> serde_json::Value {
     serde_json::json!({
         "architectures": ["SiglipVisionModel"],
         "model_type": "siglip_vision_model",
@@ -208,7 +208,7 @@ pub fn vision_config_json(cfg: &SiglipVisionConfig) -> serde_json::Value {
 }
 
 /// `config.json` of a `Qwen2ForCausalLM` (top-level `rope_theta`, as released Qwen2.5 configs).
-pub fn lm_config_json(cfg: &Qwen2Config) -> serde_json::Value {
+pub(super) fn lm_config_json(cfg: &Qwen2Config) -> serde_json::Value {
     serde_json::json!({
         "architectures": ["Qwen2ForCausalLM"],
         "model_type": "qwen2",
@@ -242,7 +242,7 @@ fn write_dir(dir: &Path, config: &serde_json::Value, params: &ParamMap) -> Resul
         source,
     })?;
     std::fs::write(&path, text + "\n").map_err(|source| ModelError::Io { path, source })?;
-    weights::save(&dir.join(weights::SINGLE_FILE), params)
+    weights::save_safetensors(&dir.join(weights::SINGLE_FILE), params)
 }
 
 /// Writes `out/vision` and `out/lm` for `preset`; returns the number of parameters written.
@@ -262,7 +262,7 @@ pub fn write_checkpoints(
 }
 
 /// Writes `out/vision` (N(0, 0.02²)) and `out/lm` (drawn as `lm_init` says).
-pub fn write_checkpoints_with(
+pub(super) fn write_checkpoints_with(
     out: &Path,
     vision: &SiglipVisionConfig,
     lm: &Qwen2Config,

@@ -2,14 +2,15 @@
 //! (kaiming-uniform a=√5, i.e. U(±1/√in)), `lora_B` `[out, r]` (zeros), output
 //! base(x) + B(A(dropout(x)))·(alpha/r), merged W' = W + (alpha/r)·B·A. Inside tessera the
 //! parameters are named `{module}.lora_A.weight`; PEFT's files prefix `base_model.model.`.
-use super::config::{LoraConfig, Qwen2Config};
+//! The model passes in the linear layers an adapter may sit on; this file knows no model.
+use super::config::LoraConfig;
+use super::keys::{KeyPath, LinearKeys};
 use super::projector::uniform;
-use super::qwen2::linear_layers;
 use super::{param, weights, ModelError, Result};
 use crate::unit::{ParamMap, ParamSpec};
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 use tch::Tensor;
 
@@ -17,43 +18,54 @@ pub const ADAPTER_WEIGHTS: &str = "adapter_model.safetensors";
 pub const ADAPTER_CONFIG: &str = "adapter_config.json";
 const PEFT_PREFIX: &str = "base_model.model.";
 
+const LORA_A: &str = "lora_A.weight";
+const LORA_B: &str = "lora_B.weight";
+
 /// Whether `module` (`model.layers.3.mlp.up_proj`) carries an adapter under `cfg`.
-pub fn targets(cfg: &LoraConfig, module: &str) -> bool {
-    let leaf = module.rsplit('.').next().unwrap_or(module);
-    cfg.target_modules.iter().any(|t| t == leaf)
+pub(crate) fn targets(cfg: &LoraConfig, module: &KeyPath) -> bool {
+    cfg.target_modules.iter().any(|t| t == module.leaf())
 }
 
-/// Adapter parameters of decoder layer `i` (trainable).
-pub fn layer_specs(lm: &Qwen2Config, i: i64, cfg: &LoraConfig) -> Vec<ParamSpec> {
+/// Adapter parameters (trainable) of those of `linears` that `cfg` targets.
+pub(crate) fn adapter_specs(linears: &[&LinearKeys], cfg: &LoraConfig) -> Vec<ParamSpec> {
     let mut specs = Vec::new();
-    for (module, out, inp, _) in linear_layers(lm, i) {
-        if targets(cfg, &module) {
-            specs.push(ParamSpec {
-                name: format!("{module}.lora_A.weight"),
-                shape: vec![cfg.r, inp],
-                trainable: true,
-            });
-            specs.push(ParamSpec {
-                name: format!("{module}.lora_B.weight"),
-                shape: vec![out, cfg.r],
-                trainable: true,
-            });
-        }
+    for linear in linears.iter().filter(|l| targets(cfg, &l.path)) {
+        specs.push(ParamSpec {
+            name: linear.path.key(LORA_A),
+            shape: vec![cfg.r, linear.in_features],
+            trainable: true,
+        });
+        specs.push(ParamSpec {
+            name: linear.path.key(LORA_B),
+            shape: vec![linear.out_features, cfg.r],
+            trainable: true,
+        });
     }
     specs
 }
 
+/// The module an adapter key belongs to (`m` of `m.lora_A.weight`), `None` for other keys.
+fn adapted_module(key: &str) -> Option<&str> {
+    key.strip_suffix(LORA_A)
+        .or_else(|| key.strip_suffix(LORA_B))
+        .and_then(|m| m.strip_suffix('.'))
+}
+
+fn is_adapter(key: &str) -> bool {
+    adapted_module(key).is_some()
+}
+
 /// B(A(dropout(x)))·(alpha/r). With `dropout_seed`, the dropout mask is drawn after seeding
 /// torch's generator with it, so recomputing the same unit draws the same mask.
-pub fn delta(
+pub(crate) fn delta(
     cfg: &LoraConfig,
     params: &ParamMap,
-    module: &str,
+    module: &KeyPath,
     x: &Tensor,
     dropout_seed: Option<u64>,
 ) -> Tensor {
-    let a = param(params, &format!("{module}.lora_A.weight"));
-    let b = param(params, &format!("{module}.lora_B.weight"));
+    let a = param(params, &module.key(LORA_A));
+    let b = param(params, &module.key(LORA_B));
     let x = match dropout_seed {
         Some(seed) if cfg.lora_dropout > 0.0 => {
             tch::manual_seed((seed >> 1) as i64);
@@ -64,19 +76,18 @@ pub fn delta(
     x.linear::<Tensor>(a, None).linear::<Tensor>(b, None) * cfg.scaling()
 }
 
-/// Fresh adapters for every layer (PEFT init), seeded.
-pub fn init(lm: &Qwen2Config, cfg: &LoraConfig, seed: u64) -> ParamMap {
+/// Fresh values (PEFT init), seeded, for the adapter parameters among `specs` (the model's
+/// parameter specs; the others are skipped): `lora_A` uniform in ±1/√in, `lora_B` zeros.
+pub fn init_adapters(specs: &[ParamSpec], seed: u64) -> ParamMap {
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let mut out = BTreeMap::new();
-    for i in 0..lm.num_hidden_layers {
-        for spec in layer_specs(lm, i, cfg) {
-            let t = if spec.name.ends_with("lora_A.weight") {
-                uniform(&spec.shape, 1.0 / (spec.shape[1] as f64).sqrt(), &mut rng)
-            } else {
-                Tensor::zeros(spec.shape.as_slice(), (tch::Kind::Float, tch::Device::Cpu))
-            };
-            out.insert(spec.name, t);
-        }
+    for spec in specs.iter().filter(|s| is_adapter(&s.name)) {
+        let t = if spec.name.ends_with(LORA_A) {
+            uniform(&spec.shape, 1.0 / (spec.shape[1] as f64).sqrt(), &mut rng)
+        } else {
+            Tensor::zeros(spec.shape.as_slice(), (tch::Kind::Float, tch::Device::Cpu))
+        };
+        out.insert(spec.name.clone(), t);
     }
     out
 }
@@ -95,10 +106,10 @@ pub fn save_adapter(
     })?;
     let adapters: ParamMap = params
         .iter()
-        .filter(|(k, _)| k.contains(".lora_A.") || k.contains(".lora_B."))
+        .filter(|(k, _)| is_adapter(k))
         .map(|(k, t)| (format!("{PEFT_PREFIX}{k}"), t.detach()))
         .collect();
-    weights::save(&dir.join(ADAPTER_WEIGHTS), &adapters)?;
+    weights::save_safetensors(&dir.join(ADAPTER_WEIGHTS), &adapters)?;
     let config = serde_json::json!({
         "peft_type": "LORA",
         "task_type": "CAUSAL_LM",
@@ -135,7 +146,7 @@ pub fn load_adapter(dir: &Path) -> Result<(LoraConfig, ParamMap)> {
     let cfg: LoraConfig =
         serde_json::from_value(value).map_err(|source| ModelError::Json { path, source })?;
     cfg.validate()?;
-    let raw = weights::load_all(&dir.join(ADAPTER_WEIGHTS))?;
+    let raw = weights::load_safetensors(&dir.join(ADAPTER_WEIGHTS))?;
     let mut out = BTreeMap::new();
     for (key, t) in raw {
         let key = key
@@ -147,29 +158,25 @@ pub fn load_adapter(dir: &Path) -> Result<(LoraConfig, ParamMap)> {
     Ok((cfg, out))
 }
 
-/// Base weights with every adapter merged in (W' = W + (alpha/r)·B·A) and the adapter tensors
-/// removed: the plain Qwen2 checkpoint a user can load without PEFT.
-pub fn merge(lm: &Qwen2Config, cfg: &LoraConfig, params: &ParamMap) -> Result<ParamMap> {
+/// Base weights with every adapter in `params` merged in (W' = W + (alpha/r)·B·A) and the
+/// adapter tensors removed: the plain Qwen2 checkpoint a user can load without PEFT.
+pub fn merge_adapters(cfg: &LoraConfig, params: &ParamMap) -> Result<ParamMap> {
     let mut out: ParamMap = params
         .iter()
-        .filter(|(k, _)| !k.contains(".lora_A.") && !k.contains(".lora_B."))
+        .filter(|(k, _)| !is_adapter(k))
         .map(|(k, t)| (k.clone(), t.detach().copy()))
         .collect();
-    for i in 0..lm.num_hidden_layers {
-        for (module, _, _, _) in linear_layers(lm, i) {
-            if !targets(cfg, &module) {
-                continue;
-            }
-            let get = |suffix: &str| {
-                let key = format!("{module}.{suffix}");
-                params.get(&key).ok_or(ModelError::InvalidConfig(format!(
-                    "cannot merge: `{key}` is missing"
-                )))
-            };
-            let (a, b, w) = (get("lora_A.weight")?, get("lora_B.weight")?, get("weight")?);
-            let merged = w.detach() + b.detach().matmul(&a.detach()) * cfg.scaling();
-            out.insert(format!("{module}.weight"), merged);
-        }
+    let modules: BTreeSet<&str> = params.keys().filter_map(|k| adapted_module(k)).collect();
+    for module in modules {
+        let get = |suffix: &str| {
+            let key = format!("{module}.{suffix}");
+            params.get(&key).ok_or(ModelError::InvalidConfig(format!(
+                "cannot merge: `{key}` is missing"
+            )))
+        };
+        let (a, b, w) = (get(LORA_A)?, get(LORA_B)?, get("weight")?);
+        let merged = w.detach() + b.detach().matmul(&a.detach()) * cfg.scaling();
+        out.insert(format!("{module}.weight"), merged);
     }
     Ok(out)
 }

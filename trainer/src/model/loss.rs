@@ -12,7 +12,7 @@
 use tch::{Kind, Tensor};
 
 /// Chunk length keeping one chunk's logits near 64 Mi elements (256 MB in f32).
-pub fn default_chunk(vocab: i64) -> i64 {
+pub(super) fn default_chunk(vocab: i64) -> i64 {
     ((1i64 << 26) / vocab.max(1)).max(1)
 }
 

@@ -1,31 +1,47 @@
 //! The LLaVA-architecture model in tch, written in the functional style FSDP needs: no layer
-//! owns storage; every forward reads full tensors from a [`ParamMap`](crate::unit::ParamMap)
+//! owns storage; every forward reads full tensors from a [`ParamMap`](crate::ParamMap)
 //! keyed by Hugging Face checkpoint names.
 //!
-//! 1. [`config`]: `config.json` structs (HF field names, HF defaults for sparse Hub configs).
-//! 2. [`weights`]: safetensors loading (single file or sharded index) and writing.
-//! 3. [`siglip`] (vision tower), [`projector`] (`mlp2x_gelu`), [`qwen2`] (the LM, with
-//!    [`rope`], [`attention`] and [`lora`] adapters), [`loss`] (chunked cross-entropy).
-//! 4. [`vlm`]: the unit chain (`vision`, `projector`, `embed`, `layers.{i}`, `head`) that FSDP
-//!    runs, the per-micro-batch context [`VlmCtx`], and [`Vlm::loss`], the plain composition.
-//! 5. [`init`]: random-weight checkpoints for `tessera init-model`.
-pub mod attention;
-pub mod config;
-pub mod ctx;
-pub mod init;
-pub mod lora;
-pub mod loss;
-pub mod projector;
-pub mod qwen2;
-pub mod rope;
-pub mod siglip;
-pub mod throughput;
-pub mod units;
-pub mod vlm;
-pub mod weights;
+//! 1. `config.rs`: `config.json` structs (HF field names, HF defaults for sparse Hub configs).
+//! 2. `weights.rs`: safetensors loading (single file or sharded index) and writing.
+//! 3. `siglip.rs` (vision tower), `projector.rs` (`mlp2x_gelu`), `qwen2.rs` (the LM, with
+//!    `rope.rs`, `attention.rs` and `lora.rs` adapters), `loss.rs` (chunked cross-entropy);
+//!    `keys.rs` builds their checkpoint keys as paths, each spelled once.
+//! 4. `vlm.rs`: the unit chain (`vision`, `projector`, `embed`, `layers.{i}`, `head`) that FSDP
+//!    runs over the per-micro-batch context [`VlmCtx`] (`ctx.rs`), and [`Vlm::loss`], the plain
+//!    composition.
+//! 5. `init.rs`: random-weight checkpoints for `tessera init-model`; `throughput.rs` (feature
+//!    `bench`): the forward+backward measurement of `benches/model.rs`.
+mod attention;
+mod config;
+mod ctx;
+mod init;
+mod keys;
+mod lora;
+mod loss;
+mod projector;
+mod qwen2;
+mod rope;
+mod siglip;
+#[cfg(feature = "bench")]
+mod throughput;
+mod units;
+mod vlm;
+mod weights;
 
-pub use config::{LoraConfig, Qwen2Config, SiglipVisionConfig};
-pub use vlm::{Vlm, VlmCtx, VlmOptions};
+pub use config::{LoraConfig, Qwen2Config, RopeParameters, SiglipVisionConfig};
+pub use ctx::VlmCtx;
+pub use init::{
+    lm_checkpoint_specs, random_params, write_checkpoints, write_preset, Preset, INIT_STD,
+};
+pub use lora::{
+    init_adapters, load_adapter, merge_adapters, save_adapter, ADAPTER_CONFIG, ADAPTER_WEIGHTS,
+};
+pub use loss::{chunked_cross_entropy_sum, full_cross_entropy_sum};
+#[cfg(feature = "bench")]
+pub use throughput::{measure_throughput, peak_matmul_flops, ThroughputReport};
+pub use vlm::{Vlm, VlmOptions};
+pub use weights::{load_safetensors, save_safetensors, HfCheckpoint};
 
 use std::path::PathBuf;
 
@@ -33,12 +49,12 @@ use std::path::PathBuf;
 /// and tensor involved.
 #[derive(Debug, thiserror::Error)]
 pub enum ModelError {
-    #[error("{path}: {source}")]
+    #[error("{path}")]
     Io {
         path: PathBuf,
         source: std::io::Error,
     },
-    #[error("{path}: invalid JSON: {source}")]
+    #[error("{path}: invalid JSON")]
     Json {
         path: PathBuf,
         source: serde_json::Error,
@@ -69,11 +85,11 @@ pub enum ModelError {
         samples: Vec<String>,
         reason: String,
     },
-    #[error("torch: {0}")]
+    #[error("torch")]
     Torch(#[from] tch::TchError),
 }
 
-pub type Result<T, E = ModelError> = std::result::Result<T, E>;
+pub(crate) type Result<T, E = ModelError> = std::result::Result<T, E>;
 
 /// Reads a parameter a unit needs; a missing key is a bug in the caller (FSDP gathered the
 /// wrong unit), so it panics naming the key.

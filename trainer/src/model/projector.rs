@@ -9,10 +9,10 @@ use rand_chacha::ChaCha8Rng;
 use std::collections::BTreeMap;
 use tch::Tensor;
 
-pub const FC1: &str = "mm_projector.0";
-pub const FC2: &str = "mm_projector.2";
+pub(super) const FC1: &str = "mm_projector.0";
+pub(super) const FC2: &str = "mm_projector.2";
 
-pub fn param_specs(vision_hidden: i64, lm_hidden: i64, trainable: bool) -> Vec<ParamSpec> {
+pub(super) fn param_specs(vision_hidden: i64, lm_hidden: i64, trainable: bool) -> Vec<ParamSpec> {
     let s = |name: String, shape: Vec<i64>| ParamSpec {
         name,
         shape,
@@ -27,7 +27,7 @@ pub fn param_specs(vision_hidden: i64, lm_hidden: i64, trainable: bool) -> Vec<P
 }
 
 /// `[.., vision_hidden]` -> `[.., lm_hidden]`.
-pub fn forward(params: &ParamMap, features: &Tensor) -> Tensor {
+pub(super) fn forward(params: &ParamMap, features: &Tensor) -> Tensor {
     let h = features.linear(
         param(params, &format!("{FC1}.weight")),
         Some(param(params, &format!("{FC1}.bias"))),
@@ -40,7 +40,7 @@ pub fn forward(params: &ParamMap, features: &Tensor) -> Tensor {
 }
 
 /// Tensor of `shape` with values uniform in [-bound, bound), from a seeded stream.
-pub fn uniform(shape: &[i64], bound: f64, rng: &mut ChaCha8Rng) -> Tensor {
+pub(super) fn uniform(shape: &[i64], bound: f64, rng: &mut ChaCha8Rng) -> Tensor {
     let n: i64 = shape.iter().product();
     let values: Vec<f32> = (0..n)
         .map(|_| rng.gen_range(-bound..bound) as f32)
@@ -49,7 +49,7 @@ pub fn uniform(shape: &[i64], bound: f64, rng: &mut ChaCha8Rng) -> Tensor {
 }
 
 /// PyTorch `nn.Linear` default init for the two layers (kaiming-uniform a=√5 = U(±1/√fan_in)).
-pub fn init(vision_hidden: i64, lm_hidden: i64, seed: u64) -> ParamMap {
+pub(super) fn init(vision_hidden: i64, lm_hidden: i64, seed: u64) -> ParamMap {
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let mut out = BTreeMap::new();
     for (key, fan_in, fan_out) in [(FC1, vision_hidden, lm_hidden), (FC2, lm_hidden, lm_hidden)] {

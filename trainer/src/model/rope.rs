@@ -5,7 +5,7 @@ use tch::{Kind, Tensor};
 
 /// Cos and sin tables for `positions` `[rows, len]` (i64): each `[rows, 1, len, head_dim]`, f32,
 /// broadcasting over the head axis of `[rows, heads, len, head_dim]` queries and keys.
-pub fn rotary_tables(positions: &Tensor, head_dim: i64, theta: f64) -> (Tensor, Tensor) {
+pub(super) fn rotary_tables(positions: &Tensor, head_dim: i64, theta: f64) -> (Tensor, Tensor) {
     let device = positions.device();
     let exponent = Tensor::arange_start_step(0, head_dim, 2, (Kind::Int64, device))
         .to_kind(Kind::Float)
@@ -25,6 +25,6 @@ fn rotate_half(x: &Tensor) -> Tensor {
 }
 
 /// Applies the rotation to `x` `[rows, heads, len, head_dim]`.
-pub fn apply_rotary(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Tensor {
+pub(super) fn apply_rotary(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Tensor {
     x * cos + rotate_half(x) * sin
 }

@@ -2,7 +2,7 @@
 //! FLOP/s measured in the same run by a large libtorch matmul (the `benches/model.rs` bench).
 //! The model runs as a full fine-tune of projector + LM (every LM weight trainable), so its
 //! FLOPs are the textbook 6·N·T for the matmul weights plus the attention products.
-use super::init::{random_params, Preset};
+use super::init::{random_params, Preset, INIT_STD};
 use super::{Result, Vlm, VlmOptions};
 use pipeline::{MicroBatch, IGNORE_INDEX};
 use std::time::Instant;
@@ -94,7 +94,7 @@ pub fn peak_matmul_flops(n: i64, repeats: usize) -> f64 {
 
 /// Measures `steps` forward+backward passes (after one warm-up) of `preset` on
 /// `rows × row_len` tokens with `threads` intra-op threads.
-pub fn measure(
+pub fn measure_throughput(
     preset: Preset,
     threads: i32,
     rows: usize,
@@ -104,14 +104,14 @@ pub fn measure(
     tch::set_num_threads(threads);
     let (vision, lm) = preset.configs();
     let vlm = Vlm::new(vision, lm, true, VlmOptions::default())?;
-    let mut params = random_params(&vlm.param_specs(), 0, super::init::INIT_STD);
+    let mut params = random_params(&vlm.param_specs(), 0, INIT_STD);
     for (name, t) in params.iter_mut() {
         if !name.starts_with("vision_model.") {
             *t = t.detach().set_requires_grad(true);
         }
     }
     let mb = packed_text_batch(rows, row_len, vlm.lm.vocab_size);
-    let run = |params: &crate::unit::ParamMap| -> Result<()> {
+    let run = |params: &crate::ParamMap| -> Result<()> {
         let (loss, _) = vlm.loss(params, &mb)?;
         loss.backward();
         for t in params.values() {

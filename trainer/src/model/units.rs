@@ -2,22 +2,24 @@
 //! `layers.{i}` and `head`. Each lists the parameters it reads and computes from them alone.
 use super::config::{LoraConfig, Qwen2Config, SiglipVisionConfig};
 use super::ctx::VlmCtx;
-use super::qwen2::{self, LayerInputs};
-use super::{loss, param, projector, siglip};
+use super::qwen2::{self, DecoderLayer, LayerInputs};
+use super::siglip::VisionTower;
+use super::{loss, param, projector};
 use crate::unit::{ParamMap, ParamSpec, Unit};
 use tch::{Kind, Tensor};
 
 /// Normalised pixels `[n, 3, s, s]` -> features of the layer before the last `[n, tokens, Dv]`.
-pub struct VisionUnit {
-    cfg: SiglipVisionConfig,
+pub(super) struct VisionUnit {
+    tower: VisionTower,
     specs: Vec<ParamSpec>,
 }
 
 impl VisionUnit {
-    pub fn new(cfg: &SiglipVisionConfig) -> Self {
+    pub(super) fn new(cfg: &SiglipVisionConfig) -> Self {
+        let tower = VisionTower::new(cfg);
         Self {
-            cfg: cfg.clone(),
-            specs: siglip::param_specs(cfg),
+            specs: tower.param_specs(),
+            tower,
         }
     }
 }
@@ -33,18 +35,18 @@ impl Unit<VlmCtx> for VisionUnit {
         ctx.has_images()
     }
     fn forward(&self, params: &ParamMap, input: &Tensor, _ctx: &VlmCtx) -> Tensor {
-        siglip::features(&self.cfg, params, input)
+        self.tower.features(params, input)
     }
 }
 
 /// Features `[n, tokens, Dv]` -> image tokens `[n * tokens, D]` (in placeholder order).
-pub struct ProjectorUnit {
+pub(super) struct ProjectorUnit {
     lm_hidden: i64,
     specs: Vec<ParamSpec>,
 }
 
 impl ProjectorUnit {
-    pub fn new(vision_hidden: i64, lm_hidden: i64, trainable: bool) -> Self {
+    pub(super) fn new(vision_hidden: i64, lm_hidden: i64, trainable: bool) -> Self {
         Self {
             lm_hidden,
             specs: projector::param_specs(vision_hidden, lm_hidden, trainable),
@@ -69,12 +71,12 @@ impl Unit<VlmCtx> for ProjectorUnit {
 
 /// Image tokens `[n * tokens, D]` (or an empty tensor) -> input embeddings `[rows, len, D]`
 /// with the image tokens written at the placeholder positions, in order.
-pub struct EmbedUnit {
+pub(super) struct EmbedUnit {
     specs: Vec<ParamSpec>,
 }
 
 impl EmbedUnit {
-    pub fn new(cfg: &Qwen2Config) -> Self {
+    pub(super) fn new(cfg: &Qwen2Config) -> Self {
         Self {
             specs: qwen2::embed_specs(cfg),
         }
@@ -105,22 +107,23 @@ impl Unit<VlmCtx> for EmbedUnit {
 }
 
 /// Decoder layer `i` (with its LoRA adapters, the trainable parameters of stage 2).
-pub struct LayerUnit {
+pub(super) struct LayerUnit {
     cfg: Qwen2Config,
     lora: Option<LoraConfig>,
-    index: i64,
+    layer: DecoderLayer,
     name: String,
     specs: Vec<ParamSpec>,
 }
 
 impl LayerUnit {
-    pub fn new(cfg: &Qwen2Config, index: i64, lora: Option<&LoraConfig>) -> Self {
+    pub(super) fn new(cfg: &Qwen2Config, index: i64, lora: Option<&LoraConfig>) -> Self {
+        let layer = DecoderLayer::new(cfg, index);
         Self {
             cfg: cfg.clone(),
             lora: lora.cloned(),
-            index,
             name: format!("layers.{index}"),
-            specs: qwen2::layer_specs(cfg, index, lora),
+            specs: layer.specs(lora),
+            layer,
         }
     }
 }
@@ -142,21 +145,15 @@ impl Unit<VlmCtx> for LayerUnit {
             sin: &ctx.sin,
             dropout_seed: ctx.dropout_seed,
         };
-        qwen2::layer_forward(
-            &self.cfg,
-            self.lora.as_ref(),
-            params,
-            self.index,
-            input,
-            &inputs,
-        )
+        self.layer
+            .forward(&self.cfg, self.lora.as_ref(), params, input, &inputs)
     }
 }
 
 /// Final norm + output projection -> scalar sum of token cross-entropy over supervised
 /// labels, chunked (see [`loss`]). With tied embeddings it reads `model.embed_tokens.weight`,
 /// which the `embed` unit also reads (see `Vlm::shared_params`).
-pub struct HeadUnit {
+pub(super) struct HeadUnit {
     cfg: Qwen2Config,
     tied: bool,
     chunk: i64,
@@ -164,7 +161,7 @@ pub struct HeadUnit {
 }
 
 impl HeadUnit {
-    pub fn new(cfg: &Qwen2Config, tied: bool, chunk: i64) -> Self {
+    pub(super) fn new(cfg: &Qwen2Config, tied: bool, chunk: i64) -> Self {
         Self {
             cfg: cfg.clone(),
             tied,

@@ -7,18 +7,14 @@
 //! then for every unit that `runs_on(ctx)`: `x = unit.forward(params, &x, ctx)`. Vision and
 //! projector skip text-only micro-batches, so `embed` then receives the empty tensor.
 use super::config::{LoraConfig, Qwen2Config, SiglipVisionConfig};
+use super::ctx::VlmCtx;
 use super::units::{EmbedUnit, HeadUnit, LayerUnit, ProjectorUnit, VisionUnit};
-use super::weights::{self, Checkpoint};
+use super::weights::{self, HfCheckpoint};
 use super::{lora, projector, qwen2, siglip, ModelError, Result};
 use crate::unit::{ParamMap, ParamSpec, Unit};
 use std::collections::BTreeMap;
 use std::path::Path;
 use tch::{Device, Kind, Tensor};
-
-pub use super::ctx::VlmCtx;
-
-/// `<|image_pad|>` in the Qwen tokenizer: the placeholder id image tokens replace.
-pub const QWEN_IMAGE_PAD_ID: i64 = 151_655;
 
 /// Choices that are not in the checkpoints: what trains, the placeholder id, the loss chunk.
 #[derive(Clone, Debug)]
@@ -35,7 +31,7 @@ pub struct VlmOptions {
 impl Default for VlmOptions {
     fn default() -> Self {
         Self {
-            image_token_id: QWEN_IMAGE_PAD_ID,
+            image_token_id: i64::from(shards::IMAGE_PAD_ID),
             train_projector: true,
             lora: None,
             loss_chunk: None,
@@ -95,7 +91,7 @@ impl Vlm {
     pub fn from_dirs(vision_dir: &Path, lm_dir: &Path, options: VlmOptions) -> Result<Self> {
         let vision = SiglipVisionConfig::from_dir(vision_dir)?;
         let lm = Qwen2Config::from_dir(lm_dir)?;
-        let tied = lm.tie_word_embeddings || !Checkpoint::open(lm_dir)?.contains(qwen2::LM_HEAD);
+        let tied = lm.tie_word_embeddings || !HfCheckpoint::open(lm_dir)?.contains(qwen2::LM_HEAD);
         Self::new(vision, lm, tied, options)
     }
 
@@ -148,7 +144,7 @@ impl Vlm {
         projector_file: Option<&Path>,
         seed: u64,
     ) -> Result<ParamMap> {
-        let mut params = Checkpoint::open(vision_dir)?.load_specs(
+        let mut params = HfCheckpoint::open(vision_dir)?.load_specs(
             &siglip::param_specs(&self.vision),
             Some("vision_model."),
             Device::Cpu,
@@ -159,15 +155,16 @@ impl Vlm {
             .filter(|s| s.name.starts_with("model.") || s.name == qwen2::LM_HEAD)
             .filter(|s| !s.name.contains(".lora_"))
             .collect();
-        params.append(&mut Checkpoint::open(lm_dir)?.load_specs(&lm_specs, None, Device::Cpu)?);
+        params.append(&mut HfCheckpoint::open(lm_dir)?.load_specs(&lm_specs, None, Device::Cpu)?);
         let specs = projector::param_specs(self.vision.hidden_size, self.lm.hidden_size, true);
         let mut proj = match projector_file {
             Some(path) => load_projector(path, &specs)?,
             None => projector::init(self.vision.hidden_size, self.lm.hidden_size, seed),
         };
         params.append(&mut proj);
-        if let Some(cfg) = &self.options.lora {
-            params.append(&mut lora::init(&self.lm, cfg, seed.wrapping_add(1)));
+        if self.options.lora.is_some() {
+            let specs = self.param_specs();
+            params.append(&mut lora::init_adapters(&specs, seed.wrapping_add(1)));
         }
         Ok(params)
     }
@@ -188,7 +185,13 @@ impl Vlm {
             .next()
             .map(|t| t.device())
             .unwrap_or(Device::Cpu);
-        VlmCtx::new(mb, self, device)
+        VlmCtx::new(
+            mb,
+            &self.vision,
+            &self.lm,
+            self.options.image_token_id,
+            device,
+        )
     }
 
     /// Runs the whole chain in one process (the W=1 reference): the summed token loss over
@@ -218,7 +221,7 @@ impl Vlm {
 }
 
 fn load_projector(path: &Path, specs: &[ParamSpec]) -> Result<ParamMap> {
-    let raw = weights::load_all(path)?;
+    let raw = weights::load_safetensors(path)?;
     let mut out = BTreeMap::new();
     for spec in specs {
         let t = raw

@@ -11,18 +11,18 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use tch::{Device, Kind, Tensor};
 
-pub const SINGLE_FILE: &str = "model.safetensors";
-pub const INDEX_FILE: &str = "model.safetensors.index.json";
+pub(super) const SINGLE_FILE: &str = "model.safetensors";
+pub(super) const INDEX_FILE: &str = "model.safetensors.index.json";
 
 /// An opened checkpoint directory: every file memory-mapped, every key located.
-pub struct Checkpoint {
+pub struct HfCheckpoint {
     dir: PathBuf,
     files: Vec<(PathBuf, Mmap)>,
     /// Key -> index into `files`.
     location: HashMap<String, usize>,
 }
 
-impl Checkpoint {
+impl HfCheckpoint {
     /// Opens `dir/model.safetensors`, or the shards listed by `dir/model.safetensors.index.json`.
     pub fn open(dir: &Path) -> Result<Self> {
         let single = dir.join(SINGLE_FILE);
@@ -171,7 +171,7 @@ impl View for F32View<'_> {
 }
 
 /// Writes `tensors` (any float dtype, any device) as one F32 safetensors file.
-pub fn save(path: &Path, tensors: &ParamMap) -> Result<()> {
+pub fn save_safetensors(path: &Path, tensors: &ParamMap) -> Result<()> {
     let views = tensors.iter().map(|(name, t)| {
         let shape = t.size().iter().map(|&d| d as usize).collect();
         (name.as_str(), F32View { tensor: t, shape })
@@ -185,7 +185,7 @@ pub fn save(path: &Path, tensors: &ParamMap) -> Result<()> {
 
 /// Reads every tensor of one safetensors file as f32 (I64 kept as is): adapters, projectors,
 /// fixtures.
-pub fn load_all(path: &Path) -> Result<ParamMap> {
+pub fn load_safetensors(path: &Path) -> Result<ParamMap> {
     let file = std::fs::File::open(path).map_err(|source| ModelError::Io {
         path: path.into(),
         source,

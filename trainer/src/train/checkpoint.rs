@@ -18,14 +18,12 @@
 //! which checks all W manifests, writes `meta.json` and renames the folder. A `.tmp` folder is
 //! never read; a complete one whose files do not hash as their manifest says is refused.
 use serde::{Deserialize, Serialize};
-use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;
-use std::io::Read;
 use std::path::{Path, PathBuf};
 
 /// v2: trainable state only, and the run record in `meta.json`. v1 checkpoints still open
 /// (export, `--init-projector`) but cannot be resumed.
-pub const FORMAT_VERSION: u32 = 2;
+pub(super) const FORMAT_VERSION: u32 = 2;
 const META: &str = "meta.json";
 const MANIFEST: &str = "manifest.json";
 const STATE: &str = "state.json";
@@ -33,7 +31,7 @@ const STATE: &str = "state.json";
 /// Why a checkpoint could not be written or used. Each message names the checkpoint folder.
 #[derive(Debug, thiserror::Error)]
 pub enum CheckpointError {
-    #[error("checkpoint {path}: {source}")]
+    #[error("checkpoint {path}")]
     Io {
         path: PathBuf,
         source: std::io::Error,
@@ -70,6 +68,9 @@ pub enum CheckpointError {
          (export and --init-projector still read it)"
     )]
     TooOld { dir: PathBuf, found: u32 },
+    /// Hashing or atomically writing one of its files failed (the message names the file).
+    #[error(transparent)]
+    File(#[from] shards::ShardError),
 }
 
 fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> CheckpointError + '_ {
@@ -127,37 +128,29 @@ pub struct RankState {
     pub seed: u64,
 }
 
-/// Hex sha256 of a file's bytes.
-pub fn sha256_file(path: &Path) -> Result<String, CheckpointError> {
-    let mut file = std::fs::File::open(path).map_err(io_err(path))?;
-    let mut hasher = Sha256::new();
-    let mut buf = vec![0u8; 1 << 20];
-    loop {
-        let n = file.read(&mut buf).map_err(io_err(path))?;
-        if n == 0 {
-            break;
-        }
-        hasher.update(&buf[..n]);
-    }
-    Ok(hex::encode(hasher.finalize()))
-}
-
-pub fn step_dir_name(step: u64) -> String {
+pub(super) fn step_dir_name(step: u64) -> String {
     format!("step-{step:08}")
 }
 
-pub fn rank_dir_name(rank: usize) -> String {
+pub(super) fn rank_dir_name(rank: usize) -> String {
     format!("rank-{rank:05}")
 }
 
+/// Writes `value` as JSON through [`shards::write_atomically`] (synced, then renamed).
 fn write_json_atomic<T: Serialize>(path: &Path, value: &T) -> Result<(), CheckpointError> {
-    let tmp = path.with_extension("json.tmp");
     let bytes = serde_json::to_vec_pretty(value).map_err(|e| CheckpointError::Io {
         path: path.to_path_buf(),
         source: std::io::Error::other(e),
     })?;
-    std::fs::write(&tmp, bytes).map_err(io_err(&tmp))?;
-    std::fs::rename(&tmp, path).map_err(io_err(path))
+    Ok(shards::write_atomically(path, &bytes)?)
+}
+
+/// Flushes `path` (a file this rank wrote, or a folder after entries were renamed into it) to
+/// the disk, so a power cut cannot leave a committed checkpoint whose files are not there.
+fn sync(path: &Path) -> Result<(), CheckpointError> {
+    std::fs::File::open(path)
+        .and_then(|f| f.sync_all())
+        .map_err(io_err(path))
 }
 
 fn read_json<T: for<'de> Deserialize<'de>>(dir: &Path, path: &Path) -> Result<T, CheckpointError> {
@@ -172,7 +165,7 @@ fn read_json<T: for<'de> Deserialize<'de>>(dir: &Path, path: &Path) -> Result<T,
 }
 
 /// One rank's side of writing the checkpoint of `step`.
-pub struct CheckpointWriter {
+pub(super) struct CheckpointWriter {
     tmp_root: PathBuf,
     final_root: PathBuf,
     rank_dir: PathBuf,
@@ -180,7 +173,7 @@ pub struct CheckpointWriter {
 
 impl CheckpointWriter {
     /// Creates `checkpoints/step-N.tmp/rank-R/` (empty; a leftover from a crash is replaced).
-    pub fn begin(run_dir: &Path, step: u64, rank: usize) -> Result<Self, CheckpointError> {
+    pub(super) fn begin(run_dir: &Path, step: u64, rank: usize) -> Result<Self, CheckpointError> {
         let root = run_dir.join("checkpoints");
         let tmp_root = root.join(format!("{}.tmp", step_dir_name(step)));
         let rank_dir = tmp_root.join(rank_dir_name(rank));
@@ -196,28 +189,31 @@ impl CheckpointWriter {
     }
 
     /// Where this rank writes its files.
-    pub fn dir(&self) -> &Path {
+    pub(super) fn dir(&self) -> &Path {
         &self.rank_dir
     }
 
-    /// Writes this rank's `state.json`, then its manifest (sha256 of every file in its folder).
-    pub fn finish_rank(&self, state: &RankState) -> Result<(), CheckpointError> {
+    /// Writes this rank's `state.json`, then its manifest (sha256 of every file in its folder),
+    /// each file synced to disk before the manifest vouches for it.
+    pub(super) fn finish_rank(&self, state: &RankState) -> Result<(), CheckpointError> {
         write_json_atomic(&self.rank_dir.join(STATE), state)?;
         let mut manifest = BTreeMap::new();
         for entry in std::fs::read_dir(&self.rank_dir).map_err(io_err(&self.rank_dir))? {
             let path = entry.map_err(io_err(&self.rank_dir))?.path();
             let name = path.file_name().map(|n| n.to_string_lossy().into_owned());
             if let Some(name) = name.filter(|n| n != MANIFEST && path.is_file()) {
-                manifest.insert(name, sha256_file(&path)?);
+                sync(&path)?;
+                manifest.insert(name, shards::sha256_file(&path)?.0);
             }
         }
-        write_json_atomic(&self.rank_dir.join(MANIFEST), &manifest)
+        write_json_atomic(&self.rank_dir.join(MANIFEST), &manifest)?;
+        sync(&self.rank_dir)
     }
 
     /// Rank 0, after every rank finished: checks all `world_size` manifests exist, writes
     /// `meta.json` and renames the folder to its final name (replacing an older one of the same
     /// step). Returns the final folder.
-    pub fn commit(self, meta: &CheckpointMeta) -> Result<PathBuf, CheckpointError> {
+    pub(super) fn commit(self, meta: &CheckpointMeta) -> Result<PathBuf, CheckpointError> {
         for rank in 0..meta.world_size {
             let manifest = self.tmp_root.join(rank_dir_name(rank)).join(MANIFEST);
             if !manifest.is_file() {
@@ -233,7 +229,11 @@ impl CheckpointWriter {
             std::fs::rename(&self.final_root, &old).map_err(io_err(&old))?;
             std::fs::remove_dir_all(&old).map_err(io_err(&old))?;
         }
+        sync(&self.tmp_root)?;
         std::fs::rename(&self.tmp_root, &self.final_root).map_err(io_err(&self.final_root))?;
+        if let Some(root) = self.final_root.parent() {
+            sync(root)?;
+        }
         Ok(self.final_root)
     }
 }
@@ -385,7 +385,7 @@ impl Checkpoint {
                     reason: format!("rank {rank}: {name} is missing"),
                 });
             }
-            if &sha256_file(&path)? != want {
+            if &shards::sha256_file(&path)?.0 != want {
                 return Err(CheckpointError::Corrupt {
                     dir: self.dir.clone(),
                     reason: format!("rank {rank}: {name} does not match its sha256 in {MANIFEST}"),
@@ -406,7 +406,7 @@ impl Checkpoint {
 /// whose step is a multiple of `keep_every` (0 = none), and removes the rest, along with
 /// uncommitted `.tmp` folders of earlier steps (a killed write). Returns the removed steps.
 /// Rank 0 calls it after a commit, when no other write is under way.
-pub fn prune(
+pub(super) fn prune(
     run_dir: &Path,
     keep_last: usize,
     keep_every: u64,

@@ -1,10 +1,13 @@
 //! `TrainError`: everything `tessera train` can fail with, each message naming what failed.
+//! A wrapped error is either `transparent` (its message is the whole story) or its message
+//! names only what this layer adds (a path): the cause is the `source`, so `{:#}` prints it once.
 use super::checkpoint::CheckpointError;
 use super::config::ConfigError;
 use super::export::ExportError;
 use super::metrics::MetricsError;
 use super::plot::PlotError;
 use crate::dist::DistError;
+use crate::fsdp::FsdpError;
 use crate::model::ModelError;
 use std::path::PathBuf;
 
@@ -14,15 +17,17 @@ pub enum TrainError {
     Config(#[from] ConfigError),
     #[error(transparent)]
     Checkpoint(#[from] CheckpointError),
-    #[error("model: {0}")]
+    #[error(transparent)]
     Model(#[from] ModelError),
     #[error(transparent)]
     Dist(#[from] DistError),
-    #[error("shards: {0}")]
+    #[error(transparent)]
+    Fsdp(#[from] FsdpError),
+    #[error(transparent)]
     Shards(#[from] shards::ShardError),
-    #[error("planner: {0}")]
+    #[error(transparent)]
     Plan(#[from] pipeline::plan::PlanError),
-    #[error("loader: {0}")]
+    #[error(transparent)]
     Loader(#[from] pipeline::loader::LoaderError),
     #[error(transparent)]
     Metrics(#[from] MetricsError),
@@ -30,12 +35,18 @@ pub enum TrainError {
     Plot(#[from] PlotError),
     #[error(transparent)]
     Export(#[from] ExportError),
-    #[error("{path}: {source}")]
+    #[error("{path}")]
     Io {
         path: PathBuf,
         source: std::io::Error,
     },
-    #[error("torch: {0}")]
+    /// A tensor file of this rank's checkpoint could not be written or read.
+    #[error("{path}")]
+    Tensors {
+        path: PathBuf,
+        source: tch::TchError,
+    },
+    #[error("torch")]
     Torch(#[from] tch::TchError),
     #[error("{0}")]
     Invalid(String),

@@ -7,9 +7,10 @@
 //!   count and id, template, resize policy), using LLaVA's config key names where LLaVA has one.
 use super::checkpoint::{Checkpoint, CheckpointError};
 use super::config::{ResizePolicy, Stage, TrainConfig};
-use crate::model::config::{Qwen2Config, SiglipVisionConfig};
-use crate::model::lora::{self, ADAPTER_CONFIG};
-use crate::model::{weights, LoraConfig, ModelError};
+use crate::model::{
+    load_safetensors, save_adapter, save_safetensors, LoraConfig, ModelError, Qwen2Config,
+    SiglipVisionConfig, ADAPTER_CONFIG,
+};
 use crate::unit::ParamMap;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
@@ -32,7 +33,7 @@ pub enum ExportError {
     Checkpoint(#[from] CheckpointError),
     #[error(transparent)]
     Model(#[from] ModelError),
-    #[error("{path}: {source}")]
+    #[error("{path}")]
     Io {
         path: PathBuf,
         source: std::io::Error,
@@ -149,7 +150,7 @@ pub fn latest_trainable(run: &Path) -> Result<(Checkpoint, ParamMap), ExportErro
         run: run.to_path_buf(),
     })?;
     let dir = ckpt.rank_dir(0)?;
-    let params = weights::load_all(&dir.join(TRAINABLE_FILE))?;
+    let params = load_safetensors(&dir.join(TRAINABLE_FILE))?;
     Ok((ckpt, params))
 }
 
@@ -185,12 +186,12 @@ pub fn export(run: &Path, out: &Path) -> Result<ExportReport, ExportError> {
         });
     }
     let projector_path = out.join(PROJECTOR_FILE);
-    weights::save(&projector_path, &projector)?;
+    save_safetensors(&projector_path, &projector)?;
     let adapter = match (cfg.stage, &vlm.lora) {
         (Stage::Finetune, Some(lora_cfg)) => {
             let dir = out.join(ADAPTER_DIR);
             let base = vlm.language_model.display().to_string();
-            lora::save_adapter(&dir, lora_cfg, &params, &base)?;
+            save_adapter(&dir, lora_cfg, &params, &base)?;
             Some(dir)
         }
         _ => None,

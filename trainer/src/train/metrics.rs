@@ -37,12 +37,12 @@ pub struct StepMetrics {
 /// Why a metrics file could not be written or read.
 #[derive(Debug, thiserror::Error)]
 pub enum MetricsError {
-    #[error("metrics file {path}: {source}")]
+    #[error("metrics file {path}")]
     Io {
         path: PathBuf,
         source: std::io::Error,
     },
-    #[error("metrics file {path} line {line}: {source}")]
+    #[error("metrics file {path} line {line}")]
     Json {
         path: PathBuf,
         line: usize,
@@ -52,7 +52,7 @@ pub enum MetricsError {
 
 /// Appends one line per step to `metrics.jsonl` (flushed at once, so a killed run keeps its
 /// history).
-pub struct MetricsWriter {
+pub(super) struct MetricsWriter {
     path: PathBuf,
     file: std::fs::File,
 }
@@ -67,7 +67,7 @@ impl MetricsWriter {
     /// never touches the bytes before the offset, so a kill at any moment leaves either the
     /// whole old file or exactly the kept lines: no moment without the history, and no copy
     /// of a long history (a temp file + rename would rewrite all of it on every resume).
-    pub fn open(path: &Path, resume_step: Option<u64>) -> Result<Self, MetricsError> {
+    pub(super) fn open(path: &Path, resume_step: Option<u64>) -> Result<Self, MetricsError> {
         let io = |source| MetricsError::Io {
             path: path.to_path_buf(),
             source,
@@ -94,7 +94,7 @@ impl MetricsWriter {
         })
     }
 
-    pub fn append(&mut self, m: &StepMetrics) -> Result<(), MetricsError> {
+    pub(super) fn append(&mut self, m: &StepMetrics) -> Result<(), MetricsError> {
         writeln!(self.file, "{}", to_line(m))
             .and_then(|_| self.file.flush())
             .map_err(|source| MetricsError::Io {
@@ -168,7 +168,7 @@ pub fn read_metrics(path: &Path) -> Result<Vec<StepMetrics>, MetricsError> {
 
 /// One human line per step: `step 12/300 loss 3.412 lr 1.0e-3 |g| 0.81 tok/s 5120 (real 4410)
 /// img/s 38.2 wait 3% imb 1.04 vision 0.12s projector 0.01s lm 0.30s rss 812MiB`.
-pub fn progress_line(m: &StepMetrics, total_steps: u64) -> String {
+pub(super) fn progress_line(m: &StepMetrics, total_steps: u64) -> String {
     let mut s = format!(
         "step {}/{} loss {:.4} lr {:.2e} |g| {:.3} tok/s {:.0} (real {:.0}) img/s {:.1} wait {:.0}% imb {:.2}",
         m.step + 1,
@@ -189,14 +189,14 @@ pub fn progress_line(m: &StepMetrics, total_steps: u64) -> String {
 }
 
 /// Prints progress lines: every step on a terminal (overwriting), else about 50 lines a run.
-pub struct Progress {
+pub(super) struct Progress {
     total_steps: u64,
     terminal: bool,
     quiet: bool,
 }
 
 impl Progress {
-    pub fn new(total_steps: u64) -> Self {
+    pub(super) fn new(total_steps: u64) -> Self {
         Progress {
             total_steps,
             terminal: std::io::stderr().is_terminal(),
@@ -204,19 +204,19 @@ impl Progress {
         }
     }
 
-    pub fn show(&self, m: &StepMetrics) {
+    pub(super) fn show(&self, m: &StepMetrics) {
         let line = progress_line(m, self.total_steps);
         let last = m.step + 1 == self.total_steps;
         if self.terminal && !self.quiet {
             eprint!("\r{line}\x1b[K{}", if last { "\n" } else { "" });
-        } else if m.step == 0 || last || m.step % (self.total_steps / 50).max(1) == 0 {
+        } else if m.step == 0 || last || m.step.is_multiple_of((self.total_steps / 50).max(1)) {
             tracing::info!("{line}");
         }
     }
 }
 
 /// Resident set size of this process in MiB (Linux `/proc/self/statm`; 0 elsewhere).
-pub fn rss_mib() -> f64 {
+pub(super) fn rss_mib() -> f64 {
     let pages = std::fs::read_to_string("/proc/self/statm")
         .ok()
         .and_then(|s| {

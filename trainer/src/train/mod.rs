@@ -1,23 +1,33 @@
 //! Training: config (TOML + flags, LLaVA-1.5 stage defaults), schedule (warmup + cosine),
 //! metrics (`metrics.jsonl`, progress, summary), plot (`loss.png`), checkpoints (per-rank
 //! shards + metadata, atomic, verified on resume), export (projector + PEFT adapter + VLM
-//! config) and the loop itself.
-pub mod checkpoint;
-pub mod config;
-pub mod engine;
-pub mod error;
-pub mod export;
-pub mod fsdp_engine;
-pub mod metrics;
-pub mod plot;
-pub mod run;
-pub mod run_dir;
-pub mod schedule;
-pub mod setup;
+//! config) and the loop itself (`run.rs`, driving `step.rs`: the model sharded by FSDP).
+mod checkpoint;
+mod config;
+mod error;
+mod export;
+mod metrics;
+mod plot;
+mod run;
+mod run_dir;
+mod schedule;
+mod setup;
+mod step;
 
-pub use config::{ConfigError, ConfigLayer, Stage, Strategy, TrainConfig};
+pub use checkpoint::{Checkpoint, CheckpointError, CheckpointMeta, ModelFingerprint, RankState};
+pub use config::{
+    BadImagePolicy, ConfigError, ConfigLayer, Device, ResizePolicy, Stage, Strategy, TrainConfig,
+};
 pub use error::TrainError;
+pub use export::{
+    export, latest_trainable, ExportError, ExportReport, VlmDescription, ADAPTER_DIR,
+    PROJECTOR_FILE, TRAINABLE_FILE, VLM_FILE,
+};
+pub use metrics::{read_metrics, MetricsError, StepMetrics, Summary};
+pub use plot::PlotError;
 pub use run::train;
+pub use run_dir::{prepare as prepare_run_dir, RunStart};
+pub use setup::check_model_dirs;
 
 #[cfg(test)]
 mod checkpoint_tests;

@@ -17,7 +17,7 @@ const SCALE: i64 = 2;
 pub enum PlotError {
     #[error("{path}: no finite loss to plot")]
     Empty { path: String },
-    #[error("{path}: {source}")]
+    #[error("{path}")]
     Write {
         path: String,
         source: image::ImageError,
@@ -25,7 +25,7 @@ pub enum PlotError {
 }
 
 /// Draws `losses` (one per step, x = step) and writes a PNG to `path`.
-pub fn plot_loss(losses: &[(u64, f64)], path: &Path) -> Result<(), PlotError> {
+pub(super) fn plot_loss(losses: &[(u64, f64)], path: &Path) -> Result<(), PlotError> {
     let img = draw(losses).ok_or_else(|| PlotError::Empty {
         path: path.display().to_string(),
     })?;
@@ -36,7 +36,7 @@ pub fn plot_loss(losses: &[(u64, f64)], path: &Path) -> Result<(), PlotError> {
 }
 
 /// The picture as pixels; `None` when no loss is finite.
-pub fn draw(losses: &[(u64, f64)]) -> Option<RgbImage> {
+pub(super) fn draw(losses: &[(u64, f64)]) -> Option<RgbImage> {
     let points: Vec<(u64, f64)> = losses.iter().copied().filter(|p| p.1.is_finite()).collect();
     let (x_min, x_max) = (
         points.first()?.0,

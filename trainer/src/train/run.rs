@@ -6,17 +6,16 @@ use super::checkpoint::{
     self, Checkpoint, CheckpointMeta, CheckpointWriter, Expected, RankState, FORMAT_VERSION,
 };
 use super::config::{Stage, TrainConfig};
-use super::engine::{Engine, UnitTimes};
 use super::error::{io, TrainError};
 use super::export::{VlmDescription, TRAINABLE_FILE, VLM_FILE};
-use super::fsdp_engine::FsdpEngine;
 use super::metrics::{self, MetricsWriter, Progress, StepMetrics, Summary};
 use super::plot::plot_loss;
 use super::run_dir::{self, RunStart};
 use super::schedule::CosineSchedule;
 use super::setup::{self, Setup};
+use super::step::{ShardedVlm, StepTotals, UnitTimes};
 use crate::dist::RankEnv;
-use crate::model::weights;
+use crate::model::save_safetensors;
 use pipeline::loader::{Loader, LoaderConfig, SampleSource};
 use pipeline::plan::{Plan, Planner, Position, Step};
 use std::collections::BTreeMap;
@@ -41,7 +40,8 @@ pub fn train(
     std::fs::create_dir_all(&cfg.out).map_err(io(&cfg.out))?;
     let pg = setup::process_group(&cfg, env.as_ref())?;
     let mut s = setup::build(&cfg, pg)?;
-    // The engine copies what it keeps (its shards); the full tensors go as soon as it exists.
+    // The sharded model copies what it keeps (its shards); the full tensors go as soon as it
+    // exists.
     let params = std::mem::take(&mut s.params);
     let s = s;
     if s.rank == 0 {
@@ -54,14 +54,12 @@ pub fn train(
         );
         vlm_desc.save(&cfg.out.join(VLM_FILE))?;
     }
-    // FSDP runs every strategy: NO_SHARD (DDP) is its unsharded mode.
-    let mut engine: Box<dyn Engine + '_> =
-        Box::new(FsdpEngine::new(&cfg, &s.vlm, &s.pg, &params, s.device)?);
+    let mut model = ShardedVlm::new(&cfg, &s.vlm, &s.pg, &params, s.device)?;
     drop(params);
-    let mut looper = Looper::new(&cfg, &s)?;
-    let first = looper.restore(start, engine.as_mut())?;
-    looper.run(engine.as_mut(), first)?;
-    drop(engine);
+    let mut train_loop = TrainLoop::new(&cfg, &s)?;
+    let first = train_loop.restore(start, &mut model)?;
+    train_loop.run(&mut model, first)?;
+    drop(model);
     if s.rank != 0 {
         return Ok(None);
     }
@@ -84,7 +82,9 @@ struct Start {
     position: Option<Position>,
 }
 
-struct Looper<'a> {
+/// The loop over optimizer steps: plans each epoch, feeds each step's micro-batches to the
+/// model, logs and checkpoints.
+struct TrainLoop<'a> {
     cfg: &'a TrainConfig,
     s: &'a Setup,
     loader_cfg: LoaderConfig,
@@ -98,7 +98,7 @@ fn planned_kind(stage: Stage) -> Option<shards::Kind> {
     (stage == Stage::Align).then_some(shards::Kind::Image)
 }
 
-impl<'a> Looper<'a> {
+impl<'a> TrainLoop<'a> {
     fn new(cfg: &'a TrainConfig, s: &'a Setup) -> Result<Self, TrainError> {
         if let Some(kind) = planned_kind(cfg.stage) {
             let left_out = s.samples.iter().filter(|m| m.kind != kind).count();
@@ -125,25 +125,25 @@ impl<'a> Looper<'a> {
             .threads(cfg.loader_threads)
             .on_bad_image(cfg.on_bad_image)
             .build()?;
-        let mut looper = Looper {
+        let mut train_loop = TrainLoop {
             cfg,
             s,
             loader_cfg,
             total_steps: 0,
             schedule: CosineSchedule::new(cfg.lr, cfg.warmup_ratio, 1),
         };
-        looper.total_steps = match cfg.steps {
+        train_loop.total_steps = match cfg.steps {
             Some(n) => n,
             None => {
                 let mut n = 0;
                 for epoch in 0..u64::from(cfg.epochs) {
-                    n += looper.planner(epoch)?.plan().steps.len() as u64;
+                    n += train_loop.planner(epoch)?.plan().steps.len() as u64;
                 }
                 n
             }
         };
-        looper.schedule = CosineSchedule::new(1.0, cfg.warmup_ratio, looper.total_steps);
-        Ok(looper)
+        train_loop.schedule = CosineSchedule::new(cfg.lr, cfg.warmup_ratio, train_loop.total_steps);
+        Ok(train_loop)
     }
 
     fn planner(&self, epoch: u64) -> Result<Planner, TrainError> {
@@ -195,7 +195,7 @@ impl<'a> Looper<'a> {
 
     /// With `--resume`: loads the latest complete checkpoint after checking it belongs to this
     /// run (format, world size, parameter set, run record).
-    fn restore(&mut self, start: &RunStart, engine: &mut dyn Engine) -> Result<Start, TrainError> {
+    fn restore(&mut self, start: &RunStart, model: &mut ShardedVlm) -> Result<Start, TrainError> {
         let fresh = Start {
             step: 0,
             position: None,
@@ -224,7 +224,7 @@ impl<'a> Looper<'a> {
                 self.s.rank
             ))
         })?;
-        engine.load(&ckpt.rank_dir(self.s.rank)?, ckpt.meta.step)?;
+        model.load(&ckpt.rank_dir(self.s.rank)?)?;
         tracing::info!(
             "resumed from {} (step {})",
             ckpt.dir.display(),
@@ -236,7 +236,7 @@ impl<'a> Looper<'a> {
         })
     }
 
-    fn run(&mut self, engine: &mut dyn Engine, start: Start) -> Result<(), TrainError> {
+    fn run(&mut self, model: &mut ShardedVlm, start: Start) -> Result<(), TrainError> {
         let (cfg, s) = (self.cfg, self.s);
         let resume_step = (start.step > 0).then_some(start.step);
         let mut writer = if s.rank == 0 {
@@ -272,15 +272,15 @@ impl<'a> Looper<'a> {
             let source: Arc<dyn SampleSource> = s.dataset.clone();
             let mut loader = Loader::new(source, mine, self.loader_cfg.clone());
             for (i, plan_step) in plan.steps[..todo].iter().enumerate() {
-                let m = self.one_step(engine, &mut loader, plan_step, step)?;
+                let m = self.one_step(model, &mut loader, plan_step, step)?;
                 if let Some(w) = writer.as_mut() {
                     w.append(&m)?;
                     progress.show(&m);
                 }
                 step += 1;
-                let due = cfg.checkpoint_every > 0 && step % cfg.checkpoint_every == 0;
+                let due = cfg.checkpoint_every > 0 && step.is_multiple_of(cfg.checkpoint_every);
                 if due || step == self.total_steps {
-                    self.checkpoint(engine, step, &plan.resume_position(i + 1)?)?;
+                    self.checkpoint(model, step, &plan.resume_position(i + 1)?)?;
                 }
             }
             epoch += 1;
@@ -290,7 +290,7 @@ impl<'a> Looper<'a> {
 
     fn one_step(
         &self,
-        engine: &mut dyn Engine,
+        model: &mut ShardedVlm,
         loader: &mut Loader,
         plan_step: &Step,
         step: u64,
@@ -301,23 +301,20 @@ impl<'a> Looper<'a> {
         let divisor = plan_step.supervised_tokens.max(1) as f64;
         let mut times = UnitTimes::new();
         let mut wait = 0.0;
-        let mut local = [0.0f64; 5]; // loss sum, tokens, real tokens, images, supervised
+        let mut local = StepTotals::default();
         for _ in 0..plan_step.micro_steps.len() {
             let t = Instant::now();
             let mb = loader.next().ok_or_else(|| {
                 TrainError::Invalid(format!("step {step}: the loader ended before the plan did"))
             })??;
             wait += t.elapsed().as_secs_f64();
-            local[0] += engine.forward_backward(&mb, 1.0 / divisor, &mut times)?;
-            local[1] += (mb.rows * mb.row_len) as f64;
-            local[2] += mb.real_tokens as f64;
-            local[3] += mb.num_images as f64;
-            local[4] += mb.supervised_tokens as f64;
+            local.loss_sum += model.forward_backward(&mb, 1.0 / divisor, &mut times)?;
+            local.add_batch(&mb);
         }
         let compute = started.elapsed().as_secs_f64() - wait;
         let lr_factor = self.schedule.factor(step);
-        let grad_norm = engine.optimizer_step(lr_factor, self.cfg.grad_clip)?;
-        let mut totals = Tensor::from_slice(&local);
+        let grad_norm = model.optimizer_step(lr_factor)?;
+        let mut totals = Tensor::from_slice(&local.to_array());
         let mut computes =
             Tensor::zeros([s.world_size as i64], (tch::Kind::Double, tch::Device::Cpu));
         if s.world_size > 1 {
@@ -331,19 +328,20 @@ impl<'a> Looper<'a> {
         } else {
             computes = Tensor::from_slice(&[compute]);
         }
-        let totals: Vec<f64> = Vec::try_from(&totals).map_err(TrainError::Torch)?;
-        let computes: Vec<f64> = Vec::try_from(&computes).map_err(TrainError::Torch)?;
+        let totals: Vec<f64> = Vec::try_from(&totals)?;
+        let totals = StepTotals::from_slice(&totals);
+        let computes: Vec<f64> = Vec::try_from(&computes)?;
         let mean_compute = computes.iter().sum::<f64>() / computes.len() as f64;
         let max_compute = computes.iter().copied().fold(0.0, f64::max);
         let secs = started.elapsed().as_secs_f64().max(1e-9);
         Ok(StepMetrics {
             step,
-            loss: totals[0] / divisor,
-            lr: self.cfg.lr * lr_factor,
+            loss: totals.loss_sum / divisor,
+            lr: self.schedule.lr(step),
             grad_norm,
-            tokens_per_s: totals[1] / secs,
-            real_tokens_per_s: totals[2] / secs,
-            images_per_s: totals[3] / secs,
+            tokens_per_s: totals.tokens / secs,
+            real_tokens_per_s: totals.real_tokens / secs,
+            images_per_s: totals.images / secs,
             loader_wait_frac: wait / secs,
             imbalance: if mean_compute > 0.0 {
                 max_compute / mean_compute
@@ -351,10 +349,10 @@ impl<'a> Looper<'a> {
                 1.0
             },
             step_time_s: secs,
-            tokens: totals[1] as u64,
-            real_tokens: totals[2] as u64,
-            supervised_tokens: totals[4] as u64,
-            images: totals[3] as u64,
+            tokens: totals.tokens as u64,
+            real_tokens: totals.real_tokens as u64,
+            supervised_tokens: totals.supervised_tokens as u64,
+            images: totals.images as u64,
             unit_time_s: times,
             rss_mib: metrics::rss_mib(),
         })
@@ -364,16 +362,16 @@ impl<'a> Looper<'a> {
     /// ranks from racing ahead of the commit.
     fn checkpoint(
         &self,
-        engine: &mut dyn Engine,
+        model: &mut ShardedVlm,
         step: u64,
         next: &Position,
     ) -> Result<(), TrainError> {
         let (cfg, s) = (self.cfg, self.s);
         let writer = CheckpointWriter::begin(&cfg.out, step, s.rank)?;
-        engine.save(writer.dir())?;
-        let trainable = engine.trainable()?;
+        model.save(writer.dir())?;
+        let trainable = model.trainable()?;
         if s.rank == 0 && !writer.dir().join(TRAINABLE_FILE).is_file() {
-            weights::save(&writer.dir().join(TRAINABLE_FILE), &trainable)?;
+            save_safetensors(&writer.dir().join(TRAINABLE_FILE), &trainable)?;
         }
         let planner = serde_json::to_value(next).map_err(|e| TrainError::Invalid(e.to_string()))?;
         writer.finish_rank(&RankState {

@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 /// A rank, ready to train.
-pub struct Setup {
+pub(super) struct Setup {
     pub pg: Arc<ProcessGroup>,
     pub rank: usize,
     pub world_size: usize,
@@ -58,7 +58,10 @@ fn keep_freed_memory() {
 }
 
 /// Joins the job (torchrun variables) or forms a one-rank group.
-pub fn process_group(cfg: &TrainConfig, env: Option<&RankEnv>) -> Result<ProcessGroup, TrainError> {
+pub(super) fn process_group(
+    cfg: &TrainConfig,
+    env: Option<&RankEnv>,
+) -> Result<ProcessGroup, TrainError> {
     share_cores(env);
     if cfg.device == Device::Cpu {
         keep_freed_memory();
@@ -79,10 +82,6 @@ pub fn process_group(cfg: &TrainConfig, env: Option<&RankEnv>) -> Result<Process
         Some(env) => dist::init_process_group(env, backend, timeout)?,
         None => ProcessGroup::single_on(backend, timeout)?,
     })
-}
-
-fn sha256_hex(bytes: &[u8]) -> String {
-    hex::encode(Sha256::digest(bytes))
 }
 
 /// Parses both model directories' configs and opens the LM's weights index, so a broken
@@ -123,11 +122,11 @@ fn weights_fingerprint(dir: &Path) -> Result<String, TrainError> {
 
 /// Configs by bytes, weight files by crc32c, parameters by name, shape and trainability (LoRA
 /// alpha included).
-pub fn model_fingerprint(cfg: &TrainConfig, vlm: &Vlm) -> Result<ModelFingerprint, TrainError> {
-    let read = |dir: &Path| {
-        let path = dir.join("config.json");
-        std::fs::read(&path).map_err(io(&path))
-    };
+pub(super) fn model_fingerprint(
+    cfg: &TrainConfig,
+    vlm: &Vlm,
+) -> Result<ModelFingerprint, TrainError> {
+    let config_sha = |dir: &Path| shards::sha256_file(&dir.join("config.json")).map(|(sha, _)| sha);
     let mut params = String::new();
     for spec in vlm.param_specs() {
         params += &format!("{} {:?} {}\n", spec.name, spec.shape, spec.trainable);
@@ -139,9 +138,9 @@ pub fn model_fingerprint(cfg: &TrainConfig, vlm: &Vlm) -> Result<ModelFingerprin
         );
     }
     Ok(ModelFingerprint {
-        vision_config: sha256_hex(&read(&cfg.vision)?),
-        lm_config: sha256_hex(&read(&cfg.lm)?),
-        params: sha256_hex(params.as_bytes()),
+        vision_config: config_sha(&cfg.vision)?,
+        lm_config: config_sha(&cfg.lm)?,
+        params: hex::encode(Sha256::digest(params.as_bytes())),
         vision_weights: weights_fingerprint(&cfg.vision)?,
         lm_weights: weights_fingerprint(&cfg.lm)?,
     })
@@ -162,7 +161,7 @@ fn init_projector_file(path: &Path) -> Result<PathBuf, TrainError> {
     Ok(ckpt.rank_dir(0)?.join(TRAINABLE_FILE))
 }
 
-pub fn build(cfg: &TrainConfig, pg: ProcessGroup) -> Result<Setup, TrainError> {
+pub(super) fn build(cfg: &TrainConfig, pg: ProcessGroup) -> Result<Setup, TrainError> {
     let (rank, world_size) = (pg.rank(), pg.world_size());
     let dataset = shards::Dataset::open(&cfg.shards)?;
     let samples = dataset.metadata()?;

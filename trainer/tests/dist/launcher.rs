@@ -1,11 +1,11 @@
 //! The `--nproc` launcher with real processes: this test binary re-invokes itself as the ranks
-//! (the `#[ignore]`d `rank_body` test, selected with `--ignored --exact`), which rendezvous
-//! through the torchrun variables the launcher sets.
+//! (the `#[ignore]`d `launcher::rank_body` test, selected with `--ignored --exact`), which
+//! rendezvous through the torchrun variables the launcher sets.
 use std::ffi::OsString;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tch::Tensor;
-use trainer::dist::launcher::{self, LaunchError, LaunchSpec, Stream};
+use trainer::dist::{args_without_nproc, launch, LaunchError, LaunchSpec, Stream};
 use trainer::dist::{init_process_group, Backend, RankEnv};
 
 /// The rank side. `TESSERA_TEST_ROLE=ok`: all-reduce and exit 0. `kill`: rank 1 kills itself with
@@ -38,7 +38,7 @@ fn spec(role: &str, lines: Arc<Mutex<Vec<(Stream, String)>>>) -> anyhow::Result<
     let args: Vec<OsString> = [
         "--ignored",
         "--exact",
-        "rank_body",
+        "launcher::rank_body",
         "--nocapture",
         "--test-threads=1",
     ]
@@ -59,7 +59,7 @@ fn spec(role: &str, lines: Arc<Mutex<Vec<(Stream, String)>>>) -> anyhow::Result<
 #[test]
 fn launcher_runs_ranks_that_rendezvous_and_prefixes_their_lines() -> anyhow::Result<()> {
     let lines = Arc::new(Mutex::new(Vec::new()));
-    launcher::run(spec("ok", lines.clone())?)?;
+    launch(spec("ok", lines.clone())?)?;
     let lines = lines.lock().map_err(|_| anyhow::anyhow!("poisoned"))?;
     for rank in 0..2 {
         let want = format!("[rank {rank}] rank {rank} of 2: sum 3");
@@ -77,7 +77,7 @@ fn launcher_runs_ranks_that_rendezvous_and_prefixes_their_lines() -> anyhow::Res
 fn killing_one_rank_stops_the_others_and_fails_naming_it() -> anyhow::Result<()> {
     let lines = Arc::new(Mutex::new(Vec::new()));
     let started = Instant::now();
-    let err = match launcher::run(spec("kill", lines)?) {
+    let err = match launch(spec("kill", lines)?) {
         Err(e) => e,
         Ok(()) => anyhow::bail!("the launch succeeded although rank 1 was killed"),
     };
@@ -101,6 +101,6 @@ fn killing_one_rank_stops_the_others_and_fails_naming_it() -> anyhow::Result<()>
 #[test]
 fn nproc_flag_is_removed_from_the_ranks_command_line() {
     let args = ["train", "--nproc", "2", "--steps", "3", "--nproc=4"].map(OsString::from);
-    let kept = launcher::args_without_nproc(args);
+    let kept = args_without_nproc(args);
     assert_eq!(kept, ["train", "--steps", "3"].map(OsString::from));
 }

@@ -1,14 +1,13 @@
 //! Loading Hugging Face directories: sparse and nested configs, sharded checkpoints, dtype
 //! conversion, error messages that name the tensor, and `init-model` output loading back.
-mod model_support;
 
-use model_support::*;
+use crate::support::*;
 use std::collections::BTreeMap;
 use tch::{Kind, Tensor};
-use trainer::model::init::{random_params, write_checkpoints, write_preset, Preset};
-use trainer::model::weights::{save, Checkpoint};
+use trainer::model::{random_params, write_checkpoints, write_preset, Preset};
+use trainer::model::{save_safetensors, HfCheckpoint};
 use trainer::model::{ModelError, Qwen2Config, SiglipVisionConfig, Vlm, VlmOptions};
-use trainer::unit::ParamSpec;
+use trainer::ParamSpec;
 
 fn spec(name: &str, shape: &[i64]) -> ParamSpec {
     ParamSpec {
@@ -68,13 +67,12 @@ fn missing_and_misshaped_tensors_are_named() -> anyhow::Result<()> {
         "model.norm.weight".to_string(),
         Tensor::ones([8], (Kind::Float, tch::Device::Cpu)),
     );
-    save(&dir.path().join("model.safetensors"), &tensors)?;
-    let ckpt = Checkpoint::open(dir.path())?;
+    save_safetensors(&dir.path().join("model.safetensors"), &tensors)?;
+    let ckpt = HfCheckpoint::open(dir.path())?;
 
     let err = ckpt
         .load_specs(&[spec("model.norm.weight", &[16])], None, tch::Device::Cpu)
-        .err()
-        .expect("shape error");
+        .expect_err("shape error");
     assert!(matches!(err, ModelError::ShapeMismatch { .. }));
     let msg = err.to_string();
     assert!(
@@ -84,8 +82,7 @@ fn missing_and_misshaped_tensors_are_named() -> anyhow::Result<()> {
 
     let err = ckpt
         .load_specs(&[spec("lm_head.weight", &[4, 8])], None, tch::Device::Cpu)
-        .err()
-        .expect("missing");
+        .expect_err("missing");
     let msg = err.to_string();
     assert!(
         msg.contains("lm_head.weight") && msg.contains("missing"),
@@ -93,7 +90,7 @@ fn missing_and_misshaped_tensors_are_named() -> anyhow::Result<()> {
     );
 
     let empty = tempfile::tempdir()?;
-    let msg = Checkpoint::open(empty.path())
+    let msg = HfCheckpoint::open(empty.path())
         .err()
         .expect("no weights")
         .to_string();
@@ -104,10 +101,10 @@ fn missing_and_misshaped_tensors_are_named() -> anyhow::Result<()> {
 #[test]
 fn sharded_checkpoint_and_bf16_load_like_a_single_file() -> anyhow::Result<()> {
     let (vlm, _) = tiny_vlm(None);
-    let specs = trainer::model::init::lm_checkpoint_specs(&vlm.lm);
+    let specs = trainer::model::lm_checkpoint_specs(&vlm.lm);
     let params = random_params(&specs, 3, 0.1);
     let single = tempfile::tempdir()?;
-    save(&single.path().join("model.safetensors"), &params)?;
+    save_safetensors(&single.path().join("model.safetensors"), &params)?;
 
     let sharded = tempfile::tempdir()?;
     let (first, second): (Vec<_>, Vec<_>) =
@@ -138,8 +135,8 @@ fn sharded_checkpoint_and_bf16_load_like_a_single_file() -> anyhow::Result<()> {
         index.to_string(),
     )?;
 
-    let a = Checkpoint::open(single.path())?.load_specs(&specs, None, tch::Device::Cpu)?;
-    let b = Checkpoint::open(sharded.path())?.load_specs(&specs, None, tch::Device::Cpu)?;
+    let a = HfCheckpoint::open(single.path())?.load_specs(&specs, None, tch::Device::Cpu)?;
+    let b = HfCheckpoint::open(sharded.path())?.load_specs(&specs, None, tch::Device::Cpu)?;
     for (name, t) in &a {
         assert_eq!(b[name].kind(), Kind::Float);
         assert_close(t, &b[name], 1e-2, name);
@@ -147,7 +144,7 @@ fn sharded_checkpoint_and_bf16_load_like_a_single_file() -> anyhow::Result<()> {
     Ok(())
 }
 
-/// `weights::save` always writes f32; bf16 shards are written through tch's own writer.
+/// `save_safetensors` always writes f32; bf16 shards are written through tch's own writer.
 fn save_as(path: &std::path::Path, tensors: &BTreeMap<String, Tensor>) -> anyhow::Result<()> {
     let list: Vec<(&str, &Tensor)> = tensors.iter().map(|(k, v)| (k.as_str(), v)).collect();
     Tensor::write_safetensors(&list, path)?;
@@ -177,7 +174,7 @@ fn tiny_preset_writes_checkpoints_the_model_loads() -> anyhow::Result<()> {
     s.ids
         .iter_mut()
         .filter(|id| **id == IMAGE_ID)
-        .for_each(|id| *id = 151_655);
+        .for_each(|id| *id = i64::from(shards::IMAGE_PAD_ID));
     s.ids[0] = 151_644;
     let mb = micro_batch(&[vec![s]], side, 64);
     let (loss, n) = vlm.loss(&params, &mb)?;

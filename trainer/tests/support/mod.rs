@@ -1,18 +1,18 @@
-//! Shared helpers of the model tests: tiny configs, random parameters, micro-batches built by
+//! Shared helpers of the model and FSDP tests: tiny configs, random parameters, micro-batches built by
 //! hand (the loader is not involved), and a float comparison with an explicit tolerance.
 #![allow(dead_code)]
 use pipeline::{MicroBatch, IGNORE_INDEX};
 use shards::Kind as SampleKind;
 use tch::Tensor;
-use trainer::model::init::random_params;
+use trainer::model::random_params;
 use trainer::model::{LoraConfig, Qwen2Config, SiglipVisionConfig, Vlm, VlmOptions};
-use trainer::unit::ParamMap;
+use trainer::ParamMap;
 
 /// Placeholder id of the tiny test vocabulary.
-pub const IMAGE_ID: i64 = 299;
-pub const VOCAB: i64 = 300;
+pub(crate) const IMAGE_ID: i64 = 299;
+pub(crate) const VOCAB: i64 = 300;
 
-pub fn tiny_vision() -> SiglipVisionConfig {
+pub(crate) fn tiny_vision() -> SiglipVisionConfig {
     SiglipVisionConfig {
         hidden_size: 32,
         intermediate_size: 64,
@@ -26,7 +26,7 @@ pub fn tiny_vision() -> SiglipVisionConfig {
     }
 }
 
-pub fn tiny_lm() -> Qwen2Config {
+pub(crate) fn tiny_lm() -> Qwen2Config {
     serde_json::from_value(serde_json::json!({
         "vocab_size": VOCAB, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
         "num_attention_heads": 4, "num_key_value_heads": 2, "rope_theta": 10000.0,
@@ -35,7 +35,7 @@ pub fn tiny_lm() -> Qwen2Config {
 }
 
 /// Tiny VLM (tied head) and random parameters (std 0.1, so every weight matters).
-pub fn tiny_vlm(lora: Option<LoraConfig>) -> (Vlm, ParamMap) {
+pub(crate) fn tiny_vlm(lora: Option<LoraConfig>) -> (Vlm, ParamMap) {
     let options = VlmOptions {
         image_token_id: IMAGE_ID,
         lora,
@@ -49,14 +49,14 @@ pub fn tiny_vlm(lora: Option<LoraConfig>) -> (Vlm, ParamMap) {
 
 /// One sample: ids (image placeholders already expanded), shifted labels, and its image.
 #[derive(Clone)]
-pub struct TestSample {
+pub(crate) struct TestSample {
     pub ids: Vec<i64>,
     pub labels: Vec<i64>,
     pub image: Option<Vec<u8>>,
 }
 
 /// Text sample of `len` tokens from `seed`, every next token supervised except the last.
-pub fn text_sample(len: usize, seed: i64) -> TestSample {
+pub(crate) fn text_sample(len: usize, seed: i64) -> TestSample {
     let ids: Vec<i64> = (0..len as i64)
         .map(|i| (seed * 31 + i * 17) % (VOCAB - 1))
         .collect();
@@ -71,7 +71,7 @@ pub fn text_sample(len: usize, seed: i64) -> TestSample {
 
 /// Image sample: 2 text tokens, `tokens` placeholders, a caption of `caption` tokens; labels
 /// supervise the caption (the last placeholder predicts its first token).
-pub fn image_sample(tokens: usize, caption: usize, seed: i64, side: usize) -> TestSample {
+pub(crate) fn image_sample(tokens: usize, caption: usize, seed: i64, side: usize) -> TestSample {
     let mut ids = vec![5 + seed, 6];
     ids.extend(std::iter::repeat_n(IMAGE_ID, tokens));
     let first_caption = ids.len();
@@ -96,7 +96,7 @@ pub fn image_sample(tokens: usize, caption: usize, seed: i64, side: usize) -> Te
 }
 
 /// Packs `rows` (each a list of samples) into one micro-batch, padding rows to the longest.
-pub fn micro_batch(rows: &[Vec<TestSample>], image_size: usize, image_tokens: usize) -> MicroBatch {
+pub(crate) fn micro_batch(rows: &[Vec<TestSample>], image_size: usize, image_tokens: usize) -> MicroBatch {
     let row_len = rows
         .iter()
         .map(|r| r.iter().map(|s| s.ids.len()).sum::<usize>())
@@ -149,13 +149,13 @@ pub fn micro_batch(rows: &[Vec<TestSample>], image_size: usize, image_tokens: us
 }
 
 /// Largest absolute difference between two float tensors of the same shape.
-pub fn max_abs_diff(a: &Tensor, b: &Tensor) -> f64 {
+pub(crate) fn max_abs_diff(a: &Tensor, b: &Tensor) -> f64 {
     assert_eq!(a.size(), b.size(), "shapes differ");
     (a - b).abs().max().double_value(&[])
 }
 
 /// Fails with both values when `a` and `b` differ by more than `tol` anywhere.
-pub fn assert_close(a: &Tensor, b: &Tensor, tol: f64, what: &str) {
+pub(crate) fn assert_close(a: &Tensor, b: &Tensor, tol: f64, what: &str) {
     let diff = max_abs_diff(a, b);
     assert!(
         diff <= tol,
@@ -163,13 +163,13 @@ pub fn assert_close(a: &Tensor, b: &Tensor, tol: f64, what: &str) {
     );
 }
 
-pub fn scalar(t: &Tensor) -> f64 {
+pub(crate) fn scalar(t: &Tensor) -> f64 {
     t.double_value(&[])
 }
 
 /// A text micro-batch from flat row-major `[rows, row_len]` ids, shifted labels and
 /// positions: one sample per row, no padding.
-pub fn raw_text_batch(
+pub(crate) fn raw_text_batch(
     rows: usize,
     row_len: usize,
     ids: Vec<i64>,
@@ -197,14 +197,14 @@ pub fn raw_text_batch(
     }
 }
 
-pub fn to_i64(t: &Tensor) -> Vec<i64> {
+pub(crate) fn to_i64(t: &Tensor) -> Vec<i64> {
     Vec::<i64>::try_from(t.flatten(0, -1).to_kind(tch::Kind::Int64))
         .expect("tensor converts to i64")
 }
 
 /// Runs `f` once per rank of `groups`, each rank on its own thread with its own handles on
 /// `init`'s storage (tch tensors are Send but not Sync); results come back in rank order.
-pub fn on_thread_ranks<T: Send>(
+pub(crate) fn on_thread_ranks<T: Send>(
     groups: &[trainer::dist::ProcessGroup],
     init: &ParamMap,
     f: impl Fn(&ParamMap, &trainer::dist::ProcessGroup) -> anyhow::Result<T> + Sync,

@@ -2,13 +2,12 @@
 //! written by scripts/golden.py (SiglipVisionModel, tied and untied Qwen2ForCausalLM, LLaVA's
 //! mlp2x_gelu projector); tessera loads the same files and must compute the same numbers
 //! (f32, CPU, within 1e-4).
-mod model_support;
 
-use model_support::*;
+use crate::support::*;
 use std::path::PathBuf;
-use trainer::model::weights::load_all;
+use trainer::model::load_safetensors;
 use trainer::model::{Vlm, VlmOptions};
-use trainer::unit::ParamMap;
+use trainer::ParamMap;
 
 const TOL: f64 = 1e-4;
 
@@ -17,7 +16,7 @@ fn golden() -> PathBuf {
 }
 
 fn outputs() -> anyhow::Result<ParamMap> {
-    Ok(load_all(&golden().join("outputs.safetensors"))?)
+    Ok(load_safetensors(&golden().join("outputs.safetensors"))?)
 }
 
 fn get<'a>(map: &'a ParamMap, key: &str) -> &'a tch::Tensor {

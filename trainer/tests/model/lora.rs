@@ -1,13 +1,12 @@
 //! LoRA in PEFT's format: fresh adapters leave the model unchanged, a saved adapter loads
 //! back to the same outputs, and merging gives W + (alpha/r)·B·A with the same outputs.
-mod model_support;
 
-use model_support::*;
-use trainer::model::lora::{
-    init, load_adapter, merge, save_adapter, ADAPTER_CONFIG, ADAPTER_WEIGHTS,
+use crate::support::*;
+use trainer::model::{
+    init_adapters, load_adapter, merge_adapters, save_adapter, ADAPTER_CONFIG, ADAPTER_WEIGHTS,
 };
 use trainer::model::{LoraConfig, Vlm};
-use trainer::unit::ParamMap;
+use trainer::ParamMap;
 
 fn lora_cfg() -> LoraConfig {
     LoraConfig {
@@ -31,7 +30,7 @@ fn fresh_adapters_follow_peft_init_and_change_nothing() -> anyhow::Result<()> {
     let (lora_vlm, random) = tiny_vlm(Some(lora_cfg()));
     let (base_vlm, _) = tiny_vlm(None);
     let mut params = without_lora(&random);
-    let fresh = init(&lora_vlm.lm, &lora_cfg(), 11);
+    let fresh = init_adapters(&lora_vlm.param_specs(), 11);
     // 7 target modules x 2 layers x (A, B)
     assert_eq!(fresh.len(), 28);
     let a = &fresh["model.layers.0.self_attn.q_proj.lora_A.weight"];
@@ -73,7 +72,7 @@ fn adapter_round_trip_and_merge() -> anyhow::Result<()> {
     };
     let vlm = Vlm::new(tiny_vision(), tiny_lm(), true, options)?;
     // Random (non-zero) A and B, so the adapters matter.
-    let params = trainer::model::init::random_params(&vlm.param_specs(), 5, 0.1);
+    let params = trainer::model::random_params(&vlm.param_specs(), 5, 0.1);
     let mb = micro_batch(&[vec![text_sample(8, 1), text_sample(5, 3)]], 0, 0);
     let with_lora = vlm.logits(&params, &mb)?;
 
@@ -86,7 +85,7 @@ fn adapter_round_trip_and_merge() -> anyhow::Result<()> {
     assert_eq!(config["r"], 4);
     assert_eq!(config["bias"], "none");
     assert_eq!(config["base_model_name_or_path"], "tiny-lm");
-    let raw = trainer::model::weights::load_all(&dir.path().join(ADAPTER_WEIGHTS))?;
+    let raw = trainer::model::load_safetensors(&dir.path().join(ADAPTER_WEIGHTS))?;
     assert_eq!(
         raw["base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight"].size(),
         vec![4, 32]
@@ -108,7 +107,7 @@ fn adapter_round_trip_and_merge() -> anyhow::Result<()> {
         "outputs after save + load",
     );
 
-    let merged = merge(&vlm.lm, &cfg, &params)?;
+    let merged = merge_adapters(&cfg, &params)?;
     assert!(merged.keys().all(|k| !k.contains("lora")));
     let q = "model.layers.1.self_attn.q_proj";
     let expected = &params[&format!("{q}.weight")]

@@ -1,11 +1,10 @@
 //! The chunked loss: same value and same gradients as the plain full-logits cross-entropy,
 //! whatever the chunk length, and a zero-loss micro-batch still back-propagates.
-mod model_support;
 
-use model_support::*;
+use crate::support::*;
 use pipeline::IGNORE_INDEX;
 use tch::{Kind, Tensor};
-use trainer::model::loss::{chunked_cross_entropy_sum, full_cross_entropy_sum};
+use trainer::model::{chunked_cross_entropy_sum, full_cross_entropy_sum};
 
 fn leaf(t: Tensor) -> Tensor {
     t.set_requires_grad(true)

@@ -1,9 +1,8 @@
 //! Packed rows: samples packed into one row (block-diagonal causal attention, positions
 //! restarting per sample) must compute exactly what each sample computes alone, and image
 //! tokens must land at the placeholder positions.
-mod model_support;
 
-use model_support::*;
+use crate::support::*;
 use pipeline::IGNORE_INDEX;
 use tch::{Kind, Tensor};
 

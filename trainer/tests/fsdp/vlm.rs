@@ -1,14 +1,13 @@
 //! FSDP on the real (tiny) VLM: stage 1 (projector) and stage 2 (projector + LoRA, two lr
 //! groups) at W=2 over gloo give the same losses and final weights as W=1 on the same global
 //! batches, alternating image and text-only micro-steps as the planner schedules them.
-mod model_support;
 
-use model_support::{image_sample, micro_batch, on_thread_ranks, text_sample, tiny_vlm};
+use crate::support::{image_sample, micro_batch, on_thread_ranks, text_sample, tiny_vlm};
 use std::time::Duration;
 use trainer::dist::{local_groups, ProcessGroup};
 use trainer::fsdp::{AdamWConfig, Fsdp, FsdpConfig, ParamGroup, Strategy};
 use trainer::model::{LoraConfig, Vlm};
-use trainer::unit::ParamMap;
+use trainer::ParamMap;
 
 const STEPS: usize = 6;
 

@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 use tch::{Device, Kind, Tensor};
 use trainer::dist::{local_groups, ProcessGroup};
 use trainer::fsdp::{AdamWConfig, Fsdp, FsdpConfig, MemoryReport, ParamGroup, Strategy};
-use trainer::unit::{ParamMap, ParamSpec, Unit};
+use trainer::{ParamMap, ParamSpec, Unit};
 
 const D: i64 = 16;
 const VOCAB: i64 = 24;

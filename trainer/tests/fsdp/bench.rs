@@ -2,16 +2,16 @@
 //! FULL_SHARD at W=2 (two gloo ranks as two threads) against W=1 in the same run, on the same
 //! global batches; bytes each rank sends per step against FSDP's theory (two all-gathers and one
 //! reduce-scatter of every unit's sharded bytes, (W-1) shards each). Prints one JSON line.
-//! Run: cargo test --release -p trainer --test fsdp_bench -- --ignored --nocapture
-mod model_support;
+//! Run: cargo test --release -p trainer --test fsdp -- --ignored --exact \
+//!   bench::fsdp_step_time_and_bytes_tiny_preset --nocapture
 
-use model_support::{image_sample, micro_batch, on_thread_ranks, text_sample};
+use crate::support::{image_sample, micro_batch, on_thread_ranks, text_sample};
 use std::time::{Duration, Instant};
 use trainer::dist::{local_groups, ProcessGroup};
 use trainer::fsdp::{Fsdp, FsdpConfig, Strategy};
-use trainer::model::init::{random_params, Preset};
+use trainer::model::{random_params, Preset};
 use trainer::model::{LoraConfig, Vlm, VlmOptions};
-use trainer::unit::ParamMap;
+use trainer::ParamMap;
 
 const STEPS: usize = 6;
 

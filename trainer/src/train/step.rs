@@ -1,0 +1,165 @@
+//! What the loop drives on this rank: the VLM's unit chain sharded by [`Fsdp`] (every
+//! strategy; NO_SHARD, i.e. DDP, is its unsharded mode). [`ShardedVlm`] runs a micro-batch's
+//! forward and backward (accumulating gradients), takes the optimizer step across ranks, and
+//! saves / restores this rank's shards and optimizer moments (`fsdp_shard.safetensors`).
+use super::config::{Stage, TrainConfig};
+use super::error::TrainError;
+use crate::dist::ProcessGroup;
+use crate::fsdp::{AdamWConfig, Fsdp, FsdpConfig, ParamGroup};
+use crate::model::{Vlm, VlmCtx};
+use crate::unit::ParamMap;
+use pipeline::MicroBatch;
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::time::Instant;
+use tch::Tensor;
+
+/// This rank's file in a checkpoint: its parameter shards and optimizer moments.
+pub(crate) const SHARD_FILE: &str = "fsdp_shard.safetensors";
+
+/// Seconds spent per part of the step ("fsdp": the micro-batches' forward and backward).
+pub(crate) type UnitTimes = BTreeMap<String, f64>;
+
+/// The VLM sharded over the ranks of `pg`, with its optimizer.
+pub(crate) struct ShardedVlm<'a> {
+    vlm: &'a Vlm,
+    fsdp: Fsdp<'a, VlmCtx>,
+    device: tch::Device,
+}
+
+impl<'a> ShardedVlm<'a> {
+    /// Shards `params` (every parameter, full) over `pg` with the run's strategy, learning
+    /// rates (stage 2: the projector in its own group), weight decay and clipping.
+    pub(crate) fn new(
+        cfg: &TrainConfig,
+        vlm: &'a Vlm,
+        pg: &'a ProcessGroup,
+        params: &ParamMap,
+        device: tch::Device,
+    ) -> Result<Self, TrainError> {
+        let mut groups = Vec::new();
+        if cfg.stage == Stage::Finetune {
+            groups.push(ParamGroup {
+                name: "projector".into(),
+                unit_prefixes: vec!["projector".into()],
+                name_contains: Vec::new(),
+                lr: cfg.projector_lr,
+                weight_decay: cfg.weight_decay,
+            });
+        }
+        let config = FsdpConfig {
+            strategy: cfg.strategy,
+            adamw: AdamWConfig {
+                lr: cfg.lr,
+                weight_decay: cfg.weight_decay,
+                groups,
+                ..AdamWConfig::default()
+            },
+            max_grad_norm: (cfg.grad_clip > 0.0).then_some(cfg.grad_clip),
+            device,
+            ..FsdpConfig::default()
+        };
+        let fsdp = Fsdp::new(vlm.units(), pg, params, config)?;
+        Ok(ShardedVlm { vlm, fsdp, device })
+    }
+
+    /// Forward and backward of one micro-batch; gradients of `loss_sum * loss_scale`
+    /// accumulate. Returns the micro-batch's summed token loss (unscaled).
+    pub(crate) fn forward_backward(
+        &mut self,
+        mb: &MicroBatch,
+        loss_scale: f64,
+        times: &mut UnitTimes,
+    ) -> Result<f64, TrainError> {
+        let ctx = VlmCtx::new(
+            mb,
+            &self.vlm.vision,
+            &self.vlm.lm,
+            self.vlm.options.image_token_id,
+            self.device,
+        )?;
+        let start = Instant::now();
+        let loss = self
+            .fsdp
+            .forward_backward(&ctx, &ctx.first_input(), loss_scale)?;
+        // FSDP interleaves units, collectives and recompute: time the micro-batch as a whole.
+        *times.entry("fsdp".into()).or_default() += start.elapsed().as_secs_f64();
+        Ok(loss)
+    }
+
+    /// Reduces gradients across ranks, clips the global norm to the run's `grad_clip`, updates
+    /// at each parameter's peak rate times `lr_factor`, clears gradients. Returns the norm
+    /// before clipping.
+    pub(crate) fn optimizer_step(&mut self, lr_factor: f64) -> Result<f64, TrainError> {
+        Ok(self.fsdp.step(lr_factor)?.grad_norm)
+    }
+
+    /// Full trainable tensors by Hugging Face key (every rank calls it: it communicates).
+    pub(crate) fn trainable(&self) -> Result<ParamMap, TrainError> {
+        Ok(self.fsdp.gather_params(true)?)
+    }
+
+    /// Writes this rank's shards and optimizer state into `dir`.
+    pub(crate) fn save(&self, dir: &Path) -> Result<(), TrainError> {
+        let path = dir.join(SHARD_FILE);
+        let state: Vec<(String, Tensor)> = self.fsdp.shard_state().into_iter().collect();
+        Tensor::write_safetensors(&state, &path)
+            .map_err(|source| TrainError::Tensors { path, source })
+    }
+
+    /// Restores what [`ShardedVlm::save`] wrote.
+    pub(crate) fn load(&mut self, dir: &Path) -> Result<(), TrainError> {
+        let path = dir.join(SHARD_FILE);
+        let state = match Tensor::read_safetensors(&path) {
+            Ok(tensors) => tensors.into_iter().collect(),
+            Err(source) => return Err(TrainError::Tensors { path, source }),
+        };
+        self.fsdp.load_shard_state(&state)?;
+        Ok(())
+    }
+}
+
+/// What one step's micro-batches add up to on a rank (then, all-reduced, over all ranks).
+/// Counts are f64 so one all-reduce carries them with the loss.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub(crate) struct StepTotals {
+    /// Summed token loss (unscaled).
+    pub(crate) loss_sum: f64,
+    /// Token slots (rows x row length), padding included.
+    pub(crate) tokens: f64,
+    /// Tokens that are not padding.
+    pub(crate) real_tokens: f64,
+    pub(crate) images: f64,
+    pub(crate) supervised_tokens: f64,
+}
+
+impl StepTotals {
+    pub(crate) fn add_batch(&mut self, mb: &MicroBatch) {
+        self.tokens += (mb.rows * mb.row_len) as f64;
+        self.real_tokens += mb.real_tokens as f64;
+        self.images += mb.num_images as f64;
+        self.supervised_tokens += mb.supervised_tokens as f64;
+    }
+
+    /// The order the all-reduce carries them in; [`StepTotals::from_slice`] reads it back.
+    pub(crate) fn to_array(self) -> [f64; 5] {
+        [
+            self.loss_sum,
+            self.tokens,
+            self.real_tokens,
+            self.images,
+            self.supervised_tokens,
+        ]
+    }
+
+    pub(crate) fn from_slice(v: &[f64]) -> Self {
+        let at = |i: usize| v.get(i).copied().unwrap_or(0.0);
+        StepTotals {
+            loss_sum: at(0),
+            tokens: at(1),
+            real_tokens: at(2),
+            images: at(3),
+            supervised_tokens: at(4),
+        }
+    }
+}
