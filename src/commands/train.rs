@@ -3,7 +3,7 @@
 //! itself; with RANK set (torchrun or the launcher) it runs one rank.
 use anyhow::Context;
 use std::path::PathBuf;
-use trainer::train::config::{ConfigLayer, Device, Resize, Stage, Strategy};
+use trainer::train::config::{ConfigLayer, Device, Recompute, Resize, Stage, Strategy};
 
 /// Arguments of `tessera train` (each flag overrides the same key of `--config`).
 #[derive(clap::Args, Debug)]
@@ -95,6 +95,10 @@ pub struct Args {
     /// Projector to start from: an exported mm_projector.safetensors or a stage-1 run directory.
     #[arg(long)]
     pub init_projector: Option<PathBuf>,
+    /// Backward recomputes each trained unit's forward (`all`, default: least memory) or keeps
+    /// the forward's activations (`none`: faster, more memory).
+    #[arg(long, value_parser = ["all", "none"])]
+    pub recompute: Option<String>,
 }
 
 impl Args {
@@ -151,6 +155,13 @@ impl Args {
             loader_threads: self.loader_threads,
             collective_timeout_s: self.collective_timeout,
             init_projector: self.init_projector.clone(),
+            recompute: self.recompute.as_deref().map(|r| {
+                if r == "none" {
+                    Recompute::None
+                } else {
+                    Recompute::All
+                }
+            }),
         })
     }
 }

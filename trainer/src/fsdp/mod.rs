@@ -6,7 +6,10 @@
 //!    under no_grad, gathering the next unit's buffers while the current one computes; backward
 //!    re-gathers (FULL_SHARD), recomputes each unit from its saved input, back-propagates the
 //!    upstream gradient and reduce-scatters parameter gradients into the shards. The frozen
-//!    prefix (units before the first trainable one) runs no backward at all.
+//!    prefix (units before the first trainable one) runs no backward at all. With
+//!    [`Recompute::None`] the forward keeps each trained unit's autograd graph instead, and
+//!    backward runs through it without gathering or recomputing. At W=1 nothing is gathered:
+//!    units read the shards (the whole buffers) in place.
 //! 3. [`engine::Fsdp::step`]: one all-reduce of (squared grad norm, loss), clipping, and
 //!    [`optim::ShardedAdamW`] on the shards.
 pub mod engine;
@@ -41,6 +44,30 @@ impl FromStr for Strategy {
             "no_shard" => Ok(Strategy::NoShard),
             other => Err(FsdpError::Config(format!(
                 "unknown strategy {other:?} (full_shard, shard_grad_op or no_shard)"
+            ))),
+        }
+    }
+}
+
+/// What backward does for units that train (or pass gradients to one that does).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Recompute {
+    /// Activation checkpointing: forward runs without autograd; backward gathers the unit
+    /// again and recomputes it from its saved input. Least memory.
+    All,
+    /// Forward builds the autograd graph and keeps it (with the parameters it read) until
+    /// backward: no second forward, no second gather. Most memory.
+    None,
+}
+
+impl FromStr for Recompute {
+    type Err = FsdpError;
+    fn from_str(s: &str) -> Result<Self, FsdpError> {
+        match s {
+            "all" => Ok(Recompute::All),
+            "none" => Ok(Recompute::None),
+            other => Err(FsdpError::Config(format!(
+                "unknown recompute {other:?} (all or none)"
             ))),
         }
     }

@@ -73,6 +73,15 @@ pub enum Strategy {
     NoShard,
 }
 
+/// Whether backward recomputes each trained unit's forward (activation checkpointing, least
+/// memory) or keeps the forward's activations (`none`: no second forward, most memory).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Recompute {
+    All,
+    None,
+}
+
 /// Where tensors live.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -122,6 +131,7 @@ pub struct ConfigLayer {
     pub loader_threads: Option<usize>,
     pub collective_timeout_s: Option<u64>,
     pub init_projector: Option<PathBuf>,
+    pub recompute: Option<Recompute>,
 }
 
 /// A resolved, validated configuration: every knob has its value.
@@ -165,6 +175,8 @@ pub struct TrainConfig {
     /// Projector to start from (stage 2 after stage 1): an exported `mm_projector.safetensors`
     /// or a stage-1 run directory (its latest checkpoint); `None` = fresh init.
     pub init_projector: Option<PathBuf>,
+    /// Activation checkpointing of the trained units: `all` (default) or `none`.
+    pub recompute: Recompute,
 }
 
 impl ConfigLayer {
@@ -212,7 +224,8 @@ impl ConfigLayer {
             seq_len,
             loader_threads,
             collective_timeout_s,
-            init_projector
+            init_projector,
+            recompute
         )
     }
 
@@ -263,6 +276,7 @@ impl ConfigLayer {
             loader_threads: self.loader_threads.unwrap_or_else(default_loader_threads),
             collective_timeout_s: self.collective_timeout_s.unwrap_or(300),
             init_projector: self.init_projector,
+            recompute: self.recompute.unwrap_or(Recompute::All),
         };
         cfg.validate()?;
         Ok(cfg)

@@ -1,6 +1,6 @@
 //! The [`Engine`] for FULL_SHARD and SHARD_GRAD_OP: `crate::fsdp::Fsdp` over the VLM's unit
 //! chain. Each rank saves its own shards and optimizer moments (`fsdp_shard.safetensors`).
-use super::config::{Stage, Strategy, TrainConfig};
+use super::config::{Recompute, Stage, Strategy, TrainConfig};
 use super::engine::{Engine, UnitTimes};
 use super::error::TrainError;
 use crate::dist::ProcessGroup;
@@ -9,7 +9,6 @@ use crate::model::{Vlm, VlmCtx};
 use crate::unit::ParamMap;
 use pipeline::MicroBatch;
 use std::path::Path;
-use std::time::Instant;
 use tch::Tensor;
 
 pub const SHARD_FILE: &str = "fsdp_shard.safetensors";
@@ -61,6 +60,10 @@ impl<'a> FsdpEngine<'a> {
             },
             max_grad_norm: (cfg.grad_clip > 0.0).then_some(cfg.grad_clip),
             device,
+            recompute: match cfg.recompute {
+                Recompute::All => fsdp::Recompute::All,
+                Recompute::None => fsdp::Recompute::None,
+            },
             ..FsdpConfig::default()
         };
         let fsdp = Fsdp::new(vlm.units(), pg, params, config)?;
@@ -76,12 +79,12 @@ impl Engine for FsdpEngine<'_> {
         times: &mut UnitTimes,
     ) -> Result<f64, TrainError> {
         let ctx = VlmCtx::new(mb, self.vlm, self.device)?;
-        let start = Instant::now();
         let loss = self
             .fsdp
             .forward_backward(&ctx, &ctx.first_input(), loss_scale)?;
-        // FSDP interleaves units, collectives and recompute: time the micro-batch as a whole.
-        *times.entry("fsdp".into()).or_default() += start.elapsed().as_secs_f64();
+        for (component, secs) in self.fsdp.take_times() {
+            *times.entry(component).or_default() += secs;
+        }
         Ok(loss)
     }
 

@@ -279,7 +279,9 @@ impl<'a> Looper<'a> {
         }
         let compute = started.elapsed().as_secs_f64() - wait;
         let lr_factor = self.schedule.factor(step);
+        let t = Instant::now();
         let grad_norm = engine.optimizer_step(lr_factor, self.cfg.grad_clip)?;
+        times.insert("optimizer".into(), t.elapsed().as_secs_f64());
         let mut totals = Tensor::from_slice(&local);
         let mut computes =
             Tensor::zeros([s.world_size as i64], (tch::Kind::Double, tch::Device::Cpu));
