@@ -169,7 +169,7 @@ pub fn build(cfg: &TrainConfig, pg: ProcessGroup) -> Result<Setup, TrainError> {
         Device::Cuda => dist::cuda_device_for(rank),
     };
     let params: ParamMap = vlm
-        .load_params(&cfg.vision, &cfg.lm, projector.as_deref(), cfg.seed)?
+        .load_params_as_stored(&cfg.vision, &cfg.lm, projector.as_deref(), cfg.seed)?
         .into_iter()
         .map(|(k, t)| (k, t.to_device(device)))
         .collect();
