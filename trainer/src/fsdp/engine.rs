@@ -2,10 +2,11 @@
 use super::flat_param::{FlatParams, ShardSpec};
 use super::gather::Gathered;
 use super::optim::{AdamWConfig, ShardedAdamW};
-use super::{FsdpError, Strategy};
+use super::{FsdpError, Recompute, Strategy};
 use crate::dist::{ProcessGroup, Work};
 use crate::unit::{ParamMap, Unit};
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
+use std::time::Instant;
 use tch::{Device, Kind, Tensor};
 
 /// Everything FSDP needs besides the units and the process group.
@@ -26,6 +27,10 @@ pub struct FsdpConfig {
     /// sizes abort the process inside gloo ("Received data size doesn't match expected size"),
     /// and a rank waiting on a peer that runs something else times out.
     pub check_schedule: bool,
+    /// `All`: backward re-gathers and recomputes each unit from its saved input (activation
+    /// checkpointing). `None`: the forward keeps each trained unit's autograd graph and the
+    /// backward runs through it (faster, activations held until backward).
+    pub recompute: Recompute,
 }
 
 impl Default for FsdpConfig {
@@ -38,6 +43,7 @@ impl Default for FsdpConfig {
             device: Device::Cpu,
             prefetch: true,
             check_schedule: true,
+            recompute: Recompute::All,
         }
     }
 }
@@ -70,7 +76,26 @@ pub struct StepStats {
 struct PendingGrad {
     buffer: usize,
     out: Tensor,
-    work: Work,
+    /// None at W=1: the gradient is already the whole reduction.
+    work: Option<Work>,
+}
+
+/// A unit's forward with autograd on: the input leaf, the trainable parameter leaves (by
+/// buffer) and the output, ready for backward.
+struct Graph {
+    input: Tensor,
+    leaves: Vec<(usize, Tensor)>,
+    output: Tensor,
+}
+
+/// The component a unit's time is booked under in [`Fsdp::take_times`]: decoder layers are
+/// summed as "lm_layers"; other units keep their name ("vision", "projector", "embed", "head").
+fn component(unit: &str) -> &str {
+    if unit.starts_with("layers.") {
+        "lm_layers"
+    } else {
+        unit
+    }
 }
 
 /// FSDP over a unit chain on one rank.
@@ -85,6 +110,9 @@ pub struct Fsdp<'a, C> {
     pub(super) loss_sum: f64,
     pub(super) loss_scale: f64,
     pub(super) bytes_mark: u64,
+    /// Seconds per component since the last `take_times` (see [`component`]), plus
+    /// "gather_wait" and "reduce_wait".
+    pub(super) times: BTreeMap<String, f64>,
 }
 
 impl<'a, C> Fsdp<'a, C> {
@@ -121,6 +149,7 @@ impl<'a, C> Fsdp<'a, C> {
             loss_sum: 0.0,
             loss_scale: 1.0,
             bytes_mark,
+            times: BTreeMap::new(),
         })
     }
 
@@ -128,8 +157,20 @@ impl<'a, C> Fsdp<'a, C> {
         &self.flat
     }
 
+    /// Whether buffers are split over ranks. At W=1 every strategy holds whole buffers, so
+    /// nothing is gathered or copied: units read the shards themselves.
     pub(super) fn sharded(&self) -> bool {
-        self.config.strategy != Strategy::NoShard
+        self.config.strategy != Strategy::NoShard && self.pg.world_size() > 1
+    }
+
+    /// Seconds per component since the last call (forward + backward, recompute included),
+    /// then starts again from zero.
+    pub fn take_times(&mut self) -> BTreeMap<String, f64> {
+        std::mem::take(&mut self.times)
+    }
+
+    fn book(&mut self, key: &str, since: Instant) {
+        *self.times.entry(key.to_string()).or_default() += since.elapsed().as_secs_f64();
     }
 
     fn torch_err(&self, unit: usize) -> impl Fn(tch::TchError) -> FsdpError + '_ {
@@ -171,8 +212,13 @@ impl<'a, C> Fsdp<'a, C> {
         };
         let mut schedule: Vec<(bool, usize)> = running.iter().map(|&i| (false, i)).collect();
         schedule.extend(backward_units.iter().rev().map(|&i| (true, i)));
+        let recompute = self.config.recompute == Recompute::All;
+        // Without recompute a backward step runs through the graph its forward kept, which
+        // holds the parameters it read: nothing to gather.
+        let needs_params = |step: &(bool, usize)| !step.0 || recompute;
         let sharded = self.sharded();
         let mut saved: HashMap<usize, Tensor> = HashMap::new();
+        let mut kept: HashMap<usize, Graph> = HashMap::new();
         let mut x = input.shallow_clone();
         let mut upstream: Option<Tensor> = None;
         let mut pending: Vec<PendingGrad> = Vec::new();
@@ -180,9 +226,12 @@ impl<'a, C> Fsdp<'a, C> {
         for p in 0..schedule.len() {
             let (backward, u) = schedule[p];
             let name = self.units[u].name();
-            self.gathered.ready(&self.flat, u, name, self.pg, sharded)?;
+            let t = Instant::now();
+            if needs_params(&schedule[p]) {
+                self.gathered.ready(&self.flat, u, name, self.pg, sharded)?;
+            }
             if self.config.prefetch {
-                if let Some(&(_, next)) = schedule.get(p + 1) {
+                if let Some(&(_, next)) = schedule.get(p + 1).filter(|s| needs_params(s)) {
                     self.gathered.issue(
                         &self.flat,
                         next,
@@ -192,37 +241,59 @@ impl<'a, C> Fsdp<'a, C> {
                     )?;
                 }
             }
+            self.book("gather_wait", t);
+            let t = Instant::now();
             let issued_before = pending.len();
             if !backward {
-                if backward_units.contains(&u) {
+                let first_trained = backward_units.first() == Some(&u);
+                if !backward_units.contains(&u) {
+                    let params = self.flat.param_map(u, &self.gathered.full);
+                    x = tch::no_grad(|| self.units[u].forward(&params, &x, ctx));
+                } else if recompute {
                     saved.insert(u, x.shallow_clone());
+                    let params = self.flat.param_map(u, &self.gathered.full);
+                    x = tch::no_grad(|| self.units[u].forward(&params, &x, ctx));
+                } else {
+                    let graph = self.graph(u, ctx, &x, !first_trained)?;
+                    x = graph.output.detach();
+                    kept.insert(u, graph);
                 }
-                let params = self.flat.param_map(u, &self.gathered.full);
-                x = tch::no_grad(|| self.units[u].forward(&params, &x, ctx));
                 if u == last {
                     loss = self.scalar(u, &x)?;
                 }
             } else {
-                let input = saved.remove(&u).unwrap_or_else(|| x.shallow_clone());
-                let first = backward_units.first() == Some(&u);
-                upstream =
-                    self.backward_unit(u, ctx, &input, upstream.take(), !first, &mut pending)?;
+                let graph = match kept.remove(&u) {
+                    Some(graph) => graph,
+                    None => {
+                        let input = saved.remove(&u).unwrap_or_else(|| x.shallow_clone());
+                        let first = backward_units.first() == Some(&u);
+                        self.graph(u, ctx, &input, !first)?
+                    }
+                };
+                upstream = self.backward_unit(u, graph, upstream.take(), &mut pending)?;
             }
+            self.book(component(name), t);
+            let t = Instant::now();
             let done: Vec<PendingGrad> = pending.drain(..issued_before).collect();
             self.finish(done)?;
             let keep: Vec<usize> = match self.config.strategy {
                 Strategy::FullShard => schedule
                     .get(p + 1)
+                    .filter(|s| needs_params(s))
                     .map(|&(_, n)| self.flat.unit_buffers[n].clone())
                     .unwrap_or_default(),
                 _ => schedule[p + 1..]
                     .iter()
+                    .filter(|s| needs_params(s))
                     .flat_map(|&(_, n)| self.flat.unit_buffers[n].clone())
                     .collect(),
             };
             self.gathered.release(&self.flat, u, &keep, sharded);
+            self.book("reduce_wait", t);
         }
+        let t = Instant::now();
         self.finish(pending)?;
+        self.book("reduce_wait", t);
         self.loss_sum += loss;
         Ok(loss)
     }
@@ -240,18 +311,15 @@ impl<'a, C> Fsdp<'a, C> {
             .map_err(self.torch_err(unit))
     }
 
-    /// Recomputes unit `u` from its saved input with gradients on, back-propagates `upstream`
-    /// (or the loss scale for the last unit) and issues the reduction of its parameter grads.
-    /// Returns the gradient of the unit's input when the previous unit needs it.
-    fn backward_unit(
+    /// Runs unit `u` on `input` with autograd on: trainable buffers become leaves, the input a
+    /// leaf that requires grad when the previous unit needs its gradient.
+    fn graph(
         &self,
         u: usize,
         ctx: &C,
         input: &Tensor,
-        upstream: Option<Tensor>,
         need_input_grad: bool,
-        pending: &mut Vec<PendingGrad>,
-    ) -> Result<Option<Tensor>, FsdpError> {
+    ) -> Result<Graph, FsdpError> {
         let name = self.units[u].name();
         let mut leaves: Vec<(usize, Tensor)> = Vec::new();
         let mut params = ParamMap::new();
@@ -262,7 +330,7 @@ impl<'a, C> Fsdp<'a, C> {
                 .get(&b)
                 .ok_or_else(|| FsdpError::Layout {
                     name: self.flat.buffers[b].key(),
-                    message: format!("buffer is not gathered for the backward of unit '{name}'"),
+                    message: format!("buffer is not gathered for the graph of unit '{name}'"),
                 })?;
             if self.flat.buffers[b].trainable {
                 let leaf = full.detach().set_requires_grad(true);
@@ -272,8 +340,32 @@ impl<'a, C> Fsdp<'a, C> {
                 params.extend(self.flat.buffers[b].views(full));
             }
         }
-        let x = input.detach().set_requires_grad(need_input_grad);
-        let y = self.units[u].forward(&params, &x, ctx);
+        let input = input.detach().set_requires_grad(need_input_grad);
+        let output = self.units[u].forward(&params, &input, ctx);
+        Ok(Graph {
+            input,
+            leaves,
+            output,
+        })
+    }
+
+    /// Back-propagates `upstream` (or the loss scale for the last unit) through unit `u`'s
+    /// graph and issues the reduction of its parameter grads. Returns the gradient of the
+    /// unit's input when the previous unit needs it.
+    fn backward_unit(
+        &self,
+        u: usize,
+        graph: Graph,
+        upstream: Option<Tensor>,
+        pending: &mut Vec<PendingGrad>,
+    ) -> Result<Option<Tensor>, FsdpError> {
+        let name = self.units[u].name();
+        let Graph {
+            input: x,
+            leaves,
+            output: y,
+        } = graph;
+        let need_input_grad = x.requires_grad();
         let root = match &upstream {
             None => {
                 self.scalar(u, &y)?;
@@ -303,11 +395,13 @@ impl<'a, C> Fsdp<'a, C> {
             let (out, work) = if self.sharded() {
                 let mut out = Tensor::empty([buffer.shard_len], (grad.kind(), grad.device()));
                 let work = self.pg.reduce_scatter_into(&mut out, &grad, name)?;
-                (out, work)
-            } else {
+                (out, Some(work))
+            } else if self.pg.world_size() > 1 {
                 let mut out = grad;
                 let work = self.pg.all_reduce_sum(&mut out, name)?;
-                (out, work)
+                (out, Some(work))
+            } else {
+                (grad, None)
             };
             pending.push(PendingGrad {
                 buffer: *b,
@@ -321,7 +415,9 @@ impl<'a, C> Fsdp<'a, C> {
     /// Waits for gradient reductions and adds them to the shards' gradients.
     fn finish(&mut self, done: Vec<PendingGrad>) -> Result<(), FsdpError> {
         for p in done {
-            p.work.wait()?;
+            if let Some(work) = p.work {
+                work.wait()?;
+            }
             if let Some(g) = &mut self.grads[p.buffer] {
                 tch::no_grad(|| {
                     let _ = g.g_add_(&p.out);

@@ -6,7 +6,10 @@
 //!    under no_grad, gathering the next unit's buffers while the current one computes; backward
 //!    re-gathers (FULL_SHARD), recomputes each unit from its saved input, back-propagates the
 //!    upstream gradient and reduce-scatters parameter gradients into the shards. The frozen
-//!    prefix (units before the first trainable one) runs no backward at all.
+//!    prefix (units before the first trainable one) runs no backward at all. With
+//!    [`Recompute::None`] the forward keeps each trained unit's autograd graph instead, and
+//!    backward runs through it without gathering or recomputing. At W=1 nothing is gathered:
+//!    units read the shards (the whole buffers) in place.
 //! 3. [`Fsdp::step`]: one all-reduce of (squared grad norm, loss), clipping, and
 //!    `ShardedAdamW` (`optim.rs`) on the shards.
 mod engine;
@@ -34,6 +37,19 @@ pub enum Strategy {
     ShardGradOp,
     /// DDP: full parameters and optimizer state on every rank, gradients all-reduced.
     NoShard,
+}
+
+/// What backward does for units that train (or pass gradients to one that does).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "snake_case")]
+#[value(rename_all = "snake_case")]
+pub enum Recompute {
+    /// Activation checkpointing: forward runs without autograd; backward gathers the unit
+    /// again and recomputes it from its saved input. Least memory.
+    All,
+    /// Forward builds the autograd graph and keeps it (with the parameters it read) until
+    /// backward: no second forward, no second gather. Most memory.
+    None,
 }
 
 /// FSDP errors; each names the unit, parameter or checkpoint key involved.

@@ -1,7 +1,7 @@
 //! `VlmCtx`: what every unit reads from the micro-batch, built once per micro-batch on the
 //! device: ids, labels, the block-diagonal causal mask of the packed rows, rotary tables from
 //! the per-sample positions, the placeholder positions, and the normalised pixels.
-use super::attention::block_causal_mask;
+use super::attention::{block_causal_mask, row_spans, Span};
 use super::config::{Qwen2Config, SiglipVisionConfig};
 use super::rope::rotary_tables;
 use super::siglip;
@@ -16,8 +16,11 @@ pub struct VlmCtx {
     pub input_ids: Tensor,
     /// `[rows, len]` i64, already shifted; `IGNORE_INDEX` where nothing is predicted.
     pub labels: Tensor,
-    /// `[rows, 1, len, len]` bool, true where attention is allowed.
-    pub mask: Tensor,
+    /// `[rows, 1, len, len]` bool, true where attention is allowed; built only off the CPU.
+    /// On the CPU attention runs span by span (`spans`) and never needs it.
+    pub mask: Option<Tensor>,
+    /// Each row's packed samples and padding runs.
+    pub spans: Vec<Vec<Span>>,
     /// `[rows, 1, len, head_dim]` f32 rotary tables.
     pub cos: Tensor,
     pub sin: Tensor,
@@ -135,7 +138,8 @@ impl VlmCtx {
             row_len: shape[1],
             input_ids: ids(&mb.input_ids),
             labels: ids(&mb.labels),
-            mask: block_causal_mask(&segments),
+            mask: (device != Device::Cpu).then(|| block_causal_mask(&segments)),
+            spans: row_spans(&mb.segment_ids, mb.rows, mb.row_len),
             cos,
             sin,
             placeholder_index: Tensor::from_slice(&placeholders).to_device(device),

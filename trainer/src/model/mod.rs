@@ -29,6 +29,7 @@ mod units;
 mod vlm;
 mod weights;
 
+pub use attention::{attend, attend_spans, block_causal_mask, row_spans, Span};
 pub use config::{LoraConfig, Qwen2Config, RopeParameters, SiglipVisionConfig};
 pub use ctx::VlmCtx;
 pub use init::{

@@ -3,7 +3,7 @@
 //! f32, RoPE (rotate_half), grouped-query attention, q/k/v bias and no o_proj bias; final
 //! RMSNorm and `lm_head` (tied to `model.embed_tokens.weight` when the checkpoint has no
 //! `lm_head.weight`). LoRA adapters (see [`super::lora`]) add to the seven linear layers.
-use super::attention::attend;
+use super::attention::{attend, attend_spans, Span};
 use super::config::{LoraConfig, Qwen2Config};
 use super::keys::{KeyPath, LinearKeys};
 use super::lora;
@@ -152,7 +152,11 @@ impl DecoderLayer {
             .transpose(1, 2);
         let q = apply_rotary(&q, inputs.cos, inputs.sin);
         let k = apply_rotary(&k, inputs.cos, inputs.sin);
-        let attn = attend(&q, &k, &v, Some(inputs.mask))
+        let attn = match inputs.mask {
+            Some(mask) => attend(&q, &k, &v, Some(mask)),
+            None => attend_spans(&q, &k, &v, inputs.spans),
+        };
+        let attn = attn
             .transpose(1, 2)
             .reshape([rows, len, heads * hd]);
         let h = residual + lin.apply(&attn, &self.o_proj, salt(3));
@@ -181,7 +185,9 @@ pub(super) fn rms_norm(x: &Tensor, weight: &Tensor, eps: f64) -> Tensor {
 
 /// Per-micro-batch inputs a decoder layer needs (built once by `VlmCtx`).
 pub(super) struct LayerInputs<'a> {
-    pub mask: &'a Tensor,
+    /// Dense block-causal mask; `None` runs attention span by span over `spans`.
+    pub mask: Option<&'a Tensor>,
+    pub spans: &'a [Vec<Span>],
     pub cos: &'a Tensor,
     pub sin: &'a Tensor,
     /// `Some(seed)` applies LoRA dropout with a mask drawn from that seed (so FSDP's recompute

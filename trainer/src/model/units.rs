@@ -140,7 +140,8 @@ impl Unit<VlmCtx> for LayerUnit {
     }
     fn forward(&self, params: &ParamMap, input: &Tensor, ctx: &VlmCtx) -> Tensor {
         let inputs = LayerInputs {
-            mask: &ctx.mask,
+            mask: ctx.mask.as_ref(),
+            spans: &ctx.spans,
             cos: &ctx.cos,
             sin: &ctx.sin,
             dropout_seed: ctx.dropout_seed,

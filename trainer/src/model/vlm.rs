@@ -144,18 +144,32 @@ impl Vlm {
         projector_file: Option<&Path>,
         seed: u64,
     ) -> Result<ParamMap> {
-        let mut params = HfCheckpoint::open(vision_dir)?.load_specs(
-            &siglip::param_specs(&self.vision),
-            Some("vision_model."),
-            Device::Cpu,
-        )?;
+        let mut params = self.load_params_as_stored(vision_dir, lm_dir, projector_file, seed)?;
+        for t in params.values_mut() {
+            *t = t.to_kind(Kind::Float);
+        }
+        Ok(params)
+    }
+
+    /// [`Self::load_params`] with the checkpoints' tensors in their stored dtypes (a Hub bf16
+    /// checkpoint stays bf16: FSDP converts each tensor into its f32 shard, so the full model
+    /// never exists in f32 next to the shards).
+    pub fn load_params_as_stored(
+        &self,
+        vision_dir: &Path,
+        lm_dir: &Path,
+        projector_file: Option<&Path>,
+        seed: u64,
+    ) -> Result<ParamMap> {
+        let mut params = HfCheckpoint::open(vision_dir)?
+            .load_specs_as_stored(&siglip::param_specs(&self.vision), Some("vision_model."))?;
         let lm_specs: Vec<ParamSpec> = self
             .param_specs()
             .into_iter()
             .filter(|s| s.name.starts_with("model.") || s.name == qwen2::LM_HEAD)
             .filter(|s| !s.name.contains(".lora_"))
             .collect();
-        params.append(&mut HfCheckpoint::open(lm_dir)?.load_specs(&lm_specs, None, Device::Cpu)?);
+        params.append(&mut HfCheckpoint::open(lm_dir)?.load_specs_as_stored(&lm_specs, None)?);
         let specs = projector::param_specs(self.vision.hidden_size, self.lm.hidden_size, true);
         let mut proj = match projector_file {
             Some(path) => load_projector(path, &specs)?,

@@ -86,6 +86,11 @@ impl HfCheckpoint {
 
     /// Reads `name` as an f32 tensor on the CPU, checking its shape against `expected`.
     pub fn tensor(&self, name: &str, expected: &[i64]) -> Result<Tensor> {
+        Ok(self.tensor_as_stored(name, expected)?.to_kind(Kind::Float))
+    }
+
+    /// Reads `name` in the dtype the file stores it in (BF16, F16 or F32), on the CPU.
+    pub fn tensor_as_stored(&self, name: &str, expected: &[i64]) -> Result<Tensor> {
         let &file = self
             .location
             .get(name)
@@ -112,8 +117,7 @@ impl HfCheckpoint {
             });
         }
         let kind = float_kind(view.dtype(), path, name)?;
-        let t = Tensor::f_from_data_size(view.data(), &found, kind)?;
-        Ok(t.to_kind(Kind::Float))
+        Ok(Tensor::f_from_data_size(view.data(), &found, kind)?)
     }
 
     /// Loads every spec: the specs are what the model reads, so each must be present with its
@@ -127,14 +131,27 @@ impl HfCheckpoint {
         optional_prefix: Option<&str>,
         device: Device,
     ) -> Result<ParamMap> {
+        let mut out = self.load_specs_as_stored(specs, optional_prefix)?;
+        for t in out.values_mut() {
+            *t = t.to_kind(Kind::Float).to_device(device);
+        }
+        Ok(out)
+    }
+
+    /// [`Self::load_specs`] on the CPU in the stored dtypes: a bf16 checkpoint stays bf16 (half
+    /// the bytes of an f32 copy) until the caller converts it where it keeps it.
+    pub fn load_specs_as_stored<'a>(
+        &self,
+        specs: impl IntoIterator<Item = &'a ParamSpec>,
+        optional_prefix: Option<&str>,
+    ) -> Result<ParamMap> {
         let mut out = BTreeMap::new();
         for spec in specs {
             let stored = match optional_prefix.and_then(|p| spec.name.strip_prefix(p)) {
                 Some(short) if !self.contains(&spec.name) && self.contains(short) => short,
                 _ => spec.name.as_str(),
             };
-            let t = self.tensor(stored, &spec.shape)?.to_device(device);
-            out.insert(spec.name.clone(), t);
+            out.insert(spec.name.clone(), self.tensor_as_stored(stored, &spec.shape)?);
         }
         Ok(out)
     }

@@ -15,7 +15,7 @@
 #[macro_use]
 mod knobs;
 
-pub use crate::fsdp::Strategy;
+pub use crate::fsdp::{Recompute, Strategy};
 pub use pipeline::loader::{BadImagePolicy, ResizePolicy};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
@@ -118,6 +118,9 @@ knobs! {
     nproc: usize = default(1),
     /// FSDP sharding strategy.
     strategy: Strategy = default(Strategy::FullShard),
+    /// Backward recomputes each trained unit's forward (`all`, default: least memory) or keeps
+    /// the forward's activations (`none`: faster, more memory).
+    recompute: Recompute = default(Recompute::All),
     /// Optimizer steps (default: one epoch).
     steps: u64 = optional,
     /// Full passes over the data (instead of --steps).

@@ -240,6 +240,7 @@ fn every_flag_and_its_toml_key_set_the_same_knob() -> anyhow::Result<()> {
         ("--out", "runs/a", "out = \"runs/a\""),
         ("--nproc", "2", "nproc = 2"),
         ("--strategy", "no_shard", "strategy = \"no_shard\""),
+        ("--recompute", "none", "recompute = \"none\""),
         ("--steps", "7", "steps = 7"),
         ("--epochs", "3", "epochs = 3"),
         ("--token-budget", "8192", "token_budget = 8192"),

@@ -16,7 +16,8 @@ mod step;
 
 pub use checkpoint::{Checkpoint, CheckpointError, CheckpointMeta, ModelFingerprint, RankState};
 pub use config::{
-    BadImagePolicy, ConfigError, ConfigLayer, Device, ResizePolicy, Stage, Strategy, TrainConfig,
+    BadImagePolicy, ConfigError, ConfigLayer, Device, Recompute, ResizePolicy, Stage, Strategy,
+    TrainConfig,
 };
 pub use error::TrainError;
 pub use export::{

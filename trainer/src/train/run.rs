@@ -313,7 +313,9 @@ impl<'a> TrainLoop<'a> {
         }
         let compute = started.elapsed().as_secs_f64() - wait;
         let lr_factor = self.schedule.factor(step);
+        let t = Instant::now();
         let grad_norm = model.optimizer_step(lr_factor)?;
+        times.insert("optimizer".into(), t.elapsed().as_secs_f64());
         let mut totals = Tensor::from_slice(&local.to_array());
         let mut computes =
             Tensor::zeros([s.world_size as i64], (tch::Kind::Double, tch::Device::Cpu));

@@ -207,7 +207,7 @@ pub(super) fn build(cfg: &TrainConfig, pg: ProcessGroup) -> Result<Setup, TrainE
         Device::Cuda => dist::cuda_device_for(rank),
     };
     let params: ParamMap = vlm
-        .load_params(&cfg.vision, &cfg.lm, projector.as_deref(), cfg.seed)?
+        .load_params_as_stored(&cfg.vision, &cfg.lm, projector.as_deref(), cfg.seed)?
         .into_iter()
         .map(|(k, t)| (k, t.to_device(device)))
         .collect();

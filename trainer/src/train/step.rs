@@ -11,7 +11,6 @@ use crate::unit::ParamMap;
 use pipeline::MicroBatch;
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::time::Instant;
 use tch::Tensor;
 
 /// This rank's file in a checkpoint: its parameter shards and optimizer moments.
@@ -49,6 +48,7 @@ impl<'a> ShardedVlm<'a> {
         }
         let config = FsdpConfig {
             strategy: cfg.strategy,
+            recompute: cfg.recompute,
             adamw: AdamWConfig {
                 lr: cfg.lr,
                 weight_decay: cfg.weight_decay,
@@ -78,12 +78,12 @@ impl<'a> ShardedVlm<'a> {
             self.vlm.options.image_token_id,
             self.device,
         )?;
-        let start = Instant::now();
         let loss = self
             .fsdp
             .forward_backward(&ctx, &ctx.first_input(), loss_scale)?;
-        // FSDP interleaves units, collectives and recompute: time the micro-batch as a whole.
-        *times.entry("fsdp".into()).or_default() += start.elapsed().as_secs_f64();
+        for (component, secs) in self.fsdp.take_times() {
+            *times.entry(component).or_default() += secs;
+        }
         Ok(loss)
     }
 

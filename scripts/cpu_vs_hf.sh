@@ -1,0 +1,130 @@
+#!/usr/bin/env bash
+# tessera vs the transformers baseline on the same CPU work (issue 12): stage 1 with Hub-shaped
+# random-weight checkpoints (google/siglip-so400m-patch14-384 + Qwen/Qwen2.5-0.5B configs, bf16
+# safetensors as the Hub ships them), 2 images and ~1,490 tokens per step, f32, 2 threads.
+# tessera trains on shards from `synth` + `ingest` (budget 1536: two image samples per step);
+# ../shared/bench/hf_reference_step.py gets the same images, tokens and supervised tokens per
+# step (medians of tessera's metrics.jsonl). Runs alternate (tessera, transformers, tessera, ...)
+# so machine load hits both alike; each run's first step is warm-up and left out.
+#
+# usage: scripts/cpu_vs_hf.sh [ROUNDS]       (default 2 rounds; one command does everything)
+# env:   STEPS=4            optimizer steps per run (the first is not counted)
+#        SHAPE=real|small   small: the same Hub files with 4 layers per tower (quick iteration)
+#        TESSERA_ARGS="--recompute none"   flags for tessera (default: keep activations, as
+#                           the baseline does without checkpointing)
+#        BASELINE_ARGS=""   flags for the baseline (e.g. --ckpt for gradient checkpointing)
+#        EXTRA_BIN=path     another tessera binary measured in the same rounds (a before/after)
+#        BENCH=dir          where hf_reference_step.py and make_hub_shaped_models.py are
+#                           (default ../shared/bench)
+# Last line: "RATIO tessera/transformers median step <r> (<t> s / <h> s) ..." .
+# Needs: target/release/tessera (cargo build --release), python3, network to PyPI the first
+# time (a venv with torch 2.11 + transformers under data/hfvenv, git-ignored).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROUNDS=${1:-2}
+STEPS=${STEPS:-4}
+SHAPE=${SHAPE:-real}
+TESSERA_ARGS=${TESSERA_ARGS:---recompute none}
+BASELINE_ARGS=${BASELINE_ARGS:-}
+BENCH=${BENCH:-../shared/bench}
+[ -d "$BENCH" ] || BENCH=/work/shared/bench
+T=target/release/tessera
+W=data/cpu_vs_hf
+PY=data/hfvenv/bin/python
+mkdir -p "$W"
+say() { echo "cpu_vs_hf: $*" >&2; }
+[ -x "$T" ] || { say "build first: cargo build --release"; exit 1; }
+
+# 1. python with torch + transformers (torch from .deps/venv, its CUDA libraries from PyPI)
+if ! "$PY" -c 'import torch, transformers' 2>/dev/null; then
+  say "making $PY (torch 2.11 + transformers)"
+  bash scripts/setup.sh >/dev/null
+  python3 -m venv data/hfvenv
+  site=$(.deps/venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+  pysite=$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+  echo "$site" > "$pysite/tessera_torch.pth"
+  data/hfvenv/bin/pip install -q --disable-pip-version-check torch==2.11.0 transformers
+fi
+
+# 2. Hub-shaped checkpoints (2.6 GB) and, for SHAPE=small, 4-layer configs over the same files
+if [ ! -f data/hub/qwen/model.safetensors ] || [ ! -f data/hub/siglip/model.safetensors ]; then
+  say "writing Hub-shaped checkpoints to data/hub"
+  "$PY" "$BENCH/make_hub_shaped_models.py" data/hub
+fi
+MODELS=data/hub
+if [ "$SHAPE" = small ]; then
+  MODELS=data/hub_small
+  for m in siglip qwen; do
+    mkdir -p "$MODELS/$m"
+    ln -sf "../../hub/$m/model.safetensors" "$MODELS/$m/model.safetensors"
+  done
+  python3 - "$MODELS" <<'PY'
+import json, sys
+out = sys.argv[1]
+s = json.load(open('data/hub/siglip/config.json'))
+s['vision_config']['num_hidden_layers'] = 4; s['text_config']['num_hidden_layers'] = 4
+json.dump(s, open(f'{out}/siglip/config.json', 'w'), indent=2)
+q = json.load(open('data/hub/qwen/config.json')); q['num_hidden_layers'] = 4
+json.dump(q, open(f'{out}/qwen/config.json', 'w'), indent=2)
+PY
+fi
+
+# 3. shards: 64 LLaVA-Pretrain-shaped image samples (~16 caption tokens + 729 image tokens)
+if [ ! -f "$W/shards/index.json" ]; then
+  "$T" synth --out "$W/llava" --samples 64 --text-only-fraction 0 --seed 1 >/dev/null 2>&1
+  "$T" ingest --json "$W/llava/blip_laion_cc_sbu_558k.json" --images "$W/llava/images" \
+    --tokenizer .deps/tokenizer/tokenizer.json --out "$W/shards" >/dev/null 2>&1
+fi
+
+export OMP_NUM_THREADS=2
+tessera_run() { # BIN NAME ARGS... -> $W/NAME/{metrics.jsonl,rss}
+  rm -rf "${W:?}/$2"
+  /usr/bin/time -f %M -o "$W/$2.rss" "$1" train --quiet --stage 1 --shards "$W/shards" \
+    --vision "$MODELS/siglip" --lm "$MODELS/qwen" --nproc 1 --steps "$STEPS" \
+    --token-budget 1536 --seq-len 1536 --loader-threads 1 --out "$W/$2" "${@:3}" >/dev/null
+}
+stat_of() { # NAME -> "median_step_s tokens supervised rss_mib" from metrics.jsonl
+  python3 - "$W/$1/metrics.jsonl" "$W/$1.rss" <<'PY'
+import json, statistics as st, sys
+m = [json.loads(l) for l in open(sys.argv[1])][1:]
+rss = int(open(sys.argv[2]).read().split()[-1]) / 1024
+print(f"{st.median(x['step_time_s'] for x in m):.2f} {round(st.median(x['tokens'] for x in m))} "
+      f"{round(st.median(x['supervised_tokens'] for x in m))} {rss:.0f}")
+PY
+}
+baseline_run() { # TOKENS SUPERVISED -> "median_step_s rss_mib"
+  local log="$W/baseline.log"
+  "$PY" "$BENCH/hf_reference_step.py" "$MODELS/siglip" "$MODELS/qwen" --images 2 \
+    --tokens "$1" --supervised "$2" --steps "$STEPS" --threads 2 $BASELINE_ARGS >"$log" 2>&1 \
+    || { tail -5 "$log" >&2; exit 1; }
+  python3 - "$log" <<'PY'
+import re, statistics as st, sys
+text = open(sys.argv[1]).read()
+times = [float(t) for i, t in re.findall(r'^step (\d+): ([\d.]+)s', text, re.M) if int(i) > 0]
+rss = re.search(r'maxrss (\d+) MiB', text).group(1)
+print(f"{st.median(times):.2f} {rss}")
+PY
+}
+
+declare -a TS HS XS
+for r in $(seq 1 "$ROUNDS"); do
+  tessera_run "$T" tessera $TESSERA_ARGS
+  read -r t tokens sup trss < <(stat_of tessera)
+  read -r h hrss < <(baseline_run "$tokens" "$sup")
+  TS+=("$t"); HS+=("$h")
+  line="round $r ($(uptime | sed 's/.*load average: //')): tessera $t s (rss $trss MiB) | transformers $h s (rss $hrss MiB) | $tokens tokens, $sup supervised"
+  if [ -n "${EXTRA_BIN:-}" ]; then
+    tessera_run "$EXTRA_BIN" extra
+    read -r x _ _ xrss < <(stat_of extra)
+    XS+=("$x")
+    line="$line | extra $x s (rss $xrss MiB)"
+  fi
+  echo "$line"
+done
+python3 - "${TS[*]}" "${HS[*]}" "${XS[*]:-}" "$(lscpu | sed -n 's/^Model name: *//p')" "$TESSERA_ARGS" "$BASELINE_ARGS" <<'PY'
+import statistics as st, sys
+t = st.median(map(float, sys.argv[1].split())); h = st.median(map(float, sys.argv[2].split()))
+extra = f"; extra binary {st.median(map(float, sys.argv[3].split())) / h:.2f}" if sys.argv[3].strip() else ""
+print(f"RATIO tessera/transformers median step {t / h:.2f} ({t:.2f} s / {h:.2f} s){extra}; "
+      f"tessera [{sys.argv[5]}] baseline [{sys.argv[6]}]; {sys.argv[4]}, 2 threads, f32")
+PY
