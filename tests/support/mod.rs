@@ -12,7 +12,10 @@ pub(crate) fn binary() -> &'static Path {
     static CHECKED: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
     CHECKED.get_or_init(|| {
         let path = PathBuf::from(env!("CARGO_BIN_EXE_tessera"));
-        let help = Command::new(&path).arg("--help").output().expect("running tessera --help");
+        let help = Command::new(&path)
+            .arg("--help")
+            .output()
+            .expect("running tessera --help");
         assert!(
             String::from_utf8_lossy(&help.stdout).contains("\n  train "),
             "{} was built without the `train` feature; run the tests with default features",

@@ -156,9 +156,7 @@ impl DecoderLayer {
             Some(mask) => attend(&q, &k, &v, Some(mask)),
             None => attend_spans(&q, &k, &v, inputs.spans),
         };
-        let attn = attn
-            .transpose(1, 2)
-            .reshape([rows, len, heads * hd]);
+        let attn = attn.transpose(1, 2).reshape([rows, len, heads * hd]);
         let h = residual + lin.apply(&attn, &self.o_proj, salt(3));
 
         let residual = &h;

@@ -96,7 +96,11 @@ pub(crate) fn image_sample(tokens: usize, caption: usize, seed: i64, side: usize
 }
 
 /// Packs `rows` (each a list of samples) into one micro-batch, padding rows to the longest.
-pub(crate) fn micro_batch(rows: &[Vec<TestSample>], image_size: usize, image_tokens: usize) -> MicroBatch {
+pub(crate) fn micro_batch(
+    rows: &[Vec<TestSample>],
+    image_size: usize,
+    image_tokens: usize,
+) -> MicroBatch {
     let row_len = rows
         .iter()
         .map(|r| r.iter().map(|s| s.ids.len()).sum::<usize>())
