@@ -221,7 +221,10 @@ fn span_attention_equals_dense_mask_attention() -> anyhow::Result<()> {
     };
     let dense = run(attend(&q, &k, &v, Some(&mask)))?;
     let by_span = run(attend_spans(&q, &k, &v, &spans))?;
-    for (what, (a, b)) in ["output", "dq", "dk", "dv"].iter().zip(dense.iter().zip(&by_span)) {
+    for (what, (a, b)) in ["output", "dq", "dk", "dv"]
+        .iter()
+        .zip(dense.iter().zip(&by_span))
+    {
         assert_close(a, b, TOL, what);
     }
     Ok(())

@@ -172,9 +172,7 @@ pub fn layer_forward(
         Some(mask) => attend(&q, &k, &v, Some(mask)),
         None => attend_spans(&q, &k, &v, inputs.spans),
     };
-    let attn = attn
-        .transpose(1, 2)
-        .reshape([rows, len, heads * hd]);
+    let attn = attn.transpose(1, 2).reshape([rows, len, heads * hd]);
     let h = residual + lin.apply(&attn, &format!("{l}.self_attn.o_proj"), false, salt(3));
 
     let residual = &h;

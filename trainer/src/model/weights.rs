@@ -151,7 +151,10 @@ impl Checkpoint {
                 Some(short) if !self.contains(&spec.name) && self.contains(short) => short,
                 _ => spec.name.as_str(),
             };
-            out.insert(spec.name.clone(), self.tensor_as_stored(stored, &spec.shape)?);
+            out.insert(
+                spec.name.clone(),
+                self.tensor_as_stored(stored, &spec.shape)?,
+            );
         }
         Ok(out)
     }
