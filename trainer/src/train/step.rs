@@ -16,7 +16,7 @@ use tch::Tensor;
 /// This rank's file in a checkpoint: its parameter shards and optimizer moments.
 pub(crate) const SHARD_FILE: &str = "fsdp_shard.safetensors";
 
-/// Seconds spent per part of the step ("fsdp": the micro-batches' forward and backward).
+/// Seconds spent per part of the step: `Fsdp::take_times`' components plus "optimizer".
 pub(crate) type UnitTimes = BTreeMap<String, f64>;
 
 /// The VLM sharded over the ranks of `pg`, with its optimizer.
