@@ -28,7 +28,7 @@ pub use atomic::{temp_path, write_atomically, write_atomically_with};
 pub use error::ShardError;
 pub use manifest::{shard_file_name, IngestReport, Manifest, RowGroupInfo, ShardInfo, INDEX_FILE};
 pub use reader::{fingerprint_of, Dataset};
-pub use sample::{Kind, Sample, SampleMeta, Turn, IMAGE_PAD_ID};
+pub use sample::{ChecksumMismatch, Kind, Sample, SampleMeta, Turn, IMAGE_PAD_ID};
 pub use schema::{
     col, input_ids_crc32c, samples_to_batch, schema_for, schema_v1, schema_v2, FORMAT_VERSION,
     OLDEST_READABLE_VERSION,

@@ -53,6 +53,41 @@ pub struct Sample {
     pub input_ids_crc32c: Option<u32>,
 }
 
+/// A stored crc32c that the sample's data no longer matches (the shard changed on disk).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ChecksumMismatch {
+    /// The checked column: [`crate::col::INPUT_IDS`] or [`crate::col::IMAGE`].
+    pub column: &'static str,
+    pub stored: u32,
+    pub computed: u32,
+}
+
+impl Sample {
+    /// The first stored checksum this sample's data fails: token ids first (so an image
+    /// mismatch always comes with sound tokens), then image bytes. A checksum that is absent
+    /// (text samples' image, format-1 shards' token ids) is not checked.
+    pub fn checksum_mismatch(&self) -> Option<ChecksumMismatch> {
+        let check = |column, stored: Option<u32>, computed: &dyn Fn() -> u32| {
+            let stored = stored?;
+            let computed = computed();
+            (computed != stored).then_some(ChecksumMismatch {
+                column,
+                stored,
+                computed,
+            })
+        };
+        check(crate::col::INPUT_IDS, self.input_ids_crc32c, &|| {
+            crate::input_ids_crc32c(&self.input_ids)
+        })
+        .or_else(|| {
+            let bytes = self.image.as_deref()?;
+            check(crate::col::IMAGE, self.image_crc32c, &|| {
+                crc32c::crc32c(bytes)
+            })
+        })
+    }
+}
+
 /// What the planner needs of a sample; loaded for the whole dataset by reading only the
 /// `kind`, `num_text_tokens` and `num_supervised_tokens` columns.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -6,7 +6,7 @@ use crate::error::ShardError;
 use crate::manifest::{Manifest, ShardInfo};
 use crate::reader::OpenShard;
 use crate::sample::{Kind, Sample};
-use crate::schema::{input_ids_crc32c, schema_for};
+use crate::schema::schema_for;
 use sha2::{Digest, Sha256};
 use std::io::Read;
 use std::path::Path;
@@ -184,18 +184,15 @@ pub(crate) fn check_row(s: &Sample) -> Option<String> {
             s.num_supervised_tokens
         ));
     }
-    if let Some(stored) = s.input_ids_crc32c {
-        let crc = input_ids_crc32c(&s.input_ids);
-        if stored != crc {
-            return Some(format!("input_ids crc32c {stored} != {crc} computed"));
-        }
+    if let Some(m) = s.checksum_mismatch() {
+        let (column, stored, computed) = (m.column, m.stored, m.computed);
+        return Some(format!("{column} crc32c {stored} != {computed} computed"));
     }
     match (s.kind, &s.image) {
-        (Kind::Image, Some(bytes)) => {
-            let crc = crc32c::crc32c(bytes);
-            (s.image_crc32c != Some(crc))
-                .then(|| format!("image crc32c {:?} != {crc} computed", s.image_crc32c))
-        }
+        (Kind::Image, Some(_)) => s
+            .image_crc32c
+            .is_none()
+            .then(|| "image sample without its image crc32c".into()),
         (Kind::Image, None) => Some("kind is image but the image is null".into()),
         (Kind::Text, Some(_)) => Some("kind is text but an image is stored".into()),
         (Kind::Text, None) => None,

@@ -130,29 +130,16 @@ impl Worker {
         Ok(batch)
     }
 
-    /// The sample's image bytes and token ids against the crc32c stored at ingest (either may
-    /// be absent: text samples have no image, format-v1 shards no token checksum).
+    /// The sample's token ids and image bytes against the crc32c stored at ingest.
     fn check_checksums(&self, sample: &Sample, index: u64) -> Option<LoaderError> {
-        let mismatch = |column: &'static str, stored: u32, computed: u32| LoaderError::Checksum {
+        let m = sample.checksum_mismatch()?;
+        Some(LoaderError::Checksum {
             at: self.source.locate(index),
             sample_id: sample.id.clone(),
-            column,
-            stored,
-            computed,
-        };
-        if let (Some(stored), Some(bytes)) = (sample.image_crc32c, sample.image.as_deref()) {
-            let computed = crc32c::crc32c(bytes);
-            if computed != stored {
-                return Some(mismatch(shards::col::IMAGE, stored, computed));
-            }
-        }
-        if let Some(stored) = sample.input_ids_crc32c {
-            let computed = shards::input_ids_crc32c(&sample.input_ids);
-            if computed != stored {
-                return Some(mismatch(shards::col::INPUT_IDS, stored, computed));
-            }
-        }
-        None
+            column: m.column,
+            stored: m.stored,
+            computed: m.computed,
+        })
     }
 
     /// Checks the sample and, for an image sample, appends its `[3, S, S]` pixels.
