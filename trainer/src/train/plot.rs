@@ -9,7 +9,7 @@ const WIDTH: u32 = 900;
 const HEIGHT: u32 = 540;
 const LEFT: i64 = 80;
 const RIGHT: i64 = 20;
-const TOP: i64 = 20;
+const TOP: i64 = 30;
 const BOTTOM: i64 = 40;
 const SCALE: i64 = 2;
 
