@@ -44,7 +44,10 @@ fn shard_of(
                 message: format!("shape {:?} but the model's is {:?}", t.size(), e.shape),
             });
         }
-        let src = t.reshape([-1]).to_kind(like.kind()).to_device(like.device());
+        let src = t
+            .reshape([-1])
+            .to_kind(like.kind())
+            .to_device(like.device());
         tch::no_grad(|| full.narrow(0, e.offset, e.numel).copy_(&src));
     }
     Ok(full.narrow(0, b.shard_start, b.shard_len))

@@ -83,8 +83,7 @@ impl Checkpoint {
                 }
                 if let Ok(step) = rest.parse::<u64>() {
                     candidates.push((step, true, path));
-                } else if let Some(step) = rest.strip_suffix(".tmp").and_then(|n| n.parse().ok())
-                {
+                } else if let Some(step) = rest.strip_suffix(".tmp").and_then(|n| n.parse().ok()) {
                     candidates.push((step, false, path));
                 }
             }
@@ -102,8 +101,8 @@ impl Checkpoint {
                 skipped.push(Skipped {
                     checkpoint,
                     reason: format!(
-                        "never committed: the run stopped while writing it ({ranks} rank \
-                         folders begun, not renamed from .tmp)"
+                        "never committed: the run stopped while writing it ({ranks} of its rank \
+                         folders begun; not renamed from .tmp)"
                     ),
                 });
                 continue;

@@ -290,7 +290,9 @@ fn rewriting_a_step_replaces_the_old_folder() -> anyhow::Result<()> {
 #[test]
 fn resume_picks_the_newest_complete_checkpoint_and_lists_what_it_skipped() -> anyhow::Result<()> {
     let run = tempfile::tempdir()?;
-    assert!(Checkpoint::newest_complete(run.path())?.checkpoint.is_none());
+    assert!(Checkpoint::newest_complete(run.path())?
+        .checkpoint
+        .is_none());
     write(run.path(), 10, 2)?;
     write(run.path(), 20, 2)?;
     write(run.path(), 30, 2)?;
@@ -316,13 +318,20 @@ fn resume_picks_the_newest_complete_checkpoint_and_lists_what_it_skipped() -> an
     );
     // Nothing usable at all: every folder is listed.
     std::fs::write(
-        run.path().join("checkpoints").join(step_dir_name(20)).join("meta.json"),
+        run.path()
+            .join("checkpoints")
+            .join(step_dir_name(20))
+            .join("meta.json"),
         b"{",
     )?;
     std::fs::remove_dir_all(run.path().join("checkpoints").join(step_dir_name(10)))?;
     let pick = Checkpoint::newest_complete(run.path())?;
     assert!(pick.checkpoint.is_none());
     assert_eq!(pick.skipped.len(), 3);
-    assert!(pick.skipped[2].reason.contains("meta.json is not valid"), "{:?}", pick.skipped);
+    assert!(
+        pick.skipped[2].reason.contains("meta.json is not valid"),
+        "{:?}",
+        pick.skipped
+    );
     Ok(())
 }

@@ -412,9 +412,11 @@ mod tests {
         assert_eq!(s.final_val_loss, Some(3.7));
         let line: serde_json::Value = serde_json::from_str(&to_line(&steps[3])).expect("json");
         assert_eq!(line["val_loss"], 3.5);
-        assert!(serde_json::from_str::<serde_json::Value>(&to_line(&steps[0]))
-            .expect("json")
-            .get("val_loss")
-            .is_none());
+        assert!(
+            serde_json::from_str::<serde_json::Value>(&to_line(&steps[0]))
+                .expect("json")
+                .get("val_loss")
+                .is_none()
+        );
     }
 }

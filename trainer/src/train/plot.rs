@@ -121,7 +121,13 @@ pub(super) fn draw(losses: &[(u64, f64)], val: &[(u64, f64)]) -> Option<RgbImage
     // Axis titles: `step` under the x ticks, `loss` above the y axis.
     let title = "step";
     let mid = LEFT + (w - LEFT - RIGHT) / 2;
-    text(&mut img, title, mid - text_width(title) / 2, h - BOTTOM + 24, black);
+    text(
+        &mut img,
+        title,
+        mid - text_width(title) / 2,
+        h - BOTTOM + 24,
+        black,
+    );
     text(&mut img, "loss", 8, 4, black);
     // Legend, top right: a colour swatch and the curve's name per line.
     let mut entries = vec![("train", TRAIN)];
@@ -132,7 +138,12 @@ pub(super) fn draw(losses: &[(u64, f64)], val: &[(u64, f64)]) -> Option<RgbImage
     for (i, (name, color)) in entries.into_iter().enumerate() {
         let y = TOP + 10 + 16 * i as i64;
         for t in -1..=1 {
-            line(&mut img, (legend_x, y + 4 + t), (legend_x + 18, y + 4 + t), color);
+            line(
+                &mut img,
+                (legend_x, y + 4 + t),
+                (legend_x + 18, y + 4 + t),
+                color,
+            );
         }
         text(&mut img, name, legend_x + 24, y, black);
     }
@@ -271,11 +282,17 @@ mod tests {
         let count = |img: &RgbImage, c: Rgb<u8>| img.pixels().filter(|p| **p == c).count();
         let with = draw(&losses, &val).expect("finite losses");
         let without = draw(&losses, &[]).expect("finite losses");
-        assert!(count(&with, VALIDATION) > 4 * 25, "a dot per evaluation and the line");
+        assert!(
+            count(&with, VALIDATION) > 4 * 25,
+            "a dot per evaluation and the line"
+        );
         assert_eq!(count(&without, VALIDATION), 0);
         // The legend and the axis titles add black text that the tick labels alone lack.
         let black = Rgb([0, 0, 0]);
-        assert!(count(&with, black) > count(&without, black), "legend entry for validation");
+        assert!(
+            count(&with, black) > count(&without, black),
+            "legend entry for validation"
+        );
         // The evaluations span the loss range: the curve covers many pixel rows.
         let rows: Vec<u32> = (0..HEIGHT)
             .filter(|&y| (0..WIDTH).any(|x| with.get_pixel(x, y) == &VALIDATION))

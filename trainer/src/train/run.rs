@@ -151,7 +151,10 @@ impl<'a> TrainLoop<'a> {
             tracing::info!(
                 "validation: {} samples of {}, every {} steps and at the end",
                 v.samples,
-                cfg.val_shards.as_deref().unwrap_or(std::path::Path::new("")).display(),
+                cfg.val_shards
+                    .as_deref()
+                    .unwrap_or(std::path::Path::new(""))
+                    .display(),
                 cfg.val_every
             );
         }
@@ -376,7 +379,10 @@ impl<'a> TrainLoop<'a> {
                 let due = cfg.val_every > 0 && (step + 1).is_multiple_of(cfg.val_every);
                 if let Some(v) = self.validation.as_ref().filter(|_| due || last) {
                     let val_loss = v.loss(model, s)?;
-                    tracing::info!("step {step}: val_loss {val_loss:.6} ({} samples)", v.samples);
+                    tracing::info!(
+                        "step {step}: val_loss {val_loss:.6} ({} samples)",
+                        v.samples
+                    );
                     m.val_loss = Some(val_loss);
                 }
                 if let Some(w) = writer.as_mut() {
