@@ -107,15 +107,16 @@ impl<'a> ShardedVlm<'a> {
         if !write {
             return Ok(());
         }
-        let (params, optimizer): (Vec<(String, Tensor)>, Vec<(String, Tensor)>) =
-            state.into_iter().partition(|(k, _)| {
-                !(k.ends_with(".exp_avg") || k.ends_with(".exp_avg_sq") || k == OPTIMIZER_STEP_KEY)
-            });
+        let is_moment = |k: &str| {
+            k.ends_with(".exp_avg") || k.ends_with(".exp_avg_sq") || k == OPTIMIZER_STEP_KEY
+        };
+        let (optimizer, params): (ParamMap, ParamMap) =
+            state.into_iter().partition(|(k, _)| is_moment(k));
         // The parameters as export and `--init-projector` read them (f32); the moments and
         // the step count in their own dtypes.
-        let params: ParamMap = params.into_iter().collect();
         save_safetensors(&dir.join(TRAINABLE_FILE), &params)?;
         let path = dir.join(OPTIMIZER_FILE);
+        let optimizer: Vec<(String, Tensor)> = optimizer.into_iter().collect();
         Tensor::write_safetensors(&optimizer, &path)
             .map_err(|source| TrainError::Tensors { path, source })
     }

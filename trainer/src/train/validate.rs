@@ -111,7 +111,7 @@ impl Validation {
             .map(|i| eligible[i] as u64)
             .collect();
         let subset_metas: Vec<shards::SampleMeta> =
-            picked.iter().map(|&i| metas[i as usize].clone()).collect();
+            picked.iter().map(|&i| metas[i as usize]).collect();
         let plan = Planner::builder()
             .samples(&subset_metas)
             .image_tokens(s.vlm.vision.num_patches() as u32)
