@@ -28,6 +28,11 @@ step "2/7 ingest (images from images.zip) -> $RUN/shards"
 "$T" ingest --json "$RUN/llava/blip_laion_cc_sbu_558k.json" --images "$RUN/llava/images.zip" \
   --tokenizer "$TOKENIZER" --out "$RUN/shards"
 
+# Held out: other records (another seed) for the validation loss, never trained on.
+"$T" synth --quiet --out "$RUN/val-llava" --samples 200 --text-only-fraction 0.2 --seed 1 --zip
+"$T" ingest --quiet --json "$RUN/val-llava/blip_laion_cc_sbu_558k.json" \
+  --images "$RUN/val-llava/images.zip" --tokenizer "$TOKENIZER" --out "$RUN/val-shards"
+
 step "3/7 loader bench (300 images, 64 px, as the tiny vision tower reads them)"
 "$T" bench loader --quiet --shards "$RUN/shards" --limit 300 --image-size 64 --threads 2 | tail -n 1
 
@@ -35,12 +40,13 @@ step "4/7 init-model tiny -> $RUN/model"
 "$T" init-model --quiet --preset tiny --out "$RUN/model"
 
 common=(--shards "$RUN/shards" --vision "$RUN/model/vision" --lm "$RUN/model/lm" --nproc 2
-  --token-budget 512 --seq-len 512 --loader-threads 1 --quiet)
+  --token-budget 512 --seq-len 512 --loader-threads 1 --quiet
+  --val-shards "$RUN/val-shards" --val-samples 64)
 
 # Stage 1 runs at lr 3e-2, not LLaVA's 1e-3 (a batch of 256 over 2,000+ steps): here a batch
 # holds about 11 images and the run lasts $STAGE1_STEPS steps. Text-only samples sit stage 1 out.
 step "5/7 stage 1 (projector, lr 3e-2, warmup 3% + cosine, image samples): $STAGE1_STEPS steps on 2 ranks"
-"$T" train "${common[@]}" --stage 1 --steps "$STAGE1_STEPS" --lr 3e-2 --checkpoint-every 100 \
+"$T" train "${common[@]}" --stage 1 --steps "$STAGE1_STEPS" --lr 3e-2 --checkpoint-every 100 --val-every 50 \
   --out "$RUN/stage1"
 
 step "6/7 stage 2 (projector 2e-5 + LoRA r 16 at 2e-4): $STAGE2_STEPS steps on 2 ranks"
@@ -63,3 +69,5 @@ echo "  shards:       $RUN/shards (index.json, shard-*.parquet)"
 echo "  stage 1 run:  $RUN/stage1 (metrics.jsonl, loss.png, summary.json, checkpoints/)"
 echo "  stage 2 run:  $RUN/stage2"
 echo "  export:       $RUN/export (mm_projector.safetensors, adapter/, config.json)"
+printf 'final validation loss (64 held-out samples): stage 1 %s, stage 2 %s\n' \
+  "$(field "$RUN/stage1" final_val_loss)" "$(field "$RUN/stage2" final_val_loss)"

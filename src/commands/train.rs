@@ -55,6 +55,11 @@ pub(crate) fn run(args: Args) -> anyhow::Result<()> {
             s.final_loss_mean,
             cfg.out.display()
         );
+        if let (Some(last), Some(best), Some(at)) =
+            (s.final_val_loss, s.best_val_loss, s.best_val_step)
+        {
+            println!("validation loss {last:.4} after the last step (best {best:.4} at step {at})");
+        }
     }
     Ok(())
 }

@@ -298,7 +298,7 @@ impl<'a, C> Fsdp<'a, C> {
         Ok(loss)
     }
 
-    fn scalar(&self, unit: usize, y: &Tensor) -> Result<f64, FsdpError> {
+    pub(super) fn scalar(&self, unit: usize, y: &Tensor) -> Result<f64, FsdpError> {
         if y.numel() != 1 {
             return Err(FsdpError::NotScalarLoss {
                 rank: self.pg.rank(),
@@ -428,7 +428,7 @@ impl<'a, C> Fsdp<'a, C> {
     }
 
     /// One all-gather of every rank's run flags; the first unit the ranks disagree on fails.
-    fn check_alignment(&self, running: &[usize]) -> Result<(), FsdpError> {
+    pub(super) fn check_alignment(&self, running: &[usize]) -> Result<(), FsdpError> {
         let n = self.units.len() as i64;
         let w = self.pg.world_size();
         let flags: Vec<i64> = (0..self.units.len())

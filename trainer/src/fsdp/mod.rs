@@ -12,12 +12,14 @@
 //!    units read the shards (the whole buffers) in place.
 //! 3. [`Fsdp::step`]: one all-reduce of (squared grad norm, loss), clipping, and
 //!    `ShardedAdamW` (`optim.rs`) on the shards.
+mod elastic;
 mod engine;
 mod flat_param;
 mod gather;
 mod optim;
 mod state;
 
+pub use elastic::OPTIMIZER_STEP_KEY;
 pub use engine::{Fsdp, FsdpConfig, MemoryReport, StepStats};
 pub use optim::{AdamWConfig, ParamGroup};
 

@@ -7,8 +7,18 @@
 //!                                     the run record
 //!   rank-00000/manifest.json          sha256 of every file this rank wrote
 //!   rank-00000/state.json             next step, planner position, RNG seed
-//!   rank-00000/...                    this rank's trainable shards and optimizer state (FSDP)
+//!   rank-00000/trainable.safetensors  rank 0: every trainable parameter, full (format 3)
+//!   rank-00000/optimizer.safetensors  rank 0: their AdamW moments, full, and the step count
+//!   rank-0000R/fsdp_shard.safetensors format 2 only: rank R's flat shards and moments
 //! ```
+//! Format 3 stores the trainable state per parameter, independent of W, so a checkpoint
+//! written at W ranks resumes at any W' (each rank re-slices the full tensors into its own
+//! shards). It is gathered to rank 0 rather than written per rank with offsets (as torch DCP
+//! can): the trainable part (projector, LoRA) is small, one file per kind of tensor needs no
+//! offset bookkeeping, and the same file serves export and `--init-projector`. The data plan
+//! keeps the world size it was laid out for (`plan_world_size`): a resumed run executes that
+//! plan's per-rank micro-batches on its own ranks, so every step trains on the same samples
+//! as the uninterrupted run (see `run::RankLayout`).
 //! Frozen parameters are not stored: the model directories hold them, and `meta.json` names
 //! those directories by fingerprint (configs and weight files), checked on resume with the
 //! rest of the run record (everything that changes the math). After each commit [`prune`]
@@ -21,9 +31,12 @@ use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-/// v2: trainable state only, and the run record in `meta.json`. v1 checkpoints still open
-/// (export, `--init-projector`) but cannot be resumed.
-pub(super) const FORMAT_VERSION: u32 = 2;
+/// v3: trainable state per parameter (any world size resumes it). v2: per-rank flat shards
+/// (resumes at its own world size only). v1 checkpoints still open (export,
+/// `--init-projector`) but cannot be resumed.
+pub(super) const FORMAT_VERSION: u32 = 3;
+/// The oldest format a run can resume from.
+const RESUMABLE_FORMAT: u32 = 2;
 const META: &str = "meta.json";
 const MANIFEST: &str = "manifest.json";
 const STATE: &str = "state.json";
@@ -40,7 +53,8 @@ pub enum CheckpointError {
     Corrupt { dir: PathBuf, reason: String },
     #[error(
         "checkpoint {dir} was written by {found} ranks but this run has {expected}; \
-         resume with --nproc {found}"
+         resume with --nproc {found} (format 2 stores per-rank shards; format 3 resumes at any \
+         world size)"
     )]
     WorldSize {
         dir: PathBuf,
@@ -64,7 +78,7 @@ pub enum CheckpointError {
     UnknownKey { key: String, known: String },
     #[error(
         "checkpoint {dir} has format version {found} (it stores frozen weights and no run \
-         record); this tessera resumes format 2 only: start the run again \
+         record); this tessera resumes formats 2 and 3 only: start the run again \
          (export and --init-projector still read it)"
     )]
     TooOld { dir: PathBuf, found: u32 },
@@ -115,6 +129,17 @@ pub struct CheckpointMeta {
     /// `run::run_record`. Empty in format-v1 checkpoints.
     #[serde(default)]
     pub run: BTreeMap<String, String>,
+    /// The world size the data plan is laid out for (the first run's); absent before format 3,
+    /// where it equals `world_size`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub plan_world_size: Option<usize>,
+}
+
+impl CheckpointMeta {
+    /// The world size the run's data plan is laid out for.
+    pub fn plan_world_size(&self) -> usize {
+        self.plan_world_size.unwrap_or(self.world_size)
+    }
 }
 
 /// One rank's position (`state.json`): enough to continue exactly where it stopped.
@@ -308,19 +333,20 @@ impl Checkpoint {
         })
     }
 
-    /// Refuses a checkpoint of another format, world size or parameter set, or whose run
+    /// Refuses a checkpoint of an old format (or format 2 at another world size), another
+    /// parameter set, or whose run
     /// record differs from this run's in a key not allowed to change; the refusal names every
     /// difference (`key: old -> new`).
     pub fn check_matches(&self, want: &Expected<'_>) -> Result<(), CheckpointError> {
         let dir = self.dir.clone();
         let m = &self.meta;
-        if m.format_version < FORMAT_VERSION {
+        if m.format_version < RESUMABLE_FORMAT {
             return Err(CheckpointError::TooOld {
                 dir,
                 found: m.format_version,
             });
         }
-        if m.world_size != want.world_size {
+        if m.format_version < 3 && m.world_size != want.world_size {
             return Err(CheckpointError::WorldSize {
                 dir,
                 found: m.world_size,

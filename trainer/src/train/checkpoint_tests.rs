@@ -41,6 +41,7 @@ fn meta(step: u64, world_size: usize) -> CheckpointMeta {
         data_fingerprint: "d1".into(),
         config: serde_json::json!({}),
         run: run_record(),
+        plan_world_size: None,
     }
 }
 
@@ -120,7 +121,18 @@ fn mismatched_checkpoints_are_refused_saying_which_part_differs() -> anyhow::Res
     write(run.path(), 10, 2)?;
     let ckpt = Checkpoint::latest(run.path())?.expect("checkpoint");
     let (m, same) = (model(), run_record());
-    let msg = ckpt
+    // Format 3 resumes at any world size; format 2 (per-rank shards) only at its own.
+    ckpt.check_matches(&Expected {
+        world_size: 3,
+        ..expected(&m, &same)
+    })?;
+    let meta_path = ckpt.dir.join("meta.json");
+    let mut value: serde_json::Value = serde_json::from_slice(&std::fs::read(&meta_path)?)?;
+    value["format_version"] = 2.into();
+    std::fs::write(&meta_path, serde_json::to_vec(&value)?)?;
+    let v2 = Checkpoint::latest(run.path())?.expect("a v2 checkpoint");
+    v2.check_matches(&expected(&m, &same))?;
+    let msg = v2
         .check_matches(&Expected {
             world_size: 4,
             ..expected(&m, &same)
@@ -272,5 +284,54 @@ fn rewriting_a_step_replaces_the_old_folder() -> anyhow::Result<()> {
     let ckpt = Checkpoint::latest(run.path())?.expect("checkpoint");
     assert_eq!(ckpt.meta.step, 10);
     ckpt.rank_dir(0)?;
+    Ok(())
+}
+
+#[test]
+fn resume_picks_the_newest_complete_checkpoint_and_lists_what_it_skipped() -> anyhow::Result<()> {
+    let run = tempfile::tempdir()?;
+    assert!(Checkpoint::newest_complete(run.path())?
+        .checkpoint
+        .is_none());
+    write(run.path(), 10, 2)?;
+    write(run.path(), 20, 2)?;
+    write(run.path(), 30, 2)?;
+    // Step 40: killed while writing (never renamed); step 30: a file damaged after commit.
+    let w = CheckpointWriter::begin(run.path(), 40, 0)?;
+    std::fs::write(w.dir().join("params.bin"), b"partial")?;
+    let dir30 = run.path().join("checkpoints").join(step_dir_name(30));
+    std::fs::write(dir30.join("rank-00001").join("params.bin"), vec![9u8; 64])?;
+    let pick = Checkpoint::newest_complete(run.path())?;
+    assert_eq!(pick.checkpoint.as_ref().map(|c| c.meta.step), Some(20));
+    let skipped: Vec<(&str, &str)> = pick
+        .skipped
+        .iter()
+        .map(|s| (s.checkpoint.as_str(), s.reason.as_str()))
+        .collect();
+    assert_eq!(skipped.len(), 2, "{skipped:?}");
+    assert_eq!(skipped[0].0, "checkpoints/step-00000040.tmp");
+    assert!(skipped[0].1.contains("never committed"), "{skipped:?}");
+    assert_eq!(skipped[1].0, "checkpoints/step-00000030");
+    assert!(
+        skipped[1].1.contains("rank 1: params.bin does not match"),
+        "{skipped:?}"
+    );
+    // Nothing usable at all: every folder is listed.
+    std::fs::write(
+        run.path()
+            .join("checkpoints")
+            .join(step_dir_name(20))
+            .join("meta.json"),
+        b"{",
+    )?;
+    std::fs::remove_dir_all(run.path().join("checkpoints").join(step_dir_name(10)))?;
+    let pick = Checkpoint::newest_complete(run.path())?;
+    assert!(pick.checkpoint.is_none());
+    assert_eq!(pick.skipped.len(), 3);
+    assert!(
+        pick.skipped[2].reason.contains("meta.json is not valid"),
+        "{:?}",
+        pick.skipped
+    );
     Ok(())
 }

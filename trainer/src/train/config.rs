@@ -175,6 +175,12 @@ knobs! {
     collective_timeout_s: u64 = default(300),
     /// Projector to start from: an exported mm_projector.safetensors or a stage-1 run directory.
     init_projector: PathBuf = optional,
+    /// Held-out shard directory (`tessera ingest`) for the validation loss.
+    val_shards: PathBuf = optional,
+    /// Validation loss every N steps (and always at the end; default 0 = only at the end).
+    val_every: u64 = default(0),
+    /// Samples in the fixed validation set, spread evenly over --val-shards (default 256).
+    val_samples: usize = default(256),
 }
 
 impl ConfigLayer {
@@ -326,6 +332,12 @@ impl TrainConfig {
                 "a 0 s timeout fails every collective",
             ));
         }
+        if self.val_samples == 0 {
+            return Err(invalid(
+                "val_samples",
+                "an empty validation set measures nothing (at least 1)",
+            ));
+        }
         if self.device == Device::Cuda && !cfg!(feature = "cuda") {
             return Err(invalid(
                 "device",
@@ -352,6 +364,18 @@ impl TrainConfig {
                     field,
                     format!(
                         "{} holds no config.json (not a Hugging Face model directory)",
+                        dir.display()
+                    ),
+                ));
+            }
+        }
+        if let Some(dir) = &self.val_shards {
+            if !dir.join("index.json").is_file() {
+                return Err(invalid(
+                    "val_shards",
+                    format!(
+                        "{} holds no index.json (not a complete shard directory; run `tessera \
+                         ingest`)",
                         dir.display()
                     ),
                 ));

@@ -32,6 +32,10 @@ pub struct StepMetrics {
     pub unit_time_s: BTreeMap<String, f64>,
     /// Resident memory of this process, MiB.
     pub rss_mib: f64,
+    /// Mean token loss over the fixed validation set after this step's update (only on the
+    /// steps `--val-every` picks, and the last).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub val_loss: Option<f64>,
 }
 
 /// Why a metrics file could not be written or read.
@@ -95,7 +99,16 @@ impl MetricsWriter {
     }
 
     pub(super) fn append(&mut self, m: &StepMetrics) -> Result<(), MetricsError> {
-        writeln!(self.file, "{}", to_line(m))
+        self.append_line(&to_line(m))
+    }
+
+    /// Appends one JSON line of another per-step record (`plan.jsonl`); it must carry `step`.
+    pub(super) fn append_json<T: Serialize>(&mut self, value: &T) -> Result<(), MetricsError> {
+        self.append_line(&serde_json::to_string(value).unwrap_or_default())
+    }
+
+    fn append_line(&mut self, line: &str) -> Result<(), MetricsError> {
+        writeln!(self.file, "{line}")
             .and_then(|_| self.file.flush())
             .map_err(|source| MetricsError::Io {
                 path: self.path.clone(),
@@ -245,6 +258,14 @@ pub struct Summary {
     pub mean_loader_wait_frac: f64,
     pub total_real_tokens: u64,
     pub total_images: u64,
+    /// The lowest validation loss and the step it was measured at (runs with --val-shards).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub best_val_loss: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub best_val_step: Option<u64>,
+    /// The validation loss after the last step.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub final_val_loss: Option<f64>,
 }
 
 impl Summary {
@@ -256,6 +277,10 @@ impl Summary {
         let mean = |f: fn(&StepMetrics) -> f64| steps.iter().map(f).sum::<f64>() / n;
         let tail = (steps.len() / 10).max(1);
         let tail_steps = &steps[steps.len() - tail..];
+        let best_val = steps
+            .iter()
+            .filter_map(|m| m.val_loss.filter(|v| v.is_finite()).map(|v| (m.step, v)))
+            .min_by(|a, b| a.1.total_cmp(&b.1));
         Some(Summary {
             steps: steps.len() as u64,
             first_loss: first.loss,
@@ -268,6 +293,9 @@ impl Summary {
             mean_loader_wait_frac: mean(|m| m.loader_wait_frac),
             total_real_tokens: steps.iter().map(|m| m.real_tokens).sum(),
             total_images: steps.iter().map(|m| m.images).sum(),
+            best_val_loss: best_val.map(|(_, v)| v),
+            best_val_step: best_val.map(|(step, _)| step),
+            final_val_loss: steps.iter().rev().find_map(|m| m.val_loss),
         })
     }
 }
@@ -370,5 +398,25 @@ mod tests {
         assert_eq!(s.min_loss, 0.5);
         assert_eq!(s.final_loss_mean, 0.75);
         assert!(Summary::from_steps(&[]).is_none());
+        assert_eq!((s.best_val_loss, s.best_val_step), (None, None));
+    }
+
+    #[test]
+    fn summary_records_the_best_validation_loss_and_its_step() {
+        let mut steps: Vec<_> = (0..6).map(|i| step(i, 5.0)).collect();
+        for (i, v) in [(1, 4.0), (3, 3.5), (5, 3.7)] {
+            steps[i].val_loss = Some(v);
+        }
+        let s = Summary::from_steps(&steps).expect("steps");
+        assert_eq!((s.best_val_loss, s.best_val_step), (Some(3.5), Some(3)));
+        assert_eq!(s.final_val_loss, Some(3.7));
+        let line: serde_json::Value = serde_json::from_str(&to_line(&steps[3])).expect("json");
+        assert_eq!(line["val_loss"], 3.5);
+        assert!(
+            serde_json::from_str::<serde_json::Value>(&to_line(&steps[0]))
+                .expect("json")
+                .get("val_loss")
+                .is_none()
+        );
     }
 }

@@ -3,9 +3,11 @@
 //! shards + metadata, atomic, verified on resume), export (projector + PEFT adapter + VLM
 //! config) and the loop itself (`run.rs`, driving `step.rs`: the model sharded by FSDP).
 mod checkpoint;
+mod checkpoint_pick;
 mod config;
 mod error;
 mod export;
+mod layout;
 mod metrics;
 mod plot;
 mod run;
@@ -13,8 +15,10 @@ mod run_dir;
 mod schedule;
 mod setup;
 mod step;
+mod validate;
 
 pub use checkpoint::{Checkpoint, CheckpointError, CheckpointMeta, ModelFingerprint, RankState};
+pub use checkpoint_pick::{Pick, ResumeRecord, Skipped};
 pub use config::{
     BadImagePolicy, ConfigError, ConfigLayer, Device, Recompute, ResizePolicy, Stage, Strategy,
     TrainConfig,

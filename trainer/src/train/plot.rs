@@ -1,6 +1,7 @@
-//! `loss.png`: the loss curve drawn straight onto an RGB image (axes, ticks with numeric labels
-//! from a built-in 3x5 digit font, the raw curve in light blue and a moving average in dark
-//! blue). No plotting crate: the `image` crate encodes the PNG.
+//! `loss.png`: the loss curves drawn straight onto an RGB image (axes titled `step` and `loss`,
+//! ticks with numeric labels from a built-in 3x5 font, the raw training loss in light blue and
+//! its moving average in dark blue, the validation loss in orange with a dot per evaluation,
+//! and a legend). No plotting crate: the `image` crate encodes the PNG.
 use image::{Rgb, RgbImage};
 use std::path::Path;
 
@@ -8,7 +9,7 @@ const WIDTH: u32 = 900;
 const HEIGHT: u32 = 540;
 const LEFT: i64 = 80;
 const RIGHT: i64 = 20;
-const TOP: i64 = 20;
+const TOP: i64 = 30;
 const BOTTOM: i64 = 40;
 const SCALE: i64 = 2;
 
@@ -24,9 +25,19 @@ pub enum PlotError {
     },
 }
 
-/// Draws `losses` (one per step, x = step) and writes a PNG to `path`.
-pub(super) fn plot_loss(losses: &[(u64, f64)], path: &Path) -> Result<(), PlotError> {
-    let img = draw(losses).ok_or_else(|| PlotError::Empty {
+/// The curves' colours.
+const TRAIN_RAW: Rgb<u8> = Rgb([160, 190, 235]);
+const TRAIN: Rgb<u8> = Rgb([20, 60, 170]);
+const VALIDATION: Rgb<u8> = Rgb([230, 120, 20]);
+
+/// Draws `losses` (one per step, x = step) and the validation losses `val` (at the steps they
+/// were measured; may be empty) and writes a PNG to `path`.
+pub(super) fn plot_loss(
+    losses: &[(u64, f64)],
+    val: &[(u64, f64)],
+    path: &Path,
+) -> Result<(), PlotError> {
+    let img = draw(losses, val).ok_or_else(|| PlotError::Empty {
         path: path.display().to_string(),
     })?;
     img.save(path).map_err(|source| PlotError::Write {
@@ -35,15 +46,16 @@ pub(super) fn plot_loss(losses: &[(u64, f64)], path: &Path) -> Result<(), PlotEr
     })
 }
 
-/// The picture as pixels; `None` when no loss is finite.
-pub(super) fn draw(losses: &[(u64, f64)]) -> Option<RgbImage> {
+/// The picture as pixels; `None` when no training loss is finite.
+pub(super) fn draw(losses: &[(u64, f64)], val: &[(u64, f64)]) -> Option<RgbImage> {
     let points: Vec<(u64, f64)> = losses.iter().copied().filter(|p| p.1.is_finite()).collect();
-    let (x_min, x_max) = (
-        points.first()?.0,
-        points.last()?.0.max(points.first()?.0 + 1),
-    );
-    let y_lo = points.iter().map(|p| p.1).fold(f64::INFINITY, f64::min);
-    let y_hi = points.iter().map(|p| p.1).fold(f64::NEG_INFINITY, f64::max);
+    let val: Vec<(u64, f64)> = val.iter().copied().filter(|p| p.1.is_finite()).collect();
+    let x_first = points.first()?.0.min(val.first().map_or(u64::MAX, |p| p.0));
+    let x_last = points.last()?.0.max(val.last().map_or(0, |p| p.0));
+    let (x_min, x_max) = (x_first, x_last.max(x_first + 1));
+    let all = || points.iter().chain(&val).map(|p| p.1);
+    let y_lo = all().fold(f64::INFINITY, f64::min);
+    let y_hi = all().fold(f64::NEG_INFINITY, f64::max);
     let pad = ((y_hi - y_lo) * 0.05).max(1e-3);
     let (y_min, y_max) = ((y_lo - pad).max(0.0).min(y_lo), y_hi + pad);
 
@@ -88,7 +100,7 @@ pub(super) fn draw(losses: &[(u64, f64)]) -> Option<RgbImage> {
     line(&mut img, (LEFT, h - BOTTOM), (w - RIGHT, h - BOTTOM), black);
 
     let raw: Vec<(i64, i64)> = points.iter().map(|&(x, y)| to_px(x as f64, y)).collect();
-    polyline(&mut img, &raw, Rgb([160, 190, 235]));
+    polyline(&mut img, &raw, TRAIN_RAW);
     let window = (points.len() / 25).max(1);
     let smooth: Vec<(i64, i64)> = (0..points.len())
         .map(|i| {
@@ -97,7 +109,44 @@ pub(super) fn draw(losses: &[(u64, f64)]) -> Option<RgbImage> {
             to_px(points[i].0 as f64, mean)
         })
         .collect();
-    polyline(&mut img, &smooth, Rgb([20, 60, 170]));
+    polyline(&mut img, &smooth, TRAIN);
+    let val_px: Vec<(i64, i64)> = val.iter().map(|&(x, y)| to_px(x as f64, y)).collect();
+    polyline(&mut img, &val_px, VALIDATION);
+    for &(x, y) in &val_px {
+        for (dx, dy) in (-2..=2).flat_map(|a| (-2..=2).map(move |b| (a, b))) {
+            put(&mut img, x + dx, y + dy, VALIDATION);
+        }
+    }
+
+    // Axis titles: `step` under the x ticks, `loss` above the y axis.
+    let title = "step";
+    let mid = LEFT + (w - LEFT - RIGHT) / 2;
+    text(
+        &mut img,
+        title,
+        mid - text_width(title) / 2,
+        h - BOTTOM + 24,
+        black,
+    );
+    text(&mut img, "loss", 8, 4, black);
+    // Legend, top right: a colour swatch and the curve's name per line.
+    let mut entries = vec![("train", TRAIN)];
+    if !val.is_empty() {
+        entries.push(("validation", VALIDATION));
+    }
+    let legend_x = w - RIGHT - 30 - text_width("validation");
+    for (i, (name, color)) in entries.into_iter().enumerate() {
+        let y = TOP + 10 + 16 * i as i64;
+        for t in -1..=1 {
+            line(
+                &mut img,
+                (legend_x, y + 4 + t),
+                (legend_x + 18, y + 4 + t),
+                color,
+            );
+        }
+        text(&mut img, name, legend_x + 24, y, black);
+    }
     Some(img)
 }
 
@@ -154,6 +203,17 @@ fn glyph(c: char) -> [u8; 5] {
         '.' => [0, 0, 0, 0, 2],
         '-' => [0, 0, 7, 0, 0],
         'e' => [0, 7, 7, 4, 7],
+        'a' => [0, 3, 5, 5, 3],
+        'd' => [1, 3, 5, 5, 3],
+        'i' => [2, 0, 2, 2, 2],
+        'l' => [4, 4, 4, 4, 6],
+        'n' => [0, 6, 5, 5, 5],
+        'o' => [0, 2, 5, 5, 2],
+        'p' => [0, 6, 5, 6, 4],
+        'r' => [0, 5, 6, 4, 4],
+        's' => [0, 3, 4, 1, 6],
+        't' => [2, 7, 2, 2, 3],
+        'v' => [0, 5, 5, 5, 2],
         _ => [0; 5],
     }
 }
@@ -185,7 +245,7 @@ mod tests {
     #[test]
     fn a_falling_loss_is_drawn_high_on_the_left_and_low_on_the_right() {
         let losses: Vec<(u64, f64)> = (0..100).map(|i| (i, 5.0 - 0.04 * i as f64)).collect();
-        let img = draw(&losses).expect("finite losses");
+        let img = draw(&losses, &[]).expect("finite losses");
         let curve_rows = |x: u32| -> Vec<u32> {
             (0..HEIGHT)
                 .filter(|&y| img.get_pixel(x, y) == &Rgb([20, 60, 170]))
@@ -207,11 +267,36 @@ mod tests {
     fn writes_a_png_that_decodes_and_refuses_an_all_nan_curve() -> anyhow::Result<()> {
         let dir = tempfile::tempdir()?;
         let path = dir.path().join("loss.png");
-        plot_loss(&[(0, 3.0), (1, 2.5), (2, 2.4)], &path)?;
+        plot_loss(&[(0, 3.0), (1, 2.5), (2, 2.4)], &[], &path)?;
         let back = image::open(&path)?;
         assert_eq!((back.width(), back.height()), (WIDTH, HEIGHT));
-        let err = plot_loss(&[(0, f64::NAN)], &path).expect_err("nan only");
+        let err = plot_loss(&[(0, f64::NAN)], &[], &path).expect_err("nan only");
         assert!(err.to_string().contains("no finite loss"), "{err}");
         Ok(())
+    }
+
+    #[test]
+    fn validation_losses_are_drawn_in_their_colour_with_a_legend() {
+        let losses: Vec<(u64, f64)> = (0..40).map(|i| (i, 5.0 - 0.05 * i as f64)).collect();
+        let val = [(9, 4.8), (19, 4.4), (29, 4.1), (39, 3.9)];
+        let count = |img: &RgbImage, c: Rgb<u8>| img.pixels().filter(|p| **p == c).count();
+        let with = draw(&losses, &val).expect("finite losses");
+        let without = draw(&losses, &[]).expect("finite losses");
+        assert!(
+            count(&with, VALIDATION) > 4 * 25,
+            "a dot per evaluation and the line"
+        );
+        assert_eq!(count(&without, VALIDATION), 0);
+        // The legend and the axis titles add black text that the tick labels alone lack.
+        let black = Rgb([0, 0, 0]);
+        assert!(
+            count(&with, black) > count(&without, black),
+            "legend entry for validation"
+        );
+        // The evaluations span the loss range: the curve covers many pixel rows.
+        let rows: Vec<u32> = (0..HEIGHT)
+            .filter(|&y| (0..WIDTH).any(|x| with.get_pixel(x, y) == &VALIDATION))
+            .collect();
+        assert!(rows.len() > 10, "validation curve spans several rows");
     }
 }

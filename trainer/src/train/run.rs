@@ -1,21 +1,25 @@
 //! The training loop. Per rank: join the job, load the model, pick up the latest checkpoint
-//! (`--resume`), then for every optimizer step run its G micro-batches (each rank its own, all
-//! ranks the same kind), scale each micro-batch's summed token loss by 1 / (supervised tokens
-//! of the whole step across ranks), all-reduce, clip, AdamW, log, checkpoint.
+//! (`--resume`: the newest complete checkpoint, at any world size), then for every optimizer
+//! step run its G micro-batches (each rank its own, all ranks the same kind; `layout.rs` maps
+//! the plan's ranks onto this run's), scale each micro-batch's summed token loss by
+//! 1 / (supervised tokens of the whole step across ranks), all-reduce, clip, AdamW, log the
+//! step (`metrics.jsonl`) and its samples (`plan.jsonl`), validate (`validate.rs`), checkpoint.
 use super::checkpoint::{
     self, Checkpoint, CheckpointMeta, CheckpointWriter, Expected, RankState, FORMAT_VERSION,
 };
+use super::checkpoint_pick::{self, Pick, ResumeRecord};
 use super::config::{Stage, TrainConfig};
 use super::error::{io, TrainError};
-use super::export::{VlmDescription, TRAINABLE_FILE, VLM_FILE};
+use super::export::{VlmDescription, VLM_FILE};
+use super::layout::{step_samples, RankLayout};
 use super::metrics::{self, MetricsWriter, Progress, StepMetrics, Summary};
 use super::plot::plot_loss;
 use super::run_dir::{self, RunStart};
 use super::schedule::CosineSchedule;
 use super::setup::{self, Setup};
 use super::step::{ShardedVlm, StepTotals, UnitTimes};
+use super::validate::Validation;
 use crate::dist::RankEnv;
-use crate::model::save_safetensors;
 use pipeline::loader::{Loader, LoaderConfig, SampleSource};
 use pipeline::plan::{Plan, Planner, Position, Step};
 use std::collections::BTreeMap;
@@ -56,8 +60,17 @@ pub fn train(
     }
     let mut model = ShardedVlm::new(&cfg, &s.vlm, &s.pg, &params, s.device)?;
     drop(params);
-    let mut train_loop = TrainLoop::new(&cfg, &s)?;
-    let first = train_loop.restore(start, &mut model)?;
+    let pick = if start.resume {
+        Some(Checkpoint::newest_complete(&cfg.out)?)
+    } else {
+        None
+    };
+    let plan_world_size = pick
+        .as_ref()
+        .and_then(|p| p.checkpoint.as_ref())
+        .map_or(s.world_size, |c| c.meta.plan_world_size());
+    let mut train_loop = TrainLoop::new(&cfg, &s, plan_world_size)?;
+    let first = train_loop.restore(pick, start, &mut model)?;
     train_loop.run(&mut model, first)?;
     drop(model);
     if s.rank != 0 {
@@ -71,7 +84,11 @@ pub fn train(
             .map_err(|e| TrainError::Invalid(e.to_string()))?;
         std::fs::write(&path, text).map_err(io(&path))?;
         let losses: Vec<(u64, f64)> = steps.iter().map(|m| (m.step, m.loss)).collect();
-        plot_loss(&losses, &cfg.out.join("loss.png"))?;
+        let val: Vec<(u64, f64)> = steps
+            .iter()
+            .filter_map(|m| m.val_loss.map(|v| (m.step, v)))
+            .collect();
+        plot_loss(&losses, &val, &cfg.out.join("loss.png"))?;
     }
     Ok(summary)
 }
@@ -90,6 +107,8 @@ struct TrainLoop<'a> {
     loader_cfg: LoaderConfig,
     total_steps: u64,
     schedule: CosineSchedule,
+    layout: RankLayout,
+    validation: Option<Validation>,
 }
 
 /// Stage 1 trains only the projector, which text-only samples never reach: it plans image
@@ -99,7 +118,9 @@ fn planned_kind(stage: Stage) -> Option<shards::Kind> {
 }
 
 impl<'a> TrainLoop<'a> {
-    fn new(cfg: &'a TrainConfig, s: &'a Setup) -> Result<Self, TrainError> {
+    /// `plan_world_size`: the ranks the data plan is laid out for (this run's W, or the one
+    /// the resumed run started with).
+    fn new(cfg: &'a TrainConfig, s: &'a Setup, plan_world_size: usize) -> Result<Self, TrainError> {
         if let Some(kind) = planned_kind(cfg.stage) {
             let left_out = s.samples.iter().filter(|m| m.kind != kind).count();
             if left_out == s.samples.len() {
@@ -125,12 +146,30 @@ impl<'a> TrainLoop<'a> {
             .threads(cfg.loader_threads)
             .on_bad_image(cfg.on_bad_image)
             .build()?;
+        let validation = Validation::new(cfg, s, &loader_cfg, planned_kind(cfg.stage))?;
+        if let (Some(v), 0) = (&validation, s.rank) {
+            tracing::info!(
+                "validation: {} samples of {}, every {} steps and at the end",
+                v.samples,
+                cfg.val_shards
+                    .as_deref()
+                    .unwrap_or(std::path::Path::new(""))
+                    .display(),
+                cfg.val_every
+            );
+        }
         let mut train_loop = TrainLoop {
             cfg,
             s,
             loader_cfg,
             total_steps: 0,
             schedule: CosineSchedule::new(cfg.lr, cfg.warmup_ratio, 1),
+            layout: RankLayout {
+                plan_world_size,
+                world_size: s.world_size,
+                rank: s.rank,
+            },
+            validation,
         };
         train_loop.total_steps = match cfg.steps {
             Some(n) => n,
@@ -150,7 +189,7 @@ impl<'a> TrainLoop<'a> {
         Ok(Planner::builder()
             .samples(&self.s.samples)
             .image_tokens(self.s.vlm.vision.num_patches() as u32)
-            .world_size(self.s.world_size)
+            .world_size(self.layout.plan_world_size)
             .token_budget(self.cfg.token_budget as u64)
             .seq_len(self.cfg.seq_len as u64)
             .micro_steps(self.cfg.micro_steps)
@@ -193,20 +232,48 @@ impl<'a> TrainLoop<'a> {
         r
     }
 
-    /// With `--resume`: loads the latest complete checkpoint after checking it belongs to this
-    /// run (format, world size, parameter set, run record).
-    fn restore(&mut self, start: &RunStart, model: &mut ShardedVlm) -> Result<Start, TrainError> {
+    /// With `--resume`: loads the newest complete checkpoint (`pick`) after checking it
+    /// belongs to this run (format, parameter set, run record), at this run's world size;
+    /// says which newer folders it skipped and why (log, and `resumes.jsonl`).
+    fn restore(
+        &mut self,
+        pick: Option<Pick>,
+        start: &RunStart,
+        model: &mut ShardedVlm,
+    ) -> Result<Start, TrainError> {
         let fresh = Start {
             step: 0,
             position: None,
         };
-        if !start.resume {
+        let Some(Pick {
+            checkpoint,
+            skipped,
+        }) = pick
+        else {
             return Ok(fresh);
+        };
+        let (rank, out) = (self.s.rank, &self.cfg.out);
+        if rank == 0 {
+            for s in &skipped {
+                tracing::warn!("--resume: skipped {}: {}", s.checkpoint, s.reason);
+            }
         }
-        let Some(ckpt) = Checkpoint::latest(&self.cfg.out)? else {
+        let Some(ckpt) = checkpoint else {
+            let committed = skipped.iter().any(|s| !s.checkpoint.ends_with(".tmp"));
+            if committed {
+                let list: Vec<String> = skipped
+                    .iter()
+                    .map(|s| format!("{} ({})", s.checkpoint, s.reason))
+                    .collect();
+                return Err(TrainError::Invalid(format!(
+                    "--resume: no usable checkpoint under {}/checkpoints: {}",
+                    out.display(),
+                    list.join("; ")
+                )));
+            }
             tracing::warn!(
                 "--resume: no complete checkpoint under {}/checkpoints; starting at step 0",
-                self.cfg.out.display()
+                out.display()
             );
             return Ok(fresh);
         };
@@ -216,22 +283,48 @@ impl<'a> TrainLoop<'a> {
             run: &self.run_record(),
             allow_changing: &start.resume_changing,
         })?;
-        let state = ckpt.rank_state(self.s.rank)?;
+        // Every rank's position is the same (the plan is global): read rank 0's.
+        let state = ckpt.rank_state(0)?;
         let position: Position = serde_json::from_value(state.planner.clone()).map_err(|e| {
             TrainError::Invalid(format!(
-                "checkpoint {} rank {}: planner position is unreadable: {e}",
+                "checkpoint {} rank 0: planner position is unreadable: {e}",
                 ckpt.dir.display(),
-                self.s.rank
             ))
         })?;
-        model.load(&ckpt.rank_dir(self.s.rank)?)?;
-        tracing::info!(
-            "resumed from {} (step {})",
-            ckpt.dir.display(),
-            ckpt.meta.step
-        );
+        if ckpt.meta.format_version >= 3 {
+            model.load_full(&ckpt.rank_dir(0)?)?;
+        } else {
+            model.load(&ckpt.rank_dir(rank)?)?;
+        }
+        let m = &ckpt.meta;
+        if rank == 0 {
+            tracing::info!(
+                "resumed from {} (step {}, written by {} ranks, now {}; data plan laid out for {})",
+                ckpt.dir.display(),
+                m.step,
+                m.world_size,
+                self.s.world_size,
+                m.plan_world_size()
+            );
+            checkpoint_pick::append_resume_record(
+                out,
+                &ResumeRecord {
+                    step: m.step,
+                    checkpoint: ckpt
+                        .dir
+                        .strip_prefix(out)
+                        .unwrap_or(&ckpt.dir)
+                        .display()
+                        .to_string(),
+                    checkpoint_world_size: m.world_size,
+                    world_size: self.s.world_size,
+                    plan_world_size: m.plan_world_size(),
+                    skipped,
+                },
+            )?;
+        }
         Ok(Start {
-            step: ckpt.meta.step,
+            step: m.step,
             position: Some(position),
         })
     }
@@ -242,6 +335,15 @@ impl<'a> TrainLoop<'a> {
         let mut writer = if s.rank == 0 {
             Some(MetricsWriter::open(
                 &cfg.out.join("metrics.jsonl"),
+                resume_step.or(Some(0)),
+            )?)
+        } else {
+            None
+        };
+        // The samples each step trains on, for audits (same truncation on resume).
+        let mut plan_log = if s.rank == 0 {
+            Some(MetricsWriter::open(
+                &cfg.out.join(PLAN_LOG),
                 resume_step.or(Some(0)),
             )?)
         } else {
@@ -267,15 +369,31 @@ impl<'a> TrainLoop<'a> {
             let todo = ((self.total_steps - step) as usize).min(plan.steps.len());
             let mine: Vec<_> = plan.steps[..todo]
                 .iter()
-                .flat_map(|st| st.for_rank(s.rank).cloned())
+                .flat_map(|st| self.layout.batches(st))
                 .collect();
             let source: Arc<dyn SampleSource> = s.dataset.clone();
             let mut loader = Loader::new(source, mine, self.loader_cfg.clone());
             for (i, plan_step) in plan.steps[..todo].iter().enumerate() {
-                let m = self.one_step(model, &mut loader, plan_step, step)?;
+                let mut m = self.one_step(model, &mut loader, plan_step, step)?;
+                let last = step + 1 == self.total_steps;
+                let due = cfg.val_every > 0 && (step + 1).is_multiple_of(cfg.val_every);
+                if let Some(v) = self.validation.as_ref().filter(|_| due || last) {
+                    let val_loss = v.loss(model, s)?;
+                    tracing::info!(
+                        "step {step}: val_loss {val_loss:.6} ({} samples)",
+                        v.samples
+                    );
+                    m.val_loss = Some(val_loss);
+                }
                 if let Some(w) = writer.as_mut() {
                     w.append(&m)?;
                     progress.show(&m);
+                }
+                if let Some(w) = plan_log.as_mut() {
+                    w.append_json(&PlannedStep {
+                        step,
+                        samples: step_samples(plan_step),
+                    })?;
                 }
                 step += 1;
                 let due = cfg.checkpoint_every > 0 && step.is_multiple_of(cfg.checkpoint_every);
@@ -302,7 +420,7 @@ impl<'a> TrainLoop<'a> {
         let mut times = UnitTimes::new();
         let mut wait = 0.0;
         let mut local = StepTotals::default();
-        for _ in 0..plan_step.micro_steps.len() {
+        for _ in 0..plan_step.micro_steps.len() * self.layout.per_micro_step() {
             let t = Instant::now();
             let mb = loader.next().ok_or_else(|| {
                 TrainError::Invalid(format!("step {step}: the loader ended before the plan did"))
@@ -357,6 +475,7 @@ impl<'a> TrainLoop<'a> {
             images: totals.images as u64,
             unit_time_s: times,
             rss_mib: metrics::rss_mib(),
+            val_loss: None,
         })
     }
 
@@ -370,11 +489,8 @@ impl<'a> TrainLoop<'a> {
     ) -> Result<(), TrainError> {
         let (cfg, s) = (self.cfg, self.s);
         let writer = CheckpointWriter::begin(&cfg.out, step, s.rank)?;
-        model.save(writer.dir())?;
-        let trainable = model.trainable()?;
-        if s.rank == 0 && !writer.dir().join(TRAINABLE_FILE).is_file() {
-            save_safetensors(&writer.dir().join(TRAINABLE_FILE), &trainable)?;
-        }
+        model.save_full(writer.dir(), s.rank == 0)?;
+        checkpoint_pick::pause_mid_write_if_asked(step);
         let planner = serde_json::to_value(next).map_err(|e| TrainError::Invalid(e.to_string()))?;
         writer.finish_rank(&RankState {
             rank: s.rank,
@@ -396,6 +512,7 @@ impl<'a> TrainLoop<'a> {
                 data_fingerprint: s.dataset.fingerprint().to_string(),
                 config,
                 run: self.run_record(),
+                plan_world_size: Some(self.layout.plan_world_size),
             })?;
             tracing::info!("checkpoint {}", dir.display());
             let removed = checkpoint::prune(&cfg.out, cfg.keep_checkpoints, cfg.keep_every)?;
@@ -406,6 +523,18 @@ impl<'a> TrainLoop<'a> {
         s.pg.barrier("checkpoint commit")?;
         Ok(())
     }
+}
+
+/// `plan.jsonl` in the run folder: one line per step, the samples it trained on.
+const PLAN_LOG: &str = "plan.jsonl";
+
+/// One line of `plan.jsonl`.
+#[derive(serde::Serialize)]
+struct PlannedStep {
+    step: u64,
+    /// Global sample indices (shard order, then row order) of every rank's micro-batches,
+    /// fillers left out, in plan order.
+    samples: Vec<u64>,
 }
 
 /// Torch's generator seed for a rank's step: a pure function, so a resumed step draws exactly

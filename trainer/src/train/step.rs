@@ -1,20 +1,24 @@
 //! What the loop drives on this rank: the VLM's unit chain sharded by [`Fsdp`] (every
 //! strategy; NO_SHARD, i.e. DDP, is its unsharded mode). [`ShardedVlm`] runs a micro-batch's
 //! forward and backward (accumulating gradients), takes the optimizer step across ranks, and
-//! saves / restores this rank's shards and optimizer moments (`fsdp_shard.safetensors`).
+//! saves / restores the trainable parameters and optimizer moments per parameter (any world
+//! size), and evaluates a micro-batch forward only.
 use super::config::{Stage, TrainConfig};
 use super::error::TrainError;
+use super::export::TRAINABLE_FILE;
 use crate::dist::ProcessGroup;
-use crate::fsdp::{AdamWConfig, Fsdp, FsdpConfig, ParamGroup};
-use crate::model::{Vlm, VlmCtx};
+use crate::fsdp::{AdamWConfig, Fsdp, FsdpConfig, ParamGroup, OPTIMIZER_STEP_KEY};
+use crate::model::{save_safetensors, Vlm, VlmCtx};
 use crate::unit::ParamMap;
 use pipeline::MicroBatch;
 use std::collections::BTreeMap;
 use std::path::Path;
 use tch::Tensor;
 
-/// This rank's file in a checkpoint: its parameter shards and optimizer moments.
+/// A format-2 checkpoint's per-rank file: that rank's parameter shards and optimizer moments.
 pub(crate) const SHARD_FILE: &str = "fsdp_shard.safetensors";
+/// Rank 0's file in a format-3 checkpoint: every trainable parameter's AdamW moments, full.
+pub(crate) const OPTIMIZER_FILE: &str = "optimizer.safetensors";
 
 /// Seconds spent per part of the step: `Fsdp::take_times`' components plus "optimizer".
 pub(crate) type UnitTimes = BTreeMap<String, f64>;
@@ -94,20 +98,61 @@ impl<'a> ShardedVlm<'a> {
         Ok(self.fsdp.step(lr_factor)?.grad_norm)
     }
 
-    /// Full trainable tensors by Hugging Face key (every rank calls it: it communicates).
-    pub(crate) fn trainable(&self) -> Result<ParamMap, TrainError> {
-        Ok(self.fsdp.gather_params(true)?)
-    }
-
-    /// Writes this rank's shards and optimizer state into `dir`.
-    pub(crate) fn save(&self, dir: &Path) -> Result<(), TrainError> {
-        let path = dir.join(SHARD_FILE);
-        let state: Vec<(String, Tensor)> = self.fsdp.shard_state().into_iter().collect();
-        Tensor::write_safetensors(&state, &path)
+    /// Writes the trainable parameters (`trainable.safetensors`) and their AdamW moments and
+    /// step (`optimizer.safetensors`) into `dir` as full tensors per parameter (checkpoint
+    /// format 3: any world size loads them). Every rank calls it (it all-gathers); only
+    /// `write` (rank 0) writes.
+    pub(crate) fn save_full(&self, dir: &Path, write: bool) -> Result<(), TrainError> {
+        let state = self.fsdp.full_state()?;
+        if !write {
+            return Ok(());
+        }
+        let is_moment = |k: &str| {
+            k.ends_with(".exp_avg") || k.ends_with(".exp_avg_sq") || k == OPTIMIZER_STEP_KEY
+        };
+        let (optimizer, params): (ParamMap, ParamMap) =
+            state.into_iter().partition(|(k, _)| is_moment(k));
+        // The parameters as export and `--init-projector` read them (f32); the moments and
+        // the step count in their own dtypes.
+        save_safetensors(&dir.join(TRAINABLE_FILE), &params)?;
+        let path = dir.join(OPTIMIZER_FILE);
+        let optimizer: Vec<(String, Tensor)> = optimizer.into_iter().collect();
+        Tensor::write_safetensors(&optimizer, &path)
             .map_err(|source| TrainError::Tensors { path, source })
     }
 
-    /// Restores what [`ShardedVlm::save`] wrote.
+    /// Restores what [`ShardedVlm::save_full`] wrote (from rank 0's folder), re-sliced into
+    /// this rank's shards at this run's world size.
+    pub(crate) fn load_full(&mut self, dir: &Path) -> Result<(), TrainError> {
+        let mut state = BTreeMap::new();
+        for file in [TRAINABLE_FILE, OPTIMIZER_FILE] {
+            let path = dir.join(file);
+            match Tensor::read_safetensors(&path) {
+                Ok(tensors) => state.extend(tensors),
+                Err(source) => return Err(TrainError::Tensors { path, source }),
+            }
+        }
+        self.fsdp.load_full_state(&state)?;
+        Ok(())
+    }
+
+    /// The summed token loss of one micro-batch, forward only (no autograd, no gradients):
+    /// validation. Every rank calls it with a micro-batch of the same kind.
+    pub(crate) fn eval_loss(&mut self, mb: &MicroBatch) -> Result<f64, TrainError> {
+        let ctx = VlmCtx::new(
+            mb,
+            &self.vlm.vision,
+            &self.vlm.lm,
+            self.vlm.options.image_token_id,
+            self.device,
+        )?;
+        let loss = self.fsdp.forward_loss(&ctx, &ctx.first_input())?;
+        self.fsdp.take_times();
+        Ok(loss)
+    }
+
+    /// Restores a format-2 checkpoint's `fsdp_shard.safetensors` (this rank's flat shards and
+    /// moments; same world size only).
     pub(crate) fn load(&mut self, dir: &Path) -> Result<(), TrainError> {
         let path = dir.join(SHARD_FILE);
         let state = match Tensor::read_safetensors(&path) {
