@@ -6,6 +6,8 @@ mod checkpoint;
 mod config;
 mod error;
 mod export;
+mod generation;
+mod llava_hf;
 mod metrics;
 mod plot;
 mod run;
@@ -23,6 +25,11 @@ pub use error::TrainError;
 pub use export::{
     export, latest_trainable, ExportError, ExportReport, VlmDescription, ADAPTER_DIR,
     PROJECTOR_FILE, TRAINABLE_FILE, VLM_FILE,
+};
+pub use generation::{load_export_model, load_run_model, GenerationModel};
+pub use llava_hf::{
+    export_llava_hf, lm_target_regex, write_llava_hf, LlavaHfOptions, LlavaHfReport, LlavaSources,
+    STOP_IDS, weight_kind,
 };
 pub use metrics::{read_metrics, MetricsError, StepMetrics, Summary};
 pub use plot::PlotError;
