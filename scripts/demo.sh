@@ -2,7 +2,8 @@
 # `make demo`: the whole main job on a laptop-sized example, with gloo on localhost.
 #   synth (2,000 LLaVA-Pretrain-shaped records, 20% text-only, captions that describe the
 #   pictures) -> ingest -> loader bench -> init-model tiny -> stage 1 on 2 ranks -> stage 2
-#   (LoRA) on 2 ranks -> export. Prints where the loss started and ended and where the files are.
+#   (LoRA) on 2 ranks -> export. Prints where the loss started and ended, where the files are,
+#   and two captions `tessera generate` writes for held-out images.
 # Usage: bash scripts/demo.sh [RUN_DIR]   (default runs/demo; the folder is recreated)
 # Knobs (environment): DEMO_SAMPLES (2000), DEMO_STAGE1_STEPS (200), DEMO_STAGE2_STEPS (30).
 set -euo pipefail
@@ -69,5 +70,8 @@ echo "  shards:       $RUN/shards (index.json, shard-*.parquet)"
 echo "  stage 1 run:  $RUN/stage1 (metrics.jsonl, loss.png, summary.json, checkpoints/)"
 echo "  stage 2 run:  $RUN/stage2"
 echo "  export:       $RUN/export (mm_projector.safetensors, adapter/, config.json)"
+echo "captions of held-out images (tessera generate, stage 2, greedy; from the validation shards):"
+"$T" generate --quiet --run "$RUN/stage2" --shards "$RUN/val-shards" --limit 2 \
+  --max-new-tokens 32 --out "$RUN/samples.jsonl" | sed 's/^/  /'
 printf 'final validation loss (64 held-out samples): stage 1 %s, stage 2 %s\n' \
   "$(field "$RUN/stage1" final_val_loss)" "$(field "$RUN/stage2" final_val_loss)"

@@ -40,6 +40,9 @@ enum Command {
     /// Export a run: projector safetensors, PEFT adapter, VLM config.json.
     #[cfg(feature = "train")]
     Export(commands::export::Args),
+    /// Caption an image or held-out shard samples with a run or a llava-hf export.
+    #[cfg(feature = "train")]
+    Generate(commands::generate::Args),
 }
 
 fn main() -> ExitCode {
@@ -56,6 +59,8 @@ fn main() -> ExitCode {
         Command::Train(args) => commands::train::run(*args),
         #[cfg(feature = "train")]
         Command::Export(args) => commands::export::run(args),
+        #[cfg(feature = "train")]
+        Command::Generate(args) => commands::generate::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

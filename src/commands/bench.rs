@@ -1,4 +1,6 @@
-//! `tessera bench loader|plan`.
+//! `tessera bench loader|plan|generate`.
+#[cfg(feature = "train")]
+use super::bench_generate;
 use super::{bench_loader, bench_plan};
 
 /// Arguments of `tessera bench`.
@@ -14,11 +16,16 @@ enum Which {
     Loader(bench_loader::Args),
     /// Planner quality (pad, imbalance, type alignment) for pack, bucket and fixed.
     Plan(bench_plan::Args),
+    /// Generation tokens/s with the KV cache next to recomputing the prefix, same model.
+    #[cfg(feature = "train")]
+    Generate(bench_generate::Args),
 }
 
 pub(crate) fn run(args: Args) -> anyhow::Result<()> {
     match args.which {
         Which::Loader(a) => bench_loader::run(a),
         Which::Plan(a) => bench_plan::run(a),
+        #[cfg(feature = "train")]
+        Which::Generate(a) => bench_generate::run(a),
     }
 }

@@ -1,7 +1,25 @@
 //! `tessera export --run DIR --out DIR`: projector safetensors (LLaVA keys), PEFT adapter
-//! (stage 2) and a config.json describing the VLM, from the run's latest complete checkpoint.
+//! (stage 2) and a config.json describing the VLM, from the run's latest complete checkpoint;
+//! with `--format llava-hf`, one directory transformers' `LlavaForConditionalGeneration` and
+//! `AutoProcessor` load (see `trainer::train::write_llava_hf`).
 use anyhow::Context;
 use std::path::PathBuf;
+use trainer::train::LlavaHfOptions;
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Format {
+    /// Projector, PEFT adapter and tessera's VLM config.
+    Tessera,
+    /// A transformers `LlavaForConditionalGeneration` directory with tokenizer and processor.
+    LlavaHf,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Dtype {
+    Bf16,
+    F16,
+    F32,
+}
 
 /// Arguments of `tessera export`.
 #[derive(clap::Args)]
@@ -12,9 +30,24 @@ pub(crate) struct Args {
     /// Output directory (created if missing).
     #[arg(long)]
     pub out: PathBuf,
+    /// What to write.
+    #[arg(long, value_enum, default_value_t = Format::Tessera)]
+    pub format: Format,
+    /// llava-hf: keep the LoRA adapters as a PEFT adapter in OUT/adapter instead of merging.
+    #[arg(long)]
+    pub no_merge: bool,
+    /// llava-hf: weight dtype.
+    #[arg(long, value_enum, default_value_t = Dtype::Bf16)]
+    pub dtype: Dtype,
+    /// llava-hf: tokenizer.json to ship with the processor files.
+    #[arg(long, default_value = ".deps/tokenizer/tokenizer.json")]
+    pub tokenizer: PathBuf,
 }
 
 pub(crate) fn run(args: Args) -> anyhow::Result<()> {
+    if args.format == Format::LlavaHf {
+        return run_llava_hf(args);
+    }
     let report = trainer::train::export(&args.run, &args.out)
         .with_context(|| format!("exporting run {}", args.run.display()))?;
     println!("exported step {} of {}", report.step, args.run.display());
@@ -23,5 +56,32 @@ pub(crate) fn run(args: Args) -> anyhow::Result<()> {
         println!("  adapter:   {}", adapter.display());
     }
     println!("  config:    {}", report.config.display());
+    Ok(())
+}
+
+fn run_llava_hf(args: Args) -> anyhow::Result<()> {
+    let options = LlavaHfOptions {
+        merge: !args.no_merge,
+        dtype: trainer::train::weight_kind(match args.dtype {
+            Dtype::Bf16 => "bf16",
+            Dtype::F16 => "f16",
+            Dtype::F32 => "f32",
+        })
+        .context("weight dtype")?,
+        tokenizer: Some(args.tokenizer.clone()),
+        ..Default::default()
+    };
+    let (step, report) = trainer::train::export_llava_hf(&args.run, &args.out, &options)
+        .with_context(|| format!("exporting run {} as llava-hf", args.run.display()))?;
+    println!(
+        "exported step {step} of {} as llava-hf: {} tensors in {} file(s) under {}",
+        args.run.display(),
+        report.tensors,
+        report.weight_files.len(),
+        args.out.display()
+    );
+    if let Some(adapter) = &report.adapter {
+        println!("  adapter (unmerged): {}", adapter.display());
+    }
     Ok(())
 }

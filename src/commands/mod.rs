@@ -1,9 +1,13 @@
 //! One module per subcommand: its clap `Args` and a `run(args) -> anyhow::Result<()>`.
 pub(crate) mod bench;
+#[cfg(feature = "train")]
+pub(crate) mod bench_generate;
 pub(crate) mod bench_loader;
 pub(crate) mod bench_plan;
 #[cfg(feature = "train")]
 pub(crate) mod export;
+#[cfg(feature = "train")]
+pub(crate) mod generate;
 pub(crate) mod ingest;
 #[cfg(feature = "train")]
 pub(crate) mod init_model;

@@ -10,18 +10,23 @@
 //! 4. `vlm.rs`: the unit chain (`vision`, `projector`, `embed`, `layers.{i}`, `head`) that FSDP
 //!    runs over the per-micro-batch context [`VlmCtx`] (`ctx.rs`), and [`Vlm::loss`], the plain
 //!    composition.
-//! 5. `init.rs`: random-weight checkpoints for `tessera init-model`; `throughput.rs` (feature
+//! 5. `generate.rs`: inference with a KV cache (greedy or top-p); `llava.rs` and `sharded.rs`:
+//!    transformers' `LlavaForConditionalGeneration` config, keys and sharded checkpoints.
+//! 6. `init.rs`: random-weight checkpoints for `tessera init-model`; `throughput.rs` (feature
 //!    `bench`): the forward+backward measurement of `benches/model.rs`.
 mod attention;
 mod config;
 mod ctx;
 mod init;
+mod generate;
 mod keys;
+mod llava;
 mod lora;
 mod loss;
 mod projector;
 mod qwen2;
 mod rope;
+mod sharded;
 mod siglip;
 #[cfg(feature = "bench")]
 mod throughput;
@@ -31,6 +36,8 @@ mod weights;
 
 pub use attention::{attend, attend_spans, block_causal_mask, row_spans, Span};
 pub use config::{LoraConfig, Qwen2Config, RopeParameters, SiglipVisionConfig};
+pub(crate) use config::read_json as read_config_json;
+pub use generate::{GenerateOptions, Generation, Generator};
 pub use ctx::VlmCtx;
 pub use init::{
     lm_checkpoint_specs, random_params, write_checkpoints, write_preset, Preset, INIT_STD,
@@ -38,9 +45,13 @@ pub use init::{
 pub use lora::{
     init_adapters, load_adapter, merge_adapters, save_adapter, ADAPTER_CONFIG, ADAPTER_WEIGHTS,
 };
+pub use llava::{
+    export_specs, llava_config_json, llava_key, load_llava_dir, LLAVA_ADAPTER_DIR,
+};
 pub use loss::{chunked_cross_entropy_sum, full_cross_entropy_sum};
 #[cfg(feature = "bench")]
 pub use throughput::{measure_throughput, peak_matmul_flops, ThroughputReport};
+pub use sharded::{save_sharded, HUB_SHARD_BYTES};
 pub use vlm::{Vlm, VlmOptions};
 pub use weights::{load_safetensors, save_safetensors, HfCheckpoint};
 

@@ -173,6 +173,83 @@ impl DecoderLayer {
     }
 }
 
+impl DecoderLayer {
+    /// Inference over new tokens `x` `[1, len, D]` that follow the `kv.len()` tokens already
+    /// cached (positions `kv.len()..kv.len() + len`, `cos`/`sin` built for those): the same
+    /// computation as [`Self::forward`] on one unpacked sample, attending causally over the
+    /// cached keys and values plus the new ones, which it appends to `kv`. No dropout.
+    pub(crate) fn forward_cached(
+        &self,
+        cfg: &Qwen2Config,
+        lora: Option<&LoraConfig>,
+        params: &ParamMap,
+        x: &Tensor,
+        cos: &Tensor,
+        sin: &Tensor,
+        kv: &mut LayerKv,
+    ) -> Tensor {
+        let (rows, len, _) = x.size3().expect("decoder hidden is [1, len, D]");
+        let (heads, kv_heads, hd) = (cfg.num_attention_heads, cfg.kv_heads(), cfg.head_dim());
+        let lin = Linear {
+            params,
+            lora,
+            dropout_seed: None,
+        };
+        let residual = x;
+        let h = rms_norm(x, param(params, &self.input_layernorm), cfg.rms_norm_eps);
+        let split = |t: Tensor, n: i64| t.view([rows, len, n, hd]).transpose(1, 2);
+        let q = split(lin.apply(&h, &self.q_proj, 0), heads);
+        let k = split(lin.apply(&h, &self.k_proj, 0), kv_heads);
+        let v = split(lin.apply(&h, &self.v_proj, 0), kv_heads);
+        let q = apply_rotary(&q, cos, sin);
+        let k = apply_rotary(&k, cos, sin);
+        let past = kv.len();
+        let (k, v) = kv.append(k, v);
+        // Query t (absolute position past + t) sees keys 0..=past + t; one query sees them all.
+        let mask = (len > 1).then(|| {
+            let total = past + len;
+            Tensor::ones([len, total], (Kind::Bool, x.device())).tril(past)
+        });
+        let attn = attend(&q, &k, &v, mask.as_ref())
+            .transpose(1, 2)
+            .reshape([rows, len, heads * hd]);
+        let h = residual + lin.apply(&attn, &self.o_proj, 0);
+        let residual = &h;
+        let m = rms_norm(
+            &h,
+            param(params, &self.post_attention_layernorm),
+            cfg.rms_norm_eps,
+        );
+        let gate = lin.apply(&m, &self.gate_proj, 0).silu();
+        let up = lin.apply(&m, &self.up_proj, 0);
+        residual + lin.apply(&(gate * up), &self.down_proj, 0)
+    }
+}
+
+/// One decoder layer's cached keys and values, `[1, kv_heads, len, head_dim]` each (after
+/// RoPE), for generation.
+#[derive(Default)]
+pub(crate) struct LayerKv {
+    kv: Option<(Tensor, Tensor)>,
+}
+
+impl LayerKv {
+    /// Tokens cached so far.
+    pub(crate) fn len(&self) -> i64 {
+        self.kv.as_ref().map_or(0, |(k, _)| k.size()[2])
+    }
+
+    /// Appends the new keys and values; returns all of them.
+    fn append(&mut self, k: Tensor, v: Tensor) -> (Tensor, Tensor) {
+        let (k, v) = match self.kv.take() {
+            Some((pk, pv)) => (Tensor::cat(&[pk, k], 2), Tensor::cat(&[pv, v], 2)),
+            None => (k, v),
+        };
+        self.kv = Some((k.shallow_clone(), v.shallow_clone()));
+        (k, v)
+    }
+}
+
 /// RMSNorm as transformers computes it: in f32, x·rsqrt(mean(x²) + eps), cast back, · weight.
 pub(super) fn rms_norm(x: &Tensor, weight: &Tensor, eps: f64) -> Tensor {
     let xf = x.to_kind(Kind::Float);

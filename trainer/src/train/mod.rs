@@ -7,7 +7,9 @@ mod checkpoint_pick;
 mod config;
 mod error;
 mod export;
+mod generation;
 mod layout;
+mod llava_hf;
 mod metrics;
 mod plot;
 mod run;
@@ -27,6 +29,11 @@ pub use error::TrainError;
 pub use export::{
     export, latest_trainable, ExportError, ExportReport, VlmDescription, ADAPTER_DIR,
     PROJECTOR_FILE, TRAINABLE_FILE, VLM_FILE,
+};
+pub use generation::{load_export_model, load_run_model, GenerationModel};
+pub use llava_hf::{
+    export_llava_hf, lm_target_regex, write_llava_hf, LlavaHfOptions, LlavaHfReport, LlavaSources,
+    STOP_IDS, weight_kind,
 };
 pub use metrics::{read_metrics, MetricsError, StepMetrics, Summary};
 pub use plot::PlotError;
