@@ -3,7 +3,8 @@
 //! keyed by Hugging Face checkpoint names.
 //!
 //! 1. `config.rs`: `config.json` structs (HF field names, HF defaults for sparse Hub configs).
-//! 2. `weights.rs`: safetensors loading (single file or sharded index) and writing.
+//! 2. `weights.rs`: safetensors loading (single file or sharded index) and writing;
+//!    `source.rs`: [`VlmInit`], the checkpoints as FSDP's per-rank, slice-by-slice source.
 //! 3. `siglip.rs` (vision tower), `projector.rs` (`mlp2x_gelu`), `qwen2.rs` (the LM, with
 //!    `rope.rs`, `attention.rs` and `lora.rs` adapters), `loss.rs` (chunked cross-entropy);
 //!    `keys.rs` builds their checkpoint keys as paths, each spelled once.
@@ -23,6 +24,7 @@ mod projector;
 mod qwen2;
 mod rope;
 mod siglip;
+mod source;
 #[cfg(feature = "bench")]
 mod throughput;
 mod units;
@@ -39,6 +41,7 @@ pub use lora::{
     init_adapters, load_adapter, merge_adapters, save_adapter, ADAPTER_CONFIG, ADAPTER_WEIGHTS,
 };
 pub use loss::{chunked_cross_entropy_sum, full_cross_entropy_sum};
+pub use source::VlmInit;
 #[cfg(feature = "bench")]
 pub use throughput::{measure_throughput, peak_matmul_flops, ThroughputReport};
 pub use vlm::{Vlm, VlmOptions};

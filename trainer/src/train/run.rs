@@ -39,11 +39,8 @@ pub fn train(
     }
     std::fs::create_dir_all(&cfg.out).map_err(io(&cfg.out))?;
     let pg = setup::process_group(&cfg, env.as_ref())?;
-    let mut s = setup::build(&cfg, pg)?;
-    // The sharded model copies what it keeps (its shards); the full tensors go as soon as it
-    // exists.
-    let params = std::mem::take(&mut s.params);
-    let s = s;
+    // The sharded model reads from the checkpoints only the slices its shards keep.
+    let (s, init) = setup::build(&cfg, pg)?;
     if s.rank == 0 {
         let vlm_desc = VlmDescription::new(
             &cfg,
@@ -54,8 +51,13 @@ pub fn train(
         );
         vlm_desc.save(&cfg.out.join(VLM_FILE))?;
     }
-    let mut model = ShardedVlm::new(&cfg, &s.vlm, &s.pg, &params, s.device)?;
-    drop(params);
+    let mut model = ShardedVlm::new(&cfg, &s.vlm, &s.pg, &init, s.device)?;
+    tracing::debug!(
+        "rank {}: read {} MiB of checkpoint bytes into its shards",
+        s.rank,
+        init.bytes_read() >> 20
+    );
+    drop(init);
     let mut train_loop = TrainLoop::new(&cfg, &s)?;
     let first = train_loop.restore(start, &mut model)?;
     train_loop.run(&mut model, first)?;
