@@ -5,6 +5,7 @@ use super::attention::{block_causal_mask, row_spans, Span};
 use super::config::{Qwen2Config, SiglipVisionConfig};
 use super::rope::rotary_tables;
 use super::siglip;
+use super::varlen::{use_varlen, Varlen};
 use super::{ModelError, Result};
 use pipeline::{MicroBatch, IGNORE_INDEX};
 use tch::{Device, Kind, Tensor};
@@ -16,11 +17,14 @@ pub struct VlmCtx {
     pub input_ids: Tensor,
     /// `[rows, len]` i64, already shifted; `IGNORE_INDEX` where nothing is predicted.
     pub labels: Tensor,
-    /// `[rows, 1, len, len]` bool, true where attention is allowed; built only off the CPU.
-    /// On the CPU attention runs span by span (`spans`) and never needs it.
+    /// `[rows, 1, len, len]` bool, true where attention is allowed; built only off the CPU
+    /// when the varlen kernels are not used (`TESSERA_DENSE_ATTENTION=1`). On the CPU
+    /// attention runs span by span (`spans`) and never needs it.
     pub mask: Option<Tensor>,
     /// Each row's packed samples and padding runs.
     pub spans: Vec<Vec<Span>>,
+    /// On CUDA: the packed samples as the varlen kernels' sequences (no mask is built).
+    pub varlen: Option<Varlen>,
     /// `[rows, 1, len, head_dim]` f32 rotary tables.
     pub cos: Tensor,
     pub sin: Tensor,
@@ -128,6 +132,8 @@ impl VlmCtx {
         let segments = Tensor::from_slice(&mb.segment_ids)
             .view(shape)
             .to_device(device);
+        let spans = row_spans(&mb.segment_ids, mb.rows, mb.row_len);
+        let varlen = use_varlen(device);
         let (cos, sin) = rotary_tables(&positions, lm.head_dim(), lm.rope_theta());
         let supervised: Vec<i64> = (0..n as i64)
             .filter(|&i| mb.labels[i as usize] != IGNORE_INDEX)
@@ -138,8 +144,9 @@ impl VlmCtx {
             row_len: shape[1],
             input_ids: ids(&mb.input_ids),
             labels: ids(&mb.labels),
-            mask: (device != Device::Cpu).then(|| block_causal_mask(&segments)),
-            spans: row_spans(&mb.segment_ids, mb.rows, mb.row_len),
+            mask: (device != Device::Cpu && !varlen).then(|| block_causal_mask(&segments)),
+            varlen: varlen.then(|| Varlen::from_spans(&spans, shape[1], device)),
+            spans,
             cos,
             sin,
             placeholder_index: Tensor::from_slice(&placeholders).to_device(device),

@@ -28,6 +28,7 @@ mod source;
 #[cfg(feature = "bench")]
 mod throughput;
 mod units;
+mod varlen;
 mod vlm;
 mod weights;
 
@@ -44,6 +45,7 @@ pub use loss::{chunked_cross_entropy_sum, full_cross_entropy_sum};
 pub use source::VlmInit;
 #[cfg(feature = "bench")]
 pub use throughput::{measure_throughput, peak_matmul_flops, ThroughputReport};
+pub use varlen::{attend_varlen, emulate_varlen, Varlen};
 pub use vlm::{Vlm, VlmOptions};
 pub use weights::{load_safetensors, save_safetensors, HfCheckpoint};
 

@@ -52,10 +52,11 @@ pub fn train(
         vlm_desc.save(&cfg.out.join(VLM_FILE))?;
     }
     let mut model = ShardedVlm::new(&cfg, &s.vlm, &s.pg, &init, s.device)?;
-    tracing::debug!(
-        "rank {}: read {} MiB of checkpoint bytes into its shards",
+    tracing::info!(
+        "rank {}: shards built from {} MiB of checkpoint reads; peak RSS so far {:.0} MiB",
         s.rank,
-        init.bytes_read() >> 20
+        init.bytes_read() >> 20,
+        metrics::peak_rss_mib()
     );
     drop(init);
     let mut train_loop = TrainLoop::new(&cfg, &s)?;
