@@ -15,7 +15,7 @@
 #   mkdir -p data/device && cp target/release/tessera data/device/ && strip data/device/tessera
 #   cp .deps/tokenizer/tokenizer.json data/device/
 #   cp ../shared/bench/make_hub_shaped_models.py ../shared/bench/hf_reference_step.py data/device/
-#   du -sh data/device     # the stripped CUDA binary is ~40-50 MiB; with the tree, keep < 64 MiB
+#   du -sh data/device     # stripped: 26 MiB for the CPU build here; with the tree, keep < 64 MiB
 # Run (device tool): command "bash scripts/device_bench.sh data/device", carry ["data/device"],
 # timeout_s 600. The summary and metrics come back under $OUT (default /tmp/device_bench_out).
 #

@@ -120,18 +120,16 @@ impl VlmCtx {
                 )));
             }
             let shape = [mb.num_images as i64, 3, side, side];
-            let raw = Tensor::from_slice(&mb.pixels).view(shape).to_device(device);
+            let raw = upload(Tensor::from_slice(&mb.pixels).view(shape), device);
             Some(siglip::normalize_pixels(&raw))
         } else {
             None
         };
 
         let shape = [mb.rows as i64, mb.row_len as i64];
-        let ids = |v: &[i64]| Tensor::from_slice(v).view(shape).to_device(device);
+        let ids = |v: &[i64]| upload(Tensor::from_slice(v).view(shape), device);
         let positions = ids(&mb.positions);
-        let segments = Tensor::from_slice(&mb.segment_ids)
-            .view(shape)
-            .to_device(device);
+        let segments = upload(Tensor::from_slice(&mb.segment_ids).view(shape), device);
         let spans = row_spans(&mb.segment_ids, mb.rows, mb.row_len);
         let varlen = use_varlen(device);
         let (cos, sin) = rotary_tables(&positions, lm.head_dim(), lm.rope_theta());
@@ -149,10 +147,10 @@ impl VlmCtx {
             spans,
             cos,
             sin,
-            placeholder_index: Tensor::from_slice(&placeholders).to_device(device),
+            placeholder_index: upload(Tensor::from_slice(&placeholders), device),
             supervised: supervised.len() as i64,
-            supervised_index: Tensor::from_slice(&supervised).to_device(device),
-            targets: Tensor::from_slice(&targets).to_device(device),
+            supervised_index: upload(Tensor::from_slice(&supervised), device),
+            targets: upload(Tensor::from_slice(&targets), device),
             pixel_values,
             dropout_seed: None,
             sample_ids: mb.sample_ids.clone(),
@@ -177,5 +175,20 @@ impl VlmCtx {
             Some(p) => p.shallow_clone(),
             None => Tensor::empty([0], (Kind::Float, self.input_ids.device())),
         }
+    }
+}
+
+/// A host tensor on `device`. On CUDA the bytes go through pinned (page-locked) host memory
+/// with a non-blocking copy on the current stream: the host goes on enqueuing the step's
+/// kernels while the DMA runs, and the stream orders the copy before the kernels that read it
+/// (PyTorch's pinned allocator keeps the host block until the copy is done). Elsewhere a plain
+/// copy (a no-op on the CPU).
+pub(super) fn upload(host: Tensor, device: Device) -> Tensor {
+    if device.is_cuda() {
+        let kind = host.kind();
+        host.pin_memory(device)
+            .to_device_(device, kind, true, false)
+    } else {
+        host.to_device(device)
     }
 }

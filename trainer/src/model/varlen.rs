@@ -7,6 +7,7 @@
 //! [`attend_varlen`] emulates the kernel sequence by sequence, from the same flattened
 //! tensors and boundaries, which is what the CPU tests compare with the dense-mask path.
 use super::attention::Span;
+use super::ctx::upload;
 use std::ffi::{c_char, CStr};
 use tch::{Device, Tensor};
 use torch_sys::C_tensor;
@@ -52,7 +53,7 @@ impl Varlen {
         let max_len = bounds.windows(2).map(|w| w[1] - w[0]).max().unwrap_or(0);
         let as_i32: Vec<i32> = bounds.iter().map(|&b| b as i32).collect();
         Varlen {
-            cu_seqlens: Tensor::from_slice(&as_i32).to_device(device),
+            cu_seqlens: upload(Tensor::from_slice(&as_i32), device),
             bounds,
             max_len,
         }
