@@ -206,7 +206,7 @@ fn build_buffer(
         .map_err(|source| FsdpError::Init {
             name: e.name.clone(),
             unit: unit_name.to_string(),
-            source,
+            source: Box::new(source),
         })?;
     }
     Ok(FlatBuffer {

@@ -65,7 +65,7 @@ pub enum FsdpError {
     Init {
         name: String,
         unit: String,
-        source: crate::unit::SourceError,
+        source: Box<crate::unit::SourceError>,
     },
     #[error("rank {rank}: unit '{unit}'")]
     Torch {
