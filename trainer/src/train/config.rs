@@ -175,6 +175,9 @@ knobs! {
     collective_timeout_s: u64 = default(300),
     /// Projector to start from: an exported mm_projector.safetensors or a stage-1 run directory.
     init_projector: PathBuf = optional,
+    /// Record the run's first N optimizer steps with libtorch's profiler into
+    /// profile_rank{r}.json in the run directory (Chrome trace; 0: off).
+    profile: u64 = default(0),
 }
 
 impl ConfigLayer {

@@ -8,6 +8,7 @@ mod error;
 mod export;
 mod metrics;
 mod plot;
+mod profile;
 mod run;
 mod run_dir;
 mod schedule;

@@ -10,6 +10,7 @@ use super::error::{io, TrainError};
 use super::export::{VlmDescription, TRAINABLE_FILE, VLM_FILE};
 use super::metrics::{self, MetricsWriter, Progress, StepMetrics, Summary};
 use super::plot::plot_loss;
+use super::profile::Profiler;
 use super::run_dir::{self, RunStart};
 use super::schedule::CosineSchedule;
 use super::setup::{self, Setup};
@@ -252,6 +253,7 @@ impl<'a> TrainLoop<'a> {
         };
         let progress = Progress::new(self.total_steps);
         let mut step = start.step;
+        let mut profiler = None;
         let mut position = start.position;
         let mut epoch = position.as_ref().map_or(0, |p| p.epoch);
         while step < self.total_steps {
@@ -275,7 +277,22 @@ impl<'a> TrainLoop<'a> {
             let source: Arc<dyn SampleSource> = s.dataset.clone();
             let mut loader = Loader::new(source, mine, self.loader_cfg.clone());
             for (i, plan_step) in plan.steps[..todo].iter().enumerate() {
+                if step == start.step && cfg.profile > 0 {
+                    profiler = Some(Profiler::start(s.device.is_cuda())?);
+                }
                 let m = self.one_step(model, &mut loader, plan_step, step)?;
+                if step + 1 == start.step + cfg.profile || step + 1 == self.total_steps {
+                    if let Some(p) = profiler.take() {
+                        let path = cfg.out.join(format!("profile_rank{}.json", s.rank));
+                        p.save(&path)?;
+                        tracing::info!(
+                            "rank {}: profile of {} steps in {}",
+                            s.rank,
+                            cfg.profile.min(step + 1 - start.step),
+                            path.display()
+                        );
+                    }
+                }
                 if let Some(w) = writer.as_mut() {
                     w.append(&m)?;
                     progress.show(&m);
