@@ -12,7 +12,7 @@ pub mod model;
 pub mod train;
 mod unit;
 
-pub use unit::{ParamMap, ParamSpec, Unit};
+pub use unit::{ParamMap, ParamSource, ParamSpec, SourceError, Unit};
 
 #[cfg(test)]
 mod error_chain_tests;

@@ -32,3 +32,56 @@ pub trait Unit<C>: Send + Sync {
     /// tensor); for "head" the output is the scalar sum of token losses over supervised labels.
     fn forward(&self, params: &ParamMap, input: &Tensor, ctx: &C) -> Tensor;
 }
+
+/// Where FSDP reads each rank's initial shards from, one slice of one parameter at a time, so
+/// a rank copies only what its shards keep and never needs the full model in memory: a
+/// [`ParamMap`] (tests, small models) or the checkpoints themselves
+/// ([`crate::model::VlmInit`], positioned reads from the safetensors files).
+pub trait ParamSource {
+    /// Copies elements `[start, start + dst.numel())` of parameter `name` (flattened row-major;
+    /// its shape must be `shape`) into `dst`, a 1-D tensor of any float dtype on any device.
+    fn read_into(
+        &self,
+        name: &str,
+        shape: &[i64],
+        start: i64,
+        dst: &Tensor,
+    ) -> Result<(), SourceError>;
+}
+
+/// Why a [`ParamSource`] could not provide a slice (the caller names the parameter and unit).
+#[derive(Debug, thiserror::Error)]
+pub enum SourceError {
+    #[error("the initial parameters lack it")]
+    Missing,
+    #[error("initial tensor has shape {found:?}, expected {expected:?}")]
+    Shape { expected: Vec<i64>, found: Vec<i64> },
+    #[error(transparent)]
+    Model(#[from] crate::model::ModelError),
+    #[error("torch")]
+    Torch(#[from] tch::TchError),
+}
+
+impl ParamSource for ParamMap {
+    fn read_into(
+        &self,
+        name: &str,
+        shape: &[i64],
+        start: i64,
+        dst: &Tensor,
+    ) -> Result<(), SourceError> {
+        let full = self.get(name).ok_or(SourceError::Missing)?;
+        if full.size() != shape {
+            return Err(SourceError::Shape {
+                expected: shape.to_vec(),
+                found: full.size(),
+            });
+        }
+        let src = full
+            .detach()
+            .reshape([-1])
+            .narrow(0, start, dst.numel() as i64);
+        tch::no_grad(|| dst.shallow_clone().f_copy_(&src))?;
+        Ok(())
+    }
+}

@@ -4,7 +4,7 @@ use super::gather::Gathered;
 use super::optim::{AdamWConfig, ShardedAdamW};
 use super::{FsdpError, Recompute, Strategy};
 use crate::dist::{ProcessGroup, Work};
-use crate::unit::{ParamMap, Unit};
+use crate::unit::{ParamMap, ParamSource, Unit};
 use std::collections::{BTreeMap, HashMap};
 use std::time::Instant;
 use tch::{Device, Kind, Tensor};
@@ -116,11 +116,12 @@ pub struct Fsdp<'a, C> {
 }
 
 impl<'a, C> Fsdp<'a, C> {
-    /// Shards `init` (full parameters by name) over the group's ranks.
+    /// Shards the parameters over the group's ranks; this rank reads from `init` only the slices
+    /// its shards keep.
     pub fn new(
         units: &'a [Box<dyn Unit<C>>],
         pg: &'a ProcessGroup,
-        init: &ParamMap,
+        init: &dyn ParamSource,
         config: FsdpConfig,
     ) -> Result<Self, FsdpError> {
         let spec = ShardSpec {

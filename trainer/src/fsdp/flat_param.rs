@@ -3,8 +3,9 @@
 //! state), each padded to a multiple of the world size W. Rank r keeps elements
 //! [r*n/W, (r+1)*n/W) of each buffer: its shard. A parameter read by two units (tied
 //! embeddings) lives once, in the first unit that lists it; later units borrow that buffer.
+//! Shards fill from a [`ParamSource`] slice by slice: a rank reads only the elements it keeps.
 use super::FsdpError;
-use crate::unit::{ParamMap, ParamSpec, Unit};
+use crate::unit::{ParamMap, ParamSource, ParamSpec, Unit};
 use std::collections::HashMap;
 use tch::{Device, Kind, Tensor};
 
@@ -82,11 +83,11 @@ pub struct ShardSpec {
 }
 
 impl FlatParams {
-    /// Lays out every unit's parameters and fills this rank's shards from `init` (full tensors
-    /// by name, on any device and float dtype).
+    /// Lays out every unit's parameters and fills this rank's shards from `init`, which is asked
+    /// only for the slices of each parameter that fall in this rank's shards.
     pub fn new<C>(
         units: &[Box<dyn Unit<C>>],
-        init: &ParamMap,
+        init: &dyn ParamSource,
         spec: ShardSpec,
     ) -> Result<Self, FsdpError> {
         let mut owner_of: HashMap<String, (usize, ParamSpec)> = HashMap::new();
@@ -167,7 +168,7 @@ fn build_buffer(
     unit_name: &str,
     trainable: bool,
     params: &[ParamSpec],
-    init: &ParamMap,
+    init: &dyn ParamSource,
     spec: ShardSpec,
 ) -> Result<FlatBuffer, FsdpError> {
     let mut entries = Vec::with_capacity(params.len());
@@ -196,22 +197,17 @@ fn build_buffer(
         if a >= b {
             continue;
         }
-        let full = init.get(&e.name).ok_or_else(|| FsdpError::Layout {
+        init.read_into(
+            &e.name,
+            &e.shape,
+            a - e.offset,
+            &shard.narrow(0, a - lo, b - a),
+        )
+        .map_err(|source| FsdpError::Init {
             name: e.name.clone(),
-            message: format!("unit '{unit_name}' reads it but the initial parameters lack it"),
+            unit: unit_name.to_string(),
+            source: Box::new(source),
         })?;
-        if full.size() != e.shape {
-            return Err(FsdpError::Layout {
-                name: e.name.clone(),
-                message: format!(
-                    "initial tensor has shape {:?}, unit '{unit_name}' expects {:?}",
-                    full.size(),
-                    e.shape
-                ),
-            });
-        }
-        let src = full.detach().reshape([-1]).narrow(0, a - e.offset, b - a);
-        tch::no_grad(|| shard.narrow(0, a - lo, b - a).copy_(&src));
     }
     Ok(FlatBuffer {
         owner,

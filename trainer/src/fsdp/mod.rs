@@ -63,6 +63,12 @@ pub enum FsdpError {
     Dist(#[from] DistError),
     #[error("parameter `{name}`: {message}")]
     Layout { name: String, message: String },
+    #[error("parameter `{name}` of unit '{unit}'")]
+    Init {
+        name: String,
+        unit: String,
+        source: Box<crate::unit::SourceError>,
+    },
     #[error("rank {rank}: unit '{unit}'")]
     Torch {
         rank: usize,

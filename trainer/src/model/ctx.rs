@@ -5,6 +5,7 @@ use super::attention::{block_causal_mask, row_spans, Span};
 use super::config::{Qwen2Config, SiglipVisionConfig};
 use super::rope::rotary_tables;
 use super::siglip;
+use super::varlen::{use_varlen, Varlen};
 use super::{ModelError, Result};
 use pipeline::{MicroBatch, IGNORE_INDEX};
 use tch::{Device, Kind, Tensor};
@@ -16,11 +17,14 @@ pub struct VlmCtx {
     pub input_ids: Tensor,
     /// `[rows, len]` i64, already shifted; `IGNORE_INDEX` where nothing is predicted.
     pub labels: Tensor,
-    /// `[rows, 1, len, len]` bool, true where attention is allowed; built only off the CPU.
-    /// On the CPU attention runs span by span (`spans`) and never needs it.
+    /// `[rows, 1, len, len]` bool, true where attention is allowed; built only off the CPU
+    /// when the varlen kernels are not used (`TESSERA_DENSE_ATTENTION=1`). On the CPU
+    /// attention runs span by span (`spans`) and never needs it.
     pub mask: Option<Tensor>,
     /// Each row's packed samples and padding runs.
     pub spans: Vec<Vec<Span>>,
+    /// On CUDA: the packed samples as the varlen kernels' sequences (no mask is built).
+    pub varlen: Option<Varlen>,
     /// `[rows, 1, len, head_dim]` f32 rotary tables.
     pub cos: Tensor,
     pub sin: Tensor,
@@ -116,18 +120,18 @@ impl VlmCtx {
                 )));
             }
             let shape = [mb.num_images as i64, 3, side, side];
-            let raw = Tensor::from_slice(&mb.pixels).view(shape).to_device(device);
+            let raw = upload(Tensor::from_slice(&mb.pixels).view(shape), device);
             Some(siglip::normalize_pixels(&raw))
         } else {
             None
         };
 
         let shape = [mb.rows as i64, mb.row_len as i64];
-        let ids = |v: &[i64]| Tensor::from_slice(v).view(shape).to_device(device);
+        let ids = |v: &[i64]| upload(Tensor::from_slice(v).view(shape), device);
         let positions = ids(&mb.positions);
-        let segments = Tensor::from_slice(&mb.segment_ids)
-            .view(shape)
-            .to_device(device);
+        let segments = upload(Tensor::from_slice(&mb.segment_ids).view(shape), device);
+        let spans = row_spans(&mb.segment_ids, mb.rows, mb.row_len);
+        let varlen = use_varlen(device);
         let (cos, sin) = rotary_tables(&positions, lm.head_dim(), lm.rope_theta());
         let supervised: Vec<i64> = (0..n as i64)
             .filter(|&i| mb.labels[i as usize] != IGNORE_INDEX)
@@ -138,14 +142,15 @@ impl VlmCtx {
             row_len: shape[1],
             input_ids: ids(&mb.input_ids),
             labels: ids(&mb.labels),
-            mask: (device != Device::Cpu).then(|| block_causal_mask(&segments)),
-            spans: row_spans(&mb.segment_ids, mb.rows, mb.row_len),
+            mask: (device != Device::Cpu && !varlen).then(|| block_causal_mask(&segments)),
+            varlen: varlen.then(|| Varlen::from_spans(&spans, shape[1], device)),
+            spans,
             cos,
             sin,
-            placeholder_index: Tensor::from_slice(&placeholders).to_device(device),
+            placeholder_index: upload(Tensor::from_slice(&placeholders), device),
             supervised: supervised.len() as i64,
-            supervised_index: Tensor::from_slice(&supervised).to_device(device),
-            targets: Tensor::from_slice(&targets).to_device(device),
+            supervised_index: upload(Tensor::from_slice(&supervised), device),
+            targets: upload(Tensor::from_slice(&targets), device),
             pixel_values,
             dropout_seed: None,
             sample_ids: mb.sample_ids.clone(),
@@ -170,5 +175,20 @@ impl VlmCtx {
             Some(p) => p.shallow_clone(),
             None => Tensor::empty([0], (Kind::Float, self.input_ids.device())),
         }
+    }
+}
+
+/// A host tensor on `device`. On CUDA the bytes go through pinned (page-locked) host memory
+/// with a non-blocking copy on the current stream: the host goes on enqueuing the step's
+/// kernels while the DMA runs, and the stream orders the copy before the kernels that read it
+/// (PyTorch's pinned allocator keeps the host block until the copy is done). Elsewhere a plain
+/// copy (a no-op on the CPU).
+pub(super) fn upload(host: Tensor, device: Device) -> Tensor {
+    if device.is_cuda() {
+        let kind = host.kind();
+        host.pin_memory(device)
+            .to_device_(device, kind, true, false)
+    } else {
+        host.to_device(device)
     }
 }

@@ -3,7 +3,8 @@
 //! keyed by Hugging Face checkpoint names.
 //!
 //! 1. `config.rs`: `config.json` structs (HF field names, HF defaults for sparse Hub configs).
-//! 2. `weights.rs`: safetensors loading (single file or sharded index) and writing.
+//! 2. `weights.rs`: safetensors loading (single file or sharded index) and writing;
+//!    `source.rs`: [`VlmInit`], the checkpoints as FSDP's per-rank, slice-by-slice source.
 //! 3. `siglip.rs` (vision tower), `projector.rs` (`mlp2x_gelu`), `qwen2.rs` (the LM, with
 //!    `rope.rs`, `attention.rs` and `lora.rs` adapters), `loss.rs` (chunked cross-entropy);
 //!    `keys.rs` builds their checkpoint keys as paths, each spelled once.
@@ -28,9 +29,11 @@ mod qwen2;
 mod rope;
 mod sharded;
 mod siglip;
+mod source;
 #[cfg(feature = "bench")]
 mod throughput;
 mod units;
+mod varlen;
 mod vlm;
 mod weights;
 
@@ -49,9 +52,11 @@ pub use llava::{
     export_specs, llava_config_json, llava_key, load_llava_dir, LLAVA_ADAPTER_DIR,
 };
 pub use loss::{chunked_cross_entropy_sum, full_cross_entropy_sum};
+pub use source::VlmInit;
 #[cfg(feature = "bench")]
 pub use throughput::{measure_throughput, peak_matmul_flops, ThroughputReport};
 pub use sharded::{save_sharded, HUB_SHARD_BYTES};
+pub use varlen::{attend_varlen, emulate_varlen, Varlen};
 pub use vlm::{Vlm, VlmOptions};
 pub use weights::{load_safetensors, save_safetensors, HfCheckpoint};
 

@@ -9,6 +9,7 @@ use super::keys::{KeyPath, LinearKeys};
 use super::lora;
 use super::param;
 use super::rope::apply_rotary;
+use super::varlen::{attend_varlen, Varlen};
 use crate::unit::{ParamMap, ParamSpec};
 use tch::{Kind, Tensor};
 
@@ -152,9 +153,10 @@ impl DecoderLayer {
             .transpose(1, 2);
         let q = apply_rotary(&q, inputs.cos, inputs.sin);
         let k = apply_rotary(&k, inputs.cos, inputs.sin);
-        let attn = match inputs.mask {
-            Some(mask) => attend(&q, &k, &v, Some(mask)),
-            None => attend_spans(&q, &k, &v, inputs.spans),
+        let attn = match (inputs.varlen, inputs.mask) {
+            (Some(varlen), _) => attend_varlen(&q, &k, &v, varlen),
+            (None, Some(mask)) => attend(&q, &k, &v, Some(mask)),
+            (None, None) => attend_spans(&q, &k, &v, inputs.spans),
         };
         let attn = attn.transpose(1, 2).reshape([rows, len, heads * hd]);
         let h = residual + lin.apply(&attn, &self.o_proj, salt(3));
@@ -260,9 +262,12 @@ pub(super) fn rms_norm(x: &Tensor, weight: &Tensor, eps: f64) -> Tensor {
 
 /// Per-micro-batch inputs a decoder layer needs (built once by `VlmCtx`).
 pub(super) struct LayerInputs<'a> {
-    /// Dense block-causal mask; `None` runs attention span by span over `spans`.
+    /// Dense block-causal mask; with neither it nor `varlen`, attention runs span by span
+    /// over `spans`.
     pub mask: Option<&'a Tensor>,
     pub spans: &'a [Vec<Span>],
+    /// The packed samples as varlen sequences (CUDA): preferred over `mask`.
+    pub varlen: Option<&'a Varlen>,
     pub cos: &'a Tensor,
     pub sin: &'a Tensor,
     /// `Some(seed)` applies LoRA dropout with a mask drawn from that seed (so FSDP's recompute

@@ -142,6 +142,7 @@ impl Unit<VlmCtx> for LayerUnit {
         let inputs = LayerInputs {
             mask: ctx.mask.as_ref(),
             spans: &ctx.spans,
+            varlen: ctx.varlen.as_ref(),
             cos: &ctx.cos,
             sin: &ctx.sin,
             dropout_seed: ctx.dropout_seed,

@@ -163,19 +163,35 @@ impl Vlm {
     ) -> Result<ParamMap> {
         let mut params = HfCheckpoint::open(vision_dir)?
             .load_specs_as_stored(&siglip::param_specs(&self.vision), Some("vision_model."))?;
-        let lm_specs: Vec<ParamSpec> = self
-            .param_specs()
+        let lm_specs = self.lm_checkpoint_params();
+        params.append(&mut HfCheckpoint::open(lm_dir)?.load_specs_as_stored(&lm_specs, None)?);
+        params.append(&mut self.fresh_params(projector_file, seed)?);
+        Ok(params)
+    }
+
+    /// The LM's parameters its checkpoint provides: everything under `model.` and the untied
+    /// head, without LoRA adapters.
+    pub(super) fn lm_checkpoint_params(&self) -> Vec<ParamSpec> {
+        self.param_specs()
             .into_iter()
             .filter(|s| s.name.starts_with("model.") || s.name == qwen2::LM_HEAD)
             .filter(|s| !s.name.contains(".lora_"))
-            .collect();
-        params.append(&mut HfCheckpoint::open(lm_dir)?.load_specs_as_stored(&lm_specs, None)?);
+            .collect()
+    }
+
+    /// The parameters no Hugging Face checkpoint provides, in f32 (small next to the towers):
+    /// the projector from `projector_file` or freshly initialised, and fresh LoRA adapters
+    /// when configured. `seed` drives the fresh initialisations.
+    pub(super) fn fresh_params(
+        &self,
+        projector_file: Option<&Path>,
+        seed: u64,
+    ) -> Result<ParamMap> {
         let specs = projector::param_specs(self.vision.hidden_size, self.lm.hidden_size, true);
-        let mut proj = match projector_file {
+        let mut params = match projector_file {
             Some(path) => load_projector(path, &specs)?,
             None => projector::init(self.vision.hidden_size, self.lm.hidden_size, seed),
         };
-        params.append(&mut proj);
         if self.options.lora.is_some() {
             let specs = self.param_specs();
             params.append(&mut lora::init_adapters(&specs, seed.wrapping_add(1)));

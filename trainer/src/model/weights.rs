@@ -1,25 +1,47 @@
 //! Hugging Face safetensors checkpoints: `model.safetensors` or a sharded
 //! `model.safetensors.index.json`, memory-mapped and read tensor by tensor into f32 tch
-//! tensors (BF16 and F16 are converted). Writing goes through the same format with
-//! `{"format": "pt"}` metadata, as `save_pretrained` writes it.
+//! tensors (BF16 and F16 are converted). [`HfCheckpoint::read_range_into`] copies one slice of
+//! one tensor with positioned reads (what FSDP's per-rank loading uses: a rank touches only
+//! the bytes of its shards). Writing goes through the same format with `{"format": "pt"}`
+//! metadata, as `save_pretrained` writes it.
 use super::{ModelError, Result};
 use crate::unit::{ParamMap, ParamSpec};
 use memmap2::Mmap;
 use safetensors::{Dtype, SafeTensors, View};
 use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap};
+use std::fs::File;
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use tch::{Device, Kind, Tensor};
 
 pub(super) const SINGLE_FILE: &str = "model.safetensors";
 pub(super) const INDEX_FILE: &str = "model.safetensors.index.json";
 
+/// Largest slice [`HfCheckpoint::read_range_into`] reads at once (bytes): bounds its buffer.
+const READ_CHUNK_BYTES: usize = 64 << 20;
+
+/// Where one tensor's bytes lie in its file.
+#[derive(Clone, Debug)]
+struct TensorLocation {
+    file: usize,
+    /// Byte offset of the tensor's first element in the file.
+    offset: u64,
+    dtype: Dtype,
+    shape: Vec<i64>,
+}
+
 /// An opened checkpoint directory: every file memory-mapped, every key located.
 pub struct HfCheckpoint {
     dir: PathBuf,
-    files: Vec<(PathBuf, Mmap)>,
+    files: Vec<(PathBuf, Mmap, File)>,
     /// Key -> index into `files`.
     location: HashMap<String, usize>,
+    /// Key -> file, byte offset, dtype and shape (from the headers).
+    tensors: HashMap<String, TensorLocation>,
+    /// Bytes copied by [`Self::read_range_into`] so far.
+    bytes_read: AtomicU64,
 }
 
 impl HfCheckpoint {
@@ -50,6 +72,7 @@ impl HfCheckpoint {
         };
         let mut files = Vec::new();
         let mut location = HashMap::new();
+        let mut tensor_locations = HashMap::new();
         for path in paths {
             let file = std::fs::File::open(&path).map_err(|source| ModelError::Io {
                 path: path.clone(),
@@ -64,16 +87,102 @@ impl HfCheckpoint {
                 path: path.clone(),
                 reason: e.to_string(),
             })?;
-            for name in tensors.names() {
-                location.insert(name.to_string(), files.len());
+            for (name, view) in tensors.tensors() {
+                // The view's data is a slice of the mapping: its distance from the mapping's
+                // start is its offset in the file (nothing is read to compute it).
+                let offset = (view.data().as_ptr() as usize - mmap.as_ptr() as usize) as u64;
+                tensor_locations.insert(
+                    name.clone(),
+                    TensorLocation {
+                        file: files.len(),
+                        offset,
+                        dtype: view.dtype(),
+                        shape: view.shape().iter().map(|&d| d as i64).collect(),
+                    },
+                );
+                location.insert(name, files.len());
             }
-            files.push((path, mmap));
+            drop(tensors);
+            files.push((path, mmap, file));
         }
         Ok(Self {
             dir: dir.into(),
             files,
             location,
+            tensors: tensor_locations,
+            bytes_read: AtomicU64::new(0),
         })
+    }
+
+    /// The stored shape of `name`, if the checkpoint has it.
+    pub fn shape(&self, name: &str) -> Option<&[i64]> {
+        self.tensors.get(name).map(|t| t.shape.as_slice())
+    }
+
+    /// Bytes [`Self::read_range_into`] has copied out of the files so far.
+    pub fn bytes_read(&self) -> u64 {
+        self.bytes_read.load(Ordering::Relaxed)
+    }
+
+    /// Copies elements `[start, start + dst.numel())` of tensor `name` (flattened; its stored
+    /// shape must be `expected`) into `dst` (1-D, any float dtype, any device), converting from
+    /// the stored dtype. Only those bytes are read, with positioned reads of at most 64 MiB, so
+    /// the rest of the file is never paged into this process and no full-tensor copy exists.
+    pub fn read_range_into(
+        &self,
+        name: &str,
+        expected: &[i64],
+        start: i64,
+        dst: &Tensor,
+    ) -> Result<()> {
+        let loc = self
+            .tensors
+            .get(name)
+            .ok_or_else(|| ModelError::MissingTensor {
+                dir: self.dir.clone(),
+                name: name.into(),
+            })?;
+        let (path, _, file) = &self.files[loc.file];
+        if loc.shape != expected {
+            return Err(ModelError::ShapeMismatch {
+                path: path.clone(),
+                name: name.into(),
+                expected: expected.to_vec(),
+                found: loc.shape.clone(),
+            });
+        }
+        let kind = float_kind(loc.dtype, path, name)?;
+        let numel: i64 = loc.shape.iter().product();
+        let len = dst.numel() as i64;
+        if start < 0 || start + len > numel {
+            return Err(ModelError::Safetensors {
+                path: path.clone(),
+                reason: format!(
+                    "elements [{start}, {}) of `{name}` asked for; it has {numel}",
+                    start + len
+                ),
+            });
+        }
+        let size = kind.elt_size_in_bytes();
+        let chunk = (READ_CHUNK_BYTES / size) as i64;
+        let mut buf = Vec::new();
+        let mut done = 0i64;
+        while done < len {
+            let take = chunk.min(len - done);
+            buf.resize(take as usize * size, 0u8);
+            let at = loc.offset + ((start + done) as usize * size) as u64;
+            file.read_exact_at(&mut buf, at)
+                .map_err(|source| ModelError::Io {
+                    path: path.clone(),
+                    source,
+                })?;
+            let src = Tensor::f_from_data_size(&buf, &[take], kind)?;
+            tch::no_grad(|| dst.narrow(0, done, take).f_copy_(&src))?;
+            done += take;
+        }
+        self.bytes_read
+            .fetch_add(len as u64 * size as u64, Ordering::Relaxed);
+        Ok(())
     }
 
     pub fn contains(&self, name: &str) -> bool {
@@ -98,7 +207,7 @@ impl HfCheckpoint {
                 dir: self.dir.clone(),
                 name: name.into(),
             })?;
-        let (path, mmap) = &self.files[file];
+        let (path, mmap, _) = &self.files[file];
         let st = SafeTensors::deserialize(mmap).map_err(|e| ModelError::Safetensors {
             path: path.clone(),
             reason: e.to_string(),

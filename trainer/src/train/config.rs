@@ -181,6 +181,9 @@ knobs! {
     val_every: u64 = default(0),
     /// Samples in the fixed validation set, spread evenly over --val-shards (default 256).
     val_samples: usize = default(256),
+    /// Record the run's first N optimizer steps with libtorch's profiler into
+    /// profile_rank{r}.json in the run directory (Chrome trace; 0: off).
+    profile: u64 = default(0),
 }
 
 impl ConfigLayer {

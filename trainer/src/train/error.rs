@@ -50,6 +50,8 @@ pub enum TrainError {
     Torch(#[from] tch::TchError),
     #[error("{0}")]
     Invalid(String),
+    #[error("profiler: {0}")]
+    Profiler(String),
 }
 
 pub(crate) fn io(path: &std::path::Path) -> impl FnOnce(std::io::Error) -> TrainError + '_ {

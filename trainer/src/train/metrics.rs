@@ -228,6 +228,18 @@ impl Progress {
     }
 }
 
+/// Peak resident set size of this process so far in MiB (Linux `VmHWM` of
+/// `/proc/self/status`; 0 elsewhere).
+pub(super) fn peak_rss_mib() -> f64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|kib| kib.parse::<f64>().ok())
+        .map_or(0.0, |kib| kib / 1024.0)
+}
+
 /// Resident set size of this process in MiB (Linux `/proc/self/statm`; 0 elsewhere).
 pub(super) fn rss_mib() -> f64 {
     let pages = std::fs::read_to_string("/proc/self/statm")

@@ -12,6 +12,7 @@ mod layout;
 mod llava_hf;
 mod metrics;
 mod plot;
+mod profile;
 mod run;
 mod run_dir;
 mod schedule;

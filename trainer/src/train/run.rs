@@ -14,6 +14,7 @@ use super::export::{VlmDescription, VLM_FILE};
 use super::layout::{step_samples, RankLayout};
 use super::metrics::{self, MetricsWriter, Progress, StepMetrics, Summary};
 use super::plot::plot_loss;
+use super::profile::Profiler;
 use super::run_dir::{self, RunStart};
 use super::schedule::CosineSchedule;
 use super::setup::{self, Setup};
@@ -43,11 +44,8 @@ pub fn train(
     }
     std::fs::create_dir_all(&cfg.out).map_err(io(&cfg.out))?;
     let pg = setup::process_group(&cfg, env.as_ref())?;
-    let mut s = setup::build(&cfg, pg)?;
-    // The sharded model copies what it keeps (its shards); the full tensors go as soon as it
-    // exists.
-    let params = std::mem::take(&mut s.params);
-    let s = s;
+    // The sharded model reads from the checkpoints only the slices its shards keep.
+    let (s, init) = setup::build(&cfg, pg)?;
     if s.rank == 0 {
         let vlm_desc = VlmDescription::new(
             &cfg,
@@ -58,8 +56,14 @@ pub fn train(
         );
         vlm_desc.save(&cfg.out.join(VLM_FILE))?;
     }
-    let mut model = ShardedVlm::new(&cfg, &s.vlm, &s.pg, &params, s.device)?;
-    drop(params);
+    let mut model = ShardedVlm::new(&cfg, &s.vlm, &s.pg, &init, s.device)?;
+    tracing::info!(
+        "rank {}: shards built from {} MiB of checkpoint reads; peak RSS so far {:.0} MiB",
+        s.rank,
+        init.bytes_read() >> 20,
+        metrics::peak_rss_mib()
+    );
+    drop(init);
     let pick = if start.resume {
         Some(Checkpoint::newest_complete(&cfg.out)?)
     } else {
@@ -351,6 +355,7 @@ impl<'a> TrainLoop<'a> {
         };
         let progress = Progress::new(self.total_steps);
         let mut step = start.step;
+        let mut profiler = None;
         let mut position = start.position;
         let mut epoch = position.as_ref().map_or(0, |p| p.epoch);
         while step < self.total_steps {
@@ -374,7 +379,22 @@ impl<'a> TrainLoop<'a> {
             let source: Arc<dyn SampleSource> = s.dataset.clone();
             let mut loader = Loader::new(source, mine, self.loader_cfg.clone());
             for (i, plan_step) in plan.steps[..todo].iter().enumerate() {
+                if step == start.step && cfg.profile > 0 {
+                    profiler = Some(Profiler::start(s.device.is_cuda())?);
+                }
                 let mut m = self.one_step(model, &mut loader, plan_step, step)?;
+                if step + 1 == start.step + cfg.profile || step + 1 == self.total_steps {
+                    if let Some(p) = profiler.take() {
+                        let path = cfg.out.join(format!("profile_rank{}.json", s.rank));
+                        p.save(&path)?;
+                        tracing::info!(
+                            "rank {}: profile of {} steps in {}",
+                            s.rank,
+                            cfg.profile.min(step + 1 - start.step),
+                            path.display()
+                        );
+                    }
+                }
                 let last = step + 1 == self.total_steps;
                 let due = cfg.val_every > 0 && (step + 1).is_multiple_of(cfg.val_every);
                 if let Some(v) = self.validation.as_ref().filter(|_| due || last) {

@@ -6,8 +6,7 @@ use super::config::{ConfigError, Device, Stage, TrainConfig};
 use super::error::{io, TrainError};
 use super::export::TRAINABLE_FILE;
 use crate::dist::{self, Backend, ProcessGroup, RankEnv};
-use crate::model::{LoraConfig, Vlm, VlmOptions};
-use crate::unit::ParamMap;
+use crate::model::{LoraConfig, Vlm, VlmInit, VlmOptions};
 use sha2::{Digest, Sha256};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -21,7 +20,6 @@ pub(super) struct Setup {
     pub dataset: Arc<shards::Dataset>,
     pub samples: Vec<shards::SampleMeta>,
     pub vlm: Arc<Vlm>,
-    pub params: ParamMap,
     pub model_fingerprint: ModelFingerprint,
     pub device: tch::Device,
 }
@@ -161,7 +159,9 @@ fn init_projector_file(path: &Path) -> Result<PathBuf, TrainError> {
     Ok(ckpt.rank_dir(0)?.join(TRAINABLE_FILE))
 }
 
-pub(super) fn build(cfg: &TrainConfig, pg: ProcessGroup) -> Result<Setup, TrainError> {
+/// The rank, and the source its shards are read from (opened checkpoints: drop it once the
+/// sharded model exists).
+pub(super) fn build(cfg: &TrainConfig, pg: ProcessGroup) -> Result<(Setup, VlmInit), TrainError> {
     let (rank, world_size) = (pg.rank(), pg.world_size());
     let dataset = shards::Dataset::open(&cfg.shards)?;
     let samples = dataset.metadata()?;
@@ -206,21 +206,17 @@ pub(super) fn build(cfg: &TrainConfig, pg: ProcessGroup) -> Result<Setup, TrainE
         Device::Cpu => tch::Device::Cpu,
         Device::Cuda => dist::cuda_device_for(rank),
     };
-    let params: ParamMap = vlm
-        .load_params_as_stored(&cfg.vision, &cfg.lm, projector.as_deref(), cfg.seed)?
-        .into_iter()
-        .map(|(k, t)| (k, t.to_device(device)))
-        .collect();
+    let init = vlm.init_source(&cfg.vision, &cfg.lm, projector.as_deref(), cfg.seed)?;
     let model_fingerprint = model_fingerprint(cfg, &vlm)?;
-    Ok(Setup {
+    let setup = Setup {
         pg: Arc::new(pg),
         rank,
         world_size,
         dataset: Arc::new(dataset),
         samples,
         vlm: Arc::new(vlm),
-        params,
         model_fingerprint,
         device,
-    })
+    };
+    Ok((setup, init))
 }

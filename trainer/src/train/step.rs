@@ -9,7 +9,7 @@ use super::export::TRAINABLE_FILE;
 use crate::dist::ProcessGroup;
 use crate::fsdp::{AdamWConfig, Fsdp, FsdpConfig, ParamGroup, OPTIMIZER_STEP_KEY};
 use crate::model::{save_safetensors, Vlm, VlmCtx};
-use crate::unit::ParamMap;
+use crate::unit::{ParamMap, ParamSource};
 use pipeline::MicroBatch;
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -31,13 +31,14 @@ pub(crate) struct ShardedVlm<'a> {
 }
 
 impl<'a> ShardedVlm<'a> {
-    /// Shards `params` (every parameter, full) over `pg` with the run's strategy, learning
-    /// rates (stage 2: the projector in its own group), weight decay and clipping.
+    /// Shards the parameters over `pg` (this rank reads from `init` only its shards' slices)
+    /// with the run's strategy, learning rates (stage 2: the projector in its own group),
+    /// weight decay and clipping.
     pub(crate) fn new(
         cfg: &TrainConfig,
         vlm: &'a Vlm,
         pg: &'a ProcessGroup,
-        params: &ParamMap,
+        init: &dyn ParamSource,
         device: tch::Device,
     ) -> Result<Self, TrainError> {
         let mut groups = Vec::new();
@@ -63,7 +64,7 @@ impl<'a> ShardedVlm<'a> {
             device,
             ..FsdpConfig::default()
         };
-        let fsdp = Fsdp::new(vlm.units(), pg, params, config)?;
+        let fsdp = Fsdp::new(vlm.units(), pg, init, config)?;
         Ok(ShardedVlm { vlm, fsdp, device })
     }
 

@@ -4,5 +4,6 @@
 mod support;
 
 mod bench;
+mod sharded_load;
 mod toy_chain;
 mod vlm;

@@ -5,7 +5,7 @@
 use crate::support::*;
 use pipeline::IGNORE_INDEX;
 use tch::{Device, Kind, Tensor};
-use trainer::model::{attend, attend_spans, block_causal_mask, row_spans};
+use trainer::model::{attend, attend_spans, attend_varlen, block_causal_mask, row_spans, Varlen};
 
 const TOL: f64 = 1e-5;
 
@@ -223,6 +223,55 @@ fn span_attention_equals_dense_mask_attention() -> anyhow::Result<()> {
     for (what, (a, b)) in ["output", "dq", "dk", "dv"]
         .iter()
         .zip(dense.iter().zip(&by_span))
+    {
+        assert_close(a, b, TOL, what);
+    }
+    Ok(())
+}
+
+/// What the CUDA varlen kernels compute, emulated sequence by sequence on the CPU from the
+/// same flattened `[total, heads, hd]` tensors and `cu_seqlens` boundaries the kernels get,
+/// equals the dense block-causal-mask attention (values and gradients): samples packed in
+/// one row, a padded row (each padding token its own sequence), grouped kv heads.
+#[test]
+fn varlen_sequences_equal_dense_mask_attention() -> anyhow::Result<()> {
+    let (rows, len, heads, kv_heads, hd) = (3i64, 10i64, 6i64, 2i64, 8i64);
+    let segments: Vec<i32> = [
+        vec![0; 4],
+        vec![1; 3],
+        vec![2; 3],
+        vec![0; 6],
+        vec![-1; 4],
+        vec![0; 10],
+    ]
+    .concat();
+    let spans = row_spans(&segments, rows as usize, len as usize);
+    let varlen = Varlen::from_spans(&spans, len, Device::Cpu);
+    // Row 0: three samples; row 1: one sample then four padding tokens; row 2: one sample.
+    assert_eq!(varlen.bounds, vec![0, 4, 7, 10, 16, 17, 18, 19, 20, 30]);
+    assert_eq!(varlen.max_len, 10);
+    assert_eq!(
+        Vec::<i32>::try_from(&varlen.cu_seqlens)?,
+        vec![0, 4, 7, 10, 16, 17, 18, 19, 20, 30]
+    );
+    let mask = block_causal_mask(&Tensor::from_slice(&segments).view([rows, len]));
+    tch::manual_seed(5);
+    let opts = (Kind::Float, Device::Cpu);
+    let q = Tensor::randn([rows, heads, len, hd], opts).set_requires_grad(true);
+    let k = Tensor::randn([rows, kv_heads, len, hd], opts).set_requires_grad(true);
+    let v = Tensor::randn([rows, kv_heads, len, hd], opts).set_requires_grad(true);
+    let upstream = Tensor::randn([rows, heads, len, hd], opts);
+    let run = |out: Tensor| -> anyhow::Result<Vec<Tensor>> {
+        let root = (&out * &upstream).sum(Kind::Float);
+        let mut grads = Tensor::f_run_backward(&[root], &[&q, &k, &v], false, false)?;
+        grads.insert(0, out.detach());
+        Ok(grads)
+    };
+    let dense = run(attend(&q, &k, &v, Some(&mask)))?;
+    let varlen_out = run(attend_varlen(&q, &k, &v, &varlen))?;
+    for (what, (a, b)) in ["output", "dq", "dk", "dv"]
+        .iter()
+        .zip(dense.iter().zip(&varlen_out))
     {
         assert_close(a, b, TOL, what);
     }
