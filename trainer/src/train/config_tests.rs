@@ -265,6 +265,9 @@ fn every_flag_and_its_toml_key_set_the_same_knob() -> anyhow::Result<()> {
         ("--collective-timeout", "60", "collective_timeout_s = 60"),
         ("--init-projector", "s1", "init_projector = \"s1\""),
         ("--profile", "3", "profile = 3"),
+        ("--val-shards", "data/val", "val_shards = \"data/val\""),
+        ("--val-every", "50", "val_every = 50"),
+        ("--val-samples", "64", "val_samples = 64"),
     ];
     let flags: Vec<&str> = knobs.iter().flat_map(|(f, v, _)| [*f, *v]).collect();
     let from_flags = parse_flags(&flags)?;

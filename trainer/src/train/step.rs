@@ -117,7 +117,10 @@ impl<'a> ShardedVlm<'a> {
         // the step count in their own dtypes.
         save_safetensors(&dir.join(TRAINABLE_FILE), &params)?;
         let path = dir.join(OPTIMIZER_FILE);
-        let optimizer: Vec<(String, Tensor)> = optimizer.into_iter().collect();
+        let optimizer: Vec<(String, Tensor)> = optimizer
+            .into_iter()
+            .map(|(k, t)| (k, t.to_device(tch::Device::Cpu)))
+            .collect();
         Tensor::write_safetensors(&optimizer, &path)
             .map_err(|source| TrainError::Tensors { path, source })
     }
