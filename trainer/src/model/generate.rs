@@ -176,7 +176,8 @@ impl Generator {
     fn decode(&self, x: &Tensor, kv: &mut [LayerKv]) -> Tensor {
         let past = kv.first().map_or(0, LayerKv::len);
         let len = x.size()[1];
-        let positions = Tensor::arange_start(past, past + len, (Kind::Int64, x.device())).view([1, -1]);
+        let positions =
+            Tensor::arange_start(past, past + len, (Kind::Int64, x.device())).view([1, -1]);
         let (cos, sin) = rotary_tables(&positions, self.lm.head_dim(), self.lm.rope_theta());
         let mut h = x.shallow_clone();
         for (layer, cache) in self.layers.iter().zip(kv.iter_mut()) {
@@ -294,5 +295,7 @@ fn pick(logits: &Tensor, options: &GenerateOptions, rng: &mut ChaCha8Rng) -> i64
             return i as i64;
         }
     }
-    *nucleus.last().expect("the nucleus holds at least one token") as i64
+    *nucleus
+        .last()
+        .expect("the nucleus holds at least one token") as i64
 }

@@ -210,9 +210,10 @@ impl DecoderLayer {
             let total = past + len;
             Tensor::ones([len, total], (Kind::Bool, x.device())).tril(past)
         });
-        let attn = attend(&q, &k, &v, mask.as_ref())
-            .transpose(1, 2)
-            .reshape([rows, len, heads * hd]);
+        let attn =
+            attend(&q, &k, &v, mask.as_ref())
+                .transpose(1, 2)
+                .reshape([rows, len, heads * hd]);
         let h = residual + lin.apply(&attn, &self.o_proj, 0);
         let residual = &h;
         let m = rms_norm(

@@ -181,7 +181,12 @@ pub fn write_llava_hf(
         Kind::Half => "float16",
         _ => "float32",
     };
-    let config = llava_config_json(&vlm, &read(sources.vision_dir)?, &read(sources.lm_dir)?, dtype);
+    let config = llava_config_json(
+        &vlm,
+        &read(sources.vision_dir)?,
+        &read(sources.lm_dir)?,
+        dtype,
+    );
     write_json(&out.join("config.json"), &config)?;
     if let Some(tokenizer) = &options.tokenizer {
         write_processor(out, tokenizer, &vlm, sources.template)?;
@@ -243,7 +248,11 @@ fn write_processor(
     let target = out.join("tokenizer.json");
     std::fs::copy(tokenizer, &target).map_err(io(tokenizer))?;
     let chatml = template == "chatml";
-    let eos = if chatml { "<|im_end|>" } else { "<|endoftext|>" };
+    let eos = if chatml {
+        "<|im_end|>"
+    } else {
+        "<|endoftext|>"
+    };
     write_json(
         &out.join("tokenizer_config.json"),
         &serde_json::json!({
@@ -261,7 +270,11 @@ fn write_processor(
         }),
     )?;
     let jinja = out.join("chat_template.jinja");
-    let text = if chatml { CHATML_TEMPLATE } else { PLAIN_TEMPLATE };
+    let text = if chatml {
+        CHATML_TEMPLATE
+    } else {
+        PLAIN_TEMPLATE
+    };
     std::fs::write(&jinja, text).map_err(io(&jinja))?;
     write_json(
         &out.join("processor_config.json"),
