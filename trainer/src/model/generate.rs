@@ -149,7 +149,9 @@ impl Generator {
             .collect();
         let per_image = (3 * side * side) as usize;
         let images = (pixels.len() / per_image) as i64;
-        if pixels.len() % per_image != 0 || placeholders.len() as i64 != images * tokens {
+        if pixels.len() != images as usize * per_image
+            || placeholders.len() as i64 != images * tokens
+        {
             return Err(ModelError::InvalidConfig(format!(
                 "prompt has {} image placeholders and {} pixel bytes; each {side}px image takes \
                  {per_image} bytes and {tokens} placeholders",
@@ -186,8 +188,7 @@ impl Generator {
                 self.lora.as_ref(),
                 &self.params,
                 &h,
-                &cos,
-                &sin,
+                (&cos, &sin),
                 cache,
             );
         }

@@ -175,7 +175,7 @@ impl DecoderLayer {
 
 impl DecoderLayer {
     /// Inference over new tokens `x` `[1, len, D]` that follow the `kv.len()` tokens already
-    /// cached (positions `kv.len()..kv.len() + len`, `cos`/`sin` built for those): the same
+    /// cached (positions `kv.len()..kv.len() + len`, `(cos, sin)` built for those): the same
     /// computation as [`Self::forward`] on one unpacked sample, attending causally over the
     /// cached keys and values plus the new ones, which it appends to `kv`. No dropout.
     pub(crate) fn forward_cached(
@@ -184,8 +184,7 @@ impl DecoderLayer {
         lora: Option<&LoraConfig>,
         params: &ParamMap,
         x: &Tensor,
-        cos: &Tensor,
-        sin: &Tensor,
+        (cos, sin): (&Tensor, &Tensor),
         kv: &mut LayerKv,
     ) -> Tensor {
         let (rows, len, _) = x.size3().expect("decoder hidden is [1, len, D]");
