@@ -1,6 +1,6 @@
 //! `tessera export --format llava-hf` and `tessera generate` end to end, through the binary:
 //! a stage-2 (LoRA) run on the tiny preset, exported merged and unmerged; captions for two
-//! held-out samples from the run and from both exports are the same, and samples.jsonl holds
+//! shard samples from the run and from both exports are the same, and samples.jsonl holds
 //! the id, the reference caption and the generated one.
 #![cfg(feature = "train")]
 use anyhow::{ensure, Result};
@@ -49,7 +49,7 @@ fn caption(
 }
 
 #[test]
-fn run_and_llava_hf_exports_caption_held_out_samples_alike() -> Result<()> {
+fn run_and_llava_hf_exports_caption_shard_samples_alike() -> Result<()> {
     let f = fixture(24, 0.0)?;
     let run = f.root.join("stage2");
     run_ok(
