@@ -100,6 +100,22 @@ pub fn export_llava_hf(
     options: &LlavaHfOptions,
 ) -> Result<(u64, LlavaHfReport), ExportError> {
     let description = VlmDescription::load(&run.join(VLM_FILE))?;
+    if let Some(tokenizer) = &options.tokenizer {
+        let (fingerprint, _) = shards::sha256_file(tokenizer).map_err(|e| ExportError::BadRun {
+            run: run.to_path_buf(),
+            what: format!("cannot read tokenizer {}: {e}", tokenizer.display()),
+        })?;
+        if fingerprint != description.tokenizer_fingerprint {
+            return Err(ExportError::BadRun {
+                run: run.to_path_buf(),
+                what: format!(
+                    "{} (sha256 {fingerprint}) is not the tokenizer its shards were made with ({})",
+                    tokenizer.display(),
+                    description.tokenizer_fingerprint
+                ),
+            });
+        }
+    }
     let (ckpt, trainable) = latest_trainable(run)?;
     // Stage 2 (finetune) trains LoRA adapters; stage 1 only the projector.
     let lora = match description.stage {
