@@ -1,6 +1,6 @@
 //! `tessera export --format llava-hf` and `tessera generate` end to end, through the binary:
 //! a stage-2 (LoRA) run on the tiny preset, exported merged and unmerged; captions for two
-//! held-out samples from the run and from both exports are the same, and samples.jsonl holds
+//! shard samples from the run and from both exports are the same, and samples.jsonl holds
 //! the id, the reference caption and the generated one.
 #![cfg(feature = "train")]
 use anyhow::{ensure, Result};
@@ -14,7 +14,12 @@ fn tokenizer() -> PathBuf {
 }
 
 /// `generate --shards` into `out`; returns the (id, reference, generated) lines.
-fn caption(source: &[&str], source_dir: &Path, shards: &Path, out: &Path) -> Result<Vec<[String; 3]>> {
+fn caption(
+    source: &[&str],
+    source_dir: &Path,
+    shards: &Path,
+    out: &Path,
+) -> Result<Vec<[String; 3]>> {
     run_ok(
         tessera()
             .arg("generate")
@@ -34,14 +39,17 @@ fn caption(source: &[&str], source_dir: &Path, shards: &Path, out: &Path) -> Res
             let field = |k: &str| v[k].as_str().map(str::to_string);
             match (field("id"), field("reference"), field("generated")) {
                 (Some(a), Some(b), Some(c)) => Ok([a, b, c]),
-                _ => anyhow::bail!("{}: line without id/reference/generated: {line}", out.display()),
+                _ => anyhow::bail!(
+                    "{}: line without id/reference/generated: {line}",
+                    out.display()
+                ),
             }
         })
         .collect()
 }
 
 #[test]
-fn run_and_llava_hf_exports_caption_held_out_samples_alike() -> Result<()> {
+fn run_and_llava_hf_exports_caption_shard_samples_alike() -> Result<()> {
     let f = fixture(24, 0.0)?;
     let run = f.root.join("stage2");
     run_ok(
@@ -53,13 +61,23 @@ fn run_and_llava_hf_exports_caption_held_out_samples_alike() -> Result<()> {
             .arg("--lm")
             .arg(&f.lm)
             .args(["--stage", "2", "--token-budget", "512", "--seq-len", "256"])
-            .args(["--steps", "2", "--lora-r", "4", "--lora-alpha", "8", "--out"])
+            .args([
+                "--steps",
+                "2",
+                "--lora-r",
+                "4",
+                "--lora-alpha",
+                "8",
+                "--out",
+            ])
             .arg(&run),
     )?;
     let from_run = caption(&["--run"], &run, &f.shards, &f.root.join("run.jsonl"))?;
     ensure!(from_run.len() == 2, "two samples captioned: {from_run:?}");
     ensure!(
-        from_run.iter().all(|[id, reference, _]| !id.is_empty() && !reference.is_empty()),
+        from_run
+            .iter()
+            .all(|[id, reference, _]| !id.is_empty() && !reference.is_empty()),
         "ids and reference captions are filled: {from_run:?}"
     );
 
@@ -67,7 +85,9 @@ fn run_and_llava_hf_exports_caption_held_out_samples_alike() -> Result<()> {
         let export = f.root.join(name);
         run_ok(
             tessera()
-                .args(["export", "--quiet", "--format", "llava-hf", "--dtype", "f32", "--run"])
+                .args([
+                    "export", "--quiet", "--format", "llava-hf", "--dtype", "f32", "--run",
+                ])
                 .arg(&run)
                 .arg("--out")
                 .arg(&export)
@@ -75,14 +95,24 @@ fn run_and_llava_hf_exports_caption_held_out_samples_alike() -> Result<()> {
                 .arg(tokenizer())
                 .args(extra),
         )?;
-        for file in ["config.json", "model.safetensors", "tokenizer.json", "processor_config.json"] {
+        for file in [
+            "config.json",
+            "model.safetensors",
+            "tokenizer.json",
+            "processor_config.json",
+        ] {
             ensure!(export.join(file).is_file(), "{name} export lacks {file}");
         }
         ensure!(
             export.join("adapter/adapter_model.safetensors").is_file() == extra.is_some(),
             "{name} export: adapter/ only when unmerged"
         );
-        let from_export = caption(&["--model"], &export, &f.shards, &f.root.join(format!("{name}.jsonl")))?;
+        let from_export = caption(
+            &["--model"],
+            &export,
+            &f.shards,
+            &f.root.join(format!("{name}.jsonl")),
+        )?;
         assert_eq!(from_export, from_run, "{name} export captions like the run");
     }
     Ok(())

@@ -72,7 +72,10 @@ pub(crate) fn run(args: Args) -> anyhow::Result<()> {
     };
     let (with_cache, a) = tokens_per_second(&generator, &prompt, &pixels, &cached, args.repeats)?;
     let (without, b) = tokens_per_second(&generator, &prompt, &pixels, &recompute, args.repeats)?;
-    ensure!(a == b, "the KV cache changed the greedy tokens: {a:?} vs {b:?}");
+    ensure!(
+        a == b,
+        "the KV cache changed the greedy tokens: {a:?} vs {b:?}"
+    );
     let ratio = with_cache / without;
     println!(
         "preset {name}: prompt {} tokens ({image_tokens} image), {} new tokens, {} runs",

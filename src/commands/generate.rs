@@ -144,7 +144,9 @@ impl Captioner {
             format!("<|im_start|>user\n<|vision_start|><|image_pad|><|vision_end|>\n{prompt}<|im_end|>\n<|im_start|>assistant\n")
         } else {
             if prompt.is_some() {
-                tracing::warn!("the plain template (stage 1) takes no instruction; --prompt is ignored");
+                tracing::warn!(
+                    "the plain template (stage 1) takes no instruction; --prompt is ignored"
+                );
             }
             "<|image_pad|>".to_string()
         };
@@ -222,8 +224,7 @@ pub(crate) fn run(args: Args) -> anyhow::Result<()> {
     captioner.options.seed = args.seed;
     captioner.options.kv_cache = !args.no_kv_cache;
     if let Some(image) = &args.image {
-        let bytes =
-            std::fs::read(image).with_context(|| format!("reading {}", image.display()))?;
+        let bytes = std::fs::read(image).with_context(|| format!("reading {}", image.display()))?;
         let prompt = captioner.prompt_ids(args.prompt.as_deref())?;
         let sample = image_sample(image.display().to_string(), bytes, prompt);
         let mb = captioner.batches(vec![sample])?.remove(0);
@@ -242,8 +243,14 @@ pub(crate) fn run(args: Args) -> anyhow::Result<()> {
 
 /// Captions the first `limit` image samples of `dir` from their prompt (the tokens before the
 /// first supervised one) and writes `out` as JSON lines.
-fn caption_shards(captioner: &Captioner, dir: &Path, limit: usize, out: &Path) -> anyhow::Result<()> {
-    let dataset = shards::Dataset::open(dir).with_context(|| format!("opening shards {}", dir.display()))?;
+fn caption_shards(
+    captioner: &Captioner,
+    dir: &Path,
+    limit: usize,
+    out: &Path,
+) -> anyhow::Result<()> {
+    let dataset =
+        shards::Dataset::open(dir).with_context(|| format!("opening shards {}", dir.display()))?;
     let indices: Vec<u64> = dataset
         .metadata()?
         .iter()
@@ -255,7 +262,11 @@ fn caption_shards(captioner: &Captioner, dir: &Path, limit: usize, out: &Path) -
     let mut references = Vec::new();
     let mut samples = Vec::new();
     for sample in dataset.read(&indices)? {
-        let cut = sample.label_mask.iter().position(|&s| s).unwrap_or(sample.input_ids.len());
+        let cut = sample
+            .label_mask
+            .iter()
+            .position(|&s| s)
+            .unwrap_or(sample.input_ids.len());
         let reference = sample
             .conversation
             .iter()
@@ -263,8 +274,15 @@ fn caption_shards(captioner: &Captioner, dir: &Path, limit: usize, out: &Path) -
             .map(|t| t.text.clone())
             .unwrap_or_default();
         references.push((sample.id.clone(), reference));
-        let bytes = sample.image.clone().with_context(|| format!("sample {} has no image", sample.id))?;
-        samples.push(image_sample(sample.id, bytes, sample.input_ids[..cut].to_vec()));
+        let bytes = sample
+            .image
+            .clone()
+            .with_context(|| format!("sample {} has no image", sample.id))?;
+        samples.push(image_sample(
+            sample.id,
+            bytes,
+            sample.input_ids[..cut].to_vec(),
+        ));
     }
     let mut file = std::io::BufWriter::new(
         std::fs::File::create(out).with_context(|| format!("creating {}", out.display()))?,
@@ -275,6 +293,7 @@ fn caption_shards(captioner: &Captioner, dir: &Path, limit: usize, out: &Path) -
         let line = serde_json::json!({"id": id, "reference": reference, "generated": generated});
         writeln!(file, "{line}").with_context(|| format!("writing {}", out.display()))?;
     }
-    file.flush().with_context(|| format!("writing {}", out.display()))?;
+    file.flush()
+        .with_context(|| format!("writing {}", out.display()))?;
     Ok(())
 }

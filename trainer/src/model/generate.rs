@@ -149,7 +149,9 @@ impl Generator {
             .collect();
         let per_image = (3 * side * side) as usize;
         let images = (pixels.len() / per_image) as i64;
-        if pixels.len() % per_image != 0 || placeholders.len() as i64 != images * tokens {
+        if pixels.len() != images as usize * per_image
+            || placeholders.len() as i64 != images * tokens
+        {
             return Err(ModelError::InvalidConfig(format!(
                 "prompt has {} image placeholders and {} pixel bytes; each {side}px image takes \
                  {per_image} bytes and {tokens} placeholders",
@@ -176,7 +178,8 @@ impl Generator {
     fn decode(&self, x: &Tensor, kv: &mut [LayerKv]) -> Tensor {
         let past = kv.first().map_or(0, LayerKv::len);
         let len = x.size()[1];
-        let positions = Tensor::arange_start(past, past + len, (Kind::Int64, x.device())).view([1, -1]);
+        let positions =
+            Tensor::arange_start(past, past + len, (Kind::Int64, x.device())).view([1, -1]);
         let (cos, sin) = rotary_tables(&positions, self.lm.head_dim(), self.lm.rope_theta());
         let mut h = x.shallow_clone();
         for (layer, cache) in self.layers.iter().zip(kv.iter_mut()) {
@@ -185,8 +188,7 @@ impl Generator {
                 self.lora.as_ref(),
                 &self.params,
                 &h,
-                &cos,
-                &sin,
+                (&cos, &sin),
                 cache,
             );
         }
@@ -294,5 +296,7 @@ fn pick(logits: &Tensor, options: &GenerateOptions, rng: &mut ChaCha8Rng) -> i64
             return i as i64;
         }
     }
-    *nucleus.last().expect("the nucleus holds at least one token") as i64
+    *nucleus
+        .last()
+        .expect("the nucleus holds at least one token") as i64
 }

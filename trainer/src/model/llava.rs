@@ -85,7 +85,12 @@ pub fn llava_config_json(
     text["tie_word_embeddings"] = vlm.tied.into();
     for config in [&mut vision, &mut text] {
         if let Some(map) = config.as_object_mut() {
-            for key in ["architectures", "torch_dtype", "dtype", "transformers_version"] {
+            for key in [
+                "architectures",
+                "torch_dtype",
+                "dtype",
+                "transformers_version",
+            ] {
                 map.remove(key);
             }
         }
@@ -121,9 +126,10 @@ pub fn load_llava_dir(dir: &Path) -> Result<(Vlm, ParamMap)> {
     let path = dir.join("config.json");
     let config = read_json(&path)?;
     let field = |name: &str| {
-        config.get(name).cloned().ok_or_else(|| {
-            ModelError::InvalidConfig(format!("{}: no `{name}`", path.display()))
-        })
+        config
+            .get(name)
+            .cloned()
+            .ok_or_else(|| ModelError::InvalidConfig(format!("{}: no `{name}`", path.display())))
     };
     let json_err = |source| ModelError::Json {
         path: path.clone(),
@@ -139,7 +145,10 @@ pub fn load_llava_dir(dir: &Path) -> Result<(Vlm, ParamMap)> {
         serde_json::from_value(field("vision_config")?).map_err(json_err)?;
     let lm: Qwen2Config = serde_json::from_value(field("text_config")?).map_err(json_err)?;
     let image_token_id = field("image_token_index")?.as_i64().ok_or_else(|| {
-        ModelError::InvalidConfig(format!("{}: image_token_index is not an integer", path.display()))
+        ModelError::InvalidConfig(format!(
+            "{}: image_token_index is not an integer",
+            path.display()
+        ))
     })?;
     let checkpoint = HfCheckpoint::open(dir)?;
     let tied = config
@@ -166,10 +175,12 @@ pub fn load_llava_dir(dir: &Path) -> Result<(Vlm, ParamMap)> {
     let mut params = ParamMap::new();
     for spec in vlm.param_specs() {
         if spec.name.contains(".lora_") {
-            let t = adapters.get(&spec.name).ok_or_else(|| ModelError::MissingTensor {
-                dir: adapter_dir.clone(),
-                name: spec.name.clone(),
-            })?;
+            let t = adapters
+                .get(&spec.name)
+                .ok_or_else(|| ModelError::MissingTensor {
+                    dir: adapter_dir.clone(),
+                    name: spec.name.clone(),
+                })?;
             params.insert(spec.name.clone(), t.shallow_clone());
             continue;
         }
@@ -214,7 +225,10 @@ fn load_llava_adapter(dir: &Path) -> Result<(LoraConfig, ParamMap)> {
     let mut out = ParamMap::new();
     for (key, t) in weights::load_safetensors(&dir.join(lora::ADAPTER_WEIGHTS))? {
         let inner = key.strip_prefix(ADAPTER_PREFIX).unwrap_or(&key);
-        out.insert(format!("model.{inner}").replace(".default.weight", ".weight"), t);
+        out.insert(
+            format!("model.{inner}").replace(".default.weight", ".weight"),
+            t,
+        );
     }
     Ok((cfg, out))
 }

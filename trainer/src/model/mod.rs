@@ -18,8 +18,8 @@
 mod attention;
 mod config;
 mod ctx;
-mod init;
 mod generate;
+mod init;
 mod keys;
 mod llava;
 mod lora;
@@ -38,24 +38,22 @@ mod vlm;
 mod weights;
 
 pub use attention::{attend, attend_spans, block_causal_mask, row_spans, Span};
-pub use config::{LoraConfig, Qwen2Config, RopeParameters, SiglipVisionConfig};
 pub(crate) use config::read_json as read_config_json;
-pub use generate::{GenerateOptions, Generation, Generator};
+pub use config::{LoraConfig, Qwen2Config, RopeParameters, SiglipVisionConfig};
 pub use ctx::VlmCtx;
+pub use generate::{GenerateOptions, Generation, Generator};
 pub use init::{
     lm_checkpoint_specs, random_params, write_checkpoints, write_preset, Preset, INIT_STD,
 };
+pub use llava::{export_specs, llava_config_json, llava_key, load_llava_dir, LLAVA_ADAPTER_DIR};
 pub use lora::{
     init_adapters, load_adapter, merge_adapters, save_adapter, ADAPTER_CONFIG, ADAPTER_WEIGHTS,
 };
-pub use llava::{
-    export_specs, llava_config_json, llava_key, load_llava_dir, LLAVA_ADAPTER_DIR,
-};
 pub use loss::{chunked_cross_entropy_sum, full_cross_entropy_sum};
+pub use sharded::{save_sharded, HUB_SHARD_BYTES};
 pub use source::VlmInit;
 #[cfg(feature = "bench")]
 pub use throughput::{measure_throughput, peak_matmul_flops, ThroughputReport};
-pub use sharded::{save_sharded, HUB_SHARD_BYTES};
 pub use varlen::{attend_varlen, emulate_varlen, Varlen};
 pub use vlm::{Vlm, VlmOptions};
 pub use weights::{load_safetensors, save_safetensors, HfCheckpoint};

@@ -177,7 +177,7 @@ impl DecoderLayer {
 
 impl DecoderLayer {
     /// Inference over new tokens `x` `[1, len, D]` that follow the `kv.len()` tokens already
-    /// cached (positions `kv.len()..kv.len() + len`, `cos`/`sin` built for those): the same
+    /// cached (positions `kv.len()..kv.len() + len`, `(cos, sin)` built for those): the same
     /// computation as [`Self::forward`] on one unpacked sample, attending causally over the
     /// cached keys and values plus the new ones, which it appends to `kv`. No dropout.
     pub(crate) fn forward_cached(
@@ -186,8 +186,7 @@ impl DecoderLayer {
         lora: Option<&LoraConfig>,
         params: &ParamMap,
         x: &Tensor,
-        cos: &Tensor,
-        sin: &Tensor,
+        (cos, sin): (&Tensor, &Tensor),
         kv: &mut LayerKv,
     ) -> Tensor {
         let (rows, len, _) = x.size3().expect("decoder hidden is [1, len, D]");
@@ -212,9 +211,10 @@ impl DecoderLayer {
             let total = past + len;
             Tensor::ones([len, total], (Kind::Bool, x.device())).tril(past)
         });
-        let attn = attend(&q, &k, &v, mask.as_ref())
-            .transpose(1, 2)
-            .reshape([rows, len, heads * hd]);
+        let attn =
+            attend(&q, &k, &v, mask.as_ref())
+                .transpose(1, 2)
+                .reshape([rows, len, heads * hd]);
         let h = residual + lin.apply(&attn, &self.o_proj, 0);
         let residual = &h;
         let m = rms_norm(

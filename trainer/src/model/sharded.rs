@@ -87,7 +87,14 @@ pub fn save_sharded(
         let views = names.iter().map(|name| {
             let t = &tensors[*name];
             let shape = t.size().iter().map(|&d| d as usize).collect();
-            (name.as_str(), KindView { tensor: t, shape, kind })
+            (
+                name.as_str(),
+                KindView {
+                    tensor: t,
+                    shape,
+                    kind,
+                },
+            )
         });
         safetensors::serialize_to_file(views, &metadata, &path).map_err(|e| {
             ModelError::Safetensors {

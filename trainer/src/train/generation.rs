@@ -43,14 +43,12 @@ pub fn load_run_model(run: &Path) -> Result<GenerationModel, ExportError> {
         0,
     )?;
     for spec in vlm.param_specs().iter().filter(|s| s.trainable) {
-        let t = trainable.get(&spec.name).ok_or_else(|| ExportError::BadRun {
-            run: run.to_path_buf(),
-            what: format!(
-                "checkpoint {} holds no `{}`",
-                ckpt.dir.display(),
-                spec.name
-            ),
-        })?;
+        let t = trainable
+            .get(&spec.name)
+            .ok_or_else(|| ExportError::BadRun {
+                run: run.to_path_buf(),
+                what: format!("checkpoint {} holds no `{}`", ckpt.dir.display(), spec.name),
+            })?;
         params.insert(spec.name.clone(), t.shallow_clone());
     }
     Ok(GenerationModel {

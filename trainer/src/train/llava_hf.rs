@@ -100,6 +100,22 @@ pub fn export_llava_hf(
     options: &LlavaHfOptions,
 ) -> Result<(u64, LlavaHfReport), ExportError> {
     let description = VlmDescription::load(&run.join(VLM_FILE))?;
+    if let Some(tokenizer) = &options.tokenizer {
+        let (fingerprint, _) = shards::sha256_file(tokenizer).map_err(|e| ExportError::BadRun {
+            run: run.to_path_buf(),
+            what: format!("cannot read tokenizer {}: {e}", tokenizer.display()),
+        })?;
+        if fingerprint != description.tokenizer_fingerprint {
+            return Err(ExportError::BadRun {
+                run: run.to_path_buf(),
+                what: format!(
+                    "{} (sha256 {fingerprint}) is not the tokenizer its shards were made with ({})",
+                    tokenizer.display(),
+                    description.tokenizer_fingerprint
+                ),
+            });
+        }
+    }
     let (ckpt, trainable) = latest_trainable(run)?;
     // Stage 2 (finetune) trains LoRA adapters; stage 1 only the projector.
     let lora = match description.stage {
@@ -181,7 +197,12 @@ pub fn write_llava_hf(
         Kind::Half => "float16",
         _ => "float32",
     };
-    let config = llava_config_json(&vlm, &read(sources.vision_dir)?, &read(sources.lm_dir)?, dtype);
+    let config = llava_config_json(
+        &vlm,
+        &read(sources.vision_dir)?,
+        &read(sources.lm_dir)?,
+        dtype,
+    );
     write_json(&out.join("config.json"), &config)?;
     if let Some(tokenizer) = &options.tokenizer {
         write_processor(out, tokenizer, &vlm, sources.template)?;
@@ -243,7 +264,11 @@ fn write_processor(
     let target = out.join("tokenizer.json");
     std::fs::copy(tokenizer, &target).map_err(io(tokenizer))?;
     let chatml = template == "chatml";
-    let eos = if chatml { "<|im_end|>" } else { "<|endoftext|>" };
+    let eos = if chatml {
+        "<|im_end|>"
+    } else {
+        "<|endoftext|>"
+    };
     write_json(
         &out.join("tokenizer_config.json"),
         &serde_json::json!({
@@ -261,7 +286,11 @@ fn write_processor(
         }),
     )?;
     let jinja = out.join("chat_template.jinja");
-    let text = if chatml { CHATML_TEMPLATE } else { PLAIN_TEMPLATE };
+    let text = if chatml {
+        CHATML_TEMPLATE
+    } else {
+        PLAIN_TEMPLATE
+    };
     std::fs::write(&jinja, text).map_err(io(&jinja))?;
     write_json(
         &out.join("processor_config.json"),

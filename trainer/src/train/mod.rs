@@ -33,8 +33,8 @@ pub use export::{
 };
 pub use generation::{load_export_model, load_run_model, GenerationModel};
 pub use llava_hf::{
-    export_llava_hf, lm_target_regex, write_llava_hf, LlavaHfOptions, LlavaHfReport, LlavaSources,
-    STOP_IDS, weight_kind,
+    export_llava_hf, lm_target_regex, weight_kind, write_llava_hf, LlavaHfOptions, LlavaHfReport,
+    LlavaSources, STOP_IDS,
 };
 pub use metrics::{read_metrics, MetricsError, StepMetrics, Summary};
 pub use plot::PlotError;

@@ -81,13 +81,24 @@ fn llava_export_has_the_keys_shapes_and_config_transformers_writes() -> anyhow::
             (k.clone(), shape.iter().filter_map(|d| d.as_i64()).collect())
         })
         .collect();
-    assert_eq!(got, want, "tensor names and shapes differ from save_pretrained's");
+    assert_eq!(
+        got, want,
+        "tensor names and shapes differ from save_pretrained's"
+    );
 
     let config: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(out.join("config.json"))?)?;
     assert_fields("config", &expected["config"], &config);
-    assert_fields("vision_config", &expected["vision_config"], &config["vision_config"]);
-    assert_fields("text_config", &expected["text_config"], &config["text_config"]);
+    assert_fields(
+        "vision_config",
+        &expected["vision_config"],
+        &config["vision_config"],
+    );
+    assert_fields(
+        "text_config",
+        &expected["text_config"],
+        &config["text_config"],
+    );
     Ok(())
 }
 
@@ -107,7 +118,12 @@ fn generate_from_the_export_matches_transformers_greedy_tokens_and_logits() -> a
     for i in 0..2 {
         let image = &pixels[i * per_image..(i + 1) * per_image];
         let logits = generator.prompt_logits(&prompt, image)?;
-        assert_close(&logits, get(&fixture, &format!("prompt_logits_{i}")), TOL, "prompt logits");
+        assert_close(
+            &logits,
+            get(&fixture, &format!("prompt_logits_{i}")),
+            TOL,
+            "prompt logits",
+        );
         let want = to_i64(get(&fixture, &format!("tokens_{i}")));
         let options = GenerateOptions {
             max_new_tokens: want.len(),
@@ -117,8 +133,18 @@ fn generate_from_the_export_matches_transformers_greedy_tokens_and_logits() -> a
         assert_eq!(cached.tokens, want, "image {i}: greedy tokens (KV cache)");
         let step = get(&fixture, &format!("step_logits_{i}"));
         assert_close(&cached.step_logits, step, TOL, "step logits (KV cache)");
-        let recomputed = generator.generate(&prompt, image, &GenerateOptions { kv_cache: false, ..options })?;
-        assert_eq!(recomputed.tokens, want, "image {i}: greedy tokens (no cache)");
+        let recomputed = generator.generate(
+            &prompt,
+            image,
+            &GenerateOptions {
+                kv_cache: false,
+                ..options
+            },
+        )?;
+        assert_eq!(
+            recomputed.tokens, want,
+            "image {i}: greedy tokens (no cache)"
+        );
         assert_close(&recomputed.step_logits, step, TOL, "step logits (no cache)");
     }
     Ok(())
@@ -141,7 +167,10 @@ fn bf16_sharded_export_reads_back_and_stops_at_a_stop_id() -> anyhow::Result<()>
         .values()
         .filter_map(|v| v.as_str())
         .collect();
-    assert!(files.len() > 1, "40 KB shards of a 200 KB bf16 model: {files:?}");
+    assert!(
+        files.len() > 1,
+        "40 KB shards of a 200 KB bf16 model: {files:?}"
+    );
     let (vlm, params) = load_llava_dir(tmp.path())?;
     let embed = get(&params, "model.embed_tokens.weight");
     assert_eq!(embed.kind(), Kind::BFloat16);
@@ -157,7 +186,14 @@ fn bf16_sharded_export_reads_back_and_stops_at_a_stop_id() -> anyhow::Result<()>
         .map(|v| v as u8)
         .collect();
     let image = &pixels[..pixels.len() / 2];
-    let free = generator.generate(&prompt, image, &GenerateOptions { max_new_tokens: 4, ..Default::default() })?;
+    let free = generator.generate(
+        &prompt,
+        image,
+        &GenerateOptions {
+            max_new_tokens: 4,
+            ..Default::default()
+        },
+    )?;
     let stop = free.tokens[1];
     let stopped = generator.generate(
         &prompt,
@@ -169,7 +205,12 @@ fn bf16_sharded_export_reads_back_and_stops_at_a_stop_id() -> anyhow::Result<()>
         },
     )?;
     assert!(stopped.stopped);
-    let end = free.tokens.iter().position(|&t| t == stop).expect("stop id was generated") + 1;
+    let end = free
+        .tokens
+        .iter()
+        .position(|&t| t == stop)
+        .expect("stop id was generated")
+        + 1;
     assert_eq!(stopped.tokens, free.tokens[..end].to_vec());
 
     // A nucleus of one token is greedy; the same seed draws the same tokens.
@@ -181,7 +222,9 @@ fn bf16_sharded_export_reads_back_and_stops_at_a_stop_id() -> anyhow::Result<()>
             seed,
             ..Default::default()
         };
-        generator.generate(&prompt, image, &options).map(|g| g.tokens)
+        generator
+            .generate(&prompt, image, &options)
+            .map(|g| g.tokens)
     };
     assert_eq!(sample(1e-9, 1)?, free.tokens);
     assert_eq!(sample(0.9, 7)?, sample(0.9, 7)?);
