@@ -104,7 +104,8 @@ pub enum Device {
 // The training knobs, once: each is a TOML key, a `--flag` (help = its doc comment), a field of
 // `ConfigLayer` (`Option<T>`) and of `TrainConfig`. See `knobs.rs` for the forms of the default.
 knobs! {
-    /// Shard directory written by `tessera ingest`.
+    /// Shard directory written by `tessera ingest`: a path, or a URL (s3://bucket/prefix,
+    /// gs://, az://, https://) read in byte ranges through a local cache.
     shards: PathBuf = required("a directory written by `tessera ingest`"),
     /// SigLIP vision tower: a Hugging Face directory (config.json + safetensors).
     vision: PathBuf = required("a SigLIP Hugging Face directory"),
@@ -175,6 +176,12 @@ knobs! {
     collective_timeout_s: u64 = default(300),
     /// Projector to start from: an exported mm_projector.safetensors or a stage-1 run directory.
     init_projector: PathBuf = optional,
+    /// Cache of a URL --shards (default $TESSERA_CACHE, else OUT/shard-cache); shared safely
+    /// by the ranks of a machine and reused across runs.
+    cache_dir: PathBuf = optional,
+    /// Most bytes the shard cache keeps (default 50GB; e.g. 500MB, 2GiB); least recently
+    /// used byte ranges go first.
+    cache_limit: String = default("50GB".to_string()),
 }
 
 impl ConfigLayer {
@@ -337,7 +344,8 @@ impl TrainConfig {
 
     /// Checks the inputs exist and look like what they claim to be, before any work starts.
     pub fn check_paths(&self) -> Result<(), ConfigError> {
-        if !self.shards.join("index.json").is_file() {
+        let remote_shards = remote::is_remote(&self.shards.to_string_lossy());
+        if !remote_shards && !self.shards.join("index.json").is_file() {
             return Err(invalid(
                 "shards",
                 format!(
