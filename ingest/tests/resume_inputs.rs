@@ -72,9 +72,7 @@ fn a_finishing_resume_reports_the_whole_ingest() -> anyhow::Result<()> {
     let report: serde_json::Value =
         serde_json::from_slice(&std::fs::read(f.out().join("ingest_report.json"))?)?;
     // serde_json's default float parser may land one ulp away from the written value.
-    let reported = report["seconds"]
-        .as_f64()
-        .expect("the report records seconds");
+    let reported = report["seconds"].as_f64().expect("the report records seconds");
     assert!((reported - summary.seconds).abs() <= 1e-9 * summary.seconds.max(1.0));
     Ok(())
 }
