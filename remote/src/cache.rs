@@ -1,5 +1,6 @@
-//! The local shard cache: fetched byte ranges of remote shards, one file per range, kept
-//! under `DIR/ranges/<shard sha256>/<start>-<end>`. Content-addressed by the shard's sha256
+//! The local shard cache: fetched byte ranges of remote shards (aligned 128 KiB blocks, see
+//! `files::CACHE_BLOCK`), one file per range, kept under
+//! `DIR/ranges/<shard sha256>/<start>-<end>`. Content-addressed by the shard's sha256
 //! from index.json, so a re-ingested dataset never reads stale bytes, and the same shard under
 //! two URLs shares its entries.
 //!
@@ -59,6 +60,11 @@ impl RangeCache {
         };
         cache.evict()?;
         Ok(cache)
+    }
+
+    /// Bytes the cache keeps at most.
+    pub fn limit(&self) -> u64 {
+        self.limit
     }
 
     pub fn dir(&self) -> &Path {

@@ -14,6 +14,9 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::Duration;
 
+/// Bytes per cache entry (aligned blocks of a shard).
+pub const CACHE_BLOCK: u64 = 128 * 1024;
+
 /// Requests in flight at once per call.
 const CONCURRENT_REQUESTS: usize = 16;
 
@@ -85,17 +88,21 @@ impl ObjectFiles {
         self.cache.as_ref()
     }
 
-    fn object(&self, name: &str) -> ObjectPath {
+    pub(crate) fn store(&self) -> &Arc<dyn ObjectStore> {
+        &self.store
+    }
+
+    pub(crate) fn object(&self, name: &str) -> ObjectPath {
         self.prefix.child(name)
     }
 
-    fn url_of(&self, name: &str) -> String {
+    pub(crate) fn url_of(&self, name: &str) -> String {
         format!("{}/{name}", self.url)
     }
 
     /// Runs `fut` on the I/O runtime and waits for it; from inside another runtime (a caller's
     /// async context) it waits on a scoped thread instead of panicking.
-    fn block_on<F>(&self, fut: F) -> F::Output
+    pub(crate) fn block_on<F>(&self, fut: F) -> F::Output
     where
         F: Future + Send,
         F::Output: Send,
@@ -167,9 +174,59 @@ impl ObjectFiles {
             .collect()
     }
 
-    /// `ranges` through the cache: hits read from disk, misses whose lock this thread takes
-    /// fetched together, then misses another thread or process is fetching waited for.
+    /// `ranges` through the cache, which holds aligned blocks of [`CACHE_BLOCK`] bytes: a
+    /// few files per read rather than one per parquet page (pages of small columns are tens
+    /// of bytes; a dataset has millions).
     fn read_cached(
+        &self,
+        cache: &RangeCache,
+        shard: &ShardInfo,
+        ranges: &[Range<u64>],
+    ) -> Result<Vec<Bytes>, RemoteError> {
+        let len = shard.bytes;
+        let mut wanted = std::collections::BTreeSet::new();
+        for r in ranges.iter().filter(|r| r.end > r.start) {
+            wanted.extend(r.start / CACHE_BLOCK..=(r.end - 1) / CACHE_BLOCK);
+        }
+        let blocks: Vec<Range<u64>> = wanted
+            .iter()
+            .map(|&k| k * CACHE_BLOCK..((k + 1) * CACHE_BLOCK).min(len))
+            .collect();
+        let got = self.read_blocks(cache, shard, &blocks)?;
+        let by_start: std::collections::BTreeMap<u64, Bytes> =
+            blocks.iter().map(|b| b.start).zip(got).collect();
+        ranges
+            .iter()
+            .map(|r| {
+                let mut out = bytes::BytesMut::with_capacity((r.end - r.start) as usize);
+                for (&start, block) in by_start.range(r.start - r.start % CACHE_BLOCK..r.end) {
+                    let from = r.start.max(start) - start;
+                    let to = r.end.min(start + block.len() as u64) - start;
+                    if from >= to {
+                        continue;
+                    }
+                    if out.is_empty() && to - from == r.end - r.start {
+                        return Ok(block.slice(from as usize..to as usize));
+                    }
+                    out.extend_from_slice(&block[from as usize..to as usize]);
+                }
+                if out.len() as u64 != r.end - r.start {
+                    return Err(RemoteError::Invalid {
+                        url: self.url_of(&shard.file),
+                        detail: format!(
+                            "bytes {}..{} are past the end of the shard",
+                            r.start, r.end
+                        ),
+                    });
+                }
+                Ok(out.freeze())
+            })
+            .collect()
+    }
+
+    /// Blocks through the cache: hits read from disk, misses whose lock this thread takes
+    /// fetched together, then misses another thread or process is fetching waited for.
+    fn read_blocks(
         &self,
         cache: &RangeCache,
         shard: &ShardInfo,
@@ -233,6 +290,10 @@ impl Drop for ObjectFiles {
 impl RemoteFiles for ObjectFiles {
     fn url(&self) -> String {
         self.url.clone()
+    }
+
+    fn keeps_ranges(&self) -> bool {
+        self.cache.as_ref().is_some_and(|c| c.limit() > 0)
     }
 
     fn read_file(&self, name: &str) -> Result<Bytes, ShardError> {

@@ -18,6 +18,7 @@ mod error;
 mod location;
 mod manifest;
 mod reader;
+mod remote_read;
 mod sample;
 mod schema;
 mod sink;

@@ -27,6 +27,10 @@ pub trait RemoteFiles: Send + Sync {
     ) -> Result<Vec<Bytes>, ShardError>;
     /// Names of the files directly in the directory (verify's unlisted-shard check).
     fn list(&self) -> Result<Vec<String>, ShardError>;
+    /// Whether fetched ranges are kept (a local cache), so that fetching ahead pays off.
+    fn keeps_ranges(&self) -> bool {
+        false
+    }
 }
 
 /// A shard directory: local or remote.
@@ -58,11 +62,12 @@ pub(crate) const FOOTER_PREFETCH: u64 = 256 * 1024;
 
 /// A remote shard's fetched byte ranges, as parquet's [`ChunkReader`]. A read outside them (a
 /// page the offset index did not announce) fetches that range on its own.
+#[derive(Clone)]
 pub(crate) struct FetchedRanges {
     files: Arc<dyn RemoteFiles>,
     shard: Arc<ShardInfo>,
     /// Start offset -> bytes from there.
-    pieces: BTreeMap<u64, Bytes>,
+    pieces: Arc<BTreeMap<u64, Bytes>>,
 }
 
 impl FetchedRanges {
@@ -74,7 +79,7 @@ impl FetchedRanges {
         ranges.sort_by_key(|r| (r.start, r.end));
         ranges.dedup();
         let bytes = files.read_ranges(&shard, &ranges)?;
-        let pieces = ranges.iter().map(|r| r.start).zip(bytes).collect();
+        let pieces = Arc::new(ranges.iter().map(|r| r.start).zip(bytes).collect());
         Ok(FetchedRanges {
             files,
             shard,

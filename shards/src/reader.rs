@@ -19,10 +19,13 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
 
+/// Rows of a read by (shard, row group): (position in the read, row within the group).
+pub(crate) type GroupedRows = BTreeMap<(usize, usize), Vec<(usize, usize)>>;
+
 /// One shard with its parsed footer: memory-mapped, or remote (read in byte ranges).
 pub(crate) struct OpenShard {
     pub name: String,
-    bytes: ShardBytes,
+    pub(crate) bytes: ShardBytes,
     pub metadata: ArrowReaderMetadata,
     /// First global sample index of this shard.
     pub first_sample: u64,
@@ -30,7 +33,7 @@ pub(crate) struct OpenShard {
     pub group_starts: Vec<u64>,
 }
 
-enum ShardBytes {
+pub(crate) enum ShardBytes {
     /// The whole file: memory-mapped, or downloaded whole (verify).
     Local(Bytes),
     /// Object storage: each read fetches the pages it needs.
@@ -42,11 +45,11 @@ enum ShardBytes {
 
 /// What one read of a shard decodes: row groups, rows within them, columns.
 #[derive(Default)]
-struct ReadSpec {
-    row_groups: Option<Vec<usize>>,
-    selection: Option<RowSelection>,
-    projection: Option<ProjectionMask>,
-    batch_size: usize,
+pub(crate) struct ReadSpec {
+    pub(crate) row_groups: Option<Vec<usize>>,
+    pub(crate) selection: Option<RowSelection>,
+    pub(crate) projection: Option<ProjectionMask>,
+    pub(crate) batch_size: usize,
 }
 
 impl ReadSpec {
@@ -135,7 +138,11 @@ impl OpenShard {
         *self.group_starts.last().unwrap_or(&0)
     }
 
-    fn reader(&self, spec: ReadSpec) -> Result<ParquetRecordBatchReader, ShardError> {
+    fn reader(
+        &self,
+        spec: ReadSpec,
+        prefetched: Option<&FetchedRanges>,
+    ) -> Result<ParquetRecordBatchReader, ShardError> {
         let metadata = self.metadata.clone();
         let built = match &self.bytes {
             ShardBytes::Local(bytes) => spec
@@ -145,8 +152,12 @@ impl OpenShard {
                 ))
                 .build(),
             ShardBytes::Remote { files, info } => {
-                let ranges = self.ranges_for(&spec);
-                let fetched = FetchedRanges::fetch(files.clone(), info.clone(), ranges)?;
+                let fetched = match prefetched {
+                    Some(fetched) => fetched.clone(),
+                    None => {
+                        FetchedRanges::fetch(files.clone(), info.clone(), self.ranges_for(&spec))?
+                    }
+                };
                 spec.apply(ParquetRecordBatchReaderBuilder::new_with_metadata(
                     fetched, metadata,
                 ))
@@ -154,47 +165,6 @@ impl OpenShard {
             }
         };
         built.map_err(|e| ShardError::parquet(&self.name, e))
-    }
-
-    /// The byte ranges a read decodes: for each row group and projected column, its dictionary
-    /// page and the data pages holding selected rows (the whole chunk without a page index).
-    fn ranges_for(&self, spec: &ReadSpec) -> Vec<std::ops::Range<u64>> {
-        let meta = self.metadata.metadata();
-        let all: Vec<usize> = (0..meta.num_row_groups()).collect();
-        let groups = spec.row_groups.as_ref().unwrap_or(&all);
-        let mut ranges = Vec::new();
-        for &g in groups {
-            let Some(rg) = meta.row_groups().get(g) else {
-                continue;
-            };
-            for (c, column) in rg.columns().iter().enumerate() {
-                if spec
-                    .projection
-                    .as_ref()
-                    .is_some_and(|m| !m.leaf_included(c))
-                {
-                    continue;
-                }
-                let (start, len) = column.byte_range();
-                let pages = meta
-                    .offset_index()
-                    .and_then(|index| index.get(g))
-                    .and_then(|columns| columns.get(c))
-                    .map(|column| column.page_locations())
-                    .filter(|pages| !pages.is_empty());
-                match (pages, &spec.selection) {
-                    (Some(pages), Some(selection)) => {
-                        let first = pages[0].offset as u64;
-                        if first > start {
-                            ranges.push(start..first);
-                        }
-                        ranges.extend(selection.scan_ranges(pages));
-                    }
-                    _ => ranges.push(start..start + len),
-                }
-            }
-        }
-        ranges
     }
 
     /// Returns the rows of row group `group` asked for, in that order (repeats allowed).
@@ -205,34 +175,10 @@ impl OpenShard {
         &self,
         group: usize,
         rows_in_group: &[usize],
+        prefetched: Option<&FetchedRanges>,
     ) -> Result<Vec<Sample>, ShardError> {
-        let group_rows = self
-            .metadata
-            .metadata()
-            .row_groups()
-            .get(group)
-            .map_or(0, |rg| rg.num_rows().max(0) as usize);
-        let mut distinct = rows_in_group.to_vec();
-        distinct.sort_unstable();
-        distinct.dedup();
-        if let Some(&last) = distinct.last() {
-            if last >= group_rows {
-                return Err(ShardError::Mismatch {
-                    shard: self.name.clone(),
-                    detail: format!(
-                        "row group {group} holds {group_rows} rows, row {last} asked for"
-                    ),
-                });
-            }
-        }
-        let ranges = consecutive_ranges(&distinct);
-        let selection = RowSelection::from_consecutive_ranges(ranges.into_iter(), group_rows);
-        let reader = self.reader(ReadSpec {
-            row_groups: Some(vec![group]),
-            selection: Some(selection),
-            projection: None,
-            batch_size: distinct.len().max(1),
-        })?;
+        let (distinct, spec) = self.row_spec(group, rows_in_group)?;
+        let reader = self.reader(spec, prefetched)?;
         // Selected rows arrive in ascending order: `decoded[i]` is row `distinct[i]`.
         let mut decoded: Vec<Option<Sample>> = Vec::with_capacity(distinct.len());
         for batch in reader {
@@ -281,6 +227,42 @@ impl OpenShard {
         Ok(out)
     }
 
+    /// The distinct rows (ascending) and the read that decodes just them.
+    pub(crate) fn row_spec(
+        &self,
+        group: usize,
+        rows_in_group: &[usize],
+    ) -> Result<(Vec<usize>, ReadSpec), ShardError> {
+        let group_rows = self
+            .metadata
+            .metadata()
+            .row_groups()
+            .get(group)
+            .map_or(0, |rg| rg.num_rows().max(0) as usize);
+        let mut distinct = rows_in_group.to_vec();
+        distinct.sort_unstable();
+        distinct.dedup();
+        if let Some(&last) = distinct.last() {
+            if last >= group_rows {
+                return Err(ShardError::Mismatch {
+                    shard: self.name.clone(),
+                    detail: format!(
+                        "row group {group} holds {group_rows} rows, row {last} asked for"
+                    ),
+                });
+            }
+        }
+        let ranges = consecutive_ranges(&distinct);
+        let selection = RowSelection::from_consecutive_ranges(ranges.into_iter(), group_rows);
+        let spec = ReadSpec {
+            row_groups: Some(vec![group]),
+            selection: Some(selection),
+            projection: None,
+            batch_size: distinct.len().max(1),
+        };
+        Ok((distinct, spec))
+    }
+
     /// Reads only the named top-level columns of every row group.
     pub(crate) fn read_columns(
         &self,
@@ -288,11 +270,14 @@ impl OpenShard {
     ) -> Result<Vec<arrow_array::RecordBatch>, ShardError> {
         let schema = self.metadata.metadata().file_metadata().schema_descr();
         let mask = ProjectionMask::columns(schema, columns.iter().copied());
-        let reader = self.reader(ReadSpec {
-            projection: Some(mask),
-            batch_size: 8192,
-            ..ReadSpec::default()
-        })?;
+        let reader = self.reader(
+            ReadSpec {
+                projection: Some(mask),
+                batch_size: 8192,
+                ..ReadSpec::default()
+            },
+            None,
+        )?;
         reader
             .map(|b| b.map_err(|e| ShardError::arrow(&self.name, e)))
             .collect()
@@ -420,6 +405,16 @@ impl Dataset {
         Ok((shard_idx, group, (row - shard.group_starts[group]) as usize))
     }
 
+    /// `indices` by (shard, row group): (position in `indices`, row within the group).
+    pub(crate) fn group_indices(&self, indices: &[u64]) -> Result<GroupedRows, ShardError> {
+        let mut groups: GroupedRows = BTreeMap::new();
+        for (pos, &index) in indices.iter().enumerate() {
+            let (shard, group, row) = self.locate(index)?;
+            groups.entry((shard, group)).or_default().push((pos, row));
+        }
+        Ok(groups)
+    }
+
     /// The shard file and row (within it) that hold global sample `index`.
     pub fn location(&self, index: u64) -> Option<(&str, u64)> {
         let (shard, group, row) = self.locate(index).ok()?;
@@ -430,15 +425,13 @@ impl Dataset {
     /// Full samples for `indices`, returned in the given order (repeats allowed). Each needed
     /// row group is decoded once. Safe to call from many threads at once.
     pub fn read(&self, indices: &[u64]) -> Result<Vec<Sample>, ShardError> {
-        let mut groups: BTreeMap<(usize, usize), Vec<(usize, usize)>> = BTreeMap::new();
-        for (pos, &index) in indices.iter().enumerate() {
-            let (shard, group, row) = self.locate(index)?;
-            groups.entry((shard, group)).or_default().push((pos, row));
-        }
+        let groups = self.group_indices(indices)?;
+        // Remote shards: every page of the read fetched in one batch per shard.
+        let fetched = self.fetch_remote(&groups)?;
         let mut slots: Vec<Option<Sample>> = vec![None; indices.len()];
         for ((shard, group), wanted) in groups {
             let rows: Vec<usize> = wanted.iter().map(|&(_, row)| row).collect();
-            let samples = self.shards[shard].read_rows(group, &rows)?;
+            let samples = self.shards[shard].read_rows(group, &rows, fetched.get(&shard))?;
             for ((pos, _), sample) in wanted.into_iter().zip(samples) {
                 slots[pos] = Some(sample);
             }

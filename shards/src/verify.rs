@@ -178,7 +178,7 @@ fn verify_shard(
             ));
         }
         let rows: Vec<usize> = (0..expected.rows as usize).collect();
-        let samples = shard.read_rows(g, &rows).map_err(|e| e.to_string())?;
+        let samples = shard.read_rows(g, &rows, None).map_err(|e| e.to_string())?;
         for (r, sample) in samples.iter().enumerate() {
             let row = expected.first_row + r as u64;
             if let Some(problem) = check_row(sample) {

@@ -12,6 +12,16 @@ pub trait SampleSource: Send + Sync {
     fn locate(&self, index: u64) -> String {
         format!("sample index {index}")
     }
+
+    /// Whether [`SampleSource::read_ahead`] does anything (a remote source with a cache).
+    fn reads_ahead(&self) -> bool {
+        false
+    }
+
+    /// Fetches what a later `read(indices)` will need into a local cache; decodes nothing.
+    fn read_ahead(&self, _indices: &[u64]) -> Result<(), LoaderError> {
+        Ok(())
+    }
 }
 
 impl SampleSource for Vec<Sample> {
@@ -38,6 +48,17 @@ impl SampleSource for Vec<Sample> {
 impl SampleSource for shards::Dataset {
     fn read(&self, indices: &[u64]) -> Result<Vec<Sample>, LoaderError> {
         shards::Dataset::read(self, indices).map_err(|source| LoaderError::Read {
+            indices: indices.to_vec(),
+            source,
+        })
+    }
+
+    fn reads_ahead(&self) -> bool {
+        shards::Dataset::reads_ahead(self)
+    }
+
+    fn read_ahead(&self, indices: &[u64]) -> Result<(), LoaderError> {
+        shards::Dataset::read_ahead(self, indices).map_err(|source| LoaderError::Read {
             indices: indices.to_vec(),
             source,
         })

@@ -327,6 +327,9 @@ impl TrainConfig {
                 "the loader needs at least 1 thread",
             ));
         }
+        if let Err(e) = remote::parse_size(&self.cache_limit) {
+            return Err(invalid("cache_limit", e.to_string()));
+        }
         if self.collective_timeout_s == 0 {
             return Err(invalid(
                 "collective_timeout_s",
