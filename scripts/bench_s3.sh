@@ -24,7 +24,7 @@ export AWS_ENDPOINT_URL=http://127.0.0.1:$PORT AWS_ACCESS_KEY_ID=test AWS_SECRET
   AWS_REGION=us-east-1 AWS_ALLOW_HTTP=true
 curl -sf -X PUT "http://127.0.0.1:$PORT/bench" >/dev/null
 for f in "$SHARDS"/*; do
-  curl -sf -X PUT --data-binary @"$f" "http://127.0.0.1:$PORT/bench/shards/$(basename "$f")" >/dev/null
+  curl -sf -H "Expect:" -X PUT --upload-file "$f" "http://127.0.0.1:$PORT/bench/shards/$(basename "$f")" >/dev/null
 done
 echo "== loader from s3:// (moto on 127.0.0.1) vs local disk, cold and warm cache"
 "$T" bench loader --shards s3://bench/shards --threads 2 --image-size 384 --limit 1980 --policy pad \
