@@ -16,7 +16,7 @@ use moto::MotoServer;
 
 /// Sample `i`: every fourth is text-only, the others carry a 6-9 KB incompressible image.
 fn sample(i: u32) -> Sample {
-    let image = (i % 4 != 0).then(|| {
+    let image = (!i.is_multiple_of(4)).then(|| {
         let mut state = 0x9e37_79b9_u32.wrapping_mul(i + 1);
         (0..6000 + (i % 4) * 1000)
             .map(|_| {

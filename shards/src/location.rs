@@ -99,7 +99,7 @@ impl FetchedRanges {
         tracing::debug!(shard = %self.shard.file, start, len, "range not prefetched");
         let fetched = self
             .files
-            .read_ranges(&self.shard, &[start..end])
+            .read_ranges(&self.shard, std::slice::from_ref(&(start..end)))
             .map_err(|e| parquet::errors::ParquetError::External(Box::new(e)))?;
         fetched.into_iter().next().ok_or_else(|| {
             parquet::errors::ParquetError::General(format!(

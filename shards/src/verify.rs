@@ -116,14 +116,18 @@ fn verify_shard(
     first_sample: u64,
     report: &mut VerifyReport,
 ) -> Result<(), String> {
-    let name = &info.file;
+    // A remote shard's problems name its URL.
+    let name = &match location {
+        DatasetLocation::Dir(_) => info.file.clone(),
+        DatasetLocation::Remote(files) => format!("{}/{}", files.url(), info.file),
+    };
     let (sha, len, whole) = match location {
         DatasetLocation::Dir(dir) => {
-            let (sha, len) = sha256_file(&dir.join(name)).map_err(|e| e.to_string())?;
+            let (sha, len) = sha256_file(&dir.join(&info.file)).map_err(|e| e.to_string())?;
             (sha, len, None)
         }
         DatasetLocation::Remote(files) => {
-            let fetched = files.read_ranges(info, &[0..info.bytes]);
+            let fetched = files.read_ranges(info, std::slice::from_ref(&(0..info.bytes)));
             let bytes = fetched.map_err(|e| e.to_string())?.into_iter().next();
             let bytes = bytes.unwrap_or_default();
             let len = bytes.len() as u64;
@@ -143,8 +147,8 @@ fn verify_shard(
         ));
     }
     let shard = match (whole, location) {
-        (Some(bytes), _) => OpenShard::from_bytes(name, bytes, first_sample),
-        (None, DatasetLocation::Dir(dir)) => OpenShard::open(dir, name, first_sample),
+        (Some(bytes), _) => OpenShard::from_bytes(&info.file, bytes, first_sample),
+        (None, DatasetLocation::Dir(dir)) => OpenShard::open(dir, &info.file, first_sample),
         (None, DatasetLocation::Remote(files)) => {
             OpenShard::open_remote(files.clone(), info, first_sample)
         }

@@ -65,8 +65,12 @@ impl SampleSource for shards::Dataset {
     }
 
     fn locate(&self, index: u64) -> String {
+        let url = match self.source() {
+            shards::DatasetLocation::Remote(files) => format!("{}/", files.url()),
+            shards::DatasetLocation::Dir(_) => String::new(),
+        };
         match self.location(index) {
-            Some((shard, row)) => format!("{shard} row {row}"),
+            Some((shard, row)) => format!("{url}{shard} row {row}"),
             None => format!("sample index {index}"),
         }
     }

@@ -137,7 +137,7 @@ fn download(files: &remote::ObjectFiles, dir: &Path) -> anyhow::Result<u64> {
     let manifest = shards::Manifest::parse(&index, format!("{}/{INDEX_FILE}", files.url()).into())?;
     let mut total = 0;
     for info in &manifest.shards {
-        let bytes = files.read_ranges(info, &[0..info.bytes])?;
+        let bytes = files.read_ranges(info, std::slice::from_ref(&(0..info.bytes)))?;
         let path = dir.join(&info.file);
         let body = bytes.first().map_or(&[][..], |b| &b[..]);
         std::fs::write(&path, body).with_context(|| format!("writing {}", path.display()))?;
