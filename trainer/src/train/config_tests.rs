@@ -264,6 +264,8 @@ fn every_flag_and_its_toml_key_set_the_same_knob() -> anyhow::Result<()> {
         ("--loader-threads", "3", "loader_threads = 3"),
         ("--collective-timeout", "60", "collective_timeout_s = 60"),
         ("--init-projector", "s1", "init_projector = \"s1\""),
+        ("--cache-dir", "/tmp/c", "cache_dir = \"/tmp/c\""),
+        ("--cache-limit", "2GB", "cache_limit = \"2GB\""),
     ];
     let flags: Vec<&str> = knobs.iter().flat_map(|(f, v, _)| [*f, *v]).collect();
     let from_flags = parse_flags(&flags)?;
