@@ -82,4 +82,14 @@ if ! python3 -c 'import PIL, numpy' 2>/dev/null; then
   python3 -m pip install -q --disable-pip-version-check pillow numpy 2>/dev/null \
     || say "warning: could not install pillow/numpy; bench loader will report no reference"
 fi
+# 5. moto's standalone S3 server (the object-storage tests start it on 127.0.0.1) ----------
+MOTO_VERSION=5.1.18
+if [ ! -x "$DEPS/moto/bin/moto_server" ] || [ ! -f "$DEPS/moto/.moto-$MOTO_VERSION" ]; then
+  say "installing moto[server]==$MOTO_VERSION into $DEPS/moto (S3 test server)"
+  [ -x "$DEPS/moto/bin/pip" ] || python3 -m venv "$DEPS/moto" \
+    || fail "could not create $DEPS/moto (is python3-venv installed?)"
+  "$DEPS/moto/bin/pip" install -q --disable-pip-version-check "moto[server]==$MOTO_VERSION" \
+    || fail "pip could not install moto[server]==$MOTO_VERSION into $DEPS/moto"
+  touch "$DEPS/moto/.moto-$MOTO_VERSION"
+fi
 say "ready: LIBTORCH=$DEPS/libtorch tokenizer=$tok"

@@ -49,6 +49,9 @@ pub enum ShardError {
     OutOfRange { index: u64, len: usize },
     #[error("{shard}: {detail}")]
     Mismatch { shard: String, detail: String },
+    /// An object-store failure (the `remote` crate's error, which names the URL).
+    #[error(transparent)]
+    Remote(Box<dyn std::error::Error + Send + Sync>),
 }
 
 impl ShardError {

@@ -15,8 +15,10 @@
 //! through [`write_atomically`]: a temporary sibling, fsync, rename, fsync of the folder.
 mod atomic;
 mod error;
+mod location;
 mod manifest;
 mod reader;
+mod remote_read;
 mod sample;
 mod schema;
 mod sink;
@@ -26,6 +28,7 @@ mod writer;
 
 pub use atomic::{temp_path, write_atomically, write_atomically_with};
 pub use error::ShardError;
+pub use location::{DatasetLocation, RemoteFiles};
 pub use manifest::{shard_file_name, IngestReport, Manifest, RowGroupInfo, ShardInfo, INDEX_FILE};
 pub use reader::{fingerprint_of, Dataset};
 pub use sample::{ChecksumMismatch, Kind, Sample, SampleMeta, Turn, IMAGE_PAD_ID};
@@ -34,7 +37,7 @@ pub use schema::{
     OLDEST_READABLE_VERSION,
 };
 pub use stats::{stats, DatasetStats, Percentiles, EXTREME_ASPECT, TINY_SIDE};
-pub use verify::{sha256_file, verify, VerifyReport};
+pub use verify::{sha256_file, verify, verify_at, VerifyReport};
 pub use writer::{estimated_sample_bytes, RowGroupLimits, ShardWriter};
 
 /// Sanity check that a dataset is usable from many threads (the loader relies on it).

@@ -2,10 +2,11 @@
 //! `crate::atomic`), so its presence means every shard it lists is complete.
 use crate::atomic::write_atomically;
 use crate::error::ShardError;
+use crate::location::DatasetLocation;
 use crate::schema::{FORMAT_VERSION, OLDEST_READABLE_VERSION};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 /// File name of the manifest inside a shard directory.
 pub const INDEX_FILE: &str = "index.json";
@@ -81,8 +82,24 @@ impl Manifest {
     pub fn load(dir: &Path) -> Result<Manifest, ShardError> {
         let path = dir.join(INDEX_FILE);
         let text = std::fs::read(&path).map_err(|e| ShardError::io(&path, e))?;
+        Manifest::parse(&text, path)
+    }
+
+    /// Reads and checks the index.json of a local or remote shard directory.
+    pub fn load_from(location: &DatasetLocation) -> Result<Manifest, ShardError> {
+        match location {
+            DatasetLocation::Dir(dir) => Manifest::load(dir),
+            DatasetLocation::Remote(files) => {
+                let text = files.read_file(INDEX_FILE)?;
+                Manifest::parse(&text, format!("{}/{INDEX_FILE}", files.url()).into())
+            }
+        }
+    }
+
+    /// Parses and checks index.json's text; `path` (a file or URL) names it in errors.
+    pub fn parse(text: &[u8], path: PathBuf) -> Result<Manifest, ShardError> {
         let manifest: Manifest =
-            serde_json::from_slice(&text).map_err(|source| ShardError::Manifest {
+            serde_json::from_slice(text).map_err(|source| ShardError::Manifest {
                 path: path.clone(),
                 error: source,
             })?;

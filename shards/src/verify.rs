@@ -3,6 +3,7 @@
 //! consistency (token counts, label mask length, image and token crc32c, kind vs image); and
 //! that no `shard-*.parquet` lies in the directory without being listed.
 use crate::error::ShardError;
+use crate::location::DatasetLocation;
 use crate::manifest::{Manifest, ShardInfo};
 use crate::reader::OpenShard;
 use crate::sample::{Kind, Sample};
@@ -46,12 +47,18 @@ pub fn sha256_file(path: &Path) -> Result<(String, u64), ShardError> {
 /// Verifies `dir`. Fails only when index.json itself cannot be read; everything else is
 /// collected into the report.
 pub fn verify(dir: &Path) -> Result<VerifyReport, ShardError> {
-    let manifest = Manifest::load(dir)?;
+    verify_at(&DatasetLocation::Dir(dir.to_path_buf()))
+}
+
+/// [`verify`] for a local or remote directory; a remote shard is downloaded whole (into
+/// memory) and checked against index.json's sha256 before its rows are.
+pub fn verify_at(location: &DatasetLocation) -> Result<VerifyReport, ShardError> {
+    let manifest = Manifest::load_from(location)?;
     let mut report = VerifyReport::default();
     let mut first_sample = 0u64;
     for info in &manifest.shards {
         report.shards_checked += 1;
-        let checked = verify_shard(dir, &manifest, info, first_sample, &mut report);
+        let checked = verify_shard(location, &manifest, info, first_sample, &mut report);
         if let Err(problem) = checked {
             report.problems.push(problem);
         }
@@ -63,19 +70,33 @@ pub fn verify(dir: &Path) -> Result<VerifyReport, ShardError> {
             manifest.num_samples
         ));
     }
-    report.problems.extend(unlisted_shards(dir, &manifest)?);
+    report
+        .problems
+        .extend(unlisted_shards(location, &manifest)?);
     Ok(report)
 }
 
 /// `shard-*.parquet` files in `dir` that index.json does not list (a leftover of another
 /// ingest, or a file copied in by hand: the dataset would silently not contain it).
-fn unlisted_shards(dir: &Path, manifest: &Manifest) -> Result<Vec<String>, ShardError> {
+fn unlisted_shards(
+    location: &DatasetLocation,
+    manifest: &Manifest,
+) -> Result<Vec<String>, ShardError> {
     let listed: std::collections::HashSet<&str> =
         manifest.shards.iter().map(|s| s.file.as_str()).collect();
+    let names = match location {
+        DatasetLocation::Dir(dir) => {
+            let mut names = Vec::new();
+            for entry in std::fs::read_dir(dir).map_err(|e| ShardError::io(dir, e))? {
+                let entry = entry.map_err(|e| ShardError::io(dir, e))?;
+                names.push(entry.file_name().to_string_lossy().into_owned());
+            }
+            names
+        }
+        DatasetLocation::Remote(files) => files.list()?,
+    };
     let mut extra = Vec::new();
-    for entry in std::fs::read_dir(dir).map_err(|e| ShardError::io(dir, e))? {
-        let entry = entry.map_err(|e| ShardError::io(dir, e))?;
-        let name = entry.file_name().to_string_lossy().into_owned();
+    for name in names {
         if name.starts_with("shard-") && name.ends_with(".parquet") && !listed.contains(&*name) {
             extra.push(name);
         }
@@ -89,14 +110,30 @@ fn unlisted_shards(dir: &Path, manifest: &Manifest) -> Result<Vec<String>, Shard
 
 /// Checks one shard; the first fatal problem is returned, row-level ones are pushed.
 fn verify_shard(
-    dir: &Path,
+    location: &DatasetLocation,
     manifest: &Manifest,
     info: &ShardInfo,
     first_sample: u64,
     report: &mut VerifyReport,
 ) -> Result<(), String> {
-    let name = &info.file;
-    let (sha, len) = sha256_file(&dir.join(name)).map_err(|e| e.to_string())?;
+    // A remote shard's problems name its URL.
+    let name = &match location {
+        DatasetLocation::Dir(_) => info.file.clone(),
+        DatasetLocation::Remote(files) => format!("{}/{}", files.url(), info.file),
+    };
+    let (sha, len, whole) = match location {
+        DatasetLocation::Dir(dir) => {
+            let (sha, len) = sha256_file(&dir.join(&info.file)).map_err(|e| e.to_string())?;
+            (sha, len, None)
+        }
+        DatasetLocation::Remote(files) => {
+            let fetched = files.read_ranges(info, std::slice::from_ref(&(0..info.bytes)));
+            let bytes = fetched.map_err(|e| e.to_string())?.into_iter().next();
+            let bytes = bytes.unwrap_or_default();
+            let len = bytes.len() as u64;
+            (hex::encode(Sha256::digest(&bytes)), len, Some(bytes))
+        }
+    };
     if len != info.bytes {
         return Err(format!(
             "{name}: size is {len} bytes, index.json says {}",
@@ -109,7 +146,14 @@ fn verify_shard(
             info.sha256
         ));
     }
-    let shard = OpenShard::open(dir, name, first_sample).map_err(|e| e.to_string())?;
+    let shard = match (whole, location) {
+        (Some(bytes), _) => OpenShard::from_bytes(&info.file, bytes, first_sample),
+        (None, DatasetLocation::Dir(dir)) => OpenShard::open(dir, &info.file, first_sample),
+        (None, DatasetLocation::Remote(files)) => {
+            OpenShard::open_remote(files.clone(), info, first_sample)
+        }
+    }
+    .map_err(|e| e.to_string())?;
     let file_schema = shard.metadata.schema();
     let version = manifest.format_version;
     let expected = schema_for(version).ok_or_else(|| format!("{name}: format {version}?"))?;
@@ -138,7 +182,7 @@ fn verify_shard(
             ));
         }
         let rows: Vec<usize> = (0..expected.rows as usize).collect();
-        let samples = shard.read_rows(g, &rows).map_err(|e| e.to_string())?;
+        let samples = shard.read_rows(g, &rows, None).map_err(|e| e.to_string())?;
         for (r, sample) in samples.iter().enumerate() {
             let row = expected.first_row + r as u64;
             if let Some(problem) = check_row(sample) {

@@ -16,9 +16,14 @@ pub(crate) struct Args {
     /// Qwen tokenizer.json.
     #[arg(long)]
     tokenizer: PathBuf,
-    /// Output directory (must be empty unless --resume).
+    /// Output directory (must be empty unless --resume), or a URL (s3://bucket/prefix, gs://,
+    /// az://): the shards are written to --staging, then uploaded, index.json last.
     #[arg(long)]
-    out: PathBuf,
+    out: String,
+    /// With a URL --out: the local folder ingest writes before the upload (default: under the
+    /// system temp dir, named after the URL, so --resume finds it; removed after the upload).
+    #[arg(long)]
+    staging: Option<PathBuf>,
     /// Chat template: plain (LLaVA-Pretrain: <image> + caption) or chatml (Qwen2.5 multi-turn).
     #[arg(long, default_value = "plain")]
     template: Template,
@@ -44,7 +49,17 @@ pub(crate) struct Args {
 
 /// `quiet`: the global `--quiet` (no summary on stderr; failures still say everything).
 pub(crate) fn run(args: Args, quiet: bool) -> anyhow::Result<()> {
-    let mut config = IngestConfig::new(args.json, args.images, args.tokenizer, args.out);
+    let upload_to = remote::is_remote(&args.out).then(|| args.out.clone());
+    let default_staging = upload_to.is_some() && args.staging.is_none();
+    let local_out = match (&upload_to, &args.staging) {
+        (Some(_), Some(dir)) => dir.clone(),
+        (Some(url), None) => std::env::temp_dir().join(format!(
+            "tessera-ingest-{}",
+            url.replace(|c: char| !c.is_ascii_alphanumeric(), "_")
+        )),
+        (None, _) => PathBuf::from(&args.out),
+    };
+    let mut config = IngestConfig::new(args.json, args.images, args.tokenizer, local_out);
     config.template = args.template;
     config.shard_size = args.shard_size.max(1);
     if let Some(workers) = args.workers {
@@ -73,6 +88,24 @@ pub(crate) fn run(args: Args, quiet: bool) -> anyhow::Result<()> {
             config.out.display(),
             summary.accepting_fraction()
         );
+    }
+    if let Some(url) = upload_to {
+        let files = remote::open_remote(&url, None, &[])?;
+        let sent = files
+            .upload_dataset(&config.out)
+            .with_context(|| format!("uploading {} to {url}", config.out.display()))?;
+        if !quiet {
+            eprintln!(
+                "uploaded {} files ({:.1} MB; {} already there) to {url}, index.json last",
+                sent.files_sent,
+                sent.bytes_sent as f64 / 1e6,
+                sent.files_already_there
+            );
+        }
+        if default_staging {
+            std::fs::remove_dir_all(&config.out)
+                .with_context(|| format!("removing the staging folder {}", config.out.display()))?;
+        }
     }
     Ok(())
 }

@@ -1,6 +1,5 @@
 //! `tessera shards verify DIR | stats DIR`.
 use anyhow::Context;
-use std::path::PathBuf;
 
 /// Arguments of `tessera shards`.
 #[derive(clap::Args)]
@@ -15,13 +14,13 @@ enum ShardsCommand {
     /// token counts and image and token crc32c, and that no unlisted shard-*.parquet lies in
     /// DIR. Exits non-zero on any problem.
     Verify {
-        /// Shard directory (holding index.json).
-        dir: PathBuf,
+        /// Shard directory (holding index.json): a path or URL (s3://, gs://, az://, https://).
+        dir: String,
     },
     /// Samples by kind, token-length and image-size percentiles, rejected records by reason.
     Stats {
-        /// Shard directory (holding index.json).
-        dir: PathBuf,
+        /// Shard directory (holding index.json): a path or URL (s3://, gs://, az://, https://).
+        dir: String,
         /// Print one JSON object instead of text.
         #[arg(long)]
         json: bool,
@@ -35,15 +34,16 @@ pub(crate) fn run(args: Args) -> anyhow::Result<()> {
     }
 }
 
-fn verify(dir: &std::path::Path) -> anyhow::Result<()> {
-    let report = shards::verify(dir).with_context(|| format!("verify {}", dir.display()))?;
+fn verify(dir: &str) -> anyhow::Result<()> {
+    let location = remote::open_location(dir, None)?;
+    let report = shards::verify_at(&location).with_context(|| format!("verify {dir}"))?;
     for problem in &report.problems {
         println!("FAIL {problem}");
     }
     if !report.is_ok() {
         anyhow::bail!(
             "{}: {} problem(s) in {} shard(s)",
-            dir.display(),
+            dir,
             report.problems.len(),
             report.shards_checked
         );
@@ -55,9 +55,10 @@ fn verify(dir: &std::path::Path) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn stats(dir: &std::path::Path, json: bool) -> anyhow::Result<()> {
-    let dataset = shards::Dataset::open(dir).with_context(|| format!("open {}", dir.display()))?;
-    let s = shards::stats(&dataset).with_context(|| format!("stats of {}", dir.display()))?;
+fn stats(dir: &str, json: bool) -> anyhow::Result<()> {
+    let location = remote::open_location(dir, None)?;
+    let dataset = shards::Dataset::open_at(&location).with_context(|| format!("open {dir}"))?;
+    let s = shards::stats(&dataset).with_context(|| format!("stats of {dir}"))?;
     if json {
         println!("{}", serde_json::to_string(&s)?);
         return Ok(());

@@ -7,12 +7,16 @@
 //! micro-batches exist at once (queued, in work or waiting for reordering): a slow trainer
 //! stalls the loader instead of growing memory, and a slow loader shows as `wait` time.
 //! With one thread nothing is spawned: micro-batches are built in `next()` (easy to debug).
+//! A source that fetches remotely (`SampleSource::reads_ahead`) also gets a read-ahead thread:
+//! the feeder hands it the samples of the next `prefetch` plans before the workers take them,
+//! so their bytes are in the local cache by then; time still lost to the store shows up as the
+//! consumer's `wait` (metrics.jsonl's `loader_wait_frac`).
 use super::stats::{LoaderStats, StatCells};
 use super::worker::Worker;
 use super::{LoaderConfig, LoaderError, SampleSource};
 use crate::{MicroBatch, MicroBatchPlan};
 use crossbeam_channel::{bounded, Receiver, Sender};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering::SeqCst};
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -171,14 +175,43 @@ fn spawn(
         let _ = credit_tx.send(());
     }
     let dispatched = Arc::new(AtomicU64::new(0));
-    let mut threads = Vec::with_capacity(config.threads + 1);
+    let mut threads = Vec::with_capacity(config.threads + 2);
+    // Read-ahead for remote sources: the samples of the next `prefetch` plans, fetched into the
+    // source's cache by one thread while the workers decode. Lossy by design (a full queue
+    // skips a plan: its worker fetches it) so it never holds the feeder up.
+    let ahead = config.prefetch;
+    let (ahead_tx, ahead_rx) = bounded::<Vec<u64>>(ahead);
+    let ahead_tx = source.reads_ahead().then_some(ahead_tx);
+    if ahead_tx.is_some() {
+        let source = source.clone();
+        threads.push(std::thread::spawn(move || {
+            for indices in ahead_rx.iter() {
+                if let Err(e) = source.read_ahead(&indices) {
+                    tracing::debug!("read-ahead failed (the worker's read will retry): {e}");
+                }
+            }
+        }));
+    }
     let sent = dispatched.clone();
     threads.push(std::thread::spawn(move || {
-        for (seq, plan) in (0u64..).zip(plans.by_ref()) {
+        let mut pending: VecDeque<MicroBatchPlan> = VecDeque::with_capacity(ahead + 1);
+        let mut seq = 0u64;
+        loop {
+            while pending.len() <= ahead {
+                let Some(plan) = plans.next() else { break };
+                if let Some(tx) = &ahead_tx {
+                    let _ = tx.try_send(plan.rows.iter().flatten().copied().collect());
+                }
+                pending.push_back(plan);
+            }
+            let Some(plan) = pending.pop_front() else {
+                return;
+            };
             if credit_rx.recv().is_err() || job_tx.send((seq, plan)).is_err() {
                 return;
             }
-            sent.store(seq + 1, SeqCst);
+            seq += 1;
+            sent.store(seq, SeqCst);
         }
     }));
     for _ in 0..config.threads {

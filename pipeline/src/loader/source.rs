@@ -12,6 +12,16 @@ pub trait SampleSource: Send + Sync {
     fn locate(&self, index: u64) -> String {
         format!("sample index {index}")
     }
+
+    /// Whether [`SampleSource::read_ahead`] does anything (a remote source with a cache).
+    fn reads_ahead(&self) -> bool {
+        false
+    }
+
+    /// Fetches what a later `read(indices)` will need into a local cache; decodes nothing.
+    fn read_ahead(&self, _indices: &[u64]) -> Result<(), LoaderError> {
+        Ok(())
+    }
 }
 
 impl SampleSource for Vec<Sample> {
@@ -43,9 +53,24 @@ impl SampleSource for shards::Dataset {
         })
     }
 
+    fn reads_ahead(&self) -> bool {
+        shards::Dataset::reads_ahead(self)
+    }
+
+    fn read_ahead(&self, indices: &[u64]) -> Result<(), LoaderError> {
+        shards::Dataset::read_ahead(self, indices).map_err(|source| LoaderError::Read {
+            indices: indices.to_vec(),
+            source,
+        })
+    }
+
     fn locate(&self, index: u64) -> String {
+        let url = match self.source() {
+            shards::DatasetLocation::Remote(files) => format!("{}/", files.url()),
+            shards::DatasetLocation::Dir(_) => String::new(),
+        };
         match self.location(index) {
-            Some((shard, row)) => format!("{shard} row {row}"),
+            Some((shard, row)) => format!("{url}{shard} row {row}"),
             None => format!("sample index {index}"),
         }
     }

@@ -3,6 +3,7 @@
 //! reference loader (../shared/bench/pil_reference_loader.py) on the same images and worker
 //! count. Human-readable lines first, then one JSON line.
 mod measure;
+mod remote;
 
 use anyhow::Context;
 use measure::{export_llava, read_images, run_decode_only, run_loader, workload};
@@ -14,9 +15,11 @@ use std::sync::Arc;
 /// Arguments of `tessera bench loader`.
 #[derive(clap::Args)]
 pub(crate) struct Args {
-    /// Shard directory (with index.json).
+    /// Shard directory (with index.json): a path, or a URL (s3://, gs://, az://, https://);
+    /// a URL is benchmarked against the same shards downloaded to local disk, cold and warm
+    /// cache ($TESSERA_REMOTE_LATENCY_MS adds a delay per request).
     #[arg(long)]
-    shards: PathBuf,
+    shards: String,
     /// Worker threads, for tessera, decode-only and the PIL reference alike.
     #[arg(long, default_value_t = 2)]
     threads: usize,
@@ -67,15 +70,18 @@ fn median(mut values: Vec<f64>) -> f64 {
 }
 
 pub(crate) fn run(args: Args) -> anyhow::Result<()> {
-    let dataset = shards::Dataset::open(&args.shards)
-        .with_context(|| format!("opening shards in {}", args.shards.display()))?;
+    if ::remote::is_remote(&args.shards) {
+        return remote::run(&args);
+    }
+    let dataset = shards::Dataset::open(Path::new(&args.shards))
+        .with_context(|| format!("opening shards in {}", args.shards))?;
     let kinds: Vec<_> = dataset.metadata()?.iter().map(|m| m.kind).collect();
     let source: Arc<dyn SampleSource> = Arc::new(dataset);
     let work = workload(&kinds, args.limit, args.packing[0], args.packing[1]);
     anyhow::ensure!(
         !work.image_indices.is_empty(),
         "no image samples in {}",
-        args.shards.display()
+        args.shards
     );
     let images = read_images(source.as_ref(), &work.image_indices)?; // also warms the page cache
     let policy = args.policy;

@@ -104,7 +104,8 @@ pub enum Device {
 // The training knobs, once: each is a TOML key, a `--flag` (help = its doc comment), a field of
 // `ConfigLayer` (`Option<T>`) and of `TrainConfig`. See `knobs.rs` for the forms of the default.
 knobs! {
-    /// Shard directory written by `tessera ingest`.
+    /// Shard directory written by `tessera ingest`: a path, or a URL (s3://bucket/prefix,
+    /// gs://, az://, https://) read in byte ranges through a local cache.
     shards: PathBuf = required("a directory written by `tessera ingest`"),
     /// SigLIP vision tower: a Hugging Face directory (config.json + safetensors).
     vision: PathBuf = required("a SigLIP Hugging Face directory"),
@@ -184,6 +185,12 @@ knobs! {
     /// Record the run's first N optimizer steps with libtorch's profiler into
     /// profile_rank{r}.json in the run directory (Chrome trace; 0: off).
     profile: u64 = default(0),
+    /// Cache of a URL --shards (default $TESSERA_CACHE, else OUT/shard-cache); shared safely
+    /// by the ranks of a machine and reused across runs.
+    cache_dir: PathBuf = optional,
+    /// Most bytes the shard cache keeps (default 50GB; e.g. 500MB, 2GiB); least recently
+    /// used byte ranges go first.
+    cache_limit: String = default("50GB".to_string()),
 }
 
 impl ConfigLayer {
@@ -329,6 +336,9 @@ impl TrainConfig {
                 "the loader needs at least 1 thread",
             ));
         }
+        if let Err(e) = remote::parse_size(&self.cache_limit) {
+            return Err(invalid("cache_limit", e.to_string()));
+        }
         if self.collective_timeout_s == 0 {
             return Err(invalid(
                 "collective_timeout_s",
@@ -352,7 +362,8 @@ impl TrainConfig {
 
     /// Checks the inputs exist and look like what they claim to be, before any work starts.
     pub fn check_paths(&self) -> Result<(), ConfigError> {
-        if !self.shards.join("index.json").is_file() {
+        let remote_shards = remote::is_remote(&self.shards.to_string_lossy());
+        if !remote_shards && !self.shards.join("index.json").is_file() {
             return Err(invalid(
                 "shards",
                 format!(

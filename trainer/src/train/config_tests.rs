@@ -268,6 +268,8 @@ fn every_flag_and_its_toml_key_set_the_same_knob() -> anyhow::Result<()> {
         ("--val-shards", "data/val", "val_shards = \"data/val\""),
         ("--val-every", "50", "val_every = 50"),
         ("--val-samples", "64", "val_samples = 64"),
+        ("--cache-dir", "/tmp/c", "cache_dir = \"/tmp/c\""),
+        ("--cache-limit", "2GB", "cache_limit = \"2GB\""),
     ];
     let flags: Vec<&str> = knobs.iter().flat_map(|(f, v, _)| [*f, *v]).collect();
     let from_flags = parse_flags(&flags)?;

@@ -159,11 +159,28 @@ fn init_projector_file(path: &Path) -> Result<PathBuf, TrainError> {
     Ok(ckpt.rank_dir(0)?.join(TRAINABLE_FILE))
 }
 
+/// `--shards` as a local directory or a URL with its cache (`--cache-dir`, `--cache-limit`).
+fn dataset_location(cfg: &TrainConfig) -> Result<shards::DatasetLocation, TrainError> {
+    let spec = cfg.shards.to_string_lossy();
+    let limit = remote::parse_size(&cfg.cache_limit).map_err(|e| ConfigError::Invalid {
+        field: "cache_limit",
+        reason: e.to_string(),
+    })?;
+    let dir = cfg
+        .cache_dir
+        .clone()
+        .or_else(|| std::env::var_os(remote::TESSERA_CACHE_ENV).map(PathBuf::from))
+        .unwrap_or_else(|| cfg.out.join("shard-cache"));
+    let cache = remote::CacheConfig { dir, limit };
+    let location = remote::open_location(&spec, Some(&cache)).map_err(shards::ShardError::from)?;
+    Ok(location)
+}
+
 /// The rank, and the source its shards are read from (opened checkpoints: drop it once the
 /// sharded model exists).
 pub(super) fn build(cfg: &TrainConfig, pg: ProcessGroup) -> Result<(Setup, VlmInit), TrainError> {
     let (rank, world_size) = (pg.rank(), pg.world_size());
-    let dataset = shards::Dataset::open(&cfg.shards)?;
+    let dataset = shards::Dataset::open_at(&dataset_location(cfg)?)?;
     let samples = dataset.metadata()?;
     if samples.is_empty() {
         return Err(ConfigError::Invalid {

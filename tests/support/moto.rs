@@ -1,0 +1,136 @@
+//! A real S3-compatible server for tests: moto's standalone server (`.deps/moto`, installed by
+//! scripts/setup.sh) on 127.0.0.1 at a free port, killed on drop. Buckets and objects are
+//! created with plain HTTP PUTs (moto accepts unsigned requests), so the code under test is
+//! the only S3 client.
+#![allow(dead_code)]
+use anyhow::{bail, ensure, Context, Result};
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+pub(crate) struct MotoServer {
+    child: Child,
+    pub(crate) port: u16,
+}
+
+/// `.deps/moto/bin/moto_server` of the workspace.
+fn moto_binary() -> Result<PathBuf> {
+    let mut dir = Path::new(env!("CARGO_MANIFEST_DIR"));
+    loop {
+        let candidate = dir.join(".deps/moto/bin/moto_server");
+        if candidate.is_file() {
+            return Ok(candidate);
+        }
+        dir = dir
+            .parent()
+            .context("no .deps/moto/bin/moto_server above the crate: run scripts/setup.sh")?;
+    }
+}
+
+impl MotoServer {
+    /// Starts a server on a free port and waits until it answers.
+    pub(crate) fn start() -> Result<MotoServer> {
+        let port = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
+        MotoServer::start_on(port)
+    }
+
+    /// Starts a server on `port` (a restart after [`MotoServer::kill`]: moto keeps nothing).
+    pub(crate) fn start_on(port: u16) -> Result<MotoServer> {
+        let child = Command::new(moto_binary()?)
+            .args(["-H", "127.0.0.1", "-p", &port.to_string()])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .context("starting moto_server")?;
+        let mut server = MotoServer { child, port };
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            if server.request("GET", "/", &[]).is_ok() {
+                return Ok(server);
+            }
+            if let Some(status) = server.child.try_wait()? {
+                bail!("moto_server exited at start: {status}");
+            }
+            ensure!(
+                Instant::now() < deadline,
+                "moto_server did not answer within 60 s"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    pub(crate) fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    pub(crate) fn endpoint(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    /// The environment an S3 client needs for this server.
+    pub(crate) fn env(&self) -> Vec<(&'static str, String)> {
+        vec![
+            ("AWS_ENDPOINT_URL", self.endpoint()),
+            ("AWS_ACCESS_KEY_ID", "test".into()),
+            ("AWS_SECRET_ACCESS_KEY", "test".into()),
+            ("AWS_REGION", "us-east-1".into()),
+            ("AWS_ALLOW_HTTP", "true".into()),
+        ]
+    }
+
+    /// One HTTP/1.1 request; returns the status code, or an error for no answer.
+    fn request(&self, method: &str, path: &str, body: &[u8]) -> Result<u16> {
+        let mut stream = TcpStream::connect(("127.0.0.1", self.port))?;
+        stream.set_read_timeout(Some(Duration::from_secs(30)))?;
+        let head = format!(
+            "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1:{}\r\nContent-Length: {}\r\n\
+             Connection: close\r\n\r\n",
+            self.port,
+            body.len()
+        );
+        stream.write_all(head.as_bytes())?;
+        stream.write_all(body)?;
+        let mut response = Vec::new();
+        stream.read_to_end(&mut response)?;
+        let text = String::from_utf8_lossy(&response[..response.len().min(64)]).into_owned();
+        let status = text
+            .split_whitespace()
+            .nth(1)
+            .and_then(|s| s.parse().ok())
+            .with_context(|| format!("no HTTP status in {text:?}"))?;
+        Ok(status)
+    }
+
+    pub(crate) fn create_bucket(&self, bucket: &str) -> Result<()> {
+        let status = self.request("PUT", &format!("/{bucket}"), &[])?;
+        ensure!(status == 200, "creating bucket {bucket}: HTTP {status}");
+        Ok(())
+    }
+
+    pub(crate) fn put(&self, bucket: &str, key: &str, body: &[u8]) -> Result<()> {
+        let status = self.request("PUT", &format!("/{bucket}/{key}"), body)?;
+        ensure!(status == 200, "PUT {bucket}/{key}: HTTP {status}");
+        Ok(())
+    }
+
+    /// Uploads every file of `dir` (flat) under `bucket/prefix/`; returns `s3://bucket/prefix`.
+    pub(crate) fn upload_dir(&self, dir: &Path, bucket: &str, prefix: &str) -> Result<String> {
+        for entry in std::fs::read_dir(dir)? {
+            let path = entry?.path();
+            if path.is_file() {
+                let name = path.file_name().context("file name")?.to_string_lossy();
+                self.put(bucket, &format!("{prefix}/{name}"), &std::fs::read(&path)?)?;
+            }
+        }
+        Ok(format!("s3://{bucket}/{prefix}"))
+    }
+}
+
+impl Drop for MotoServer {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
