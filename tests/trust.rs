@@ -162,17 +162,19 @@ fn checkpoints_hold_only_trainable_state_and_only_the_last_three_stay() -> Resul
             size * 20 < frozen_lm,
             "{name} holds {size} bytes; the frozen LM alone is {frozen_lm}"
         );
-        let state = trainer::model::load_safetensors(
-            &dir.join("rank-00000").join("fsdp_shard.safetensors"),
-        )?;
-        let frozen: Vec<&String> = state
-            .keys()
-            .filter(|k| !k.starts_with("projector.") && k.as_str() != "optimizer.step")
-            .collect();
-        assert!(
-            frozen.is_empty(),
-            "{name} stores frozen tensors: {frozen:?}"
-        );
+        // Format 3: rank 0 holds the trainable parameters and their AdamW moments, full.
+        for file in ["trainable.safetensors", "optimizer.safetensors"] {
+            let state = trainer::model::load_safetensors(&dir.join("rank-00000").join(file))?;
+            assert!(!state.is_empty(), "{name}/{file} is empty");
+            let frozen: Vec<&String> = state
+                .keys()
+                .filter(|k| !k.starts_with("projector.") && k.as_str() != "optimizer.step")
+                .collect();
+            assert!(
+                frozen.is_empty(),
+                "{name}/{file} stores frozen tensors: {frozen:?}"
+            );
+        }
     }
     Ok(())
 }
