@@ -1,4 +1,5 @@
-//! Build script: compiles the c10d shim (csrc/c10d_shim.cpp) against libtorch's headers and
+//! Build script: compiles the c10d shim (csrc/c10d_shim.cpp) and the fused-AdamW binding
+//! (csrc/fused_adamw.cpp) against libtorch's headers and
 //! Debian's gloo headers, links it, and puts libtorch's lib folder and the CUDA runtime folder
 //! (libcudart.so.13 / libcupti.so.13, which libtorch_cpu links) on the rpath so binaries and
 //! tests run without LD_LIBRARY_PATH. Feature `cuda` adds ProcessGroupNCCL and links torch_cuda.
@@ -13,6 +14,7 @@ use std::path::{Path, PathBuf};
 fn main() {
     println!("cargo:rerun-if-env-changed=LIBTORCH");
     println!("cargo:rerun-if-changed=csrc/c10d_shim.cpp");
+    println!("cargo:rerun-if-changed=csrc/fused_adamw.cpp");
     let lib_dir = match std::env::var_os("DEP_TCH_LIBTORCH_LIB") {
         Some(lib) => PathBuf::from(lib),
         None => panic!("DEP_TCH_LIBTORCH_LIB is not set: torch-sys did not find libtorch"),
@@ -36,6 +38,7 @@ fn compile_shim(root: &Path, lib_dir: &Path) {
     build
         .cpp(true)
         .file("csrc/c10d_shim.cpp")
+        .file("csrc/fused_adamw.cpp")
         .include(&include)
         .include(include.join("torch/csrc/api/include"))
         .flag("-std=c++17")

@@ -15,6 +15,7 @@
 #[macro_use]
 mod knobs;
 
+pub use super::dtype::Dtype;
 pub use crate::fsdp::{Recompute, Strategy};
 pub use pipeline::loader::{BadImagePolicy, ResizePolicy};
 use serde::{Deserialize, Serialize};
@@ -175,6 +176,15 @@ knobs! {
     collective_timeout_s: u64 = default(300),
     /// Projector to start from: an exported mm_projector.safetensors or a stage-1 run directory.
     init_projector: PathBuf = optional,
+    /// Compute dtype: bf16 (mixed precision: f32 master weights, gradients and AdamW moments;
+    /// bf16 gathered weights and compute) or f32 (default: bf16 on cuda, f32 on cpu).
+    precision: Dtype = default(match device {
+        Device::Cuda => Dtype::Bf16,
+        Device::Cpu => Dtype::F32,
+    }),
+    /// Dtype gradients are reduce-scattered in under bf16 precision (default f32; bf16 halves
+    /// the bytes sent).
+    reduce_dtype: Dtype = default(Dtype::F32),
 }
 
 impl ConfigLayer {
@@ -324,6 +334,12 @@ impl TrainConfig {
             return Err(invalid(
                 "collective_timeout_s",
                 "a 0 s timeout fails every collective",
+            ));
+        }
+        if self.reduce_dtype == Dtype::Bf16 && self.precision == Dtype::F32 {
+            return Err(invalid(
+                "reduce_dtype",
+                "bf16 gradients need bf16 precision (an f32 run reduces in f32)",
             ));
         }
         if self.device == Device::Cuda && !cfg!(feature = "cuda") {

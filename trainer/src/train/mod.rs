@@ -4,6 +4,7 @@
 //! config) and the loop itself (`run.rs`, driving `step.rs`: the model sharded by FSDP).
 mod checkpoint;
 mod config;
+mod dtype;
 mod error;
 mod export;
 mod metrics;
@@ -16,8 +17,8 @@ mod step;
 
 pub use checkpoint::{Checkpoint, CheckpointError, CheckpointMeta, ModelFingerprint, RankState};
 pub use config::{
-    BadImagePolicy, ConfigError, ConfigLayer, Device, Recompute, ResizePolicy, Stage, Strategy,
-    TrainConfig,
+    BadImagePolicy, ConfigError, ConfigLayer, Device, Dtype, Recompute, ResizePolicy, Stage,
+    Strategy, TrainConfig,
 };
 pub use error::TrainError;
 pub use export::{
