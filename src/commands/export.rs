@@ -12,10 +12,14 @@ pub(crate) struct Args {
     /// Output directory (created if missing).
     #[arg(long)]
     pub out: PathBuf,
+    /// Dtype of the exported projector and adapter weights (default bf16, as the Hub ships
+    /// them; f32 writes the trained f32 masters unrounded).
+    #[arg(long, value_enum, default_value = "bf16")]
+    pub dtype: trainer::train::Dtype,
 }
 
 pub(crate) fn run(args: Args) -> anyhow::Result<()> {
-    let report = trainer::train::export(&args.run, &args.out)
+    let report = trainer::train::export_as(&args.run, &args.out, args.dtype)
         .with_context(|| format!("exporting run {}", args.run.display()))?;
     println!("exported step {} of {}", report.step, args.run.display());
     println!("  projector: {}", report.projector.display());

@@ -36,13 +36,14 @@ pub use init::{
     lm_checkpoint_specs, random_params, write_checkpoints, write_preset, Preset, INIT_STD,
 };
 pub use lora::{
-    init_adapters, load_adapter, merge_adapters, save_adapter, ADAPTER_CONFIG, ADAPTER_WEIGHTS,
+    init_adapters, load_adapter, merge_adapters, save_adapter, save_adapter_as, ADAPTER_CONFIG,
+    ADAPTER_WEIGHTS,
 };
 pub use loss::{chunked_cross_entropy_sum, full_cross_entropy_sum};
 #[cfg(feature = "bench")]
 pub use throughput::{measure_throughput, peak_matmul_flops, ThroughputReport};
 pub use vlm::{Vlm, VlmOptions};
-pub use weights::{load_safetensors, save_safetensors, HfCheckpoint};
+pub use weights::{load_safetensors, save_safetensors, save_safetensors_as, HfCheckpoint};
 
 use std::path::PathBuf;
 

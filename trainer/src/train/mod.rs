@@ -22,7 +22,7 @@ pub use config::{
 };
 pub use error::TrainError;
 pub use export::{
-    export, latest_trainable, ExportError, ExportReport, VlmDescription, ADAPTER_DIR,
+    export, export_as, latest_trainable, ExportError, ExportReport, VlmDescription, ADAPTER_DIR,
     PROJECTOR_FILE, TRAINABLE_FILE, VLM_FILE,
 };
 pub use metrics::{read_metrics, MetricsError, StepMetrics, Summary};
