@@ -21,6 +21,8 @@ mod flat_param;
 mod fused_adamw;
 mod gather;
 mod optim;
+#[cfg(test)]
+mod optim_tests;
 mod state;
 
 pub use engine::{Fsdp, FsdpConfig, MemoryReport, StepStats};

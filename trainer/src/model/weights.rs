@@ -1,7 +1,7 @@
 //! Hugging Face safetensors checkpoints: `model.safetensors` or a sharded
 //! `model.safetensors.index.json`, memory-mapped and read tensor by tensor into f32 tch
-//! tensors (BF16 and F16 are converted). Writing goes through the same format with
-//! `{"format": "pt"}` metadata, as `save_pretrained` writes it.
+//! tensors (BF16 and F16 are converted). Writing (F32, or BF16 for exports) goes through the same
+//! format with `{"format": "pt"}` metadata, as `save_pretrained` writes it.
 use super::{ModelError, Result};
 use crate::unit::{ParamMap, ParamSpec};
 use memmap2::Mmap;

@@ -15,7 +15,7 @@
 #[macro_use]
 mod knobs;
 
-pub use super::dtype::Dtype;
+pub use crate::Dtype;
 pub use crate::fsdp::{Recompute, Strategy};
 pub use pipeline::loader::{BadImagePolicy, ResizePolicy};
 use serde::{Deserialize, Serialize};

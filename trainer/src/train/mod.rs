@@ -4,7 +4,6 @@
 //! config) and the loop itself (`run.rs`, driving `step.rs`: the model sharded by FSDP).
 mod checkpoint;
 mod config;
-mod dtype;
 mod error;
 mod export;
 mod metrics;

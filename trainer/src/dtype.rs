@@ -1,4 +1,5 @@
-//! `bf16` / `f32`: the values of `--precision`, `--reduce-dtype` and `tessera export --dtype`.
+//! `bf16` / `f32`: the values of `--precision`, `--reduce-dtype`, `tessera export --dtype` and
+//! the model bench's dtypes.
 use serde::{Deserialize, Serialize};
 
 /// A floating-point dtype, by the names PyTorch users type.
