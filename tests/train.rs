@@ -268,7 +268,7 @@ fn bf16_run_saves_f32_masters_resumes_with_the_same_losses_and_exports_bf16() ->
         "bf16",
     ];
     let straight = f.root.join("straight");
-    run_ok(&mut train(&f, 2, &straight, &steps).args(["--lora-r", "4"]))?;
+    run_ok(train(&f, 2, &straight, &steps).args(["--lora-r", "4"]))?;
     let resumed = f.root.join("resumed");
     let mut first = train(&f, 2, &resumed, &steps);
     first.args(["--lora-r", "4"]);
