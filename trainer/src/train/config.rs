@@ -15,8 +15,8 @@
 #[macro_use]
 mod knobs;
 
-pub use crate::Dtype;
 pub use crate::fsdp::{Recompute, Strategy};
+pub use crate::Dtype;
 pub use pipeline::loader::{BadImagePolicy, ResizePolicy};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
