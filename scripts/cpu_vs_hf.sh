@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # tessera vs the transformers baseline on the same CPU work (issue 12): stage 1 with Hub-shaped
 # random-weight checkpoints (google/siglip-so400m-patch14-384 + Qwen/Qwen2.5-0.5B configs, bf16
-# safetensors as the Hub ships them), 2 images and ~1,490 tokens per step, f32, 2 threads.
+# safetensors as the Hub ships them), 2 images and ~1,490 tokens per step, f32 (or bf16 with
+# PRECISION=bf16), 2 threads.
 # tessera trains on shards from `synth` + `ingest` (budget 1536: two image samples per step);
 # ../shared/bench/hf_reference_step.py gets the same images, tokens and supervised tokens per
 # step (medians of tessera's metrics.jsonl). Runs alternate (tessera, transformers, tessera, ...)
@@ -10,6 +11,8 @@
 # usage: scripts/cpu_vs_hf.sh [ROUNDS]       (default 2 rounds; one command does everything)
 # env:   STEPS=4            optimizer steps per run (the first is not counted)
 #        SHAPE=real|small   small: the same Hub files with 4 layers per tower (quick iteration)
+#        PRECISION=f32|bf16 bf16: tessera --precision bf16, the baseline --dtype bfloat16 (frozen
+#                           towers bf16, projector f32 under autocast); sets the defaults below
 #        TESSERA_ARGS="--recompute none"   flags for tessera (default: keep activations, as
 #                           the baseline does without checkpointing)
 #        BASELINE_ARGS=""   flags for the baseline (e.g. --ckpt for gradient checkpointing)
@@ -24,8 +27,13 @@ cd "$(dirname "$0")/.."
 ROUNDS=${1:-2}
 STEPS=${STEPS:-4}
 SHAPE=${SHAPE:-real}
-TESSERA_ARGS=${TESSERA_ARGS:---recompute none}
-BASELINE_ARGS=${BASELINE_ARGS:-}
+PRECISION=${PRECISION:-f32}
+case "$PRECISION" in
+  f32) TESSERA_ARGS=${TESSERA_ARGS:---recompute none}; BASELINE_ARGS=${BASELINE_ARGS:-} ;;
+  bf16) TESSERA_ARGS=${TESSERA_ARGS:---recompute none --precision bf16}
+        BASELINE_ARGS=${BASELINE_ARGS:---dtype bfloat16} ;;
+  *) echo "cpu_vs_hf: PRECISION must be f32 or bf16, not $PRECISION" >&2; exit 1 ;;
+esac
 BENCH=${BENCH:-../shared/bench}
 [ -d "$BENCH" ] || BENCH=/work/shared/bench
 T=target/release/tessera
@@ -121,10 +129,10 @@ for r in $(seq 1 "$ROUNDS"); do
   fi
   echo "$line"
 done
-python3 - "${TS[*]}" "${HS[*]}" "${XS[*]:-}" "$(lscpu | sed -n 's/^Model name: *//p')" "$TESSERA_ARGS" "$BASELINE_ARGS" <<'PY'
+python3 - "${TS[*]}" "${HS[*]}" "${XS[*]:-}" "$(lscpu | sed -n 's/^Model name: *//p')" "$TESSERA_ARGS" "$BASELINE_ARGS" "$PRECISION" <<'PY'
 import statistics as st, sys
 t = st.median(map(float, sys.argv[1].split())); h = st.median(map(float, sys.argv[2].split()))
 extra = f"; extra binary {st.median(map(float, sys.argv[3].split())) / h:.2f}" if sys.argv[3].strip() else ""
 print(f"RATIO tessera/transformers median step {t / h:.2f} ({t:.2f} s / {h:.2f} s){extra}; "
-      f"tessera [{sys.argv[5]}] baseline [{sys.argv[6]}]; {sys.argv[4]}, 2 threads, f32")
+      f"tessera [{sys.argv[5]}] baseline [{sys.argv[6]}]; {sys.argv[4]}, 2 threads, {sys.argv[7]}")
 PY

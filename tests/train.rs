@@ -142,7 +142,7 @@ fn two_ranks_interrupted_and_resumed_match_an_uninterrupted_run_and_export_round
     let export = f.root.join("export");
     run_ok(
         tessera()
-            .args(["export", "--run"])
+            .args(["export", "--dtype", "f32", "--run"])
             .arg(&stage2)
             .arg("--out")
             .arg(&export),
@@ -240,6 +240,117 @@ fn two_ranks_interrupted_and_resumed_match_an_uninterrupted_run_and_export_round
         a,
         "resumed from step 6 after passing over the damaged step 8: the same losses"
     );
+    Ok(())
+}
+
+/// Tensor name -> dtype ("F32", "BF16") from a safetensors file's header.
+fn header_dtypes(path: &Path) -> Result<std::collections::BTreeMap<String, String>> {
+    let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+    ensure!(bytes.len() >= 8, "{} is too short", path.display());
+    let len = u64::from_le_bytes(bytes[..8].try_into()?) as usize;
+    let header: serde_json::Value = serde_json::from_slice(&bytes[8..8 + len])?;
+    let fields = header.as_object().context("the header is a JSON object")?;
+    Ok(fields
+        .iter()
+        .filter(|(k, _)| k.as_str() != "__metadata__")
+        .map(|(k, v)| (k.clone(), v["dtype"].as_str().unwrap_or("?").to_string()))
+        .collect())
+}
+
+#[test]
+fn bf16_run_saves_f32_masters_resumes_with_the_same_losses_and_exports_bf16() -> Result<()> {
+    let f = fixture(80, 0.0)?;
+    let steps = [
+        "--nproc",
+        "2",
+        "--steps",
+        "6",
+        "--checkpoint-every",
+        "3",
+        "--precision",
+        "bf16",
+    ];
+    let straight = f.root.join("straight");
+    run_ok(train(&f, 2, &straight, &steps).args(["--lora-r", "4"]))?;
+    let resumed = f.root.join("resumed");
+    let mut first = train(&f, 2, &resumed, &steps);
+    first.args(["--lora-r", "4"]);
+    interrupt_after_checkpoint(first, &resumed, 3)?;
+    ensure!(
+        losses(&resumed)?.len() < 6,
+        "the interrupted run finished all 6 steps; nothing was resumed"
+    );
+    run_ok(train(&f, 2, &resumed, &steps).args(["--lora-r", "4", "--resume"]))?;
+    let (a, b) = (losses(&straight)?, losses(&resumed)?);
+    assert_eq!(a.len(), 6);
+    assert_eq!(
+        a, b,
+        "resumed bf16 losses differ from the uninterrupted run's"
+    );
+
+    // The checkpoint holds f32 masters and moments; its stored config says bf16.
+    let ckpt = straight.join("checkpoints").join("step-00000006");
+    for file in [
+        ckpt.join("rank-00000").join(TRAINABLE_FILE),
+        ckpt.join("rank-00001").join("fsdp_shard.safetensors"),
+    ] {
+        let dtypes = header_dtypes(&file)?;
+        ensure!(!dtypes.is_empty(), "{} holds no tensors", file.display());
+        for (name, dtype) in &dtypes {
+            ensure!(
+                dtype == "F32" || name == "optimizer.step",
+                "{}: {name} is {dtype}",
+                file.display()
+            );
+        }
+    }
+    let meta: serde_json::Value = serde_json::from_slice(&std::fs::read(ckpt.join("meta.json"))?)?;
+    assert_eq!(meta["config"]["precision"], "bf16");
+
+    // Export: bf16 by default, f32 on request; both hold the same values up to bf16 rounding.
+    let (bf16_dir, f32_dir) = (f.root.join("export-bf16"), f.root.join("export-f32"));
+    run_ok(
+        tessera()
+            .args(["export", "--run"])
+            .arg(&straight)
+            .arg("--out")
+            .arg(&bf16_dir),
+    )?;
+    run_ok(
+        tessera()
+            .args(["export", "--dtype", "f32", "--run"])
+            .arg(&straight)
+            .arg("--out")
+            .arg(&f32_dir),
+    )?;
+    for (dir, want) in [(&bf16_dir, "BF16"), (&f32_dir, "F32")] {
+        for file in [
+            dir.join("mm_projector.safetensors"),
+            dir.join("adapter").join("adapter_model.safetensors"),
+        ] {
+            let dtypes = header_dtypes(&file)?;
+            ensure!(!dtypes.is_empty(), "{} holds no tensors", file.display());
+            for (name, dtype) in dtypes {
+                ensure!(
+                    dtype == want,
+                    "{}: {name} is {dtype}, not {want}",
+                    file.display()
+                );
+            }
+        }
+    }
+    let (b, w) = (
+        load_safetensors(&bf16_dir.join("mm_projector.safetensors"))?,
+        load_safetensors(&f32_dir.join("mm_projector.safetensors"))?,
+    );
+    for (name, t) in &w {
+        let diff = (&b[name] - t).abs().max().double_value(&[]);
+        let scale = t.abs().max().double_value(&[]);
+        ensure!(
+            diff <= scale / 128.0,
+            "{name}: bf16 export off by {diff} (scale {scale})"
+        );
+    }
     Ok(())
 }
 

@@ -36,7 +36,8 @@ pub(crate) struct Args {
     /// llava-hf: keep the LoRA adapters as a PEFT adapter in OUT/adapter instead of merging.
     #[arg(long)]
     pub no_merge: bool,
-    /// llava-hf: weight dtype.
+    /// Weight dtype of what is written (default bf16, as the Hub ships them; f32 writes the
+    /// trained f32 masters unrounded; f16 only for llava-hf).
     #[arg(long, value_enum, default_value_t = Dtype::Bf16)]
     pub dtype: Dtype,
     /// llava-hf: tokenizer.json to ship with the processor files.
@@ -48,7 +49,12 @@ pub(crate) fn run(args: Args) -> anyhow::Result<()> {
     if args.format == Format::LlavaHf {
         return run_llava_hf(args);
     }
-    let report = trainer::train::export(&args.run, &args.out)
+    let dtype = match args.dtype {
+        Dtype::Bf16 => trainer::Dtype::Bf16,
+        Dtype::F32 => trainer::Dtype::F32,
+        Dtype::F16 => anyhow::bail!("--dtype f16 is for --format llava-hf; use bf16 or f32"),
+    };
+    let report = trainer::train::export_as(&args.run, &args.out, dtype)
         .with_context(|| format!("exporting run {}", args.run.display()))?;
     println!("exported step {} of {}", report.step, args.run.display());
     println!("  projector: {}", report.projector.display());

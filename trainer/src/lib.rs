@@ -7,11 +7,13 @@
 //!
 //! [`Unit`], [`ParamSpec`] and [`ParamMap`] are the contract between the model and FSDP.
 pub mod dist;
+mod dtype;
 pub mod fsdp;
 pub mod model;
 pub mod train;
 mod unit;
 
+pub use dtype::Dtype;
 pub use unit::{ParamMap, ParamSource, ParamSpec, SourceError, Unit};
 
 #[cfg(test)]

@@ -16,8 +16,14 @@ pub struct FsdpConfig {
     pub adamw: AdamWConfig,
     /// Global grad-norm clipping threshold; None disables clipping (the norm is still reported).
     pub max_grad_norm: Option<f64>,
-    /// Dtype of the flat buffers (master weights, gradients, optimizer state).
+    /// Dtype of the trainable shards (master weights), their gradients and optimizer state.
     pub kind: Kind,
+    /// Dtype of gathered parameters and of the compute (PyTorch FSDP's `param_dtype`); frozen
+    /// shards are stored in it. `BFloat16` with `kind` f32 is mixed precision.
+    pub compute_kind: Kind,
+    /// Dtype gradients are reduced in across ranks (FSDP's `reduce_dtype`): the compute's
+    /// gradients are cast to it before the reduce-scatter, and added into the `kind` shards.
+    pub reduce_kind: Kind,
     pub device: Device,
     /// Issue the next unit's all-gather before computing the current unit.
     pub prefetch: bool,
@@ -40,6 +46,8 @@ impl Default for FsdpConfig {
             adamw: AdamWConfig::default(),
             max_grad_norm: Some(1.0),
             kind: Kind::Float,
+            compute_kind: Kind::Float,
+            reduce_kind: Kind::Float,
             device: Device::Cpu,
             prefetch: true,
             check_schedule: true,
@@ -129,6 +137,7 @@ impl<'a, C> Fsdp<'a, C> {
             world_size: pg.world_size(),
             sharded: config.strategy != Strategy::NoShard,
             kind: config.kind,
+            compute_kind: config.compute_kind,
             device: config.device,
         };
         let flat = FlatParams::new(units, init, spec)?;
@@ -392,6 +401,8 @@ impl<'a, C> Fsdp<'a, C> {
             } else {
                 leaf.zeros_like()
             };
+            // No-op when the compute already runs in the reduce dtype (f32 runs).
+            let grad = grad.to_kind(self.config.reduce_kind);
             let buffer = &self.flat.buffers[*b];
             let (out, work) = if self.sharded() {
                 let mut out = Tensor::empty([buffer.shard_len], (grad.kind(), grad.device()));
@@ -488,7 +499,12 @@ impl<'a, C> Fsdp<'a, C> {
             }
         }
         self.optim
-            .update(&self.flat.buffers, &self.grads, lr_factor);
+            .update(&self.flat.buffers, &self.grads, lr_factor)
+            .map_err(|source| FsdpError::Torch {
+                rank: self.pg.rank(),
+                unit: "optimizer".into(),
+                source,
+            })?;
         tch::no_grad(|| {
             for g in self.grads.iter_mut().flatten() {
                 let _ = g.zero_();

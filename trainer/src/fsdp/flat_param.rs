@@ -33,7 +33,11 @@ pub struct FlatBuffer {
     pub shard_len: i64,
     /// First element of this rank's shard within the padded buffer.
     pub shard_start: i64,
+    /// This rank's elements: the f32 master of a trainable buffer, or a frozen buffer in the
+    /// compute dtype (frozen weights need no master: under bf16 they are stored in bf16).
     pub shard: Tensor,
+    /// Dtype of the gathered (full) buffer the units compute with.
+    pub compute_kind: Kind,
 }
 
 impl FlatBuffer {
@@ -48,6 +52,16 @@ impl FlatBuffer {
                 "frozen"
             }
         )
+    }
+
+    /// The shard in the compute dtype: itself when it is stored so, else a converted copy
+    /// (a trainable f32 master gathered for bf16 compute).
+    pub fn compute_shard(&self) -> Tensor {
+        if self.shard.kind() == self.compute_kind {
+            self.shard.shallow_clone()
+        } else {
+            self.shard.to_kind(self.compute_kind)
+        }
     }
 
     /// Views of a full (gathered) buffer as the named parameter tensors.
@@ -78,7 +92,10 @@ pub struct ShardSpec {
     pub world_size: usize,
     /// False for NO_SHARD: every rank keeps whole buffers.
     pub sharded: bool,
+    /// Dtype of trainable shards (the masters the optimizer updates).
     pub kind: Kind,
+    /// Dtype of gathered buffers and of the compute; frozen shards are stored in it.
+    pub compute_kind: Kind,
     pub device: Device,
 }
 
@@ -190,7 +207,12 @@ fn build_buffer(
     } else {
         (offset, offset, 0)
     };
-    let shard = Tensor::zeros([shard_len], (spec.kind, spec.device));
+    let kind = if trainable {
+        spec.kind
+    } else {
+        spec.compute_kind
+    };
+    let shard = Tensor::zeros([shard_len], (kind, spec.device));
     let (lo, hi) = (shard_start, shard_start + shard_len);
     for e in &entries {
         let (a, b) = (e.offset.max(lo), (e.offset + e.numel).min(hi));
@@ -219,5 +241,6 @@ fn build_buffer(
         shard_len,
         shard_start,
         shard,
+        compute_kind: spec.compute_kind,
     })
 }

@@ -1,5 +1,6 @@
 //! Gathering flat buffers: issue an all-gather (async, so the next unit's gather overlaps the
-//! current unit's compute), wait for it, and free gathered buffers no longer needed.
+//! current unit's compute), wait for it, and free gathered buffers no longer needed. Buffers
+//! are gathered in the compute dtype (a bf16 run casts its f32 master shards before sending).
 use super::flat_param::FlatParams;
 use super::FsdpError;
 use crate::dist::{ProcessGroup, Work};
@@ -31,12 +32,13 @@ impl Gathered {
                 continue;
             }
             let buf = &flat.buffers[b];
+            let shard = buf.compute_shard();
             if !sharded {
-                self.full.insert(b, buf.shard.shallow_clone());
+                self.full.insert(b, shard);
                 continue;
             }
-            let mut out = Tensor::empty([buf.padded], (buf.shard.kind(), buf.shard.device()));
-            let work = pg.all_gather_into(&mut out, &buf.shard, unit_name)?;
+            let mut out = Tensor::empty([buf.padded], (shard.kind(), shard.device()));
+            let work = pg.all_gather_into(&mut out, &shard, unit_name)?;
             self.bytes += super::optim::tensor_bytes(&out);
             self.peak_bytes = self.peak_bytes.max(self.bytes);
             self.pending.insert(b, (out, work));

@@ -2,7 +2,8 @@
 //! with learning-rate groups chosen by unit-name prefix or parameter-name substring (stage 2
 //! trains the projector at a lower lr than LoRA), and global grad-norm clipping.
 use super::flat_param::FlatBuffer;
-use tch::Tensor;
+use super::fused_adamw::{fused_adamw_, FusedHyper};
+use tch::{TchError, Tensor};
 
 /// AdamW hyper-parameters; `lr` and `weight_decay` apply to parameters no group claims.
 #[derive(Clone, Debug)]
@@ -87,14 +88,34 @@ impl ShardedAdamW {
     }
 
     /// One update of every shard from `grads` (indexed like the buffers); the learning rates are
-    /// the configured ones times `lr_factor` (the schedule).
+    /// the configured ones times `lr_factor` (the schedule). On CUDA through ATen's fused
+    /// kernel, elsewhere through the elementwise ops below.
     pub(super) fn update(
         &mut self,
         buffers: &[FlatBuffer],
         grads: &[Option<Tensor>],
         lr_factor: f64,
-    ) {
+    ) -> Result<(), TchError> {
+        let on_cuda = self
+            .states
+            .first()
+            .is_some_and(|s| s.exp_avg.device().is_cuda());
+        self.update_with(buffers, grads, lr_factor, on_cuda)
+    }
+
+    /// [`Self::update`] with the kernel chosen by `fused` (tests compare both on the CPU, where
+    /// ATen has the fused kernel too).
+    pub(super) fn update_with(
+        &mut self,
+        buffers: &[FlatBuffer],
+        grads: &[Option<Tensor>],
+        lr_factor: f64,
+        fused: bool,
+    ) -> Result<(), TchError> {
         self.step += 1;
+        if fused {
+            return self.update_fused(buffers, grads, lr_factor);
+        }
         let (b1, b2) = self.config.betas;
         let bias1 = 1.0 - b1.powi(self.step as i32);
         let bias2 = 1.0 - b2.powi(self.step as i32);
@@ -123,6 +144,42 @@ impl ShardedAdamW {
                 }
             }
         });
+        Ok(())
+    }
+
+    /// The same update through `_fused_adamw_`, one call per segment (its own lr and decay).
+    /// Padding elements, which no segment covers, keep zero moments either way.
+    fn update_fused(
+        &mut self,
+        buffers: &[FlatBuffer],
+        grads: &[Option<Tensor>],
+        lr_factor: f64,
+    ) -> Result<(), TchError> {
+        for s in &self.states {
+            let Some(grad) = &grads[s.buffer] else {
+                continue;
+            };
+            let param = &buffers[s.buffer].shard;
+            let step = Tensor::from(self.step as f32).to_device(param.device());
+            for seg in &s.segments {
+                let slice = |t: &Tensor| t.narrow(0, seg.start, seg.len);
+                let hyper = FusedHyper {
+                    lr: seg.lr * lr_factor,
+                    betas: self.config.betas,
+                    weight_decay: seg.weight_decay,
+                    eps: self.config.eps,
+                };
+                fused_adamw_(
+                    &slice(param),
+                    &slice(grad),
+                    &slice(&s.exp_avg),
+                    &slice(&s.exp_avg_sq),
+                    &step,
+                    hyper,
+                )?;
+            }
+        }
+        Ok(())
     }
 }
 

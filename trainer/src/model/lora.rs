@@ -93,12 +93,23 @@ pub fn init_adapters(specs: &[ParamSpec], seed: u64) -> ParamMap {
 }
 
 /// Writes `dir/adapter_model.safetensors` (PEFT keys) and `dir/adapter_config.json` from the
-/// adapter tensors found in `params`.
+/// adapter tensors found in `params`, in f32.
 pub fn save_adapter(
     dir: &Path,
     cfg: &LoraConfig,
     params: &ParamMap,
     base_model: &str,
+) -> Result<()> {
+    save_adapter_as(dir, cfg, params, base_model, tch::Kind::Float)
+}
+
+/// [`save_adapter`] with the weights written in `kind` (`BFloat16` or `Float`).
+pub fn save_adapter_as(
+    dir: &Path,
+    cfg: &LoraConfig,
+    params: &ParamMap,
+    base_model: &str,
+    kind: tch::Kind,
 ) -> Result<()> {
     std::fs::create_dir_all(dir).map_err(|source| ModelError::Io {
         path: dir.into(),
@@ -109,7 +120,7 @@ pub fn save_adapter(
         .filter(|(k, _)| is_adapter(k))
         .map(|(k, t)| (format!("{PEFT_PREFIX}{k}"), t.detach()))
         .collect();
-    weights::save_safetensors(&dir.join(ADAPTER_WEIGHTS), &adapters)?;
+    weights::save_safetensors_as(&dir.join(ADAPTER_WEIGHTS), &adapters, kind)?;
     let config = serde_json::json!({
         "peft_type": "LORA",
         "task_type": "CAUSAL_LM",

@@ -30,15 +30,20 @@ pub fn chunked_cross_entropy_sum(
     let (loss, grad_h, grad_w) = tch::no_grad(|| {
         let h_all = hidden.detach();
         let w = weight.detach();
+        // bf16 hidden states and weights: the logits come out of the matmul in bf16 and are
+        // upcast, so the softmax, the loss and its gradient accumulate in f32 (transformers'
+        // `logits.float()`); the gradients go back to bf16 for their matmuls, as autograd would.
+        let compute = h_all.kind();
         let mut loss = Tensor::zeros([], (Kind::Float, hidden.device()));
         let grad_h = need_h.then(|| h_all.zeros_like());
-        let grad_w = need_w.then(|| w.zeros_like());
+        // Summed over chunks, so kept in f32 whatever the compute dtype.
+        let grad_w = need_w.then(|| Tensor::zeros(w.size(), (Kind::Float, w.device())));
         let mut start = 0;
         while start < n {
             let len = chunk.min(n - start);
             let h = h_all.narrow(0, start, len);
             let t = targets.narrow(0, start, len).unsqueeze(1);
-            let mut logits = h.matmul(&w.tr());
+            let mut logits = h.matmul(&w.tr()).to_kind(Kind::Float);
             let lse = logits.logsumexp([-1], true);
             loss += (&lse - logits.gather(1, &t, false)).sum(Kind::Float);
             if need_h || need_w {
@@ -49,12 +54,17 @@ pub fn chunked_cross_entropy_sum(
                     &t,
                     &Tensor::full([len, 1], -1.0, (Kind::Float, h.device())),
                 );
+                let dlogits = logits.to_kind(compute);
                 if let Some(g) = &grad_h {
-                    g.narrow(0, start, len).copy_(&logits.matmul(&w));
+                    g.narrow(0, start, len).copy_(&dlogits.matmul(&w));
                 }
                 if let Some(g) = &grad_w {
                     let mut g = g.shallow_clone();
-                    let _ = g.addmm_(&logits.tr(), &h);
+                    if compute == Kind::Float {
+                        let _ = g.addmm_(&dlogits.tr(), &h);
+                    } else {
+                        let _ = g.g_add_(&dlogits.tr().matmul(&h).to_kind(Kind::Float));
+                    }
                 }
             }
             start += len;

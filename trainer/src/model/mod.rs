@@ -47,7 +47,8 @@ pub use init::{
 };
 pub use llava::{export_specs, llava_config_json, llava_key, load_llava_dir, LLAVA_ADAPTER_DIR};
 pub use lora::{
-    init_adapters, load_adapter, merge_adapters, save_adapter, ADAPTER_CONFIG, ADAPTER_WEIGHTS,
+    init_adapters, load_adapter, merge_adapters, save_adapter, save_adapter_as, ADAPTER_CONFIG,
+    ADAPTER_WEIGHTS,
 };
 pub use loss::{chunked_cross_entropy_sum, full_cross_entropy_sum};
 pub use sharded::{save_sharded, HUB_SHARD_BYTES};
@@ -56,7 +57,7 @@ pub use source::VlmInit;
 pub use throughput::{measure_throughput, peak_matmul_flops, ThroughputReport};
 pub use varlen::{attend_varlen, emulate_varlen, Varlen};
 pub use vlm::{Vlm, VlmOptions};
-pub use weights::{load_safetensors, save_safetensors, HfCheckpoint};
+pub use weights::{load_safetensors, save_safetensors, save_safetensors_as, HfCheckpoint};
 
 use std::path::PathBuf;
 

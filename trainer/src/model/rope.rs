@@ -24,7 +24,9 @@ fn rotate_half(x: &Tensor) -> Tensor {
     Tensor::cat(&[&x2.neg(), &x1], -1)
 }
 
-/// Applies the rotation to `x` `[rows, heads, len, head_dim]`.
+/// Applies the rotation to `x` `[rows, heads, len, head_dim]`. The f32 tables are cast to x's
+/// dtype first, as transformers does (`cos.to(x.dtype)`): a bf16 x stays bf16.
 pub(super) fn apply_rotary(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Tensor {
+    let (cos, sin) = (cos.to_kind(x.kind()), sin.to_kind(x.kind()));
     x * cos + rotate_half(x) * sin
 }

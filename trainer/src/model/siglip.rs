@@ -104,6 +104,8 @@ impl Embeddings {
         let b = param(params, &self.patch_bias);
         let pos = param(params, &self.position);
         let p = cfg.patch_size;
+        // The f32 pixels in the weights' dtype (bf16 compute), as transformers' embeddings do.
+        let pixels = pixels.to_kind(w.kind());
         // [n, D, g, g] -> [n, g*g, D]
         let patches = pixels
             .conv2d(w, Some(b), [p, p], [0, 0], [1, 1], 1)

@@ -1,9 +1,12 @@
 //! Forward+backward throughput of a preset on the CPU, next to the machine's peak matmul
 //! FLOP/s measured in the same run by a large libtorch matmul (the `benches/model.rs` bench).
 //! The model runs as a full fine-tune of projector + LM (every LM weight trainable), so its
-//! FLOPs are the textbook 6·N·T for the matmul weights plus the attention products.
+//! FLOPs are the textbook 6·N·T for the matmul weights plus the attention products. It runs in
+//! f32 or in bf16 (every parameter bf16, the compute FSDP's bf16 precision runs), each next to
+//! the peak matmul rate of its own dtype.
 use super::init::{random_params, Preset, INIT_STD};
 use super::{Result, Vlm, VlmOptions};
+use crate::Dtype;
 use pipeline::{MicroBatch, IGNORE_INDEX};
 use std::time::Instant;
 use tch::{Device, Kind, Tensor};
@@ -11,6 +14,8 @@ use tch::{Device, Kind, Tensor};
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct ThroughputReport {
     pub preset: String,
+    /// "f32" or "bf16": the parameters' and the peak matmul's dtype.
+    pub dtype: String,
     pub threads: i32,
     pub tokens_per_step: usize,
     pub steps: usize,
@@ -77,10 +82,10 @@ fn step_flops(vlm: &Vlm, mb: &MicroBatch) -> f64 {
     matmuls + attention + head
 }
 
-/// Peak f32 matmul FLOP/s of this machine: `n`×`n` matmuls, best of `repeats`.
-pub fn peak_matmul_flops(n: i64, repeats: usize) -> f64 {
-    let a = Tensor::randn([n, n], (Kind::Float, Device::Cpu));
-    let b = Tensor::randn([n, n], (Kind::Float, Device::Cpu));
+/// Peak matmul FLOP/s of this machine in `kind`: `n`×`n` matmuls, best of `repeats`.
+pub fn peak_matmul_flops(n: i64, repeats: usize, kind: Kind) -> f64 {
+    let a = Tensor::randn([n, n], (Kind::Float, Device::Cpu)).to_kind(kind);
+    let b = Tensor::randn([n, n], (Kind::Float, Device::Cpu)).to_kind(kind);
     let _ = a.matmul(&b);
     let mut best = f64::MAX;
     for _ in 0..repeats {
@@ -93,19 +98,22 @@ pub fn peak_matmul_flops(n: i64, repeats: usize) -> f64 {
 }
 
 /// Measures `steps` forward+backward passes (after one warm-up) of `preset` on
-/// `rows × row_len` tokens with `threads` intra-op threads.
+/// `rows × row_len` tokens with `threads` intra-op threads, parameters in `dtype`.
 pub fn measure_throughput(
     preset: Preset,
     threads: i32,
     rows: usize,
     row_len: usize,
     steps: usize,
+    dtype: Dtype,
 ) -> Result<ThroughputReport> {
+    let kind = dtype.kind();
     tch::set_num_threads(threads);
     let (vision, lm) = preset.configs();
     let vlm = Vlm::new(vision, lm, true, VlmOptions::default())?;
     let mut params = random_params(&vlm.param_specs(), 0, INIT_STD);
     for (name, t) in params.iter_mut() {
+        *t = t.to_kind(kind);
         if !name.starts_with("vision_model.") {
             *t = t.detach().set_requires_grad(true);
         }
@@ -130,9 +138,10 @@ pub fn measure_throughput(
     let secs = start.elapsed().as_secs_f64();
     let tokens = rows * row_len;
     let model_flop_per_s = step_flops(&vlm, &mb) * steps as f64 / secs;
-    let peak = peak_matmul_flops(2048, 5);
+    let peak = peak_matmul_flops(2048, 5, kind);
     Ok(ThroughputReport {
         preset: format!("{preset:?}"),
+        dtype: dtype.name().into(),
         threads,
         tokens_per_step: tokens,
         steps,

@@ -2,8 +2,8 @@
 //! `model.safetensors.index.json`, memory-mapped and read tensor by tensor into f32 tch
 //! tensors (BF16 and F16 are converted). [`HfCheckpoint::read_range_into`] copies one slice of
 //! one tensor with positioned reads (what FSDP's per-rank loading uses: a rank touches only
-//! the bytes of its shards). Writing goes through the same format with `{"format": "pt"}`
-//! metadata, as `save_pretrained` writes it.
+//! the bytes of its shards). Writing (F32, or BF16 for exports) goes through the same format
+//! with `{"format": "pt"}` metadata, as `save_pretrained` writes it.
 use super::{ModelError, Result};
 use crate::unit::{ParamMap, ParamSpec};
 use memmap2::Mmap;
@@ -269,16 +269,20 @@ impl HfCheckpoint {
     }
 }
 
-/// Borrowed tensor written as little-endian F32 (converted one tensor at a time, so writing a
-/// large checkpoint holds one extra tensor in memory, not a copy of all of them).
-struct F32View<'a> {
+/// Borrowed tensor written as little-endian F32 or BF16 (converted one tensor at a time, so
+/// writing a large checkpoint holds one extra tensor in memory, not a copy of all of them).
+struct TensorView<'a> {
     tensor: &'a Tensor,
     shape: Vec<usize>,
+    kind: Kind,
 }
 
-impl View for F32View<'_> {
+impl View for TensorView<'_> {
     fn dtype(&self) -> Dtype {
-        Dtype::F32
+        match self.kind {
+            Kind::BFloat16 => Dtype::BF16,
+            _ => Dtype::F32,
+        }
     }
     fn shape(&self) -> &[usize] {
         &self.shape
@@ -287,23 +291,40 @@ impl View for F32View<'_> {
         let t = self
             .tensor
             .to_device(Device::Cpu)
-            .to_kind(Kind::Float)
+            .to_kind(self.kind)
             .contiguous();
         let n = t.numel();
-        let mut bytes = vec![0u8; n * 4];
+        let mut bytes = vec![0u8; self.data_len()];
         t.copy_data_u8(&mut bytes, n);
         Cow::Owned(bytes)
     }
     fn data_len(&self) -> usize {
-        self.shape.iter().product::<usize>() * 4
+        self.shape.iter().product::<usize>() * self.kind.elt_size_in_bytes()
     }
 }
 
 /// Writes `tensors` (any float dtype, any device) as one F32 safetensors file.
 pub fn save_safetensors(path: &Path, tensors: &ParamMap) -> Result<()> {
+    save_safetensors_as(path, tensors, Kind::Float)
+}
+
+/// Writes `tensors` (any float dtype, any device) as one safetensors file of `kind`: `Float`
+/// (F32) or `BFloat16` (BF16, as the Hub ships weights); any other kind writes F32.
+pub fn save_safetensors_as(path: &Path, tensors: &ParamMap, kind: Kind) -> Result<()> {
+    let kind = match kind {
+        Kind::BFloat16 => Kind::BFloat16,
+        _ => Kind::Float,
+    };
     let views = tensors.iter().map(|(name, t)| {
         let shape = t.size().iter().map(|&d| d as usize).collect();
-        (name.as_str(), F32View { tensor: t, shape })
+        (
+            name.as_str(),
+            TensorView {
+                tensor: t,
+                shape,
+                kind,
+            },
+        )
     });
     let metadata = Some(HashMap::from([("format".to_string(), "pt".to_string())]));
     safetensors::serialize_to_file(views, &metadata, path).map_err(|e| ModelError::Safetensors {

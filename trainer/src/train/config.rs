@@ -16,6 +16,7 @@
 mod knobs;
 
 pub use crate::fsdp::{Recompute, Strategy};
+pub use crate::Dtype;
 pub use pipeline::loader::{BadImagePolicy, ResizePolicy};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
@@ -191,6 +192,15 @@ knobs! {
     /// Most bytes the shard cache keeps (default 50GB; e.g. 500MB, 2GiB); least recently
     /// used byte ranges go first.
     cache_limit: String = default("50GB".to_string()),
+    /// Compute dtype: bf16 (mixed precision: f32 master weights, gradients and AdamW moments;
+    /// bf16 gathered weights and compute) or f32 (default: bf16 on cuda, f32 on cpu).
+    precision: Dtype = default(match device {
+        Device::Cuda => Dtype::Bf16,
+        Device::Cpu => Dtype::F32,
+    }),
+    /// Dtype gradients are reduce-scattered in under bf16 precision (default f32; bf16 halves
+    /// the bytes sent).
+    reduce_dtype: Dtype = default(Dtype::F32),
 }
 
 impl ConfigLayer {
@@ -349,6 +359,12 @@ impl TrainConfig {
             return Err(invalid(
                 "val_samples",
                 "an empty validation set measures nothing (at least 1)",
+            ));
+        }
+        if self.reduce_dtype == Dtype::Bf16 && self.precision == Dtype::F32 {
+            return Err(invalid(
+                "reduce_dtype",
+                "bf16 gradients need bf16 precision (an f32 run reduces in f32)",
             ));
         }
         if self.device == Device::Cuda && !cfg!(feature = "cuda") {

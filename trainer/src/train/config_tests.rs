@@ -270,6 +270,8 @@ fn every_flag_and_its_toml_key_set_the_same_knob() -> anyhow::Result<()> {
         ("--val-samples", "64", "val_samples = 64"),
         ("--cache-dir", "/tmp/c", "cache_dir = \"/tmp/c\""),
         ("--cache-limit", "2GB", "cache_limit = \"2GB\""),
+        ("--precision", "bf16", "precision = \"bf16\""),
+        ("--reduce-dtype", "bf16", "reduce_dtype = \"bf16\""),
     ];
     let flags: Vec<&str> = knobs.iter().flat_map(|(f, v, _)| [*f, *v]).collect();
     let from_flags = parse_flags(&flags)?;
@@ -361,5 +363,32 @@ fn a_stored_config_without_a_newer_knob_reads_with_its_default() -> anyhow::Resu
         .expect_err("unknown knob")
         .to_string();
     assert!(msg.contains("zero_stage"), "{msg}");
+    Ok(())
+}
+
+#[test]
+fn precision_defaults_to_bf16_on_cuda_and_f32_on_cpu_and_is_stored_resolved() -> anyhow::Result<()>
+{
+    let cpu = base().resolve()?;
+    assert_eq!((cpu.precision, cpu.reduce_dtype), (Dtype::F32, Dtype::F32));
+    // `resolve` would refuse cuda in a CPU build; a stored config is filled, not validated.
+    let cuda = TrainConfig::from_stored(serde_json::to_value(ConfigLayer {
+        device: Some(Device::Cuda),
+        ..base()
+    })?)?;
+    assert_eq!(cuda.precision, Dtype::Bf16);
+    let json = serde_json::to_value(&cuda)?;
+    assert_eq!(
+        (&json["precision"], &json["reduce_dtype"]),
+        (&"bf16".into(), &"f32".into())
+    );
+    let m = err_of(ConfigLayer {
+        reduce_dtype: Some(Dtype::Bf16),
+        ..base()
+    });
+    assert!(
+        m.contains("`reduce_dtype`") && m.contains("bf16 precision"),
+        "{m}"
+    );
     Ok(())
 }

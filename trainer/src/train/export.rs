@@ -3,12 +3,13 @@
 //! From the run's latest complete checkpoint it writes
 //! - `mm_projector.safetensors`: the projector with LLaVA's keys (`mm_projector.0.weight`, ...);
 //! - `adapter/` (stage 2): `adapter_model.safetensors` + `adapter_config.json` in PEFT's format;
+//!   both in bf16 (as the Hub ships weights) unless `--dtype f32` asks for the masters as they are;
 //! - `config.json`: the VLM (vision and LM source directories, projector type, image token
 //!   count and id, template, resize policy), using LLaVA's config key names where LLaVA has one.
 use super::checkpoint::{Checkpoint, CheckpointError};
-use super::config::{ResizePolicy, Stage, TrainConfig};
+use super::config::{Dtype, ResizePolicy, Stage, TrainConfig};
 use crate::model::{
-    load_safetensors, save_adapter, save_safetensors, LoraConfig, ModelError, Qwen2Config,
+    load_safetensors, save_adapter_as, save_safetensors_as, LoraConfig, ModelError, Qwen2Config,
     SiglipVisionConfig, ADAPTER_CONFIG,
 };
 use crate::unit::ParamMap;
@@ -154,8 +155,14 @@ pub fn latest_trainable(run: &Path) -> Result<(Checkpoint, ParamMap), ExportErro
     Ok((ckpt, params))
 }
 
-/// Exports `run` into `out` (created if missing).
+/// Exports `run` into `out` (created if missing), the weights in bf16 as the Hub ships them.
 pub fn export(run: &Path, out: &Path) -> Result<ExportReport, ExportError> {
+    export_as(run, out, Dtype::Bf16)
+}
+
+/// [`export`] with the projector and adapter weights written in `dtype` (the checkpoint holds
+/// the f32 masters, whatever the run's precision).
+pub fn export_as(run: &Path, out: &Path, dtype: Dtype) -> Result<ExportReport, ExportError> {
     let mut vlm = VlmDescription::load(&run.join(VLM_FILE))?;
     let (ckpt, params) = latest_trainable(run)?;
     let cfg =
@@ -186,12 +193,12 @@ pub fn export(run: &Path, out: &Path) -> Result<ExportReport, ExportError> {
         });
     }
     let projector_path = out.join(PROJECTOR_FILE);
-    save_safetensors(&projector_path, &projector)?;
+    save_safetensors_as(&projector_path, &projector, dtype.kind())?;
     let adapter = match (cfg.stage, &vlm.lora) {
         (Stage::Finetune, Some(lora_cfg)) => {
             let dir = out.join(ADAPTER_DIR);
             let base = vlm.language_model.display().to_string();
-            save_adapter(&dir, lora_cfg, &params, &base)?;
+            save_adapter_as(&dir, lora_cfg, &params, &base, dtype.kind())?;
             Some(dir)
         }
         _ => None,

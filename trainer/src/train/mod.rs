@@ -23,12 +23,12 @@ mod validate;
 pub use checkpoint::{Checkpoint, CheckpointError, CheckpointMeta, ModelFingerprint, RankState};
 pub use checkpoint_pick::{Pick, ResumeRecord, Skipped};
 pub use config::{
-    BadImagePolicy, ConfigError, ConfigLayer, Device, Recompute, ResizePolicy, Stage, Strategy,
-    TrainConfig,
+    BadImagePolicy, ConfigError, ConfigLayer, Device, Dtype, Recompute, ResizePolicy, Stage,
+    Strategy, TrainConfig,
 };
 pub use error::TrainError;
 pub use export::{
-    export, latest_trainable, ExportError, ExportReport, VlmDescription, ADAPTER_DIR,
+    export, export_as, latest_trainable, ExportError, ExportReport, VlmDescription, ADAPTER_DIR,
     PROJECTOR_FILE, TRAINABLE_FILE, VLM_FILE,
 };
 pub use generation::{load_export_model, load_run_model, GenerationModel};

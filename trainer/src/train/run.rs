@@ -8,7 +8,7 @@ use super::checkpoint::{
     self, Checkpoint, CheckpointMeta, CheckpointWriter, Expected, RankState, FORMAT_VERSION,
 };
 use super::checkpoint_pick::{self, Pick, ResumeRecord};
-use super::config::{Stage, TrainConfig};
+use super::config::{Dtype, Stage, TrainConfig};
 use super::error::{io, TrainError};
 use super::export::{VlmDescription, VLM_FILE};
 use super::layout::{step_samples, RankLayout};
@@ -229,6 +229,11 @@ impl<'a> TrainLoop<'a> {
         put("seed", cfg.seed.to_string());
         put("image_size", s.vlm.vision.image_size.to_string());
         put("resize", format!("{:?}", cfg.resize).to_lowercase());
+        // Recorded only when not f32, so runs from before the knob existed still resume.
+        if cfg.precision != Dtype::F32 {
+            put("precision", cfg.precision.name().into());
+            put("reduce_dtype", cfg.reduce_dtype.name().into());
+        }
         if cfg.stage == Stage::Finetune {
             put("lora_r", cfg.lora_r.to_string());
             put("lora_alpha", cfg.lora_alpha.to_string());

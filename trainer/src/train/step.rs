@@ -61,6 +61,8 @@ impl<'a> ShardedVlm<'a> {
                 ..AdamWConfig::default()
             },
             max_grad_norm: (cfg.grad_clip > 0.0).then_some(cfg.grad_clip),
+            compute_kind: cfg.precision.kind(),
+            reduce_kind: cfg.reduce_dtype.kind(),
             device,
             ..FsdpConfig::default()
         };

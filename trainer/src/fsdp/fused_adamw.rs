@@ -1,0 +1,68 @@
+//! ATen's fused AdamW kernel (`_fused_adamw_`, what `torch.optim.AdamW(fused=True)` runs), bound
+//! through `csrc/fused_adamw.cpp` (tch generates no binding for it). [`super::optim`] uses it on
+//! CUDA, where it replaces a dozen elementwise kernels per parameter slice with one.
+use std::ffi::{c_char, CStr};
+use tch::{TchError, Tensor};
+use torch_sys::C_tensor;
+
+extern "C" {
+    fn tc_fused_adamw_free_error(err: *mut c_char);
+    fn tc_fused_adamw(
+        param: *mut C_tensor,
+        grad: *mut C_tensor,
+        exp_avg: *mut C_tensor,
+        exp_avg_sq: *mut C_tensor,
+        step: *mut C_tensor,
+        lr: f64,
+        beta1: f64,
+        beta2: f64,
+        weight_decay: f64,
+        eps: f64,
+    ) -> *mut c_char;
+}
+
+/// AdamW hyper-parameters of one fused call.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct FusedHyper {
+    pub lr: f64,
+    pub betas: (f64, f64),
+    pub weight_decay: f64,
+    pub eps: f64,
+}
+
+/// One in-place AdamW step of `param` (and its moments) from `grad`; `step` is a f32 scalar on
+/// the parameter's device holding the step count including this update.
+pub(super) fn fused_adamw_(
+    param: &Tensor,
+    grad: &Tensor,
+    exp_avg: &Tensor,
+    exp_avg_sq: &Tensor,
+    step: &Tensor,
+    h: FusedHyper,
+) -> Result<(), TchError> {
+    // SAFETY: tch tensors wrap `torch::Tensor*`; the kernel updates the storages in place
+    // (which the shallow handles here share) and keeps no reference after returning.
+    let err = unsafe {
+        tc_fused_adamw(
+            param.as_ptr() as *mut _,
+            grad.as_ptr() as *mut _,
+            exp_avg.as_ptr() as *mut _,
+            exp_avg_sq.as_ptr() as *mut _,
+            step.as_ptr() as *mut _,
+            h.lr,
+            h.betas.0,
+            h.betas.1,
+            h.weight_decay,
+            h.eps,
+        )
+    };
+    if err.is_null() {
+        return Ok(());
+    }
+    // SAFETY: a non-null return is a NUL-terminated string the shim allocated for us.
+    let message = unsafe { CStr::from_ptr(err) }
+        .to_string_lossy()
+        .into_owned();
+    unsafe { tc_fused_adamw_free_error(err) };
+    Err(TchError::Torch(format!("_fused_adamw_: {message}")))
+}
