@@ -269,18 +269,40 @@ impl HfCheckpoint {
     }
 }
 
-/// Borrowed tensor written as little-endian F32 or BF16 (converted one tensor at a time, so
-/// writing a large checkpoint holds one extra tensor in memory, not a copy of all of them).
-struct TensorView<'a> {
+/// Borrowed tensor written as little-endian F32, BF16 or F16 (converted one tensor at a time,
+/// so writing a large checkpoint holds one extra tensor in memory, not a copy of all of them).
+pub(super) struct TensorView<'a> {
     tensor: &'a Tensor,
     shape: Vec<usize>,
     kind: Kind,
+}
+
+impl<'a> TensorView<'a> {
+    /// `tensor` to be written as `kind`: BFloat16 or Half as asked, any other kind as F32.
+    pub(super) fn new(tensor: &'a Tensor, kind: Kind) -> Self {
+        let kind = match kind {
+            Kind::BFloat16 | Kind::Half => kind,
+            _ => Kind::Float,
+        };
+        let shape = tensor.size().iter().map(|&d| d as usize).collect();
+        TensorView {
+            tensor,
+            shape,
+            kind,
+        }
+    }
+
+    /// Bytes per element as written.
+    pub(super) fn bytes_per_element(&self) -> u64 {
+        self.kind.elt_size_in_bytes() as u64
+    }
 }
 
 impl View for TensorView<'_> {
     fn dtype(&self) -> Dtype {
         match self.kind {
             Kind::BFloat16 => Dtype::BF16,
+            Kind::Half => Dtype::F16,
             _ => Dtype::F32,
         }
     }
@@ -315,17 +337,9 @@ pub fn save_safetensors_as(path: &Path, tensors: &ParamMap, kind: Kind) -> Resul
         Kind::BFloat16 => Kind::BFloat16,
         _ => Kind::Float,
     };
-    let views = tensors.iter().map(|(name, t)| {
-        let shape = t.size().iter().map(|&d| d as usize).collect();
-        (
-            name.as_str(),
-            TensorView {
-                tensor: t,
-                shape,
-                kind,
-            },
-        )
-    });
+    let views = tensors
+        .iter()
+        .map(|(name, t)| (name.as_str(), TensorView::new(t, kind)));
     let metadata = Some(HashMap::from([("format".to_string(), "pt".to_string())]));
     safetensors::serialize_to_file(views, &metadata, path).map_err(|e| ModelError::Safetensors {
         path: path.into(),
