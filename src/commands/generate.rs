@@ -6,7 +6,7 @@
 //! generates with a KV cache, greedily unless `--temperature` is set, until
 //! `<|endoftext|>`/`<|im_end|>` or `--max-new-tokens`.
 use anyhow::{anyhow, bail, Context};
-use pipeline::loader::{Loader, LoaderConfig, ResizePolicy};
+use pipeline::loader::{BadImagePolicy, Loader, LoaderConfig, ResizePolicy};
 use pipeline::{MicroBatch, MicroBatchPlan};
 use shards::{Kind, Sample};
 use std::io::Write;
@@ -125,6 +125,9 @@ impl Captioner {
             })
             .threads(1)
             .verify_checksums(false)
+            // A caption of a zero stand-in would look like an answer: an image that does not
+            // decode stops generation, naming the file or sample.
+            .on_bad_image(BadImagePolicy::Fail)
             .build()?;
         Ok(Self {
             model,
