@@ -6,7 +6,7 @@
 use super::config::LoraConfig;
 use super::keys::{KeyPath, LinearKeys};
 use super::projector::uniform;
-use super::{param, weights, ModelError, Result};
+use super::{gemm, param, weights, ModelError, Result};
 use crate::unit::{ParamMap, ParamSpec};
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
@@ -73,7 +73,7 @@ pub(crate) fn delta(
         }
         _ => x.shallow_clone(),
     };
-    x.linear::<Tensor>(a, None).linear::<Tensor>(b, None) * cfg.scaling()
+    gemm::linear(&gemm::linear(&x, a, None), b, None) * cfg.scaling()
 }
 
 /// Fresh values (PEFT init), seeded, for the adapter parameters among `specs` (the model's

@@ -9,6 +9,7 @@
 //! back-propagating through it delivers exactly those gradients to `h` and `W` (scaled by the
 //! upstream gradient), whatever comes before `h` (the final norm, the decoder). Only the
 //! gradients that are needed are computed (a frozen `W` gets none).
+use super::gemm::CpuBf16Gemm;
 use tch::{Kind, Tensor};
 
 /// Chunk length keeping one chunk's logits near 64 Mi elements (256 MB in f32).
@@ -29,7 +30,13 @@ pub fn chunked_cross_entropy_sum(
     let need_w = weight.requires_grad();
     let (loss, grad_h, grad_w) = tch::no_grad(|| {
         let h_all = hidden.detach();
-        let w = weight.detach();
+        let gemm = CpuBf16Gemm::current();
+        // Widened once here rather than in every chunk's products (see `gemm`).
+        let w = if gemm.widens(&h_all) {
+            weight.to_kind(Kind::Float)
+        } else {
+            weight.detach()
+        };
         // bf16 hidden states and weights: the logits come out of the matmul in bf16 and are
         // upcast, so the softmax, the loss and its gradient accumulate in f32 (transformers'
         // `logits.float()`); the gradients go back to bf16 for their matmuls, as autograd would.
@@ -43,7 +50,7 @@ pub fn chunked_cross_entropy_sum(
             let len = chunk.min(n - start);
             let h = h_all.narrow(0, start, len);
             let t = targets.narrow(0, start, len).unsqueeze(1);
-            let mut logits = h.matmul(&w.tr()).to_kind(Kind::Float);
+            let mut logits = gemm.matmul(&h, &w.tr()).to_kind(Kind::Float);
             let lse = logits.logsumexp([-1], true);
             loss += (&lse - logits.gather(1, &t, false)).sum(Kind::Float);
             if need_h || need_w {
@@ -56,14 +63,14 @@ pub fn chunked_cross_entropy_sum(
                 );
                 let dlogits = logits.to_kind(compute);
                 if let Some(g) = &grad_h {
-                    g.narrow(0, start, len).copy_(&dlogits.matmul(&w));
+                    g.narrow(0, start, len).copy_(&gemm.matmul(&dlogits, &w));
                 }
                 if let Some(g) = &grad_w {
                     let mut g = g.shallow_clone();
                     if compute == Kind::Float {
                         let _ = g.addmm_(&dlogits.tr(), &h);
                     } else {
-                        let _ = g.g_add_(&dlogits.tr().matmul(&h).to_kind(Kind::Float));
+                        let _ = g.g_add_(&gemm.matmul(&dlogits.tr(), &h).to_kind(Kind::Float));
                     }
                 }
             }

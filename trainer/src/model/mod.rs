@@ -18,6 +18,7 @@
 mod attention;
 mod config;
 mod ctx;
+mod gemm;
 mod generate;
 mod init;
 mod keys;
@@ -41,6 +42,7 @@ pub use attention::{attend, attend_spans, block_causal_mask, row_spans, Span};
 pub(crate) use config::read_json as read_config_json;
 pub use config::{LoraConfig, Qwen2Config, RopeParameters, SiglipVisionConfig};
 pub use ctx::VlmCtx;
+pub use gemm::CpuBf16Gemm;
 pub use generate::{GenerateOptions, Generation, Generator};
 pub use init::{
     lm_checkpoint_specs, random_params, write_checkpoints, write_preset, Preset, INIT_STD,

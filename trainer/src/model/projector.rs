@@ -2,7 +2,7 @@
 //! Linear(lm_hidden, lm_hidden); keys `mm_projector.0` and `mm_projector.2` (LLaVA writes them
 //! under `model.`; tessera's own files drop that prefix). Default init is PyTorch's `nn.Linear`
 //! init, as LLaVA's stage 1 starts from: weight and bias uniform in ±1/sqrt(fan_in).
-use super::param;
+use super::{gemm, param};
 use crate::unit::{ParamMap, ParamSpec};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -28,12 +28,14 @@ pub(super) fn param_specs(vision_hidden: i64, lm_hidden: i64, trainable: bool) -
 
 /// `[.., vision_hidden]` -> `[.., lm_hidden]`.
 pub(super) fn forward(params: &ParamMap, features: &Tensor) -> Tensor {
-    let h = features.linear(
+    let h = gemm::linear(
+        features,
         param(params, &format!("{FC1}.weight")),
         Some(param(params, &format!("{FC1}.bias"))),
     );
     let h = h.gelu("none");
-    h.linear(
+    gemm::linear(
+        &h,
         param(params, &format!("{FC2}.weight")),
         Some(param(params, &format!("{FC2}.bias"))),
     )

@@ -5,6 +5,7 @@
 //! `lm_head.weight`). LoRA adapters (see [`super::lora`]) add to the seven linear layers.
 use super::attention::{attend, attend_spans, Span};
 use super::config::{LoraConfig, Qwen2Config};
+use super::gemm;
 use super::keys::{KeyPath, LinearKeys};
 use super::lora;
 use super::param;
@@ -285,7 +286,7 @@ impl Linear<'_> {
     fn apply(&self, x: &Tensor, keys: &LinearKeys, salt: u64) -> Tensor {
         let w = param(self.params, &keys.weight);
         let b = keys.bias.as_deref().map(|b| param(self.params, b));
-        let base = x.linear(w, b);
+        let base = gemm::linear(x, w, b);
         match self.lora {
             Some(cfg) if lora::targets(cfg, &keys.path) => {
                 base + lora::delta(
@@ -310,5 +311,5 @@ pub(super) fn embed(params: &ParamMap, input_ids: &Tensor) -> Tensor {
 /// the chunked loss in [`super::loss`]).
 pub(super) fn logits(cfg: &Qwen2Config, params: &ParamMap, tied: bool, hidden: &Tensor) -> Tensor {
     let h = rms_norm(hidden, param(params, NORM), cfg.rms_norm_eps);
-    h.matmul(&param(params, output_weight(tied)).tr())
+    gemm::matmul(&h, &param(params, output_weight(tied)).tr())
 }

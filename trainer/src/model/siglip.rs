@@ -6,6 +6,7 @@
 //! post-layernorm nor the head is a parameter here (checkpoints holding them load fine).
 use super::attention::attend;
 use super::config::SiglipVisionConfig;
+use super::gemm::{self, CpuBf16Gemm};
 use super::keys::{KeyPath, LinearKeys};
 use super::param;
 use crate::unit::{ParamMap, ParamSpec};
@@ -59,7 +60,8 @@ impl NormKeys {
 }
 
 fn linear(params: &ParamMap, x: &Tensor, keys: &LinearKeys) -> Tensor {
-    x.linear(
+    gemm::linear(
+        x,
         param(params, &keys.weight),
         keys.bias.as_deref().map(|b| param(params, b)),
     )
@@ -107,8 +109,8 @@ impl Embeddings {
         // The f32 pixels in the weights' dtype (bf16 compute), as transformers' embeddings do.
         let pixels = pixels.to_kind(w.kind());
         // [n, D, g, g] -> [n, g*g, D]
-        let patches = pixels
-            .conv2d(w, Some(b), [p, p], [0, 0], [1, 1], 1)
+        let patches = CpuBf16Gemm::current()
+            .patch_conv(&pixels, w, b, p)
             .flatten(2, -1)
             .transpose(1, 2);
         patches + pos.unsqueeze(0)

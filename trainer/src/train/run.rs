@@ -21,6 +21,7 @@ use super::setup::{self, Setup};
 use super::step::{ShardedVlm, StepTotals, UnitTimes};
 use super::validate::Validation;
 use crate::dist::RankEnv;
+use crate::model::CpuBf16Gemm;
 use pipeline::loader::{Loader, LoaderConfig, SampleSource};
 use pipeline::plan::{Plan, Planner, Position, Step};
 use std::collections::BTreeMap;
@@ -64,6 +65,12 @@ pub fn train(
         metrics::peak_rss_mib()
     );
     drop(init);
+    if s.rank == 0 && cfg.precision == Dtype::Bf16 && s.device == tch::Device::Cpu {
+        tracing::info!(
+            "bf16 matrix products on this CPU: {}",
+            CpuBf16Gemm::current().name()
+        );
+    }
     let pick = if start.resume {
         Some(Checkpoint::newest_complete(&cfg.out)?)
     } else {

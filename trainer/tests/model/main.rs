@@ -1,8 +1,10 @@
 //! The model's tests, one binary (libtorch links once): parity with transformers, LoRA in
-//! PEFT's format, the llava-hf export and generation, the chunked loss, packed rows, and loading Hugging Face directories.
+//! PEFT's format, the llava-hf export and generation, the chunked loss, bf16 products through
+//! f32 kernels, packed rows, and loading Hugging Face directories.
 #[path = "../support/mod.rs"]
 mod support;
 
+mod gemm;
 mod golden;
 mod llava;
 mod lora;
