@@ -21,8 +21,8 @@ pub type ParamMap = BTreeMap<String, Tensor>;
 /// One FSDP unit. `C` is the per-micro-batch context the model builds once (attention mask,
 /// positions, rotary tables, labels, placeholder positions).
 pub trait Unit<C>: Send + Sync {
-    /// Stable name used in logs, errors and checkpoints: "vision", "projector", "embed",
-    /// "layers.{i}", "head".
+    /// Stable name used in logs, errors and checkpoints: "vision.embeddings",
+    /// "vision.layers.{i}", "projector", "embed", "layers.{i}", "head".
     fn name(&self) -> &str;
     /// Every parameter the unit reads, in a fixed order (the flat buffer's layout).
     fn params(&self) -> &[ParamSpec];

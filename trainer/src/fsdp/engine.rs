@@ -97,10 +97,13 @@ struct Graph {
 }
 
 /// The component a unit's time is booked under in [`Fsdp::take_times`]: decoder layers are
-/// summed as "lm_layers"; other units keep their name ("vision", "projector", "embed", "head").
+/// summed as "lm_layers", the vision tower's units ("vision.embeddings", "vision.layers.{i}")
+/// as "vision"; other units keep their name ("projector", "embed", "head").
 fn component(unit: &str) -> &str {
     if unit.starts_with("layers.") {
         "lm_layers"
+    } else if unit.starts_with("vision.") {
+        "vision"
     } else {
         unit
     }

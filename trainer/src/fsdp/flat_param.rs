@@ -41,7 +41,7 @@ pub struct FlatBuffer {
 }
 
 impl FlatBuffer {
-    /// "vision.frozen", "layers.3.trainable": the buffer's name in logs and checkpoints.
+    /// "vision.layers.3.frozen", "layers.3.trainable": the buffer's name in logs and checkpoints.
     pub fn key(&self) -> String {
         format!(
             "{}.{}",

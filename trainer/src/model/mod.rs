@@ -8,9 +8,9 @@
 //! 3. `siglip.rs` (vision tower), `projector.rs` (`mlp2x_gelu`), `qwen2.rs` (the LM, with
 //!    `rope.rs`, `attention.rs` and `lora.rs` adapters), `loss.rs` (chunked cross-entropy);
 //!    `keys.rs` builds their checkpoint keys as paths, each spelled once.
-//! 4. `vlm.rs`: the unit chain (`vision`, `projector`, `embed`, `layers.{i}`, `head`) that FSDP
-//!    runs over the per-micro-batch context [`VlmCtx`] (`ctx.rs`), and [`Vlm::loss`], the plain
-//!    composition.
+//! 4. `vlm.rs`: the unit chain (`vision.embeddings`, `vision.layers.{i}`, `projector`, `embed`,
+//!    `layers.{i}`, `head`; `units.rs`) that FSDP runs over the per-micro-batch context
+//!    [`VlmCtx`] (`ctx.rs`), and [`Vlm::loss`], the plain composition.
 //! 5. `generate.rs`: inference with a KV cache (greedy or top-p); `llava.rs` and `sharded.rs`:
 //!    transformers' `LlavaForConditionalGeneration` config, keys and sharded checkpoints.
 //! 6. `init.rs`: random-weight checkpoints for `tessera init-model`; `throughput.rs` (feature

@@ -75,14 +75,14 @@ fn activation(cfg: &SiglipVisionConfig, x: &Tensor) -> Tensor {
 }
 
 /// Patch and position embeddings' keys.
-struct Embeddings {
+pub(super) struct Embeddings {
     patch_weight: String,
     patch_bias: String,
     position: String,
 }
 
 impl Embeddings {
-    fn new() -> Self {
+    pub(super) fn new() -> Self {
         let p = KeyPath::new(PREFIX) / "embeddings";
         Embeddings {
             patch_weight: (&p / "patch_embedding").key("weight"),
@@ -91,7 +91,7 @@ impl Embeddings {
         }
     }
 
-    fn specs(&self, cfg: &SiglipVisionConfig) -> Vec<ParamSpec> {
+    pub(super) fn specs(&self, cfg: &SiglipVisionConfig) -> Vec<ParamSpec> {
         let (d, p) = (cfg.hidden_size, cfg.patch_size);
         vec![
             spec(&self.patch_weight, vec![d, cfg.num_channels, p, p]),
@@ -101,7 +101,12 @@ impl Embeddings {
     }
 
     /// Normalised pixels `[n, 3, s, s]` -> `[n, (s/p)^2, D]`.
-    fn forward(&self, cfg: &SiglipVisionConfig, params: &ParamMap, pixels: &Tensor) -> Tensor {
+    pub(super) fn forward(
+        &self,
+        cfg: &SiglipVisionConfig,
+        params: &ParamMap,
+        pixels: &Tensor,
+    ) -> Tensor {
         let w = param(params, &self.patch_weight);
         let b = param(params, &self.patch_bias);
         let pos = param(params, &self.position);
@@ -118,7 +123,7 @@ impl Embeddings {
 }
 
 /// Encoder layer `i`'s keys and shapes, built once: its specs and forward both read them.
-struct EncoderLayer {
+pub(super) struct EncoderLayer {
     layer_norm1: NormKeys,
     layer_norm2: NormKeys,
     q_proj: LinearKeys,
@@ -130,7 +135,7 @@ struct EncoderLayer {
 }
 
 impl EncoderLayer {
-    fn new(cfg: &SiglipVisionConfig, i: i64) -> Self {
+    pub(super) fn new(cfg: &SiglipVisionConfig, i: i64) -> Self {
         let (d, ff) = (cfg.hidden_size, cfg.intermediate_size);
         let p = KeyPath::new(PREFIX) / "encoder" / "layers" / i;
         let attn = &p / "self_attn";
@@ -147,7 +152,7 @@ impl EncoderLayer {
         }
     }
 
-    fn specs(&self, cfg: &SiglipVisionConfig) -> Vec<ParamSpec> {
+    pub(super) fn specs(&self, cfg: &SiglipVisionConfig) -> Vec<ParamSpec> {
         let d = cfg.hidden_size;
         let mut specs = Vec::new();
         specs.extend(self.layer_norm1.specs(d));
@@ -160,7 +165,12 @@ impl EncoderLayer {
         specs
     }
 
-    fn forward(&self, cfg: &SiglipVisionConfig, params: &ParamMap, x: &Tensor) -> Tensor {
+    pub(super) fn forward(
+        &self,
+        cfg: &SiglipVisionConfig,
+        params: &ParamMap,
+        x: &Tensor,
+    ) -> Tensor {
         let (n, len, d) = x.size3().expect("vision hidden is [n, tokens, D]");
         let heads = cfg.num_attention_heads;
         let hd = cfg.head_dim();

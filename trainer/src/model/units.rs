@@ -1,32 +1,37 @@
-//! The five kinds of FSDP unit (see [`crate::unit::Unit`]): `vision`, `projector`, `embed`,
-//! `layers.{i}` and `head`. Each lists the parameters it reads and computes from them alone.
+//! The six kinds of FSDP unit (see [`crate::unit::Unit`]): `vision.embeddings`,
+//! `vision.layers.{i}`, `projector`, `embed`, `layers.{i}` and `head`. Each lists the
+//! parameters it reads and computes from them alone. Both towers are wrapped layer by layer
+//! (as torchtitan and FSDP's transformer wrap policy do), so a rank gathers one layer at a
+//! time, never a whole tower.
 use super::config::{LoraConfig, Qwen2Config, SiglipVisionConfig};
 use super::ctx::VlmCtx;
 use super::qwen2::{self, DecoderLayer, LayerInputs};
-use super::siglip::VisionTower;
+use super::siglip::{self, Embeddings, EncoderLayer};
 use super::{loss, param, projector};
 use crate::unit::{ParamMap, ParamSpec, Unit};
 use tch::{Kind, Tensor};
 
-/// Normalised pixels `[n, 3, s, s]` -> features of the layer before the last `[n, tokens, Dv]`.
-pub(super) struct VisionUnit {
-    tower: VisionTower,
+/// Normalised pixels `[n, 3, s, s]` -> patch + position embeddings `[n, tokens, Dv]`.
+pub(super) struct VisionEmbedUnit {
+    cfg: SiglipVisionConfig,
+    embeddings: Embeddings,
     specs: Vec<ParamSpec>,
 }
 
-impl VisionUnit {
+impl VisionEmbedUnit {
     pub(super) fn new(cfg: &SiglipVisionConfig) -> Self {
-        let tower = VisionTower::new(cfg);
+        let embeddings = Embeddings::new();
         Self {
-            specs: tower.param_specs(),
-            tower,
+            cfg: cfg.clone(),
+            specs: embeddings.specs(cfg),
+            embeddings,
         }
     }
 }
 
-impl Unit<VlmCtx> for VisionUnit {
+impl Unit<VlmCtx> for VisionEmbedUnit {
     fn name(&self) -> &str {
-        "vision"
+        "vision.embeddings"
     }
     fn params(&self) -> &[ParamSpec] {
         &self.specs
@@ -35,7 +40,48 @@ impl Unit<VlmCtx> for VisionUnit {
         ctx.has_images()
     }
     fn forward(&self, params: &ParamMap, input: &Tensor, _ctx: &VlmCtx) -> Tensor {
-        self.tower.features(params, input)
+        self.embeddings.forward(&self.cfg, params, input)
+    }
+}
+
+/// Vision encoder layer `i` `[n, tokens, Dv]` -> `[n, tokens, Dv]`. The chain holds the layers
+/// up to the one before the last, whose output is LLaVA's image features.
+pub(super) struct VisionLayerUnit {
+    cfg: SiglipVisionConfig,
+    layer: EncoderLayer,
+    name: String,
+    specs: Vec<ParamSpec>,
+}
+
+impl VisionLayerUnit {
+    pub(super) fn new(cfg: &SiglipVisionConfig, index: i64) -> Self {
+        let layer = EncoderLayer::new(cfg, index);
+        Self {
+            cfg: cfg.clone(),
+            name: format!("vision.layers.{index}"),
+            specs: layer.specs(cfg),
+            layer,
+        }
+    }
+
+    /// Units for every layer the features need (all but the last).
+    pub(super) fn feature_layers(cfg: &SiglipVisionConfig) -> impl Iterator<Item = Self> + '_ {
+        (0..siglip::feature_layers(cfg)).map(|i| Self::new(cfg, i))
+    }
+}
+
+impl Unit<VlmCtx> for VisionLayerUnit {
+    fn name(&self) -> &str {
+        &self.name
+    }
+    fn params(&self) -> &[ParamSpec] {
+        &self.specs
+    }
+    fn runs_on(&self, ctx: &VlmCtx) -> bool {
+        ctx.has_images()
+    }
+    fn forward(&self, params: &ParamMap, input: &Tensor, _ctx: &VlmCtx) -> Tensor {
+        self.layer.forward(&self.cfg, params, input)
     }
 }
 

@@ -1,14 +1,16 @@
-//! The VLM as FSDP runs it: a chain of units (`vision`, `projector`, `embed`, `layers.{i}`,
-//! `head`), each a pure function of its parameters (full tensors keyed by Hugging Face
+//! The VLM as FSDP runs it: a chain of units (`vision.embeddings`, `vision.layers.{i}`,
+//! `projector`, `embed`, `layers.{i}`, `head`), each a pure function of its parameters (full tensors keyed by Hugging Face
 //! names), its input and the micro-batch context [`VlmCtx`].
 //!
 //! The chain, exactly as [`Vlm::loss`] runs it (FSDP runs the same, one unit at a time):
 //! `x = ctx.first_input()` (normalised pixels, or an empty tensor for text-only micro-batches),
 //! then for every unit that `runs_on(ctx)`: `x = unit.forward(params, &x, ctx)`. Vision and
-//! projector skip text-only micro-batches, so `embed` then receives the empty tensor.
+//! projector units skip text-only micro-batches, so `embed` then receives the empty tensor.
 use super::config::{LoraConfig, Qwen2Config, SiglipVisionConfig};
 use super::ctx::VlmCtx;
-use super::units::{EmbedUnit, HeadUnit, LayerUnit, ProjectorUnit, VisionUnit};
+use super::units::{
+    EmbedUnit, HeadUnit, LayerUnit, ProjectorUnit, VisionEmbedUnit, VisionLayerUnit,
+};
 use super::weights::{self, HfCheckpoint};
 use super::{lora, projector, qwen2, siglip, ModelError, Result};
 use crate::unit::{ParamMap, ParamSpec, Unit};
@@ -61,15 +63,16 @@ impl Vlm {
         if let Some(l) = &options.lora {
             l.validate()?;
         }
-        let mut units: Vec<Box<dyn Unit<VlmCtx>>> = vec![
-            Box::new(VisionUnit::new(&vision)),
-            Box::new(ProjectorUnit::new(
-                vision.hidden_size,
-                lm.hidden_size,
-                options.train_projector,
-            )),
-            Box::new(EmbedUnit::new(&lm)),
-        ];
+        let mut units: Vec<Box<dyn Unit<VlmCtx>>> = vec![Box::new(VisionEmbedUnit::new(&vision))];
+        for layer in VisionLayerUnit::feature_layers(&vision) {
+            units.push(Box::new(layer));
+        }
+        units.push(Box::new(ProjectorUnit::new(
+            vision.hidden_size,
+            lm.hidden_size,
+            options.train_projector,
+        )));
+        units.push(Box::new(EmbedUnit::new(&lm)));
         for i in 0..lm.num_hidden_layers {
             units.push(Box::new(LayerUnit::new(&lm, i, options.lora.as_ref())));
         }

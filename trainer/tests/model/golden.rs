@@ -66,16 +66,16 @@ fn vision_features_and_projector_match_transformers() -> anyhow::Result<()> {
         1e-6,
         "normalised pixels",
     );
-    let units = vlm.units();
-    assert_eq!(units[0].name(), "vision");
-    let features = units[0].forward(&params, &ctx.first_input(), &ctx);
+    let pixels = ("vision.embeddings", ctx.first_input());
+    let last_layer = format!("vision.layers.{}", vlm.vision.num_hidden_layers - 2);
+    let features = run_units(&vlm, &params, &ctx, pixels, &last_layer);
     assert_close(
         &features,
         get(&out, "vision_features"),
         TOL,
         "vision hidden_states[-2]",
     );
-    let projected = units[1].forward(&params, &features, &ctx);
+    let projected = run_units(&vlm, &params, &ctx, ("projector", features), "projector");
     let expected = get(&out, "projected").reshape([-1, vlm.lm.hidden_size]);
     assert_close(&projected, &expected, TOL, "projector output");
     Ok(())

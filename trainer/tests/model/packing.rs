@@ -107,21 +107,22 @@ fn image_tokens_land_at_placeholders_in_order() -> anyhow::Result<()> {
     ];
     let mb = micro_batch(&rows, side, tokens);
     let ctx = vlm.ctx(&params, &mb)?;
-    let units = vlm.units();
-    let features = units[0].forward(&params, &ctx.first_input(), &ctx);
-    let image_tokens = units[1].forward(&params, &features, &ctx);
+    let pixels = ("vision.embeddings", ctx.first_input());
+    let image_tokens = run_units(&vlm, &params, &ctx, pixels, "projector");
     assert_eq!(
         image_tokens.size(),
         vec![2 * tokens as i64, vlm.lm.hidden_size]
     );
-    let embeds = units[2]
-        .forward(&params, &image_tokens, &ctx)
-        .reshape([-1, vlm.lm.hidden_size]);
-    let plain = units[2].forward(
+    let embeds = run_units(
+        &vlm,
         &params,
-        &Tensor::empty([0], (Kind::Float, tch::Device::Cpu)),
         &ctx,
-    );
+        ("embed", image_tokens.shallow_clone()),
+        "embed",
+    )
+    .reshape([-1, vlm.lm.hidden_size]);
+    let text_only = Tensor::empty([0], (Kind::Float, tch::Device::Cpu));
+    let plain = run_units(&vlm, &params, &ctx, ("embed", text_only), "embed");
     let plain = plain.reshape([-1, vlm.lm.hidden_size]);
 
     let mut next_image_token = 0;

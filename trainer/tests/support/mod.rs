@@ -5,7 +5,7 @@ use pipeline::{MicroBatch, IGNORE_INDEX};
 use shards::Kind as SampleKind;
 use tch::Tensor;
 use trainer::model::random_params;
-use trainer::model::{LoraConfig, Qwen2Config, SiglipVisionConfig, Vlm, VlmOptions};
+use trainer::model::{LoraConfig, Qwen2Config, SiglipVisionConfig, Vlm, VlmCtx, VlmOptions};
 use trainer::ParamMap;
 
 /// Placeholder id of the tiny test vocabulary.
@@ -165,6 +165,31 @@ pub(crate) fn assert_close(a: &Tensor, b: &Tensor, tol: f64, what: &str) {
         diff <= tol,
         "{what}: max |difference| {diff:e} exceeds {tol:e}"
     );
+}
+
+/// Runs the chain's units that run on `ctx` from `first` through the unit named `last` and
+/// returns its output: `first` is a unit's input, `last` a unit's name.
+pub(crate) fn run_units(
+    vlm: &Vlm,
+    params: &ParamMap,
+    ctx: &VlmCtx,
+    first: (&str, Tensor),
+    last: &str,
+) -> Tensor {
+    let units = vlm.units();
+    let position = |name: &str| {
+        units
+            .iter()
+            .position(|u| u.name() == name)
+            .unwrap_or_else(|| panic!("no unit named {name}"))
+    };
+    let (from, mut x) = (position(first.0), first.1);
+    for unit in &units[from..=position(last)] {
+        if unit.runs_on(ctx) {
+            x = unit.forward(params, &x, ctx);
+        }
+    }
+    x
 }
 
 pub(crate) fn scalar(t: &Tensor) -> f64 {
