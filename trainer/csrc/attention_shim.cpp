@@ -4,30 +4,19 @@
 // have autograd formulas (FlashAttentionBackward0 / EfficientAttentionBackward0), so the
 // returned tensor back-propagates into q, k and v like any other.
 //
-// Same error convention as c10d_shim.cpp: NULL on success, else a heap C string the caller
-// frees with tc_free_error. The ops are declared in every libtorch build; on a CPU tensor they
+// Errors follow shim_error.h: NULL on success, else a heap C string freed with tc_free_error. The ops are declared in every libtorch build; on a CPU tensor they
 // fail with a dispatcher error, so Rust calls this only for CUDA tensors.
 #include <cstdint>
-#include <cstdlib>
-#include <cstring>
-#include <exception>
 #include <optional>
-#include <string>
 #include <tuple>
 
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/_efficient_attention_forward.h>
 #include <ATen/ops/_flash_attention_forward.h>
 
-namespace {
+#include "shim_error.h"
 
-char* attention_error(const std::string& msg) {
-  char* out = static_cast<char*>(std::malloc(msg.size() + 1));
-  if (out != nullptr) {
-    std::memcpy(out, msg.c_str(), msg.size() + 1);
-  }
-  return out;
-}
+namespace {
 
 // mem-efficient attention's `custom_mask_type`: causal, query i sees keys 0..=i of its sequence.
 constexpr int64_t kCausalFromTopLeft = 1;
@@ -42,7 +31,7 @@ extern "C" {
 char* tc_varlen_causal_attention(const at::Tensor* q, const at::Tensor* k, const at::Tensor* v,
                                  const at::Tensor* cu_seqlens, int64_t max_len, double scale,
                                  at::Tensor** out) {
-  try {
+  return tessera_shim::guarded([&] {
     *out = nullptr;
     TORCH_CHECK(q->is_cuda() && k->is_cuda() && v->is_cuda() && cu_seqlens->is_cuda(),
                 "varlen attention takes CUDA tensors");
@@ -77,14 +66,7 @@ char* tc_varlen_causal_attention(const at::Tensor* q, const at::Tensor* k, const
                    .squeeze(0);
     }
     *out = new at::Tensor(std::move(result));
-    return nullptr;
-  } catch (const c10::Error& e) {
-    return attention_error(e.what_without_backtrace());
-  } catch (const std::exception& e) {
-    return attention_error(e.what());
-  } catch (...) {
-    return attention_error("unknown C++ exception");
-  }
+  });
 }
 
 }  // extern "C"

@@ -1,7 +1,7 @@
 // tessera's C ABI over PyTorch's c10d (TCPStore, ProcessGroupGloo, ProcessGroupNCCL).
 //
-// Every entry point catches every C++ exception and returns it as a heap C string (NULL means
-// success); Rust frees it with tc_free_error. Tensors cross as `torch::Tensor*` (what a tch
+// Errors follow shim_error.h (NULL on success, else a heap C string freed with tc_free_error,
+// defined here for every shim). Tensors cross as `torch::Tensor*` (what a tch
 // Tensor wraps), so no data is copied. Collectives return a work handle that Rust waits on with
 // a timeout; the handle keeps the c10d Work (which itself holds references to the tensors).
 #include <chrono>
@@ -13,6 +13,7 @@
 #include <vector>
 
 #include <ATen/core/Tensor.h>
+#include "shim_error.h"
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
@@ -37,28 +38,8 @@ struct tc_work {
 
 namespace {
 
-char* dup_message(const std::string& msg) {
-  char* out = static_cast<char*>(std::malloc(msg.size() + 1));
-  if (out != nullptr) {
-    std::memcpy(out, msg.c_str(), msg.size() + 1);
-  }
-  return out;
-}
-
-// Runs `body`, turning any exception into an owned error string.
-template <typename F>
-char* guarded(F body) {
-  try {
-    body();
-    return nullptr;
-  } catch (const c10::Error& e) {
-    return dup_message(e.what_without_backtrace());
-  } catch (const std::exception& e) {
-    return dup_message(e.what());
-  } catch (...) {
-    return dup_message("unknown C++ exception");
-  }
-}
+using tessera_shim::dup_message;
+using tessera_shim::guarded;
 
 char* start(tc_pg* pg, tc_work** out, c10::intrusive_ptr<c10d::Work> (*issue)(tc_pg*, void*),
             void* args) {

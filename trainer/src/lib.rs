@@ -10,6 +10,7 @@ pub mod dist;
 mod dtype;
 pub mod fsdp;
 pub mod model;
+mod shim;
 pub mod train;
 mod unit;
 

@@ -1,7 +1,8 @@
 //! Raw declarations of the C ABI in `csrc/c10d_shim.cpp`. Every function that can fail returns
-//! a heap C string (null on success) that must be released with `tc_free_error`; safe wrappers
-//! live in `process_group.rs` and `store.rs`.
-use std::ffi::{c_char, c_int, CStr};
+//! a heap C string (null on success) that [`take_error`] turns into the message and frees; safe
+//! wrappers live in `process_group.rs` and `store.rs`.
+pub(super) use crate::shim::take_error;
+use std::ffi::{c_char, c_int};
 use torch_sys::C_tensor;
 
 /// Opaque c10d store (a `PrefixStore` over a `TCPStore`).
@@ -23,8 +24,6 @@ pub(super) struct RawWork {
 }
 
 extern "C" {
-    pub(super) fn tc_free_error(err: *mut c_char);
-
     pub(super) fn tc_store_new(
         host: *const c_char,
         port: u16,
@@ -81,20 +80,4 @@ extern "C" {
     pub(super) fn tc_barrier(pg: *mut RawProcessGroup, work: *mut *mut RawWork) -> *mut c_char;
     pub(super) fn tc_work_wait(work: *mut RawWork, timeout_ms: i64) -> *mut c_char;
     pub(super) fn tc_work_free(work: *mut RawWork);
-}
-
-/// Turns a shim error pointer into `Err(message)` and frees it; null is `Ok(())`.
-///
-/// # Safety
-/// `err` must be null or a string returned by one of the shim's functions, not yet freed.
-pub(super) unsafe fn take_error(err: *mut c_char) -> Result<(), String> {
-    if err.is_null() {
-        return Ok(());
-    }
-    // SAFETY: non-null shim errors are NUL-terminated strings from malloc, freed once here.
-    let message = unsafe { CStr::from_ptr(err) }
-        .to_string_lossy()
-        .into_owned();
-    unsafe { tc_free_error(err) };
-    Err(message)
 }

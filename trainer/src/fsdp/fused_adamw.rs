@@ -1,12 +1,11 @@
 //! ATen's fused AdamW kernel (`_fused_adamw_`, what `torch.optim.AdamW(fused=True)` runs), bound
 //! through `csrc/fused_adamw.cpp` (tch generates no binding for it). [`super::optim`] uses it on
 //! CUDA, where it replaces a dozen elementwise kernels per parameter slice with one.
-use std::ffi::{c_char, CStr};
+use std::ffi::c_char;
 use tch::{TchError, Tensor};
 use torch_sys::C_tensor;
 
 extern "C" {
-    fn tc_fused_adamw_free_error(err: *mut c_char);
     fn tc_fused_adamw(
         param: *mut C_tensor,
         grad: *mut C_tensor,
@@ -56,13 +55,7 @@ pub(super) fn fused_adamw_(
             h.eps,
         )
     };
-    if err.is_null() {
-        return Ok(());
-    }
-    // SAFETY: a non-null return is a NUL-terminated string the shim allocated for us.
-    let message = unsafe { CStr::from_ptr(err) }
-        .to_string_lossy()
-        .into_owned();
-    unsafe { tc_fused_adamw_free_error(err) };
-    Err(TchError::Torch(format!("_fused_adamw_: {message}")))
+    // SAFETY: `err` is what the shim just returned.
+    unsafe { crate::shim::take_error(err) }
+        .map_err(|message| TchError::Torch(format!("_fused_adamw_: {message}")))
 }

@@ -8,12 +8,11 @@
 //! tensors and boundaries, which is what the CPU tests compare with the dense-mask path.
 use super::attention::Span;
 use super::ctx::upload;
-use std::ffi::{c_char, CStr};
+use std::ffi::c_char;
 use tch::{Device, Tensor};
 use torch_sys::C_tensor;
 
 extern "C" {
-    fn tc_free_error(err: *mut c_char);
     fn tc_varlen_causal_attention(
         q: *const C_tensor,
         k: *const C_tensor,
@@ -92,9 +91,7 @@ fn cuda_varlen(q: &Tensor, k: &Tensor, v: &Tensor, varlen: &Varlen, scale: f64) 
             scale,
             &mut out,
         );
-        if !err.is_null() {
-            let message = CStr::from_ptr(err).to_string_lossy().into_owned();
-            tc_free_error(err);
+        if let Err(message) = crate::shim::take_error(err) {
             panic!("varlen attention kernel: {message}");
         }
         Tensor::from_ptr(out)

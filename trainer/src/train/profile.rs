@@ -3,11 +3,10 @@
 //! (`profile_rank{r}.json` in the run directory: chrome://tracing, Perfetto, TensorBoard).
 //! Reached through `csrc/profiler_shim.cpp`; tch has no binding.
 use super::error::TrainError;
-use std::ffi::{c_char, c_int, CStr, CString};
+use std::ffi::{c_char, c_int, CString};
 use std::path::Path;
 
 extern "C" {
-    fn tc_free_error(err: *mut c_char);
     fn tc_profiler_start(cuda: c_int) -> *mut c_char;
     fn tc_profiler_stop(path: *const c_char) -> *mut c_char;
 }
@@ -17,15 +16,8 @@ extern "C" {
 /// # Safety
 /// `err` is null or a string one of the shim's functions returned, not yet freed.
 unsafe fn check(err: *mut c_char) -> Result<(), TrainError> {
-    if err.is_null() {
-        return Ok(());
-    }
-    // SAFETY: non-null shim errors are NUL-terminated malloc'd strings, freed once here.
-    let message = unsafe { CStr::from_ptr(err) }
-        .to_string_lossy()
-        .into_owned();
-    unsafe { tc_free_error(err) };
-    Err(TrainError::Profiler(message))
+    // SAFETY: the caller's contract.
+    unsafe { crate::shim::take_error(err) }.map_err(TrainError::Profiler)
 }
 
 /// The profiler while it records; [`Profiler::save`] stops it. Dropped unsaved (a step
