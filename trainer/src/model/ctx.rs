@@ -1,9 +1,13 @@
 //! `VlmCtx`: what every unit reads from the micro-batch, built once per micro-batch on the
 //! device: ids, labels, the block-diagonal causal mask of the packed rows, rotary tables from
-//! the per-sample positions, the placeholder positions, and the normalised pixels.
+//! the per-sample positions, the placeholder positions, and the normalised pixels. On CUDA
+//! [`VlmCtx::prepare`] uploads them on a side stream (see `side_stream.rs`) and
+//! [`VlmCtx::ready`] joins them to the compute stream, so the trainer prepares micro-batch k+1
+//! while k computes; [`VlmCtx::new`] does both at once.
 use super::attention::{block_causal_mask, row_spans, Span};
 use super::config::{Qwen2Config, SiglipVisionConfig};
 use super::rope::rotary_tables;
+use super::side_stream::SideUpload;
 use super::siglip;
 use super::varlen::{use_varlen, Varlen};
 use super::{ModelError, Result};
@@ -41,12 +45,28 @@ pub struct VlmCtx {
     /// LoRA dropout seed for this micro-batch; `None` (the default) runs without dropout.
     pub dropout_seed: Option<u64>,
     pub sample_ids: Vec<String>,
+    /// Uploads still on the side stream (CUDA, between `prepare` and `ready`).
+    uploads: Option<SideUpload>,
 }
 
 impl VlmCtx {
     /// Validates `mb` against the model's configs and placeholder id (lengths, token ids,
-    /// image size, placeholder count) and builds the context on `device`.
+    /// image size, placeholder count) and builds the context on `device`, ready to use.
     pub fn new(
+        mb: &MicroBatch,
+        vision: &SiglipVisionConfig,
+        lm: &Qwen2Config,
+        image_token_id: i64,
+        device: Device,
+    ) -> Result<Self> {
+        let mut ctx = Self::prepare(mb, vision, lm, image_token_id, device)?;
+        ctx.ready()?;
+        Ok(ctx)
+    }
+
+    /// [`Self::new`] with the uploads left in flight on a CUDA side stream: call
+    /// [`Self::ready`] before the first unit runs on it. Same as `new` on the CPU.
+    pub fn prepare(
         mb: &MicroBatch,
         vision: &SiglipVisionConfig,
         lm: &Qwen2Config,
@@ -102,6 +122,8 @@ impl VlmCtx {
                 mb.image_tokens
             )));
         }
+        // From here on every tensor is made on the device: on CUDA, on the side stream.
+        let mut uploads = SideUpload::begin(device)?;
         let pixel_values = if mb.num_images > 0 {
             let side = vision.image_size;
             if mb.image_size as i64 != side || mb.image_tokens as i64 != vision.num_patches() {
@@ -137,24 +159,56 @@ impl VlmCtx {
             .filter(|&i| mb.labels[i as usize] != IGNORE_INDEX)
             .collect();
         let targets: Vec<i64> = supervised.iter().map(|&i| mb.labels[i as usize]).collect();
+        let input_ids = ids(&mb.input_ids);
+        let labels = ids(&mb.labels);
+        let mask = (device != Device::Cpu && !varlen).then(|| block_causal_mask(&segments));
+        let varlen = varlen.then(|| Varlen::from_spans(&spans, shape[1], device));
+        let placeholder_index = upload(Tensor::from_slice(&placeholders), device);
+        let supervised_index = upload(Tensor::from_slice(&supervised), device);
+        let targets = upload(Tensor::from_slice(&targets), device);
+        if let Some(u) = uploads.as_mut() {
+            u.end()?;
+        }
         Ok(Self {
             rows: shape[0],
             row_len: shape[1],
-            input_ids: ids(&mb.input_ids),
-            labels: ids(&mb.labels),
-            mask: (device != Device::Cpu && !varlen).then(|| block_causal_mask(&segments)),
-            varlen: varlen.then(|| Varlen::from_spans(&spans, shape[1], device)),
+            input_ids,
+            labels,
+            mask,
+            varlen,
             spans,
             cos,
             sin,
-            placeholder_index: upload(Tensor::from_slice(&placeholders), device),
+            placeholder_index,
             supervised: supervised.len() as i64,
-            supervised_index: upload(Tensor::from_slice(&supervised), device),
-            targets: upload(Tensor::from_slice(&targets), device),
+            supervised_index,
+            targets,
             pixel_values,
             dropout_seed: None,
             sample_ids: mb.sample_ids.clone(),
+            uploads,
         })
+    }
+
+    /// Joins the uploads to the compute stream (the current one): its next kernels see them.
+    /// A no-op on the CPU and once done.
+    pub fn ready(&mut self) -> Result<()> {
+        let Some(uploads) = self.uploads.take() else {
+            return Ok(());
+        };
+        let mut tensors: Vec<&Tensor> = vec![
+            &self.input_ids,
+            &self.labels,
+            &self.cos,
+            &self.sin,
+            &self.placeholder_index,
+            &self.supervised_index,
+            &self.targets,
+        ];
+        tensors.extend(self.mask.iter());
+        tensors.extend(self.pixel_values.iter());
+        tensors.extend(self.varlen.iter().map(|v| &v.cu_seqlens));
+        uploads.wait(&tensors)
     }
 
     /// Turns on LoRA dropout with masks drawn from `seed` (use a different seed per

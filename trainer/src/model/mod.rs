@@ -29,6 +29,7 @@ mod projector;
 mod qwen2;
 mod rope;
 mod sharded;
+mod side_stream;
 mod siglip;
 mod source;
 #[cfg(feature = "bench")]

@@ -452,13 +452,27 @@ impl<'a> TrainLoop<'a> {
         let mut times = UnitTimes::new();
         let mut wait = 0.0;
         let mut local = StepTotals::default();
-        for _ in 0..plan_step.micro_steps.len() * self.layout.per_micro_step() {
+        let mut fetch = |model: &ShardedVlm, wait: &mut f64| -> Result<_, TrainError> {
             let t = Instant::now();
             let mb = loader.next().ok_or_else(|| {
                 TrainError::Invalid(format!("step {step}: the loader ended before the plan did"))
             })??;
-            wait += t.elapsed().as_secs_f64();
-            local.loss_sum += model.forward_backward(&mb, 1.0 / divisor, &mut times)?;
+            *wait += t.elapsed().as_secs_f64();
+            let ctx = model.prepare(&mb)?;
+            Ok((mb, ctx))
+        };
+        let micro_batches = plan_step.micro_steps.len() * self.layout.per_micro_step();
+        let mut next = None;
+        for i in 0..micro_batches {
+            let (mb, ctx) = match next.take() {
+                Some(prepared) => prepared,
+                None => fetch(model, &mut wait)?,
+            };
+            // Micro-batch i+1's uploads go out before i's kernels: on CUDA they overlap.
+            if i + 1 < micro_batches {
+                next = Some(fetch(model, &mut wait)?);
+            }
+            local.loss_sum += model.forward_backward(ctx, 1.0 / divisor, &mut times)?;
             local.add_batch(&mb);
         }
         let compute = started.elapsed().as_secs_f64() - wait;

@@ -70,21 +70,28 @@ impl<'a> ShardedVlm<'a> {
         Ok(ShardedVlm { vlm, fsdp, device })
     }
 
-    /// Forward and backward of one micro-batch; gradients of `loss_sum * loss_scale`
-    /// accumulate. Returns the micro-batch's summed token loss (unscaled).
-    pub(crate) fn forward_backward(
-        &mut self,
-        mb: &MicroBatch,
-        loss_scale: f64,
-        times: &mut UnitTimes,
-    ) -> Result<f64, TrainError> {
-        let ctx = VlmCtx::new(
+    /// Validates `mb` and uploads it to the device; on CUDA the uploads run on a side stream
+    /// until [`Self::forward_backward`] uses the context, so the trainer prepares micro-batch
+    /// k+1 before it runs k and the copies overlap k's compute.
+    pub(crate) fn prepare(&self, mb: &MicroBatch) -> Result<VlmCtx, TrainError> {
+        Ok(VlmCtx::prepare(
             mb,
             &self.vlm.vision,
             &self.vlm.lm,
             self.vlm.options.image_token_id,
             self.device,
-        )?;
+        )?)
+    }
+
+    /// Forward and backward of one prepared micro-batch; gradients of `loss_sum * loss_scale`
+    /// accumulate. Returns the micro-batch's summed token loss (unscaled).
+    pub(crate) fn forward_backward(
+        &mut self,
+        mut ctx: VlmCtx,
+        loss_scale: f64,
+        times: &mut UnitTimes,
+    ) -> Result<f64, TrainError> {
+        ctx.ready()?;
         let loss = self
             .fsdp
             .forward_backward(&ctx, &ctx.first_input(), loss_scale)?;
