@@ -29,20 +29,24 @@ pub fn chunked_cross_entropy_sum(
     let need_h = hidden.requires_grad();
     let need_w = weight.requires_grad();
     let (loss, grad_h, grad_w) = tch::no_grad(|| {
-        let h_all = hidden.detach();
-        let gemm = CpuBf16Gemm::current();
-        // Widened once here rather than in every chunk's products (see `gemm`).
-        let w = if gemm.widens(&h_all) {
-            weight.to_kind(Kind::Float)
-        } else {
-            weight.detach()
-        };
         // bf16 hidden states and weights: the logits come out of the matmul in bf16 and are
         // upcast, so the softmax, the loss and its gradient accumulate in f32 (transformers'
         // `logits.float()`); the gradients go back to bf16 for their matmuls, as autograd would.
-        let compute = h_all.kind();
+        let compute = hidden.kind();
+        // On a CPU without bf16 arithmetic (see `gemm`) the bf16 operands are widened once,
+        // here, and every product below runs on the f32 kernels over bf16 values, rounded to
+        // bf16 where a bf16 product would be.
+        let wide = CpuBf16Gemm::current().widens(hidden);
+        let operand = |t: &Tensor| {
+            if wide {
+                t.detach().to_kind(Kind::Float)
+            } else {
+                t.detach()
+            }
+        };
+        let (h_all, w) = (operand(hidden), operand(weight));
         let mut loss = Tensor::zeros([], (Kind::Float, hidden.device()));
-        let grad_h = need_h.then(|| h_all.zeros_like());
+        let grad_h = need_h.then(|| hidden.detach().zeros_like());
         // Summed over chunks, so kept in f32 whatever the compute dtype.
         let grad_w = need_w.then(|| Tensor::zeros(w.size(), (Kind::Float, w.device())));
         let mut start = 0;
@@ -50,7 +54,11 @@ pub fn chunked_cross_entropy_sum(
             let len = chunk.min(n - start);
             let h = h_all.narrow(0, start, len);
             let t = targets.narrow(0, start, len).unsqueeze(1);
-            let mut logits = gemm.matmul(&h, &w.tr()).to_kind(Kind::Float);
+            let mut logits = h.matmul(&w.tr());
+            if wide {
+                logits = logits.to_kind(compute);
+            }
+            let mut logits = logits.to_kind(Kind::Float);
             let lse = logits.logsumexp([-1], true);
             loss += (&lse - logits.gather(1, &t, false)).sum(Kind::Float);
             if need_h || need_w {
@@ -61,16 +69,22 @@ pub fn chunked_cross_entropy_sum(
                     &t,
                     &Tensor::full([len, 1], -1.0, (Kind::Float, h.device())),
                 );
-                let dlogits = logits.to_kind(compute);
+                // The products take the gradient in the compute dtype; widened runs keep it in
+                // f32 (their products are f32 anyway: one rounding less, two passes over the
+                // chunk's logits fewer).
+                let dlogits = if wide { logits } else { logits.to_kind(compute) };
                 if let Some(g) = &grad_h {
-                    g.narrow(0, start, len).copy_(&gemm.matmul(&dlogits, &w));
+                    // Copied into the bf16 gradient: rounded as a bf16 product would be.
+                    g.narrow(0, start, len).copy_(&dlogits.matmul(&w));
                 }
                 if let Some(g) = &grad_w {
                     let mut g = g.shallow_clone();
-                    if compute == Kind::Float {
+                    if dlogits.kind() == Kind::Float {
+                        // Accumulated straight into the f32 sum (widened bf16 runs skip the
+                        // per-chunk bf16 rounding of a native run: slightly more exact).
                         let _ = g.addmm_(&dlogits.tr(), &h);
                     } else {
-                        let _ = g.g_add_(&gemm.matmul(&dlogits.tr(), &h).to_kind(Kind::Float));
+                        let _ = g.g_add_(&dlogits.tr().matmul(&h).to_kind(Kind::Float));
                     }
                 }
             }
