@@ -44,6 +44,50 @@ fn chunked_loss_and_gradients_equal_full_logits() {
     }
 }
 
+/// bf16 hidden states and head (this CPU's bf16 product path, see `gemm.rs`): the value and the
+/// gradients follow the exact (f64) full-logits loss of the same bf16 values to bf16 precision.
+#[test]
+fn bf16_chunked_loss_and_gradients_follow_the_exact_loss() {
+    tch::manual_seed(5);
+    let (n, d, v) = (40, 16, 101);
+    let bf16 = |t: Tensor| t.to_kind(Kind::BFloat16);
+    let h0 = bf16(Tensor::randn([n, d], (Kind::Float, tch::Device::Cpu)));
+    let w0 = bf16(Tensor::randn([v, d], (Kind::Float, tch::Device::Cpu)) * 0.5);
+    let targets = Tensor::randint(v, [n], (Kind::Int64, tch::Device::Cpu));
+    let (h_exact, w_exact) = (
+        leaf(h0.to_kind(Kind::Double)),
+        leaf(w0.to_kind(Kind::Double)),
+    );
+    let exact = full_cross_entropy_sum(&h_exact, &w_exact, &targets);
+    exact.backward();
+    let relative = |got: &Tensor, want: &Tensor| {
+        let want = want.to_kind(Kind::Double);
+        let diff = (got.to_kind(Kind::Double) - &want).abs().max();
+        scalar(&diff) / scalar(&want.abs().max())
+    };
+    for chunk in [7, 40] {
+        let (h, w) = (leaf(h0.copy()), leaf(w0.copy()));
+        let loss = chunked_cross_entropy_sum(&(&h * 1.0), &w, &targets, chunk);
+        let value_error = (scalar(&loss) - scalar(&exact)).abs() / scalar(&exact);
+        assert!(
+            value_error < 1e-3,
+            "chunk {chunk}: loss off by {value_error} relative"
+        );
+        loss.backward();
+        assert_eq!(h.grad().kind(), Kind::BFloat16);
+        for (name, got, want) in [
+            ("dL/dh", h.grad(), h_exact.grad()),
+            ("dL/dW", w.grad(), w_exact.grad()),
+        ] {
+            let e = relative(&got, &want);
+            assert!(
+                e < 1e-2,
+                "chunk {chunk}: {name} off by {e} of its largest value"
+            );
+        }
+    }
+}
+
 #[test]
 fn frozen_weight_gets_no_gradient_and_hidden_still_does() {
     tch::manual_seed(4);
