@@ -1,5 +1,6 @@
 //! Build script: compiles the C++ shims (csrc/: c10d_shim.cpp, attention_shim.cpp for varlen
-//! attention, profiler_shim.cpp, fused_adamw.cpp, stream_shim.cpp for side-stream uploads; their
+//! attention, profiler_shim.cpp, fused_adamw.cpp, stream_shim.cpp for side-stream uploads,
+//! widened_linear.cpp for bf16 products on CPUs without bf16 arithmetic; their
 //! error convention in shim_error.h) against libtorch's headers and
 //! Debian's gloo headers, links it, and puts libtorch's lib folder and the CUDA runtime folder
 //! (libcudart.so.13 / libcupti.so.13, which libtorch_cpu links) on the rpath so binaries and
@@ -19,6 +20,7 @@ fn main() {
     println!("cargo:rerun-if-changed=csrc/profiler_shim.cpp");
     println!("cargo:rerun-if-changed=csrc/fused_adamw.cpp");
     println!("cargo:rerun-if-changed=csrc/stream_shim.cpp");
+    println!("cargo:rerun-if-changed=csrc/widened_linear.cpp");
     println!("cargo:rerun-if-changed=csrc/shim_error.h");
     let lib_dir = match std::env::var_os("DEP_TCH_LIBTORCH_LIB") {
         Some(lib) => PathBuf::from(lib),
@@ -47,6 +49,7 @@ fn compile_shim(root: &Path, lib_dir: &Path) {
         .file("csrc/profiler_shim.cpp")
         .file("csrc/fused_adamw.cpp")
         .file("csrc/stream_shim.cpp")
+        .file("csrc/widened_linear.cpp")
         .include(&include)
         .include(include.join("torch/csrc/api/include"))
         .flag("-std=c++17")

@@ -12,8 +12,19 @@
 //!
 //! The choice is made once per process from the CPU's flags; `TESSERA_CPU_BF16_GEMM=native` or
 //! `=f32` overrides it. CUDA tensors and f32 tensors always take the plain kernels.
+use std::ffi::c_char;
 use std::sync::OnceLock;
 use tch::{Device, Kind, Tensor};
+use torch_sys::C_tensor;
+
+extern "C" {
+    fn tc_widened_linear(
+        x: *const C_tensor,
+        w: *const C_tensor,
+        b: *const C_tensor,
+        out: *mut *mut C_tensor,
+    ) -> *mut c_char;
+}
 
 /// Fewer rows than this keep the native kernel whatever the mode: below it, widening the
 /// weights costs more than the emulated product saves (measured on a 151,936 x 896 head and a
@@ -78,14 +89,30 @@ impl CpuBf16Gemm {
             && rows >= MIN_WIDENED_ROWS
     }
 
-    /// `x · wᵀ + b` (`torch.nn.functional.linear`).
+    /// `x · wᵀ + b` (`torch.nn.functional.linear`). Widened, it runs as one autograd node
+    /// (`csrc/widened_linear.cpp`) that keeps the bf16 operands for backward and widens them
+    /// again there, so no f32 copy of a weight outlives the product.
     pub fn linear(self, x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> Tensor {
-        if !self.widens(x) {
+        if !self.widens(x) || w.kind() != Kind::BFloat16 {
             return x.linear(w, b);
         }
-        wide(x)
-            .linear(&wide(w), b.map(wide).as_ref())
-            .to_kind(Kind::BFloat16)
+        let mut out = std::ptr::null_mut();
+        // SAFETY: tch tensors wrap `torch::Tensor*`; the shim only reads them (its autograd
+        // node keeps its own references) and hands back a new tensor on success.
+        let err = unsafe {
+            tc_widened_linear(
+                x.as_ptr(),
+                w.as_ptr(),
+                b.map_or(std::ptr::null(), |b| b.as_ptr()),
+                &mut out,
+            )
+        };
+        // SAFETY: `err` is what the shim just returned.
+        if let Err(message) = unsafe { crate::shim::take_error(err) } {
+            panic!("widened bf16 linear: {message}");
+        }
+        // SAFETY: on success `out` is a fresh heap tensor, owned from here.
+        unsafe { Tensor::from_ptr(out) }
     }
 
     /// `a · b` (`torch.matmul`).

@@ -1,6 +1,7 @@
 //! bf16 products through the f32 kernels (CPUs without bf16 arithmetic) give the native bf16
 //! products' values: bf16 results within one rounding of the exact product, forward and
-//! backward; small row counts and f32 tensors take the plain kernels untouched.
+//! backward (the widened linear is a custom autograd node, `csrc/widened_linear.cpp`); small
+//! row counts and f32 tensors take the plain kernels untouched.
 use tch::{Device, Kind, Tensor};
 use trainer::model::CpuBf16Gemm::{Native, ViaF32};
 
@@ -65,24 +66,29 @@ fn widened_linear_matmul_and_patch_conv_match_the_exact_product_like_native_bf16
 fn gradients_through_the_widened_linear_are_bf16_and_match_native() {
     let x0 = bf16(&randn(&[48, 64], 11));
     let w0 = bf16(&randn(&[56, 64], 12));
+    let b0 = bf16(&randn(&[56], 14));
     let upstream = bf16(&randn(&[48, 56], 13));
     let grads = |mode: trainer::model::CpuBf16Gemm| {
         let x = x0.detach().set_requires_grad(true);
         let w = w0.detach().set_requires_grad(true);
-        let y = mode.linear(&x, &w, None);
+        let b = b0.detach().set_requires_grad(true);
+        let y = mode.linear(&x, &w, Some(&b));
         (&y * &upstream).sum(Kind::Float).backward();
-        (x.grad(), w.grad())
+        (x.grad(), w.grad(), b.grad())
     };
-    let (gx_native, gw_native) = grads(Native);
-    let (gx_wide, gw_wide) = grads(ViaF32);
+    let (gx_native, gw_native, gb_native) = grads(Native);
+    let (gx_wide, gw_wide, gb_wide) = grads(ViaF32);
     let d = |t: &Tensor| t.to_kind(Kind::Double);
     let exact_gx = d(&upstream).matmul(&d(&w0));
     let exact_gw = d(&upstream).tr().matmul(&d(&x0));
+    let exact_gb = d(&upstream).sum_dim_intlist(0, false, Kind::Double);
     for (name, got, exact) in [
         ("native dx", &gx_native, &exact_gx),
         ("widened dx", &gx_wide, &exact_gx),
         ("native dw", &gw_native, &exact_gw),
         ("widened dw", &gw_wide, &exact_gw),
+        ("native db", &gb_native, &exact_gb),
+        ("widened db", &gb_wide, &exact_gb),
     ] {
         let e = error_over_max(got, exact);
         assert!(e <= ONE_ROUNDING, "{name}: error {e} of max");
