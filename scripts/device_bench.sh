@@ -10,6 +10,11 @@
 # The device gets the working tree plus at most 64 MiB of carried ignored files and cannot
 # download anything; its python3 has torch + transformers. So the checkpoints (2.2 GB) are
 # written there by make_hub_shaped_models.py, and DIR carries the rest. Prepare DIR here:
+#   # CUDA_HOME/include: headers only, from PyPI (what worked on 2026-11-26, torch 2.11 / CUDA 13.0):
+#   #   pip download --no-deps -d whl nvidia-cuda-runtime==13.0.96 nvidia-cuda-crt==13.0.88 \
+#   #     nvidia-cuda-cccl==13.0.85 nvidia-nccl-cu13==2.28.9 nvidia-cublas==13.1.0.3 \
+#   #     nvidia-cusparse==12.6.3.3 nvidia-cusolver==12.0.4.66
+#   #   unzip each wheel; merge their nvidia/*/include folders into $CUDA_HOME/include
 #   export LIBTORCH=$PWD/.deps/libtorch CUDA_HOME=/path/with/cuda+nccl/include  # trainer/build.rs
 #   cargo build --release --features cuda
 #   mkdir -p data/device && cp target/release/tessera data/device/ && strip data/device/tessera
