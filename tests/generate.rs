@@ -1,13 +1,14 @@
 //! `tessera export --format llava-hf` and `tessera generate` end to end, through the binary:
 //! a stage-2 (LoRA) run on the tiny preset, exported merged and unmerged; captions for two
 //! shard samples from the run and from both exports are the same, and samples.jsonl holds
-//! the id, the reference caption and the generated one.
+//! the id, the reference caption and the generated one; an image that does not decode stops
+//! `generate --image` with an error naming the file (no caption of a stand-in).
 #![cfg(feature = "train")]
 use anyhow::{ensure, Result};
 use std::path::{Path, PathBuf};
 
 mod support;
-use support::{fixture, run_ok, tessera};
+use support::{fixture, run_err, run_ok, tessera};
 
 fn tokenizer() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join(".deps/tokenizer/tokenizer.json")
@@ -49,7 +50,7 @@ fn caption(
 }
 
 #[test]
-fn run_and_llava_hf_exports_caption_shard_samples_alike() -> Result<()> {
+fn run_and_llava_hf_exports_caption_alike_and_a_bad_image_is_named() -> Result<()> {
     let f = fixture(24, 0.0)?;
     let run = f.root.join("stage2");
     run_ok(
@@ -79,6 +80,21 @@ fn run_and_llava_hf_exports_caption_shard_samples_alike() -> Result<()> {
             .iter()
             .all(|[id, reference, _]| !id.is_empty() && !reference.is_empty()),
         "ids and reference captions are filled: {from_run:?}"
+    );
+    let bad = f.root.join("not_a_photo.jpg");
+    std::fs::write(&bad, b"\xff\xd8\xff\xe0 truncated JPEG")?;
+    let err = run_err(
+        tessera()
+            .args(["generate", "--run"])
+            .arg(&run)
+            .arg("--image")
+            .arg(&bad)
+            .arg("--tokenizer")
+            .arg(tokenizer()),
+    )?;
+    ensure!(
+        err.contains("not_a_photo.jpg"),
+        "generate's error names the undecodable image: {err}"
     );
 
     for (name, extra) in [("merged", None), ("unmerged", Some("--no-merge"))] {
