@@ -45,6 +45,10 @@ fn share_cores(env: Option<&RankEnv>) {
 /// so every tensor of that size (the tied embedding, gathered afresh at each use; the loss's
 /// logit chunks) costs a page fault per 4 KiB: a third of a tiny-preset step went to the
 /// kernel zeroing pages. Same results; peak RSS grows by what the step frees and reallocates.
+/// One-rank runs only: with several ranks every unit's parameters are gathered into fresh
+/// buffers, and a heap that never hands memory back grew a W=2 rank's peak past a W=1 run's
+/// (Hub-shaped model, bf16: 3.8 GB against 2.8 GB; 2.9 GB with glibc's defaults, at the same
+/// step time; BENCHMARKS.md "Per-rank sharded loading").
 fn keep_freed_memory() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     // SAFETY: mallopt only changes the allocator's thresholds, under glibc's own arena lock.
@@ -61,7 +65,7 @@ pub(super) fn process_group(
     env: Option<&RankEnv>,
 ) -> Result<ProcessGroup, TrainError> {
     share_cores(env);
-    if cfg.device == Device::Cpu {
+    if cfg.device == Device::Cpu && env.is_none_or(|e| e.world_size == 1) {
         keep_freed_memory();
     }
     let timeout = Duration::from_secs(cfg.collective_timeout_s);
