@@ -72,7 +72,11 @@ pub fn chunked_cross_entropy_sum(
                 // The products take the gradient in the compute dtype; widened runs keep it in
                 // f32 (their products are f32 anyway: one rounding less, two passes over the
                 // chunk's logits fewer).
-                let dlogits = if wide { logits } else { logits.to_kind(compute) };
+                let dlogits = if wide {
+                    logits
+                } else {
+                    logits.to_kind(compute)
+                };
                 if let Some(g) = &grad_h {
                     // Copied into the bf16 gradient: rounded as a bf16 product would be.
                     g.narrow(0, start, len).copy_(&dlogits.matmul(&w));
