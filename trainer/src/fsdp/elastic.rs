@@ -107,12 +107,7 @@ impl<C> Fsdp<'_, C> {
     /// micro-batch, gathered one after the other. Returns this rank's summed token loss. All
     /// ranks must call it for micro-batches of the same kind (as for training).
     pub fn forward_loss(&mut self, ctx: &C, input: &Tensor) -> Result<f64, FsdpError> {
-        let running: Vec<usize> = (0..self.units.len())
-            .filter(|&i| self.units[i].runs_on(ctx))
-            .collect();
-        if self.config.check_schedule && self.pg.world_size() > 1 {
-            self.check_alignment(&running)?;
-        }
+        let running = self.running_units(ctx)?;
         let Some(&last) = running.last() else {
             return Ok(0.0);
         };

@@ -205,12 +205,7 @@ impl<'a, C> Fsdp<'a, C> {
         loss_scale: f64,
     ) -> Result<f64, FsdpError> {
         self.loss_scale = loss_scale;
-        let running: Vec<usize> = (0..self.units.len())
-            .filter(|&i| self.units[i].runs_on(ctx))
-            .collect();
-        if self.config.check_schedule && self.pg.world_size() > 1 {
-            self.check_alignment(&running)?;
-        }
+        let running = self.running_units(ctx)?;
         let Some(&last) = running.last() else {
             return Ok(0.0);
         };
@@ -309,6 +304,18 @@ impl<'a, C> Fsdp<'a, C> {
         self.book("reduce_wait", t);
         self.loss_sum += loss;
         Ok(loss)
+    }
+
+    /// The units that run on `ctx`, in chain order; with several ranks (and the check on),
+    /// first checked to be the same on every rank.
+    pub(super) fn running_units(&self, ctx: &C) -> Result<Vec<usize>, FsdpError> {
+        let running: Vec<usize> = (0..self.units.len())
+            .filter(|&i| self.units[i].runs_on(ctx))
+            .collect();
+        if self.config.check_schedule && self.pg.world_size() > 1 {
+            self.check_alignment(&running)?;
+        }
+        Ok(running)
     }
 
     pub(super) fn scalar(&self, unit: usize, y: &Tensor) -> Result<f64, FsdpError> {
