@@ -5,7 +5,7 @@
 //! Run: cargo test --release -p trainer --test fsdp -- --ignored --exact \
 //!   bench::fsdp_step_time_and_bytes_tiny_preset --nocapture
 
-use crate::support::{image_sample, micro_batch, on_thread_ranks, text_sample};
+use crate::support::{fsdp_step, image_sample, micro_batch, on_thread_ranks, text_sample};
 use std::time::{Duration, Instant};
 use trainer::dist::{local_groups, ProcessGroup};
 use trainer::fsdp::{Fsdp, FsdpConfig, Strategy};
@@ -40,21 +40,14 @@ fn run(vlm: &Vlm, init: &ParamMap, pg: &ProcessGroup) -> anyhow::Result<(f64, u6
         },
     )?;
     let sharded: u64 = fsdp.memory().param_bytes;
-    let (w, r) = (pg.world_size(), pg.rank());
     let mut bytes = 0;
     let mut start = Instant::now();
     for step in 0..=STEPS {
         if step == 1 {
             start = Instant::now();
         }
-        let ctxs: Vec<_> = (0..2)
-            .map(|i| vlm.ctx(&ParamMap::new(), &batch(step, i)))
-            .collect::<Result<_, _>>()?;
-        let tokens: i64 = ctxs.iter().map(|c| c.supervised).sum();
-        for ctx in ctxs.iter().skip(r).step_by(w) {
-            fsdp.forward_backward(ctx, &ctx.first_input(), 1.0 / tokens as f64)?;
-        }
-        bytes = fsdp.step(1.0)?.bytes_sent;
+        let batches = [batch(step, 0), batch(step, 1)];
+        bytes = fsdp_step(&mut fsdp, vlm, pg, &batches)?.bytes_sent;
     }
     Ok((start.elapsed().as_secs_f64() / STEPS as f64, bytes, sharded))
 }

@@ -2,7 +2,7 @@
 //! curve (stage 1, 100 steps, W=2), and at W=2 matches W=1 in bf16 (stage 1 and stage 2 with
 //! LoRA, gradients reduced in f32 or in bf16).
 
-use crate::support::{image_sample, micro_batch, on_thread_ranks, tiny_vlm};
+use crate::support::{fsdp_step, image_sample, micro_batch, on_thread_ranks, tiny_vlm};
 use std::time::Duration;
 use tch::Kind;
 use trainer::dist::{local_groups, ProcessGroup};
@@ -57,17 +57,10 @@ fn train(
         ..FsdpConfig::default()
     };
     let mut fsdp = Fsdp::new(vlm.units(), pg, init, config)?;
-    let (w, r) = (pg.world_size(), pg.rank());
     let mut losses = Vec::new();
     for step in 0..steps {
-        let ctxs: Vec<_> = (0..2)
-            .map(|i| vlm.ctx(&ParamMap::new(), &batch(step, i)))
-            .collect::<Result<_, _>>()?;
-        let tokens: i64 = ctxs.iter().map(|c| c.supervised).sum();
-        for ctx in ctxs.iter().skip(r).step_by(w) {
-            fsdp.forward_backward(ctx, &ctx.first_input(), 1.0 / tokens as f64)?;
-        }
-        losses.push(fsdp.step(1.0)?.loss);
+        let batches = [batch(step, 0), batch(step, 1)];
+        losses.push(fsdp_step(&mut fsdp, vlm, pg, &batches)?.loss);
     }
     Ok((losses, fsdp.gather_params(true)?))
 }

@@ -3,7 +3,9 @@
 //! batches, alternating image and text-only micro-steps as the planner schedules them; keeping
 //! the forward's activations (`Recompute::None`) gives the losses recomputing them gives.
 
-use crate::support::{image_sample, micro_batch, on_thread_ranks, text_sample, tiny_vlm};
+use crate::support::{
+    fsdp_step, image_sample, micro_batch, on_thread_ranks, text_sample, tiny_vlm,
+};
 use std::time::Duration;
 use trainer::dist::{local_groups, ProcessGroup};
 use trainer::fsdp::{AdamWConfig, Fsdp, FsdpConfig, ParamGroup, Recompute, Strategy};
@@ -66,17 +68,10 @@ fn train_with(
         ..FsdpConfig::default()
     };
     let mut fsdp = Fsdp::new(vlm.units(), pg, init, config)?;
-    let (w, r) = (pg.world_size(), pg.rank());
     let mut losses = Vec::new();
     for step in 0..steps {
-        let ctxs: Vec<_> = (0..2)
-            .map(|i| vlm.ctx(&ParamMap::new(), &batch(step, i)))
-            .collect::<Result<_, _>>()?;
-        let tokens: i64 = ctxs.iter().map(|c| c.supervised).sum();
-        for ctx in ctxs.iter().skip(r).step_by(w) {
-            fsdp.forward_backward(ctx, &ctx.first_input(), 1.0 / tokens as f64)?;
-        }
-        losses.push(fsdp.step(1.0)?.loss);
+        let batches = [batch(step, 0), batch(step, 1)];
+        losses.push(fsdp_step(&mut fsdp, vlm, pg, &batches)?.loss);
     }
     Ok((losses, fsdp.gather_params(true)?))
 }

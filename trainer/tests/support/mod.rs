@@ -192,6 +192,25 @@ pub(crate) fn run_units(
     x
 }
 
+/// One optimizer step over `batches`, split over the group's ranks (rank r runs micro-batches
+/// r, r + W, ...), each scaled by the supervised tokens of the whole step, as the trainer does.
+pub(crate) fn fsdp_step(
+    fsdp: &mut trainer::fsdp::Fsdp<VlmCtx>,
+    vlm: &Vlm,
+    pg: &trainer::dist::ProcessGroup,
+    batches: &[MicroBatch],
+) -> anyhow::Result<trainer::fsdp::StepStats> {
+    let ctxs: Vec<VlmCtx> = batches
+        .iter()
+        .map(|mb| vlm.ctx(&ParamMap::new(), mb))
+        .collect::<Result<_, _>>()?;
+    let tokens: i64 = ctxs.iter().map(|c| c.supervised).sum();
+    for ctx in ctxs.iter().skip(pg.rank()).step_by(pg.world_size()) {
+        fsdp.forward_backward(ctx, &ctx.first_input(), 1.0 / tokens as f64)?;
+    }
+    Ok(fsdp.step(1.0)?)
+}
+
 pub(crate) fn scalar(t: &Tensor) -> f64 {
     t.double_value(&[])
 }
