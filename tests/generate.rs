@@ -5,14 +5,10 @@
 //! `generate --image` with an error naming the file (no caption of a stand-in).
 #![cfg(feature = "train")]
 use anyhow::{ensure, Result};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 mod support;
-use support::{fixture, run_err, run_ok, tessera};
-
-fn tokenizer() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join(".deps/tokenizer/tokenizer.json")
-}
+use support::{fixture, run_err, run_ok, tessera, tokenizer};
 
 /// `generate --shards` into `out`; returns the (id, reference, generated) lines.
 fn caption(

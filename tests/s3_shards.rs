@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use trainer::train::read_metrics;
 
 mod support;
-use support::{fixture, run_ok, tessera, Fixture};
+use support::{fixture, ingest, run_ok, tessera, train_command, Fixture, TrainArgs};
 #[path = "support/moto.rs"]
 mod moto;
 use moto::MotoServer;
@@ -23,17 +23,13 @@ fn with_server(mut cmd: Command, server: &MotoServer) -> Command {
 }
 
 fn train(f: &Fixture, shards: &str, out: &Path, extra: &[&str]) -> Command {
-    let mut cmd = tessera();
-    cmd.args(["train", "--quiet", "--shards", shards])
-        .arg("--vision")
-        .arg(&f.vision)
-        .arg("--lm")
-        .arg(&f.lm)
-        .args(["--stage", "1", "--token-budget", "512", "--seq-len", "256"])
-        .args(["--seed", "5", "--out"])
-        .arg(out)
-        .args(extra);
-    cmd
+    let args = TrainArgs {
+        shards: shards.as_ref(),
+        lm: &f.lm,
+        stage: 1,
+        token_budget: 512,
+    };
+    train_command(tessera(), f, args, out, extra)
 }
 
 fn losses(run: &Path) -> Result<Vec<(u64, f64)>> {
@@ -51,19 +47,9 @@ fn s3_shards_verify_stat_and_train_like_local_ones() -> Result<()> {
     // The fixture's ingest again, straight to the server (shards staged, then uploaded).
     let url = "s3://datasets/llava/shards".to_string();
     let llava = f.root.join("llava");
-    let tokenizer = Path::new(env!("CARGO_MANIFEST_DIR")).join(".deps/tokenizer/tokenizer.json");
-    let mut ingest = with_server(tessera(), &server);
-    ingest
-        .args(["ingest", "--quiet", "--json"])
-        .arg(llava.join("blip_laion_cc_sbu_558k.json"))
-        .arg("--images")
-        .arg(llava.join("images"))
-        .arg("--tokenizer")
-        .arg(&tokenizer)
-        .args(["--out", &url])
-        .arg("--staging")
-        .arg(f.root.join("staging"));
-    run_ok(&mut ingest)?;
+    let mut upload = ingest(with_server(tessera(), &server), &llava, &url);
+    upload.arg("--staging").arg(f.root.join("staging"));
+    run_ok(&mut upload)?;
 
     let mut verify = with_server(tessera(), &server);
     let out = run_ok(verify.args(["shards", "verify", &url]))?;

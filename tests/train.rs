@@ -14,7 +14,7 @@ use trainer::model::{load_adapter, load_safetensors, Vlm, VlmOptions};
 use trainer::train::{read_metrics, TRAINABLE_FILE};
 
 mod support;
-use support::{fixture, run_err, run_ok, tessera, Fixture};
+use support::{fixture, run_err, run_ok, tessera, train_command, Fixture, TrainArgs};
 
 /// `tessera train` on the fixture with small, fast settings.
 fn train(f: &Fixture, stage: u8, out: &Path, extra: &[&str]) -> Command {
@@ -22,25 +22,13 @@ fn train(f: &Fixture, stage: u8, out: &Path, extra: &[&str]) -> Command {
 }
 
 fn train_with_lm(f: &Fixture, lm: &Path, stage: u8, out: &Path, extra: &[&str]) -> Command {
-    let mut cmd = tessera();
-    cmd.args(["train", "--quiet", "--shards"])
-        .arg(&f.shards)
-        .arg("--vision")
-        .arg(&f.vision)
-        .arg("--lm")
-        .arg(lm)
-        .args([
-            "--stage",
-            &stage.to_string(),
-            "--token-budget",
-            "512",
-            "--seq-len",
-            "256",
-        ])
-        .args(["--seed", "5", "--out"])
-        .arg(out)
-        .args(extra);
-    cmd
+    let args = TrainArgs {
+        shards: f.shards.as_os_str(),
+        lm,
+        stage,
+        token_budget: 512,
+    };
+    train_command(tessera(), f, args, out, extra)
 }
 
 fn losses(run: &Path) -> Result<Vec<(u64, f64)>> {

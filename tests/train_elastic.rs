@@ -16,22 +16,17 @@ use std::time::{Duration, Instant};
 use trainer::train::read_metrics;
 
 mod support;
-use support::{fixture, run_ok, tessera, Fixture};
+use support::{fixture, ingest, run_ok, tessera, train_command, Fixture, TrainArgs};
 
 /// Stage 1 on the fixture, small micro-batches (a few samples per rank and step).
 fn train(f: &Fixture, out: &Path, extra: &[&str]) -> Command {
-    let mut cmd = tessera();
-    cmd.args(["train", "--quiet", "--stage", "1", "--shards"])
-        .arg(&f.shards)
-        .arg("--vision")
-        .arg(&f.vision)
-        .arg("--lm")
-        .arg(&f.lm)
-        .args(["--token-budget", "256", "--seq-len", "256", "--seed", "5"])
-        .arg("--out")
-        .arg(out)
-        .args(extra);
-    cmd
+    let args = TrainArgs {
+        shards: f.shards.as_os_str(),
+        lm: &f.lm,
+        stage: 1,
+        token_budget: 256,
+    };
+    train_command(tessera(), f, args, out, extra)
 }
 
 /// `plan.jsonl`: the samples of every step, by step.
@@ -202,18 +197,7 @@ fn held_out(f: &Fixture, samples: usize) -> Result<PathBuf> {
             .arg(&llava),
     )?;
     let shards = f.root.join("val-shards");
-    let tokenizer = Path::new(env!("CARGO_MANIFEST_DIR")).join(".deps/tokenizer/tokenizer.json");
-    run_ok(
-        tessera()
-            .args(["ingest", "--quiet", "--json"])
-            .arg(llava.join("blip_laion_cc_sbu_558k.json"))
-            .arg("--images")
-            .arg(llava.join("images"))
-            .arg("--tokenizer")
-            .arg(&tokenizer)
-            .arg("--out")
-            .arg(&shards),
-    )?;
+    run_ok(&mut ingest(tessera(), &llava, &shards))?;
     Ok(shards)
 }
 

@@ -8,22 +8,17 @@ use std::path::Path;
 use std::process::Command;
 
 mod support;
-use support::{fixture, run_err, run_ok, tessera, Fixture};
+use support::{fixture, run_err, run_ok, tessera, train_command, Fixture, TrainArgs};
 
 /// `tessera train --stage 1` on the fixture with small, fast settings.
 fn train(f: &Fixture, lm: &Path, out: &Path, extra: &[&str]) -> Command {
-    let mut cmd = tessera();
-    cmd.args(["train", "--quiet", "--stage", "1", "--shards"])
-        .arg(&f.shards)
-        .arg("--vision")
-        .arg(&f.vision)
-        .arg("--lm")
-        .arg(lm)
-        .args(["--token-budget", "512", "--seq-len", "256", "--seed", "5"])
-        .arg("--out")
-        .arg(out)
-        .args(extra);
-    cmd
+    let args = TrainArgs {
+        shards: f.shards.as_os_str(),
+        lm,
+        stage: 1,
+        token_budget: 512,
+    };
+    train_command(tessera(), f, args, out, extra)
 }
 
 fn names_in(dir: &Path) -> Result<Vec<String>> {

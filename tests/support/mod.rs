@@ -2,6 +2,7 @@
 //! failure, and a fixture of synth shards plus a tiny random model.
 #![allow(dead_code)]
 use anyhow::{ensure, Context, Result};
+use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
@@ -49,6 +50,56 @@ pub(crate) fn run_err(cmd: &mut Command) -> Result<String> {
     Ok(String::from_utf8_lossy(&out.stderr).into_owned())
 }
 
+/// The Qwen tokenizer `scripts/setup.sh` installs.
+pub(crate) fn tokenizer() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join(".deps/tokenizer/tokenizer.json")
+}
+
+/// `cmd` (a `tessera()`, maybe with more environment) made into `ingest` of the synth records
+/// in `llava` to `out` (a directory or a URL).
+pub(crate) fn ingest(mut cmd: Command, llava: &Path, out: impl AsRef<OsStr>) -> Command {
+    cmd.args(["ingest", "--quiet", "--json"])
+        .arg(llava.join("blip_laion_cc_sbu_558k.json"))
+        .arg("--images")
+        .arg(llava.join("images"))
+        .arg("--tokenizer")
+        .arg(tokenizer())
+        .arg("--out")
+        .arg(out);
+    cmd
+}
+
+/// Small, fast `train` settings shared by the CLI tests: what differs per test.
+pub(crate) struct TrainArgs<'a> {
+    pub shards: &'a OsStr,
+    pub lm: &'a Path,
+    pub stage: u8,
+    pub token_budget: u32,
+}
+
+/// `cmd` made into `tessera train --quiet` on the fixture's vision tower with `args`, sequence
+/// length 256, seed 5, output `out`, then `extra`.
+pub(crate) fn train_command(
+    mut cmd: Command,
+    f: &Fixture,
+    args: TrainArgs,
+    out: &Path,
+    extra: &[&str],
+) -> Command {
+    cmd.args(["train", "--quiet", "--shards"])
+        .arg(args.shards)
+        .arg("--vision")
+        .arg(&f.vision)
+        .arg("--lm")
+        .arg(args.lm)
+        .args(["--stage", &args.stage.to_string()])
+        .args(["--token-budget", &args.token_budget.to_string()])
+        .args(["--seq-len", "256", "--seed", "5", "--out"])
+        .arg(out)
+        .args(extra);
+    cmd
+}
+
 /// Shards of synthetic LLaVA records and a tiny random model, in a temporary directory.
 pub(crate) struct Fixture {
     _tmp: tempfile::TempDir,
@@ -62,7 +113,6 @@ pub(crate) struct Fixture {
 pub(crate) fn fixture(samples: usize, text_only: f64) -> Result<Fixture> {
     let tmp = tempfile::tempdir()?;
     let root = tmp.path().to_path_buf();
-    let tokenizer = Path::new(env!("CARGO_MANIFEST_DIR")).join(".deps/tokenizer/tokenizer.json");
     let llava = root.join("llava");
     run_ok(
         tessera()
@@ -77,17 +127,7 @@ pub(crate) fn fixture(samples: usize, text_only: f64) -> Result<Fixture> {
             .arg(&llava),
     )?;
     let shards = root.join("shards");
-    run_ok(
-        tessera()
-            .args(["ingest", "--quiet", "--json"])
-            .arg(llava.join("blip_laion_cc_sbu_558k.json"))
-            .arg("--images")
-            .arg(llava.join("images"))
-            .arg("--tokenizer")
-            .arg(&tokenizer)
-            .arg("--out")
-            .arg(&shards),
-    )?;
+    run_ok(&mut ingest(tessera(), &llava, &shards))?;
     let model = root.join("model");
     run_ok(
         tessera()
