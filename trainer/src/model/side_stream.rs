@@ -50,7 +50,9 @@ impl SideUpload {
         let Device::Cuda(index) = device else {
             return Ok(None);
         };
-        if std::env::var("TESSERA_SIDE_STREAM").is_ok_and(|v| v == "0") {
+        // Read once per process, not on every micro-batch.
+        static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        if *OFF.get_or_init(|| std::env::var("TESSERA_SIDE_STREAM").is_ok_and(|v| v == "0")) {
             return Ok(None);
         }
         let mut raw = std::ptr::null_mut();
