@@ -5,8 +5,8 @@
 //! Ends with one JSON line. Needs the `bench` feature (the [[bench]] entry says so):
 //! `cargo bench --bench model --features bench`.
 #![cfg(feature = "bench")]
-use trainer::model::{measure_throughput, Preset};
-use trainer::Dtype;
+use tessera_model::Dtype;
+use tessera_model::{measure_throughput, Preset};
 
 fn main() -> anyhow::Result<()> {
     let threads = std::env::var("TESSERA_BENCH_THREADS")

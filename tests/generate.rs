@@ -129,3 +129,94 @@ fn run_and_llava_hf_exports_caption_alike_and_a_bad_image_is_named() -> Result<(
     }
     Ok(())
 }
+
+/// A full fine-tune (stage 2 training projector, the whole LM and the last vision layer, at
+/// W=2, checkpointed in shards): its llava-hf export captions like the run, and the plain
+/// export writes the trained LM and tower as Hugging Face directories holding the trained
+/// values. (`scripts/check_llava_export.py` loads such an export in transformers by hand: the
+/// PyPI torch wheel here has no CUDA libraries, so its Python side cannot import torch.)
+#[test]
+fn a_full_finetune_exports_whole_models_that_caption_like_the_run() -> Result<()> {
+    let f = fixture(24, 0.0)?;
+    let run = f.root.join("full");
+    run_ok(
+        tessera()
+            .args(["train", "--quiet", "--shards"])
+            .arg(&f.shards)
+            .arg("--vision")
+            .arg(&f.vision)
+            .arg("--lm")
+            .arg(&f.lm)
+            .args([
+                "--stage",
+                "2",
+                "--train",
+                "projector,lm,vision:1",
+                "--nproc",
+                "2",
+            ])
+            .args(["--token-budget", "512", "--seq-len", "256", "--steps", "3"])
+            .args(["--lm-lr", "1e-2", "--vision-lr", "1e-2", "--out"])
+            .arg(&run),
+    )?;
+    let (_, trained) = tessera_train::latest_trainable(&run)?;
+    let norm = trained
+        .get("model.norm.weight")?
+        .ok_or_else(|| anyhow::anyhow!("the checkpoint did not train model.norm.weight"))?;
+    let base =
+        tessera_model::HfCheckpoint::open(&f.lm)?.tensor("model.norm.weight", &norm.size())?;
+    ensure!(
+        (&norm - &base).abs().max().double_value(&[]) > 1e-4,
+        "three steps at lr 1e-2 left the LM's final norm as it was"
+    );
+
+    let export = f.root.join("export");
+    run_ok(
+        tessera()
+            .args([
+                "export", "--quiet", "--format", "llava-hf", "--dtype", "f32", "--run",
+            ])
+            .arg(&run)
+            .arg("--out")
+            .arg(&export)
+            .arg("--tokenizer")
+            .arg(tokenizer()),
+    )?;
+    let from_run = caption(&["--run"], &run, &f.shards, &f.root.join("run.jsonl"))?;
+    let from_export = caption(
+        &["--model"],
+        &export,
+        &f.shards,
+        &f.root.join("export.jsonl"),
+    )?;
+    assert_eq!(
+        from_export, from_run,
+        "the full fine-tune's export captions like the run"
+    );
+
+    let plain = f.root.join("plain");
+    run_ok(
+        tessera()
+            .args(["export", "--quiet", "--dtype", "f32", "--run"])
+            .arg(&run)
+            .arg("--out")
+            .arg(&plain),
+    )?;
+    for file in [
+        "lm/config.json",
+        "lm/model.safetensors",
+        "vision/model.safetensors",
+    ] {
+        ensure!(plain.join(file).is_file(), "the plain export lacks {file}");
+    }
+    let exported = tessera_model::load_safetensors(&plain.join("lm/model.safetensors"))?;
+    let diff = (&exported["model.norm.weight"] - &norm)
+        .abs()
+        .max()
+        .double_value(&[]);
+    ensure!(
+        diff == 0.0,
+        "the exported LM's final norm differs from the checkpoint's by {diff}"
+    );
+    Ok(())
+}

@@ -7,7 +7,7 @@ use anyhow::{ensure, Context, Result};
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
-use trainer::train::read_metrics;
+use tessera_train::read_metrics;
 
 mod support;
 use support::{fixture, ingest, run_ok, tessera, train_command, Fixture, TrainArgs};

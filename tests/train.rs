@@ -10,8 +10,8 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use trainer::model::{load_adapter, load_safetensors, Vlm, VlmOptions};
-use trainer::train::{read_metrics, TRAINABLE_FILE};
+use tessera_model::{load_adapter, load_safetensors, Vlm, VlmOptions};
+use tessera_train::read_metrics;
 
 mod support;
 use support::{fixture, run_err, run_ok, tessera, train_command, Fixture, TrainArgs};
@@ -90,9 +90,9 @@ fn image_batch(f: &Fixture, vlm: &Vlm, n: usize) -> Result<pipeline::MicroBatch>
         .map_err(Into::into)
 }
 
-fn latest_trainable(run: &Path) -> Result<trainer::ParamMap> {
-    let (ckpt, _) = trainer::train::latest_trainable(run)?;
-    Ok(load_safetensors(&ckpt.rank_dir(0)?.join(TRAINABLE_FILE))?)
+fn latest_trainable(run: &Path) -> Result<tessera_fsdp::ParamMap> {
+    let (_, trained) = tessera_train::latest_trainable(run)?;
+    Ok(trained.collect(|_| true)?)
 }
 
 #[test]
@@ -205,7 +205,7 @@ fn two_ranks_interrupted_and_resumed_match_an_uninterrupted_run_and_export_round
         .join("checkpoints")
         .join("step-00000008")
         .join("rank-00000")
-        .join(TRAINABLE_FILE);
+        .join("shards.safetensors");
     let mut bytes = std::fs::read(&last)?;
     let end = bytes.len() - 1;
     bytes[end] ^= 0xff;
@@ -220,7 +220,7 @@ fn two_ranks_interrupted_and_resumed_match_an_uninterrupted_run_and_export_round
     assert!(
         msg.contains("skipped checkpoints/step-00000008")
             && msg.contains("corrupt")
-            && msg.contains("rank 0: trainable.safetensors does not match"),
+            && msg.contains("rank 0: shards.safetensors does not match"),
         "{msg}"
     );
     assert_eq!(
@@ -278,10 +278,7 @@ fn bf16_run_saves_f32_masters_resumes_with_the_same_losses_and_exports_bf16() ->
 
     // The checkpoint holds f32 masters and moments; its stored config says bf16.
     let ckpt = straight.join("checkpoints").join("step-00000006");
-    for file in [
-        ckpt.join("rank-00000").join(TRAINABLE_FILE),
-        ckpt.join("rank-00000").join("optimizer.safetensors"),
-    ] {
+    for file in [ckpt.join("rank-00000").join("shards.safetensors")] {
         let dtypes = header_dtypes(&file)?;
         ensure!(!dtypes.is_empty(), "{} holds no tensors", file.display());
         for (name, dtype) in &dtypes {

@@ -1,8 +1,10 @@
 //! Resuming at another world size, crash-safe checkpoints and the validation loss, end to end
 //! through the binary (tiny model, synth shards):
-//! - a run checkpointed at W=2 and resumed at W=1 and at W=3 trains every step on the same
-//!   samples as an uninterrupted W=2 run (from each run's `plan.jsonl`) and ends at the same
-//!   loss (1e-3 relative: the reductions run in another order);
+//! - a full fine-tune (projector + LM + vision tower) checkpointed at W=2 in sharded form
+//!   (format 4: each rank its own shards, no gather) and resumed at W=1 and at W=3 trains every
+//!   step on the same samples as an uninterrupted W=2 run (from each run's `plan.jsonl`) and
+//!   ends at the same loss (1e-3 relative: the reductions run in another order); a damaged
+//!   shard file is named;
 //! - a run killed with SIGKILL inside a checkpoint write resumes from the previous complete
 //!   checkpoint and says which one it skipped and why;
 //! - `--val-shards` writes `val_loss` every N steps, equal on every rank, into metrics.jsonl,
@@ -13,7 +15,7 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
-use trainer::train::read_metrics;
+use tessera_train::read_metrics;
 
 mod support;
 use support::{fixture, ingest, run_ok, tessera, train_command, Fixture, TrainArgs};
@@ -27,6 +29,27 @@ fn train(f: &Fixture, out: &Path, extra: &[&str]) -> Command {
         token_budget: 256,
     };
     train_command(tessera(), f, args, out, extra)
+}
+
+/// Stage 2 as a full fine-tune of projector, LM and vision tower, at lrs that move the tiny
+/// model visibly.
+fn full_finetune(f: &Fixture, out: &Path, extra: &[&str]) -> Command {
+    let args = TrainArgs {
+        shards: f.shards.as_os_str(),
+        lm: &f.lm,
+        stage: 2,
+        token_budget: 256,
+    };
+    let mut cmd = train_command(tessera(), f, args, out, extra);
+    cmd.args([
+        "--train",
+        "projector,lm,vision",
+        "--lm-lr",
+        "1e-3",
+        "--vision-lr",
+        "1e-4",
+    ]);
+    cmd
 }
 
 /// `plan.jsonl`: the samples of every step, by step.
@@ -73,11 +96,12 @@ fn relative_diff(a: f64, b: f64) -> f64 {
 }
 
 #[test]
-fn a_w2_checkpoint_resumes_at_w1_and_w3_on_the_same_samples_and_loss() -> Result<()> {
+fn a_sharded_w2_full_finetune_checkpoint_resumes_at_w1_and_w3_on_the_same_samples_and_loss(
+) -> Result<()> {
     let f = fixture(300, 0.0)?;
     let steps = ["--steps", "40", "--checkpoint-every", "20"];
     let straight = f.root.join("straight");
-    run_ok(train(&f, &straight, &steps).args(["--nproc", "2"]))?;
+    run_ok(full_finetune(&f, &straight, &steps).args(["--nproc", "2"]))?;
     let want = planned(&straight)?;
     assert_eq!(want.len(), 40);
     let all: Vec<u64> = want.iter().flat_map(|(_, s)| s.clone()).collect();
@@ -97,7 +121,34 @@ fn a_w2_checkpoint_resumes_at_w1_and_w3_on_the_same_samples_and_loss() -> Result
     let meta: serde_json::Value = serde_json::from_slice(&std::fs::read(
         straight.join("checkpoints/step-00000020/meta.json"),
     )?)?;
-    assert_eq!(meta["format_version"], 3);
+    assert_eq!(meta["format_version"], 4);
+    // Each rank wrote its own shards; rank 0 also the layout that maps them to parameters.
+    let ckpt = straight.join("checkpoints/step-00000020");
+    for rank in ["rank-00000", "rank-00001"] {
+        ensure!(
+            ckpt.join(rank).join("shards.safetensors").is_file(),
+            "{rank} wrote no shards"
+        );
+    }
+    ensure!(ckpt.join("rank-00000/layout.json").is_file());
+    let layout: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(ckpt.join("rank-00000/layout.json"))?)?;
+    assert_eq!(layout["writers"], 2);
+    let names: Vec<&str> = layout["buffers"]
+        .as_array()
+        .context("buffers")?
+        .iter()
+        .flat_map(|b| b["params"].as_array().into_iter().flatten())
+        .filter_map(|p| p["name"].as_str())
+        .collect();
+    for name in [
+        "model.embed_tokens.weight",
+        "model.layers.0.mlp.down_proj.weight",
+        "mm_projector.0.weight",
+        "vision_model.encoder.layers.0.self_attn.q_proj.weight",
+    ] {
+        ensure!(names.contains(&name), "the layout lacks {name}: {names:?}");
+    }
     let half = f.root.join("half");
     copy_dir(&straight, &half)?;
     std::fs::remove_dir_all(half.join("checkpoints/step-00000040"))?;
@@ -105,7 +156,7 @@ fn a_w2_checkpoint_resumes_at_w1_and_w3_on_the_same_samples_and_loss() -> Result
     for nproc in ["1", "3"] {
         let run = f.root.join(format!("resumed-w{nproc}"));
         copy_dir(&half, &run)?;
-        run_ok(train(&f, &run, &steps).args(["--nproc", nproc, "--resume"]))?;
+        run_ok(full_finetune(&f, &run, &steps).args(["--nproc", nproc, "--resume"]))?;
         let got = planned(&run)?;
         assert_eq!(
             got.iter().map(|(s, _)| *s).collect::<Vec<_>>(),
@@ -129,6 +180,27 @@ fn a_w2_checkpoint_resumes_at_w1_and_w3_on_the_same_samples_and_loss() -> Result
         assert_eq!(record["world_size"], nproc.parse::<u64>()?);
         assert_eq!(record["plan_world_size"], 2);
     }
+
+    // One flipped byte in rank 1's shards: the resume names the file instead of training on it.
+    let damaged = f.root.join("damaged");
+    copy_dir(&half, &damaged)?;
+    let file = damaged.join("checkpoints/step-00000020/rank-00001/shards.safetensors");
+    let mut bytes = std::fs::read(&file)?;
+    let last = bytes.len() - 1;
+    bytes[last] ^= 0x40;
+    std::fs::write(&file, bytes)?;
+    let out = full_finetune(&f, &damaged, &steps)
+        .args(["--nproc", "1", "--resume"])
+        .output()?;
+    let log = String::from_utf8_lossy(&out.stderr);
+    ensure!(
+        !out.status.success(),
+        "a damaged shard was resumed from: {log}"
+    );
+    ensure!(
+        log.contains("rank 1: shards.safetensors does not match"),
+        "the error does not name the damaged file: {log}"
+    );
     Ok(())
 }
 
@@ -144,7 +216,7 @@ fn a_kill_during_a_checkpoint_write_resumes_from_the_previous_complete_one() -> 
         .spawn()?;
     // Rank 0 has written its tensors for step 8 and waits inside the write: kill -9.
     wait_for(
-        &run.join("checkpoints/step-00000008.tmp/rank-00000/optimizer.safetensors"),
+        &run.join("checkpoints/step-00000008.tmp/rank-00000/shards.safetensors"),
         &mut child,
     )?;
     child.kill()?;

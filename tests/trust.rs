@@ -157,17 +157,16 @@ fn checkpoints_hold_only_trainable_state_and_only_the_last_three_stay() -> Resul
             size * 20 < frozen_lm,
             "{name} holds {size} bytes; the frozen LM alone is {frozen_lm}"
         );
-        // Format 3: rank 0 holds the trainable parameters and their AdamW moments, full.
-        for file in ["trainable.safetensors", "optimizer.safetensors"] {
-            let state = trainer::model::load_safetensors(&dir.join("rank-00000").join(file))?;
+        // Format 4: each rank's shards of the trainable buffers and their AdamW moments
+        // (one rank here), plus the layout naming the parameters in them.
+        for file in ["shards.safetensors"] {
+            let state = tessera_model::load_safetensors(&dir.join("rank-00000").join(file))?;
             assert!(!state.is_empty(), "{name}/{file} is empty");
             let frozen: Vec<&String> = state
                 .keys()
                 .filter(|k| {
-                    // Stage 1 trains the projector alone (LLaVA's `mm_projector.*` in the
-                    // trainable file, tessera's `projector.*` in the optimizer's).
-                    !(k.starts_with("projector.") || k.starts_with("mm_projector."))
-                        && k.as_str() != "optimizer.step"
+                    // Stage 1 trains the projector alone: its buffer `projector.trainable`.
+                    !k.starts_with("projector.trainable.") && k.as_str() != "optimizer.step"
                 })
                 .collect();
             assert!(

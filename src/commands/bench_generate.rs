@@ -4,7 +4,7 @@
 //! line is JSON.
 use anyhow::{ensure, Context};
 use std::time::Instant;
-use trainer::model::{write_preset, GenerateOptions, Generator, Preset, Vlm, VlmOptions};
+use tessera_model::{write_preset, GenerateOptions, Generator, Preset, Vlm, VlmOptions};
 
 #[derive(Clone, Copy, Debug, clap::ValueEnum)]
 pub(crate) enum PresetArg {

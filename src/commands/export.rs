@@ -1,10 +1,10 @@
 //! `tessera export --run DIR --out DIR`: projector safetensors (LLaVA keys), PEFT adapter
 //! (stage 2) and a config.json describing the VLM, from the run's latest complete checkpoint;
 //! with `--format llava-hf`, one directory transformers' `LlavaForConditionalGeneration` and
-//! `AutoProcessor` load (see `trainer::train::write_llava_hf`).
+//! `AutoProcessor` load (see `tessera_train::write_llava_hf`).
 use anyhow::Context;
 use std::path::PathBuf;
-use trainer::train::LlavaHfOptions;
+use tessera_train::LlavaHfOptions;
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Format {
@@ -50,11 +50,11 @@ pub(crate) fn run(args: Args) -> anyhow::Result<()> {
         return run_llava_hf(args);
     }
     let dtype = match args.dtype {
-        Dtype::Bf16 => trainer::Dtype::Bf16,
-        Dtype::F32 => trainer::Dtype::F32,
+        Dtype::Bf16 => tessera_model::Dtype::Bf16,
+        Dtype::F32 => tessera_model::Dtype::F32,
         Dtype::F16 => anyhow::bail!("--dtype f16 is for --format llava-hf; use bf16 or f32"),
     };
-    let report = trainer::train::export_as(&args.run, &args.out, dtype)
+    let report = tessera_train::export_as(&args.run, &args.out, dtype)
         .with_context(|| format!("exporting run {}", args.run.display()))?;
     println!("exported step {} of {}", report.step, args.run.display());
     println!("  projector: {}", report.projector.display());
@@ -68,7 +68,7 @@ pub(crate) fn run(args: Args) -> anyhow::Result<()> {
 fn run_llava_hf(args: Args) -> anyhow::Result<()> {
     let options = LlavaHfOptions {
         merge: !args.no_merge,
-        dtype: trainer::train::weight_kind(match args.dtype {
+        dtype: tessera_train::weight_kind(match args.dtype {
             Dtype::Bf16 => "bf16",
             Dtype::F16 => "f16",
             Dtype::F32 => "f32",
@@ -77,7 +77,7 @@ fn run_llava_hf(args: Args) -> anyhow::Result<()> {
         tokenizer: Some(args.tokenizer.clone()),
         ..Default::default()
     };
-    let (step, report) = trainer::train::export_llava_hf(&args.run, &args.out, &options)
+    let (step, report) = tessera_train::export_llava_hf(&args.run, &args.out, &options)
         .with_context(|| format!("exporting run {} as llava-hf", args.run.display()))?;
     println!(
         "exported step {step} of {} as llava-hf: {} tensors in {} file(s) under {}",

@@ -12,8 +12,8 @@ use shards::{Kind, Sample};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use trainer::model::GenerateOptions;
-use trainer::train::{load_export_model, load_run_model, GenerationModel};
+use tessera_model::GenerateOptions;
+use tessera_train::{load_export_model, load_run_model, GenerationModel};
 
 /// Arguments of `tessera generate`.
 #[derive(clap::Args)]

@@ -2,7 +2,7 @@
 //! SigLIP vision tower, and DIR/lm, a Qwen2 causal LM) for tests and the demo.
 use anyhow::Context;
 use std::path::PathBuf;
-use trainer::model::{write_preset, Preset};
+use tessera_model::{write_preset, Preset};
 
 #[derive(Clone, Copy, Debug, clap::ValueEnum)]
 pub(crate) enum PresetArg {

@@ -3,10 +3,10 @@
 //! itself; with RANK set (torchrun or the launcher) it runs one rank.
 use anyhow::Context;
 use std::path::PathBuf;
-use trainer::train::ConfigLayer;
+use tessera_train::ConfigLayer;
 
 /// Arguments of `tessera train`: the training knobs (each flag overrides the same key of
-/// `--config`; they are listed once, in `trainer::train::config`) and how to start this run.
+/// `--config`; they are listed once, in `tessera_train::config`) and how to start this run.
 #[derive(clap::Args, Debug)]
 pub(crate) struct Args {
     /// TOML file with any of the keys below (snake_case, e.g. `token_budget = 8192`).
@@ -32,20 +32,20 @@ pub(crate) fn run(args: Args) -> anyhow::Result<()> {
     };
     let cfg = file.overlay(args.knobs).resolve()?;
     cfg.check_paths()?;
-    let start = trainer::train::RunStart {
+    let start = tessera_train::RunStart {
         resume: args.resume,
         overwrite: args.overwrite,
         resume_changing: args.resume_changing,
     };
     let rank_env =
-        trainer::dist::RankEnv::from_env().context("reading the torchrun environment")?;
+        tessera_fsdp::dist::RankEnv::from_env().context("reading the torchrun environment")?;
     if rank_env.is_none() && cfg.nproc > 1 {
         // Checked once here, so a refusal is one message rather than one per rank.
-        trainer::train::check_model_dirs(&cfg)?;
-        trainer::train::prepare_run_dir(&cfg.out, &start)?;
+        tessera_train::check_model_dirs(&cfg)?;
+        tessera_train::prepare_run_dir(&cfg.out, &start)?;
         return launch_ranks(cfg.nproc);
     }
-    let summary = trainer::train::train(&cfg, rank_env, &start)?;
+    let summary = tessera_train::train(&cfg, rank_env, &start)?;
     if let Some(s) = summary {
         println!(
             "trained {} steps: loss {:.4} -> {:.4} (mean of the last 10%: {:.4}); run in {}",
@@ -68,8 +68,8 @@ pub(crate) fn run(args: Args) -> anyhow::Result<()> {
 /// in their environment, so they train instead of launching again).
 fn launch_ranks(nproc: usize) -> anyhow::Result<()> {
     let args: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();
-    let spec = trainer::dist::LaunchSpec::current_exe(nproc, args)
+    let spec = tessera_fsdp::dist::LaunchSpec::current_exe(nproc, args)
         .context("locating the tessera binary")?;
-    trainer::dist::launch(spec).context("training on local ranks")?;
+    tessera_fsdp::dist::launch(spec).context("training on local ranks")?;
     Ok(())
 }

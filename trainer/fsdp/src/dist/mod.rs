@@ -1,0 +1,179 @@
+//! Collectives from PyTorch's c10d through a small C++ shim (`csrc/c10d_shim.cpp`), rendezvous
+//! from the torchrun environment, and the `--nproc N` launcher.
+//!
+//! 1. `RankEnv::from_env` reads RANK / WORLD_SIZE / LOCAL_RANK / MASTER_ADDR / MASTER_PORT.
+//! 2. `init_process_group` connects to the TCPStore that rank 0 hosts and builds a gloo (CPU)
+//!    or NCCL (CUDA, feature `cuda`) process group whose collectives all carry a timeout.
+//! 3. [`launch`] starts N local ranks with those variables set, prefixes their log
+//!    lines with the rank, and stops the others when one fails.
+mod launcher;
+mod process_group;
+mod store;
+
+use tessera_sys::c10d as ffi;
+
+pub use launcher::{args_without_nproc, launch, LaunchError, LaunchSpec, LogSink, Stream};
+pub use process_group::{cuda_device_for, Backend, ProcessGroup, Work};
+pub use store::{RankEnv, Store};
+
+use std::fmt;
+use std::time::Duration;
+
+/// Default timeout of every collective and of the rendezvous.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// A c10d collective, named as errors and logs print it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Collective {
+    AllGather,
+    ReduceScatter,
+    AllReduce,
+    Broadcast,
+    Barrier,
+}
+
+impl fmt::Display for Collective {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Collective::AllGather => "all-gather",
+            Collective::ReduceScatter => "reduce-scatter",
+            Collective::AllReduce => "all-reduce",
+            Collective::Broadcast => "broadcast",
+            Collective::Barrier => "barrier",
+        })
+    }
+}
+
+/// Errors of rendezvous and collectives; each names the rank and what it was doing.
+#[derive(Debug, thiserror::Error)]
+pub enum DistError {
+    #[error("environment variable {var} {message}")]
+    Env { var: String, message: String },
+    #[error("rendezvous with the TCPStore at {host}:{port} failed: {message}")]
+    Store {
+        host: String,
+        port: u16,
+        message: String,
+    },
+    #[error("rank {rank}: creating the {backend:?} process group failed: {message}")]
+    ProcessGroup {
+        rank: usize,
+        backend: Backend,
+        message: String,
+    },
+    #[error("{}", collective_message(*rank, *op, unit, *timed_out, *timeout, message))]
+    Collective {
+        rank: usize,
+        op: Collective,
+        unit: String,
+        timed_out: bool,
+        timeout: Duration,
+        message: String,
+    },
+}
+
+fn collective_message(
+    rank: usize,
+    op: Collective,
+    unit: &str,
+    timed_out: bool,
+    timeout: Duration,
+    message: &str,
+) -> String {
+    if timed_out {
+        format!(
+            "rank {rank}: {op} of unit '{unit}' timed out after {}s (a peer never joined it: \
+             do all ranks run the same units?): {message}",
+            fmt_secs(timeout)
+        )
+    } else {
+        format!("rank {rank}: {op} of unit '{unit}' failed: {message}")
+    }
+}
+
+fn fmt_secs(d: Duration) -> String {
+    let s = d.as_secs_f64();
+    if s.fract() == 0.0 {
+        format!("{s:.0}")
+    } else {
+        format!("{s:.1}")
+    }
+}
+
+/// Joins the job described by `env`: rank 0 hosts the TCPStore at MASTER_ADDR:MASTER_PORT, every
+/// rank connects to it and builds a process group on `backend`. Gloo binds to loopback when the
+/// master is local, to `TESSERA_GLOO_HOST` when set, and to this machine's hostname otherwise.
+pub fn init_process_group(
+    env: &RankEnv,
+    backend: Backend,
+    timeout: Duration,
+) -> Result<ProcessGroup, DistError> {
+    let store = Store::connect(
+        &env.master_addr,
+        env.master_port,
+        env.rank == 0,
+        env.world_size,
+        timeout,
+        "tessera",
+    )?;
+    let gloo_host = match std::env::var("TESSERA_GLOO_HOST") {
+        Ok(host) => Some(host),
+        Err(_) if is_loopback(&env.master_addr) => Some("127.0.0.1".to_string()),
+        Err(_) => None,
+    };
+    ProcessGroup::new(
+        store,
+        env.rank,
+        env.world_size,
+        backend,
+        gloo_host.as_deref(),
+        timeout,
+    )
+}
+
+fn is_loopback(addr: &str) -> bool {
+    addr == "localhost" || addr.starts_with("127.") || addr == "::1"
+}
+
+/// `world_size` process groups over loopback in this one process (rank r at index r), for
+/// tests and benchmarks that run each rank on its own thread. Rank 0 hosts the store on a free
+/// port; the groups are built concurrently because each blocks until all have joined.
+pub fn local_groups(world_size: usize, timeout: Duration) -> Result<Vec<ProcessGroup>, DistError> {
+    let server = Store::connect("127.0.0.1", 0, true, world_size, timeout, "tessera")?;
+    let port = server.port();
+    std::thread::scope(|scope| {
+        let mut handles = Vec::with_capacity(world_size);
+        let mut server = Some(server);
+        for rank in 0..world_size {
+            let first = server.take();
+            handles.push(scope.spawn(move || {
+                let store = match first {
+                    Some(s) => s,
+                    None => {
+                        Store::connect("127.0.0.1", port, false, world_size, timeout, "tessera")?
+                    }
+                };
+                ProcessGroup::new(
+                    store,
+                    rank,
+                    world_size,
+                    Backend::Gloo,
+                    Some("127.0.0.1"),
+                    timeout,
+                )
+            }));
+        }
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap_or_else(|_| Err(panicked_rank())))
+            .collect()
+    })
+}
+
+fn panicked_rank() -> DistError {
+    DistError::ProcessGroup {
+        rank: usize::MAX,
+        backend: Backend::Gloo,
+        message: "a rank's set-up thread panicked".into(),
+    }
+}

@@ -1,0 +1,147 @@
+//! Rendezvous: c10d's TCPStore (rank 0 hosts it) and the torchrun environment (RANK,
+//! WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT) that both `torchrun` and
+//! `tessera train --nproc N` set for every rank.
+use super::ffi;
+use super::DistError;
+use std::ffi::CString;
+use std::time::Duration;
+
+/// Where this process sits in the job, as torchrun describes it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RankEnv {
+    pub rank: usize,
+    pub world_size: usize,
+    pub local_rank: usize,
+    pub master_addr: String,
+    pub master_port: u16,
+}
+
+impl RankEnv {
+    /// Reads the torchrun variables. `Ok(None)` when WORLD_SIZE is unset (a plain single-process
+    /// run); an error names the variable that is missing or malformed.
+    pub fn from_env() -> Result<Option<RankEnv>, DistError> {
+        Self::from_lookup(|key| std::env::var(key).ok())
+    }
+
+    /// Same as `from_env` over any key lookup (tests pass a map).
+    pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<Option<RankEnv>, DistError> {
+        let Some(world) = get("WORLD_SIZE") else {
+            return Ok(None);
+        };
+        let number = |key: &str, raw: Option<String>| -> Result<usize, DistError> {
+            let raw = raw.ok_or_else(|| DistError::Env {
+                var: key.to_string(),
+                message: "is not set although WORLD_SIZE is".into(),
+            })?;
+            raw.trim().parse::<usize>().map_err(|_| DistError::Env {
+                var: key.to_string(),
+                message: format!("{raw:?} is not a non-negative integer"),
+            })
+        };
+        let world_size = number("WORLD_SIZE", Some(world))?;
+        let rank = number("RANK", get("RANK"))?;
+        let local_rank = match get("LOCAL_RANK") {
+            Some(v) => number("LOCAL_RANK", Some(v))?,
+            None => rank,
+        };
+        let master_addr = get("MASTER_ADDR").unwrap_or_else(|| "127.0.0.1".to_string());
+        let port = number("MASTER_PORT", get("MASTER_PORT"))?;
+        let master_port = u16::try_from(port).map_err(|_| DistError::Env {
+            var: "MASTER_PORT".into(),
+            message: format!("{port} is not a TCP port"),
+        })?;
+        if world_size == 0 || rank >= world_size {
+            return Err(DistError::Env {
+                var: "RANK".into(),
+                message: format!("rank {rank} is outside world size {world_size}"),
+            });
+        }
+        Ok(Some(RankEnv {
+            rank,
+            world_size,
+            local_rank,
+            master_addr,
+            master_port,
+        }))
+    }
+}
+
+/// A client of the job's TCPStore (rank 0 also hosts the server), under a key prefix so several
+/// process groups can share one store.
+pub struct Store {
+    pub(crate) raw: *mut ffi::RawStore,
+    host: String,
+    port: u16,
+}
+
+// SAFETY: c10d stores are internally synchronised and used from any thread by PyTorch.
+unsafe impl Send for Store {}
+unsafe impl Sync for Store {}
+
+impl Store {
+    /// Connects to (or, when `is_server`, hosts) the store at host:port. Port 0 on the server
+    /// binds a free port; `port()` then tells which.
+    pub fn connect(
+        host: &str,
+        port: u16,
+        is_server: bool,
+        world_size: usize,
+        timeout: Duration,
+        prefix: &str,
+    ) -> Result<Store, DistError> {
+        let store_err = |message: String| DistError::Store {
+            host: host.to_string(),
+            port,
+            message,
+        };
+        let c_host =
+            CString::new(host).map_err(|_| store_err("host contains a NUL byte".into()))?;
+        let c_prefix =
+            CString::new(prefix).map_err(|_| store_err("prefix contains a NUL byte".into()))?;
+        let world =
+            i32::try_from(world_size).map_err(|_| store_err("world size too large".into()))?;
+        let mut raw = std::ptr::null_mut();
+        // SAFETY: valid NUL-terminated strings and an out pointer; the shim catches exceptions.
+        let err = unsafe {
+            ffi::tc_store_new(
+                c_host.as_ptr(),
+                port,
+                i32::from(is_server),
+                world,
+                millis(timeout),
+                c_prefix.as_ptr(),
+                &mut raw,
+            )
+        };
+        unsafe { tessera_sys::take_error(err) }.map_err(store_err)?;
+        // SAFETY: raw is a live store on success.
+        let port = unsafe { ffi::tc_store_port(raw) };
+        Ok(Store {
+            raw,
+            host: host.to_string(),
+            port,
+        })
+    }
+
+    /// Host the store was reached at.
+    pub fn host(&self) -> &str {
+        &self.host
+    }
+
+    /// The store's TCP port (the bound one when the server was asked for port 0).
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+}
+
+impl Drop for Store {
+    fn drop(&mut self) {
+        // SAFETY: raw came from tc_store_new and is freed once.
+        unsafe { ffi::tc_store_free(self.raw) };
+    }
+}
+
+/// Milliseconds for the shim, saturating.
+pub(crate) fn millis(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}

@@ -1,0 +1,111 @@
+//! FSDP over c10d: flat sharded unit buffers, gather / free, recompute, reduce-scatter.
+//!
+//! The crate never sees a model, only a chain of [`Unit`]s (`unit.rs`, the contract a model
+//! implements: parameters by name and a pure `forward`) and a [`dist::ProcessGroup`] (`dist/`:
+//! c10d through `tessera-sys`, rendezvous from torchrun's variables, the `--nproc` launcher).
+//!
+//! 1. `flat_param.rs`: each unit's parameters flatten into a frozen and a trainable buffer padded
+//!    to a multiple of W; rank r keeps shard r (a tied parameter lives once, in its first unit).
+//! 2. [`Fsdp::forward_backward`]: forward runs every unit that `runs_on` the micro-batch
+//!    under no_grad, gathering the next unit's buffers while the current one computes; backward
+//!    re-gathers (FULL_SHARD), recomputes each unit from its saved input, back-propagates the
+//!    upstream gradient and reduce-scatters parameter gradients into the shards. The frozen
+//!    prefix (units before the first trainable one) runs no backward at all. With
+//!    [`Recompute::None`] the forward keeps each trained unit's autograd graph instead, and
+//!    backward runs through it without gathering or recomputing. At W=1 nothing is gathered:
+//!    units read the shards (the whole buffers) in place.
+//! 3. [`Fsdp::step`]: one all-reduce of (squared grad norm, loss), clipping, and
+//!    `ShardedAdamW` (`optim.rs`) on the shards (on CUDA ATen's fused kernel, `fused_adamw.rs`).
+//! 4. Mixed precision ([`FsdpConfig::compute_kind`] bf16): trainable shards stay f32 masters
+//!    with f32 gradients and moments; they are cast to bf16 before the all-gather, so units
+//!    compute in bf16; their gradients are cast to [`FsdpConfig::reduce_kind`] (f32 by default)
+//!    before the reduce-scatter. Frozen shards have no master and are stored in bf16.
+pub mod dist;
+mod elastic;
+mod engine;
+mod flat_param;
+mod fused_adamw;
+mod gather;
+mod optim;
+#[cfg(test)]
+mod optim_tests;
+mod state;
+mod unit;
+
+pub use elastic::OPTIMIZER_STEP_KEY;
+pub use engine::{Fsdp, FsdpConfig, MemoryReport, StepStats};
+pub use optim::{AdamWConfig, ParamGroup};
+pub use state::{BufferLayout, ParamSlice, ShardView};
+pub use unit::{ParamMap, ParamSource, ParamSpec, SourceError, Unit};
+
+use crate::dist::DistError;
+
+/// How parameters, gradients and optimizer state are split over ranks; PyTorch's names
+/// (`full_shard`, `shard_grad_op`, `no_shard`) in TOML, JSON and on the command line.
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize, clap::ValueEnum,
+)]
+#[serde(rename_all = "snake_case")]
+#[value(rename_all = "snake_case")]
+pub enum Strategy {
+    /// Shards everywhere; gather before each unit's forward and again in its backward.
+    FullShard,
+    /// Shards at rest; gathered parameters stay from a unit's forward to its backward.
+    ShardGradOp,
+    /// DDP: full parameters and optimizer state on every rank, gradients all-reduced.
+    NoShard,
+}
+
+/// What backward does for units that train (or pass gradients to one that does).
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize, clap::ValueEnum,
+)]
+#[serde(rename_all = "snake_case")]
+#[value(rename_all = "snake_case")]
+pub enum Recompute {
+    /// Activation checkpointing: forward runs without autograd; backward gathers the unit
+    /// again and recomputes it from its saved input. Least memory.
+    All,
+    /// Forward builds the autograd graph and keeps it (with the parameters it read) until
+    /// backward: no second forward, no second gather. Most memory.
+    None,
+}
+
+/// FSDP errors; each names the unit, parameter or checkpoint key involved.
+#[derive(Debug, thiserror::Error)]
+pub enum FsdpError {
+    #[error(transparent)]
+    Dist(#[from] DistError),
+    #[error("parameter `{name}`: {message}")]
+    Layout { name: String, message: String },
+    #[error("parameter `{name}` of unit '{unit}'")]
+    Init {
+        name: String,
+        unit: String,
+        source: Box<crate::unit::SourceError>,
+    },
+    #[error("rank {rank}: unit '{unit}'")]
+    Torch {
+        rank: usize,
+        unit: String,
+        source: tch::TchError,
+    },
+    #[error("rank {rank}: unit '{unit}' ends the chain but its output has shape {shape:?}, not a scalar loss")]
+    NotScalarLoss {
+        rank: usize,
+        unit: String,
+        shape: Vec<i64>,
+    },
+    #[error(
+        "rank {rank}: all-gather of unit '{unit}' would never complete: ranks {running:?} run the unit \
+         on this micro-step and ranks {skipping:?} skip it (micro-batch kinds differ across ranks)"
+    )]
+    Misaligned {
+        rank: usize,
+        unit: String,
+        running: Vec<usize>,
+        skipping: Vec<usize>,
+    },
+    #[error("shard state `{key}`: {message}")]
+    State { key: String, message: String },
+}

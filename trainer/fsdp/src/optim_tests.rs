@@ -1,0 +1,96 @@
+//! AdamW: ATen's fused kernel (what CUDA runs) against the elementwise update (what the CPU
+//! runs), both on the CPU where ATen has the fused kernel too; and the CPU keeps the latter.
+use super::flat_param::{FlatBuffer, FlatEntry};
+use super::optim::{AdamWConfig, ParamGroup, ShardedAdamW};
+use tch::{Device, Kind, Tensor};
+
+/// One trainable buffer of two parameters ("proj.weight" in a group of its own lr and weight
+/// decay), this rank's shard being elements [3, 13) of 16.
+fn buffer(seed: i64) -> FlatBuffer {
+    tch::manual_seed(seed);
+    let entries = vec![
+        FlatEntry {
+            name: "proj.weight".into(),
+            shape: vec![2, 4],
+            offset: 0,
+            numel: 8,
+        },
+        FlatEntry {
+            name: "lora_A.weight".into(),
+            shape: vec![2, 3],
+            offset: 8,
+            numel: 6,
+        },
+    ];
+    FlatBuffer {
+        owner: 0,
+        unit_name: "unit".into(),
+        trainable: true,
+        entries,
+        numel: 14,
+        padded: 16,
+        shard_len: 10,
+        shard_start: 3,
+        shard: Tensor::randn([10], (Kind::Float, Device::Cpu)),
+        compute_kind: Kind::Float,
+    }
+}
+
+fn config() -> AdamWConfig {
+    AdamWConfig {
+        lr: 1e-2,
+        weight_decay: 0.1,
+        groups: vec![ParamGroup {
+            name: "proj".into(),
+            unit_prefixes: vec![],
+            name_contains: vec!["proj".into()],
+            lr: 3e-3,
+            weight_decay: 0.0,
+        }],
+        ..AdamWConfig::default()
+    }
+}
+
+/// Parameter and moments after `steps` updates with fresh random gradients, through the chosen
+/// path (`None`: whatever `update` picks on this device).
+fn run(fused: Option<bool>, steps: usize) -> Vec<Tensor> {
+    let buffers = vec![buffer(1)];
+    let mut adamw = ShardedAdamW::new(config(), &buffers);
+    tch::manual_seed(2);
+    for step in 0..steps {
+        let grads = vec![Some(Tensor::randn([10], (Kind::Float, Device::Cpu)))];
+        let lr_factor = 1.0 - step as f64 * 0.1;
+        match fused {
+            Some(f) => adamw.update_with(&buffers, &grads, lr_factor, f),
+            None => adamw.update(&buffers, &grads, lr_factor),
+        }
+        .expect("AdamW update");
+    }
+    let s = &adamw.states[0];
+    vec![
+        buffers[0].shard.copy(),
+        s.exp_avg.copy(),
+        s.exp_avg_sq.copy(),
+    ]
+}
+
+#[test]
+fn fused_adamw_matches_the_elementwise_update_and_the_cpu_keeps_the_latter() {
+    let plain = run(Some(false), 5);
+    let fused = run(Some(true), 5);
+    for (what, (a, b)) in ["param", "exp_avg", "exp_avg_sq"]
+        .iter()
+        .zip(plain.iter().zip(&fused))
+    {
+        let diff = (a - b).abs().max().double_value(&[]);
+        assert!(diff <= 1e-6, "{what}: fused differs by {diff}");
+    }
+    // The parameters moved: the comparison is not between two untouched tensors.
+    let start = buffer(1).shard;
+    assert!((&plain[0] - &start).abs().max().double_value(&[]) > 1e-3);
+    // On the CPU, `update` is the elementwise path, bit for bit.
+    let auto = run(None, 5);
+    for (a, b) in plain.iter().zip(&auto) {
+        assert!(a.equal(b), "the CPU update is not the elementwise one");
+    }
+}

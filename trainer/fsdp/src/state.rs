@@ -1,0 +1,208 @@
+//! What FSDP holds and hands out: per-rank memory accounting, full parameters for export, and
+//! each rank's shards + optimizer state for checkpoints.
+use super::engine::{Fsdp, MemoryReport};
+use super::optim::tensor_bytes;
+use super::FsdpError;
+use crate::unit::ParamMap;
+use std::collections::BTreeMap;
+use tch::Tensor;
+
+impl<C> Fsdp<'_, C> {
+    /// Bytes held at rest on this rank.
+    pub fn memory(&self) -> MemoryReport {
+        let bufs = &self.flat.buffers;
+        MemoryReport {
+            param_bytes: bufs.iter().map(|b| tensor_bytes(&b.shard)).sum(),
+            trainable_param_bytes: bufs
+                .iter()
+                .filter(|b| b.trainable)
+                .map(|b| tensor_bytes(&b.shard))
+                .sum(),
+            grad_bytes: self.grads.iter().flatten().map(tensor_bytes).sum(),
+            optimizer_bytes: self.optim.bytes(),
+        }
+    }
+
+    /// Full parameters by name on every rank (export, checkpoints); `trainable_only` skips frozen
+    /// buffers. Every rank must call it (it all-gathers).
+    pub fn gather_params(&self, trainable_only: bool) -> Result<ParamMap, FsdpError> {
+        let mut out = ParamMap::new();
+        for b in self
+            .flat
+            .buffers
+            .iter()
+            .filter(|b| b.trainable || !trainable_only)
+        {
+            let full = if self.sharded() {
+                let mut full = Tensor::empty([b.padded], (b.shard.kind(), b.shard.device()));
+                self.pg
+                    .all_gather_into(&mut full, &b.shard, &b.unit_name)?
+                    .wait()?;
+                full
+            } else {
+                b.shard.shallow_clone()
+            };
+            for (name, view) in b.views(&full) {
+                out.insert(name, view.copy());
+            }
+        }
+        Ok(out)
+    }
+
+    /// This rank's trainable shards and optimizer state as named tensors
+    /// ("projector.trainable.param", ".exp_avg", ".exp_avg_sq", "optimizer.step"). Frozen
+    /// buffers are left out: they never change, so the model directories they were loaded from
+    /// (whose fingerprints a checkpoint records) hold them already.
+    pub fn shard_state(&self) -> BTreeMap<String, Tensor> {
+        let mut out = BTreeMap::new();
+        for b in self.flat.buffers.iter().filter(|b| b.trainable) {
+            out.insert(format!("{}.param", b.key()), b.shard.copy());
+        }
+        for s in &self.optim.states {
+            let key = self.flat.buffers[s.buffer].key();
+            out.insert(format!("{key}.exp_avg"), s.exp_avg.copy());
+            out.insert(format!("{key}.exp_avg_sq"), s.exp_avg_sq.copy());
+        }
+        out.insert("optimizer.step".into(), Tensor::from(self.optim.step));
+        out
+    }
+
+    /// Restores what `shard_state` returned (same units, world size, rank and strategy); frozen
+    /// buffers keep what they were built from.
+    pub fn load_shard_state(&mut self, state: &BTreeMap<String, Tensor>) -> Result<(), FsdpError> {
+        let get = |key: String, like: &Tensor| -> Result<Tensor, FsdpError> {
+            let t = state.get(&key).ok_or_else(|| FsdpError::State {
+                key: key.clone(),
+                message: "missing".into(),
+            })?;
+            if t.size() != like.size() {
+                return Err(FsdpError::State {
+                    key,
+                    message: format!(
+                        "shape {:?} but this rank's shard is {:?} (different world size?)",
+                        t.size(),
+                        like.size()
+                    ),
+                });
+            }
+            Ok(t.shallow_clone())
+        };
+        for b in self.flat.buffers.iter().filter(|b| b.trainable) {
+            let t = get(format!("{}.param", b.key()), &b.shard)?;
+            tch::no_grad(|| b.shard.shallow_clone().copy_(&t));
+        }
+        for s in &mut self.optim.states {
+            let key = self.flat.buffers[s.buffer].key();
+            let m = get(format!("{key}.exp_avg"), &s.exp_avg)?;
+            let v = get(format!("{key}.exp_avg_sq"), &s.exp_avg_sq)?;
+            tch::no_grad(|| {
+                s.exp_avg.copy_(&m);
+                s.exp_avg_sq.copy_(&v);
+            });
+        }
+        let step = state
+            .get("optimizer.step")
+            .ok_or_else(|| FsdpError::State {
+                key: "optimizer.step".into(),
+                message: "missing".into(),
+            })?;
+        self.optim.step = step.int64_value(&[]);
+        Ok(())
+    }
+}
+
+/// Where one parameter sits in a trainable flat buffer (offsets do not depend on the world
+/// size; only the padding after the last parameter does).
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct ParamSlice {
+    pub name: String,
+    pub shape: Vec<i64>,
+    pub offset: i64,
+}
+
+/// A trainable flat buffer as a sharded checkpoint records it: enough for a reader at any
+/// world size to find element `i` of the buffer in writer rank `i / shard_len`'s file.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct BufferLayout {
+    /// "layers.3.trainable": the buffer's tensors in a rank's file are `{key}.param`,
+    /// `{key}.exp_avg` and `{key}.exp_avg_sq`.
+    pub key: String,
+    /// Elements before padding.
+    pub numel: i64,
+    /// Elements each writing rank holds (the last one's tail is padding).
+    pub shard_len: i64,
+    pub params: Vec<ParamSlice>,
+}
+
+/// This rank's state of one trainable buffer, as views: writing into them writes the state.
+pub struct ShardView {
+    pub key: String,
+    /// First element of this rank's shard within the buffer.
+    pub start: i64,
+    pub numel: i64,
+    /// `(suffix, tensor)`: "param" (the f32 master), "exp_avg", "exp_avg_sq".
+    pub tensors: Vec<(&'static str, Tensor)>,
+}
+
+impl<C> Fsdp<'_, C> {
+    /// Whether this rank's shards are its own part of the state (sharded strategies), or a
+    /// replica every rank holds whole (NO_SHARD, or W=1), which one rank writes for all.
+    pub fn holds_distinct_shards(&self) -> bool {
+        self.sharded()
+    }
+
+    /// The trainable buffers' layout at this world size, in buffer order.
+    pub fn trainable_layout(&self) -> Vec<BufferLayout> {
+        self.flat
+            .buffers
+            .iter()
+            .filter(|b| b.trainable)
+            .map(|b| BufferLayout {
+                key: b.key(),
+                numel: b.numel,
+                shard_len: b.shard_len,
+                params: b
+                    .entries
+                    .iter()
+                    .map(|e| ParamSlice {
+                        name: e.name.clone(),
+                        shape: e.shape.clone(),
+                        offset: e.offset,
+                    })
+                    .collect(),
+            })
+            .collect()
+    }
+
+    /// This rank's trainable shards and their AdamW moments, in [`Self::trainable_layout`]'s
+    /// order, as views (no copy).
+    pub fn shard_views(&self) -> Vec<ShardView> {
+        self.optim
+            .states
+            .iter()
+            .map(|s| {
+                let b = &self.flat.buffers[s.buffer];
+                ShardView {
+                    key: b.key(),
+                    start: b.shard_start,
+                    numel: b.numel,
+                    tensors: vec![
+                        ("param", b.shard.shallow_clone()),
+                        ("exp_avg", s.exp_avg.shallow_clone()),
+                        ("exp_avg_sq", s.exp_avg_sq.shallow_clone()),
+                    ],
+                }
+            })
+            .collect()
+    }
+
+    /// AdamW updates taken so far (its bias correction's step).
+    pub fn optimizer_step(&self) -> i64 {
+        self.optim.step
+    }
+
+    /// Sets AdamW's step count (a resumed run continues its bias correction).
+    pub fn set_optimizer_step(&mut self, step: i64) {
+        self.optim.step = step;
+    }
+}

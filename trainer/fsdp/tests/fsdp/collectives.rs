@@ -1,0 +1,116 @@
+//! c10d collectives through the shim: 2 gloo ranks as 2 threads of this process.
+use std::time::{Duration, Instant};
+use tch::{Kind, Tensor};
+use tessera_fsdp::dist::{local_groups, ProcessGroup};
+
+/// Runs `body` on every rank's thread and returns each rank's result in rank order.
+fn on_ranks<T: Send>(
+    world: usize,
+    timeout: Duration,
+    body: impl Fn(ProcessGroup) -> anyhow::Result<T> + Sync,
+) -> anyhow::Result<Vec<T>> {
+    let groups = local_groups(world, timeout)?;
+    std::thread::scope(|s| {
+        let handles: Vec<_> = groups.into_iter().map(|pg| s.spawn(|| body(pg))).collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .map_err(|_| anyhow::anyhow!("rank thread panicked"))?
+            })
+            .collect()
+    })
+}
+
+fn values(t: &Tensor) -> anyhow::Result<Vec<f32>> {
+    Ok(Vec::<f32>::try_from(t.flatten(0, -1))?)
+}
+
+#[test]
+fn two_ranks_all_gather_reduce_scatter_all_reduce_broadcast() -> anyhow::Result<()> {
+    let results = on_ranks(2, Duration::from_secs(20), |pg| {
+        let r = pg.rank() as f32;
+        // all-gather: rank r contributes [10r, 10r+1, 10r+2]
+        let shard = Tensor::from_slice(&[10.0 * r, 10.0 * r + 1.0, 10.0 * r + 2.0]);
+        let mut full = Tensor::zeros([6], (Kind::Float, tch::Device::Cpu));
+        pg.all_gather_into(&mut full, &shard, "toy")?.wait()?;
+        // reduce-scatter: both ranks give [1..=4] * (r + 1); rank r keeps slice r of the sum
+        let grads = Tensor::from_slice(&[1.0f32, 2.0, 3.0, 4.0]) * (r as f64 + 1.0);
+        let mut mine = Tensor::zeros([2], (Kind::Float, tch::Device::Cpu));
+        pg.reduce_scatter_into(&mut mine, &grads, "toy")?.wait()?;
+        // all-reduce in place
+        let mut sum = Tensor::from_slice(&[r + 1.0]);
+        pg.all_reduce_sum(&mut sum, "loss")?.wait()?;
+        // broadcast from rank 1
+        let mut b = Tensor::from_slice(&[r, r]);
+        pg.broadcast(&mut b, 1, "init")?.wait()?;
+        pg.barrier("end")?;
+        Ok((
+            values(&full)?,
+            values(&mine)?,
+            values(&sum)?,
+            values(&b)?,
+            pg.bytes_sent(),
+        ))
+    })?;
+    for (rank, (full, mine, sum, b, bytes)) in results.iter().enumerate() {
+        assert_eq!(
+            full,
+            &[0.0, 1.0, 2.0, 10.0, 11.0, 12.0],
+            "rank {rank} all-gather"
+        );
+        let expect = if rank == 0 { [3.0, 6.0] } else { [9.0, 12.0] };
+        assert_eq!(mine.as_slice(), &expect, "rank {rank} reduce-scatter");
+        assert_eq!(sum, &[3.0], "rank {rank} all-reduce");
+        assert_eq!(b, &[1.0, 1.0], "rank {rank} broadcast");
+        // ring cost: all-gather 3 floats + reduce-scatter 2 floats + all-reduce 1 float,
+        // plus the broadcast's 2 floats on the root
+        let expected = 4 * (3 + 2 + 1) + if rank == 1 { 8 } else { 0 };
+        assert_eq!(*bytes, expected, "rank {rank} bytes sent");
+    }
+    Ok(())
+}
+
+#[test]
+fn a_collective_one_rank_skips_times_out_naming_rank_unit_and_op() -> anyhow::Result<()> {
+    let started = Instant::now();
+    let results = on_ranks(2, Duration::from_secs(2), |pg| {
+        if pg.rank() == 0 {
+            let shard = Tensor::ones([4], (Kind::Float, tch::Device::Cpu));
+            let mut full = Tensor::zeros([8], (Kind::Float, tch::Device::Cpu));
+            let err = pg
+                .all_gather_into(&mut full, &shard, "vision")?
+                .wait()
+                .err();
+            Ok(err.map(|e| e.to_string()))
+        } else {
+            // alive but busy elsewhere (not dead: a dead peer fails faster, "closed by peer")
+            std::thread::sleep(Duration::from_secs(4));
+            Ok(None)
+        }
+    })?;
+    let message = results[0]
+        .clone()
+        .ok_or_else(|| anyhow::anyhow!("rank 0 did not fail"))?;
+    assert!(
+        message.starts_with("rank 0: all-gather of unit 'vision' timed out after 2s"),
+        "{message}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(15),
+        "took {:?}",
+        started.elapsed()
+    );
+    Ok(())
+}
+
+#[test]
+fn one_rank_group_works_without_peers() -> anyhow::Result<()> {
+    let pg = ProcessGroup::single(Duration::from_secs(10))?;
+    let shard = Tensor::from_slice(&[1.0f32, 2.0]);
+    let mut full = Tensor::zeros([2], (Kind::Float, tch::Device::Cpu));
+    pg.all_gather_into(&mut full, &shard, "toy")?.wait()?;
+    assert_eq!(values(&full)?, vec![1.0, 2.0]);
+    assert_eq!(pg.bytes_sent(), 0);
+    Ok(())
+}

@@ -1,0 +1,302 @@
+//! Text generation with the VLM, as transformers' `LlavaForConditionalGeneration.generate`
+//! runs it: the vision tower and projector once per image, the image tokens written at the
+//! placeholder positions of the prompt, then the LM one token at a time with a KV cache
+//! (`kv_cache: false` recomputes the whole prefix at every step instead: the benchmark's
+//! baseline). Greedy by default (argmax, the first maximum on ties); with a temperature, top-p
+//! (nucleus) sampling from a seeded generator. Stops after a stop id (emitted) or
+//! `max_new_tokens`. LoRA adapters run unmerged when the parameters hold them.
+use super::config::{LoraConfig, Qwen2Config, SiglipVisionConfig};
+use super::qwen2::{self, DecoderLayer, LayerKv};
+use super::rope::rotary_tables;
+use super::siglip::{self, VisionTower};
+use super::{projector, ModelError, Result, Vlm};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use tch::{Device, Kind, Tensor};
+use tessera_fsdp::ParamMap;
+
+/// How to pick tokens and when to stop.
+#[derive(Clone, Debug)]
+pub struct GenerateOptions {
+    pub max_new_tokens: usize,
+    /// 0 picks greedily; above 0 samples from softmax(logits / temperature).
+    pub temperature: f64,
+    /// Nucleus: sample among the most likely tokens whose probabilities sum to `top_p`.
+    pub top_p: f64,
+    pub seed: u64,
+    /// Generation ends after emitting one of these (e.g. `<|endoftext|>`, `<|im_end|>`).
+    pub stop_ids: Vec<i64>,
+    /// Cache keys and values (the default) or recompute the prefix at every step.
+    pub kv_cache: bool,
+}
+
+impl Default for GenerateOptions {
+    fn default() -> Self {
+        Self {
+            max_new_tokens: 64,
+            temperature: 0.0,
+            top_p: 1.0,
+            seed: 0,
+            stop_ids: Vec::new(),
+            kv_cache: true,
+        }
+    }
+}
+
+/// What one call generated.
+pub struct Generation {
+    /// New tokens, the stop id included when one ended the generation.
+    pub tokens: Vec<i64>,
+    /// `[tokens, vocab]` f32: the logits each token was picked from (before temperature).
+    pub step_logits: Tensor,
+    /// Whether a stop id ended it (rather than `max_new_tokens`).
+    pub stopped: bool,
+}
+
+/// The model and its parameters (f32, on their device), ready to generate.
+pub struct Generator {
+    vision: SiglipVisionConfig,
+    lm: Qwen2Config,
+    tied: bool,
+    lora: Option<LoraConfig>,
+    image_token_id: i64,
+    params: ParamMap,
+    tower: VisionTower,
+    layers: Vec<DecoderLayer>,
+}
+
+impl Generator {
+    /// `params` must hold every parameter of `vlm` (as [`Vlm::load_params`] returns them);
+    /// they are converted to f32. The LoRA adapters of `vlm.options.lora` run unmerged.
+    pub fn new(vlm: &Vlm, mut params: ParamMap) -> Result<Self> {
+        for spec in vlm.param_specs() {
+            match params.get_mut(&spec.name) {
+                Some(t) if t.size() == spec.shape => *t = t.detach().to_kind(Kind::Float),
+                Some(t) => {
+                    return Err(ModelError::InvalidConfig(format!(
+                        "generation parameter `{}` has shape {:?}, the model needs {:?}",
+                        spec.name,
+                        t.size(),
+                        spec.shape
+                    )))
+                }
+                None => {
+                    return Err(ModelError::InvalidConfig(format!(
+                        "generation parameter `{}` is missing",
+                        spec.name
+                    )))
+                }
+            }
+        }
+        Ok(Self {
+            tower: VisionTower::new(&vlm.vision),
+            layers: (0..vlm.lm.num_hidden_layers)
+                .map(|i| DecoderLayer::new(&vlm.lm, i))
+                .collect(),
+            vision: vlm.vision.clone(),
+            lm: vlm.lm.clone(),
+            tied: vlm.tied,
+            lora: vlm.options.lora.clone(),
+            image_token_id: vlm.options.image_token_id,
+            params,
+        })
+    }
+
+    pub fn vision(&self) -> &SiglipVisionConfig {
+        &self.vision
+    }
+
+    pub fn lm(&self) -> &Qwen2Config {
+        &self.lm
+    }
+
+    pub fn image_token_id(&self) -> i64 {
+        self.image_token_id
+    }
+
+    fn device(&self) -> Device {
+        self.params
+            .values()
+            .next()
+            .map_or(Device::Cpu, |t| t.device())
+    }
+
+    /// Projected image tokens `[images * tokens, D]` of u8 CHW pixels `[images, 3, s, s]`.
+    fn image_embeds(&self, pixels: &[u8], images: i64) -> Tensor {
+        let side = self.vision.image_size;
+        let raw = Tensor::from_slice(pixels)
+            .view([images, 3, side, side])
+            .to_device(self.device());
+        let features = self
+            .tower
+            .features(&self.params, &siglip::normalize_pixels(&raw));
+        projector::forward(&self.params, &features).reshape([-1, self.lm.hidden_size])
+    }
+
+    /// Input embeddings `[1, len, D]` of `ids` with the image tokens of `pixels` (one image per
+    /// `num_patches` placeholders, in order) at the placeholder positions.
+    fn prompt_embeds(&self, ids: &[i64], pixels: &[u8]) -> Result<Tensor> {
+        let vocab = self.lm.vocab_size;
+        if let Some(id) = ids.iter().find(|&&id| id < 0 || id >= vocab) {
+            return Err(ModelError::InvalidConfig(format!(
+                "prompt token {id} is outside the vocabulary of {vocab}"
+            )));
+        }
+        let tokens = self.vision.num_patches();
+        let side = self.vision.image_size;
+        let placeholders: Vec<i64> = (0..ids.len() as i64)
+            .filter(|&i| ids[i as usize] == self.image_token_id)
+            .collect();
+        let per_image = (3 * side * side) as usize;
+        let images = (pixels.len() / per_image) as i64;
+        if pixels.len() != images as usize * per_image
+            || placeholders.len() as i64 != images * tokens
+        {
+            return Err(ModelError::InvalidConfig(format!(
+                "prompt has {} image placeholders and {} pixel bytes; each {side}px image takes \
+                 {per_image} bytes and {tokens} placeholders",
+                placeholders.len(),
+                pixels.len()
+            )));
+        }
+        let device = self.device();
+        let input = Tensor::from_slice(ids).view([1, -1]).to_device(device);
+        let embeds = qwen2::embed(&self.params, &input);
+        if images == 0 {
+            return Ok(embeds);
+        }
+        let index = Tensor::from_slice(&placeholders).to_device(device);
+        let d = self.lm.hidden_size;
+        Ok(embeds
+            .reshape([-1, d])
+            .index_copy(0, &index, &self.image_embeds(pixels, images))
+            .view([1, -1, d]))
+    }
+
+    /// The decoder over `x` `[1, len, D]` following what `kv` caches; returns the final hidden
+    /// states `[1, len, D]` (before the final norm).
+    fn decode(&self, x: &Tensor, kv: &mut [LayerKv]) -> Tensor {
+        let past = kv.first().map_or(0, LayerKv::len);
+        let len = x.size()[1];
+        let positions =
+            Tensor::arange_start(past, past + len, (Kind::Int64, x.device())).view([1, -1]);
+        let (cos, sin) = rotary_tables(&positions, self.lm.head_dim(), self.lm.rope_theta());
+        let mut h = x.shallow_clone();
+        for (layer, cache) in self.layers.iter().zip(kv.iter_mut()) {
+            h = layer.forward_cached(
+                &self.lm,
+                self.lora.as_ref(),
+                &self.params,
+                &h,
+                (&cos, &sin),
+                cache,
+            );
+        }
+        h
+    }
+
+    fn fresh_cache(&self) -> Vec<LayerKv> {
+        self.layers.iter().map(|_| LayerKv::default()).collect()
+    }
+
+    /// Logits `[len, vocab]` of every prompt position (one forward, no cache kept).
+    pub fn prompt_logits(&self, ids: &[i64], pixels: &[u8]) -> Result<Tensor> {
+        tch::no_grad(|| {
+            let x = self.prompt_embeds(ids, pixels)?;
+            let h = self.decode(&x, &mut self.fresh_cache());
+            Ok(qwen2::logits(&self.lm, &self.params, self.tied, &h).squeeze_dim(0))
+        })
+    }
+
+    /// Generates after `ids` (placeholders expanded, one image of `pixels` per
+    /// `num_patches` of them).
+    pub fn generate(
+        &self,
+        ids: &[i64],
+        pixels: &[u8],
+        options: &GenerateOptions,
+    ) -> Result<Generation> {
+        tch::no_grad(|| self.generate_inner(ids, pixels, options))
+    }
+
+    fn generate_inner(
+        &self,
+        ids: &[i64],
+        pixels: &[u8],
+        options: &GenerateOptions,
+    ) -> Result<Generation> {
+        let mut rng = ChaCha8Rng::seed_from_u64(options.seed);
+        let mut sequence = self.prompt_embeds(ids, pixels)?;
+        let mut kv = self.fresh_cache();
+        let mut next_input = sequence.shallow_clone();
+        let (mut tokens, mut logits) = (Vec::new(), Vec::new());
+        let mut stopped = false;
+        while tokens.len() < options.max_new_tokens {
+            let h = if options.kv_cache {
+                self.decode(&next_input, &mut kv)
+            } else {
+                self.decode(&sequence, &mut self.fresh_cache())
+            };
+            let last = h.narrow(1, h.size()[1] - 1, 1).squeeze_dim(0);
+            let step = qwen2::logits(&self.lm, &self.params, self.tied, &last)
+                .squeeze_dim(0)
+                .to_kind(Kind::Float)
+                .to_device(Device::Cpu);
+            let token = pick(&step, options, &mut rng);
+            logits.push(step);
+            tokens.push(token);
+            if options.stop_ids.contains(&token) {
+                stopped = true;
+                break;
+            }
+            let input = Tensor::from_slice(&[token])
+                .view([1, 1])
+                .to_device(self.device());
+            next_input = qwen2::embed(&self.params, &input);
+            if !options.kv_cache {
+                sequence = Tensor::cat(&[&sequence, &next_input], 1);
+            }
+        }
+        let step_logits = if logits.is_empty() {
+            Tensor::zeros([0, self.lm.vocab_size], (Kind::Float, Device::Cpu))
+        } else {
+            Tensor::stack(&logits, 0)
+        };
+        Ok(Generation {
+            tokens,
+            step_logits,
+            stopped,
+        })
+    }
+}
+
+/// The next token from `logits` `[vocab]`: argmax at temperature 0, else a draw from the
+/// top-p nucleus of softmax(logits / temperature).
+fn pick(logits: &Tensor, options: &GenerateOptions, rng: &mut ChaCha8Rng) -> i64 {
+    if options.temperature <= 0.0 {
+        return logits.argmax(0, false).int64_value(&[]);
+    }
+    let probs: Vec<f32> = Vec::try_from((logits / options.temperature).softmax(0, Kind::Float))
+        .expect("softmax of a 1-d f32 tensor converts to Vec<f32>");
+    let mut order: Vec<usize> = (0..probs.len()).collect();
+    order.sort_by(|&a, &b| probs[b].total_cmp(&probs[a]));
+    let mut kept = 0.0f64;
+    let mut nucleus = Vec::new();
+    for i in order {
+        nucleus.push(i);
+        kept += f64::from(probs[i]);
+        if kept >= options.top_p {
+            break;
+        }
+    }
+    let mut u = rng.gen_range(0.0..kept);
+    for &i in &nucleus {
+        u -= f64::from(probs[i]);
+        if u < 0.0 {
+            return i as i64;
+        }
+    }
+    *nucleus
+        .last()
+        .expect("the nucleus holds at least one token") as i64
+}

@@ -1,0 +1,124 @@
+//! The LLaVA-architecture model in tch, written in the functional style FSDP needs: no layer
+//! owns storage; every forward reads full tensors from a [`ParamMap`](tessera_fsdp::ParamMap)
+//! keyed by Hugging Face checkpoint names. Each
+//! unit of the chain implements `tessera-fsdp`'s [`Unit`](tessera_fsdp::Unit), the only thing FSDP
+//! knows of the model.
+//!
+//! 1. `config.rs`: `config.json` structs (HF field names, HF defaults for sparse Hub configs).
+//! 2. `weights.rs`: safetensors loading (single file or sharded index) and writing;
+//!    `source.rs`: [`VlmInit`], the checkpoints as FSDP's per-rank, slice-by-slice source.
+//! 3. `siglip.rs` (vision tower), `projector.rs` (`mlp2x_gelu`), `qwen2.rs` (the LM, with
+//!    `rope.rs`, `attention.rs` and `lora.rs` adapters), `loss.rs` (chunked cross-entropy);
+//!    `keys.rs` builds their checkpoint keys as paths, each spelled once.
+//! 4. `vlm.rs`: the unit chain (`vision.embeddings`, `vision.layers.{i}`, `projector`, `embed`,
+//!    `layers.{i}`, `head`; `units.rs`) that FSDP runs over the per-micro-batch context
+//!    [`VlmCtx`] (`ctx.rs`), and [`Vlm::loss`], the plain composition.
+//! 5. `generate.rs`: inference with a KV cache (greedy or top-p); `llava.rs` and `sharded.rs`:
+//!    transformers' `LlavaForConditionalGeneration` config, keys and sharded checkpoints.
+//! 6. `init.rs`: random-weight checkpoints for `tessera init-model`; `throughput.rs` (feature
+//!    `bench`): the forward+backward measurement of `benches/model.rs`.
+mod attention;
+mod config;
+mod ctx;
+mod dtype;
+mod gemm;
+mod generate;
+mod init;
+mod keys;
+mod llava;
+mod lora;
+mod loss;
+mod projector;
+mod qwen2;
+mod rope;
+mod sharded;
+mod side_stream;
+mod siglip;
+mod source;
+#[cfg(feature = "bench")]
+mod throughput;
+mod units;
+mod varlen;
+mod vlm;
+mod weights;
+
+pub use attention::{attend, attend_spans, block_causal_mask, row_spans, Span};
+pub use config::read_json as read_config_json;
+pub use config::{LoraConfig, Qwen2Config, RopeParameters, SiglipVisionConfig};
+pub use ctx::VlmCtx;
+pub use dtype::Dtype;
+pub use gemm::CpuBf16Gemm;
+pub use generate::{GenerateOptions, Generation, Generator};
+pub use init::{
+    lm_checkpoint_specs, random_params, write_checkpoints, write_preset, Preset, INIT_STD,
+};
+pub use llava::{export_specs, llava_config_json, llava_key, load_llava_dir, LLAVA_ADAPTER_DIR};
+pub use lora::{
+    init_adapters, load_adapter, merge_adapters, save_adapter, save_adapter_as, ADAPTER_CONFIG,
+    ADAPTER_WEIGHTS,
+};
+pub use loss::{chunked_cross_entropy_sum, full_cross_entropy_sum};
+pub use sharded::{save_sharded, HUB_SHARD_BYTES};
+pub use source::VlmInit;
+#[cfg(feature = "bench")]
+pub use throughput::{measure_throughput, peak_matmul_flops, ThroughputReport};
+pub use varlen::{attend_varlen, emulate_varlen, Varlen};
+pub use vlm::{VisionTraining, Vlm, VlmOptions};
+pub use weights::{load_safetensors, save_safetensors, save_safetensors_as, HfCheckpoint};
+
+use std::path::PathBuf;
+
+/// Everything that can go wrong loading, building or saving the model. Messages name the file
+/// and tensor involved.
+#[derive(Debug, thiserror::Error)]
+pub enum ModelError {
+    #[error("{path}")]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{path}: invalid JSON")]
+    Json {
+        path: PathBuf,
+        source: serde_json::Error,
+    },
+    #[error("{path}: not a readable safetensors file: {reason}")]
+    Safetensors { path: PathBuf, reason: String },
+    #[error("{dir}: neither model.safetensors nor model.safetensors.index.json is present")]
+    NoWeights { dir: PathBuf },
+    #[error("{dir}: tensor `{name}` is missing from the checkpoint")]
+    MissingTensor { dir: PathBuf, name: String },
+    #[error("{path}: tensor `{name}` has shape {found:?}, expected {expected:?}")]
+    ShapeMismatch {
+        path: PathBuf,
+        name: String,
+        expected: Vec<i64>,
+        found: Vec<i64>,
+    },
+    #[error("{path}: tensor `{name}` has dtype {dtype}; tessera loads F32, BF16 and F16")]
+    UnsupportedDtype {
+        path: PathBuf,
+        name: String,
+        dtype: String,
+    },
+    #[error("invalid model config: {0}")]
+    InvalidConfig(String),
+    #[error("micro-batch of samples {samples:?}: {reason}")]
+    BadBatch {
+        samples: Vec<String>,
+        reason: String,
+    },
+    #[error("torch")]
+    Torch(#[from] tch::TchError),
+}
+
+pub(crate) type Result<T, E = ModelError> = std::result::Result<T, E>;
+
+/// Reads a parameter a unit needs; a missing key is a bug in the caller (FSDP gathered the
+/// wrong unit), so it panics naming the key.
+pub(crate) fn param<'a>(params: &'a tessera_fsdp::ParamMap, key: &str) -> &'a tch::Tensor {
+    match params.get(key) {
+        Some(t) => t,
+        None => panic!("parameter `{key}` was not passed to the unit that reads it"),
+    }
+}

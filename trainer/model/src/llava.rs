@@ -1,0 +1,234 @@
+//! The model as transformers' `LlavaForConditionalGeneration` (5.x) stores it: its
+//! `config.json` (`model_type` "llava", a `vision_config` for the SigLIP tower, a
+//! `text_config` for Qwen2) and its checkpoint keys, which `save_pretrained` writes in the
+//! Hub's layout (the conversion mapping of `transformers/conversion_mapping.py` renames them
+//! to `model.vision_tower.*`, `model.multi_modal_projector.*`, `model.language_model.*` and
+//! `lm_head.*` when loading):
+//!
+//! | tessera                        | llava-hf file                              |
+//! |--------------------------------|--------------------------------------------|
+//! | `vision_model.X`               | `vision_tower.X`                           |
+//! | `mm_projector.0.{weight,bias}` | `multi_modal_projector.linear_1.*`         |
+//! | `mm_projector.2.{weight,bias}` | `multi_modal_projector.linear_2.*`         |
+//! | `model.X` (Qwen2)              | `language_model.model.X`                   |
+//! | `lm_head.weight` (untied only) | `language_model.lm_head.weight`            |
+use super::config::{read_json, LoraConfig, Qwen2Config, SiglipVisionConfig};
+use super::init::{lm_config_json, vision_config_json};
+use super::{lora, siglip, weights, HfCheckpoint, ModelError, Result, Vlm, VlmOptions};
+use std::path::Path;
+use tessera_fsdp::{ParamMap, ParamSpec};
+
+/// Subdirectory of an unmerged export holding the PEFT adapter.
+pub const LLAVA_ADAPTER_DIR: &str = "adapter";
+
+/// The llava-hf key of a tessera parameter.
+pub fn llava_key(key: &str) -> String {
+    if let Some(rest) = key.strip_prefix("vision_model.") {
+        format!("vision_tower.{rest}")
+    } else if let Some(rest) = key.strip_prefix("mm_projector.0.") {
+        format!("multi_modal_projector.linear_1.{rest}")
+    } else if let Some(rest) = key.strip_prefix("mm_projector.2.") {
+        format!("multi_modal_projector.linear_2.{rest}")
+    } else if key.starts_with("model.") || key == "lm_head.weight" {
+        format!("language_model.{key}")
+    } else {
+        key.to_string()
+    }
+}
+
+/// Keys a llava-hf checkpoint may store a tessera parameter under: the Hub layout, the
+/// in-memory layout of transformers 5, and the older nested tower (`vision_tower.vision_model.`).
+fn stored_candidates(key: &str) -> Vec<String> {
+    let hub = llava_key(key);
+    let mut out = vec![hub.clone()];
+    if let Some(rest) = hub.strip_prefix("language_model.model.") {
+        out.push(format!("model.language_model.{rest}"));
+    } else if hub == "language_model.lm_head.weight" {
+        out.push("lm_head.weight".into());
+    } else if let Some(rest) = hub.strip_prefix("vision_tower.") {
+        out.push(format!("model.vision_tower.{rest}"));
+        out.push(format!("vision_tower.vision_model.{rest}"));
+    } else if hub.starts_with("multi_modal_projector.") {
+        out.push(format!("model.{hub}"));
+    }
+    out
+}
+
+/// Every tensor an export holds, by tessera key: the complete SigLIP tower without its pooling
+/// head (the last layer and `post_layernorm` included, which training never reads), the
+/// projector and the Qwen2 base weights (no adapters).
+pub fn export_specs(vlm: &Vlm) -> Vec<ParamSpec> {
+    let mut specs = siglip::checkpoint_specs(&vlm.vision);
+    specs.extend(
+        vlm.param_specs()
+            .into_iter()
+            .filter(|s| !s.name.starts_with("vision_model.") && !s.name.contains(".lora_")),
+    );
+    specs
+}
+
+/// `config.json` of the export: `vision_source` / `lm_source` are the source checkpoints'
+/// configs (their extra fields are kept), completed from the parsed configs.
+pub fn llava_config_json(
+    vlm: &Vlm,
+    vision_source: &serde_json::Value,
+    lm_source: &serde_json::Value,
+    dtype: &str,
+) -> serde_json::Value {
+    let mut vision = vision_config_json(&vlm.vision);
+    let source = vision_source.get("vision_config").unwrap_or(vision_source);
+    overlay(&mut vision, source);
+    vision["model_type"] = "siglip_vision_model".into();
+    vision["vision_use_head"] = false.into();
+    let mut text = lm_config_json(&vlm.lm);
+    overlay(&mut text, lm_source);
+    text["tie_word_embeddings"] = vlm.tied.into();
+    for config in [&mut vision, &mut text] {
+        if let Some(map) = config.as_object_mut() {
+            for key in [
+                "architectures",
+                "torch_dtype",
+                "dtype",
+                "transformers_version",
+            ] {
+                map.remove(key);
+            }
+        }
+    }
+    serde_json::json!({
+        "architectures": ["LlavaForConditionalGeneration"],
+        "model_type": "llava",
+        "image_token_index": vlm.options.image_token_id,
+        "image_seq_length": vlm.vision.num_patches(),
+        "projector_hidden_act": "gelu",
+        "vision_feature_layer": -2,
+        "vision_feature_select_strategy": "full",
+        "multimodal_projector_bias": true,
+        "tie_word_embeddings": vlm.tied,
+        "dtype": dtype,
+        "vision_config": vision,
+        "text_config": text,
+    })
+}
+
+fn overlay(base: &mut serde_json::Value, source: &serde_json::Value) {
+    if let (Some(base), Some(source)) = (base.as_object_mut(), source.as_object()) {
+        for (k, v) in source {
+            base.insert(k.clone(), v.clone());
+        }
+    }
+}
+
+/// A llava-hf directory read back: the model (configs, tie, placeholder id, the adapter's LoRA
+/// config when an unmerged adapter sits in `adapter/`) and its parameters by tessera key (in
+/// their stored dtypes).
+pub fn load_llava_dir(dir: &Path) -> Result<(Vlm, ParamMap)> {
+    let path = dir.join("config.json");
+    let config = read_json(&path)?;
+    let field = |name: &str| {
+        config
+            .get(name)
+            .cloned()
+            .ok_or_else(|| ModelError::InvalidConfig(format!("{}: no `{name}`", path.display())))
+    };
+    let json_err = |source| ModelError::Json {
+        path: path.clone(),
+        source,
+    };
+    if config.get("model_type").and_then(|v| v.as_str()) != Some("llava") {
+        return Err(ModelError::InvalidConfig(format!(
+            "{}: model_type is not \"llava\"",
+            path.display()
+        )));
+    }
+    let vision: SiglipVisionConfig =
+        serde_json::from_value(field("vision_config")?).map_err(json_err)?;
+    let lm: Qwen2Config = serde_json::from_value(field("text_config")?).map_err(json_err)?;
+    let image_token_id = field("image_token_index")?.as_i64().ok_or_else(|| {
+        ModelError::InvalidConfig(format!(
+            "{}: image_token_index is not an integer",
+            path.display()
+        ))
+    })?;
+    let checkpoint = HfCheckpoint::open(dir)?;
+    let tied = config
+        .get("tie_word_embeddings")
+        .and_then(|v| v.as_bool())
+        .unwrap_or(lm.tie_word_embeddings)
+        && !stored_candidates("lm_head.weight")
+            .iter()
+            .any(|k| checkpoint.contains(k));
+    let adapter_dir = dir.join(LLAVA_ADAPTER_DIR);
+    let (lora, adapters): (Option<LoraConfig>, ParamMap) =
+        if adapter_dir.join(lora::ADAPTER_CONFIG).is_file() {
+            let (cfg, tensors) = load_llava_adapter(&adapter_dir)?;
+            (Some(cfg), tensors)
+        } else {
+            (None, ParamMap::new())
+        };
+    let options = VlmOptions {
+        image_token_id,
+        lora,
+        ..Default::default()
+    };
+    let vlm = Vlm::new(vision, lm, tied, options)?;
+    let mut params = ParamMap::new();
+    for spec in vlm.param_specs() {
+        if spec.name.contains(".lora_") {
+            let t = adapters
+                .get(&spec.name)
+                .ok_or_else(|| ModelError::MissingTensor {
+                    dir: adapter_dir.clone(),
+                    name: spec.name.clone(),
+                })?;
+            params.insert(spec.name.clone(), t.shallow_clone());
+            continue;
+        }
+        let candidates = stored_candidates(&spec.name);
+        let stored = candidates
+            .iter()
+            .find(|k| checkpoint.contains(k))
+            .unwrap_or(&candidates[0]);
+        params.insert(
+            spec.name.clone(),
+            checkpoint.tensor_as_stored(stored, &spec.shape)?,
+        );
+    }
+    Ok((vlm, params))
+}
+
+/// PEFT prefix of the LM's modules inside `LlavaForConditionalGeneration`.
+const ADAPTER_PREFIX: &str = "base_model.model.model.language_model.";
+
+/// Reads the adapter an unmerged export holds (see `train::llava_hf`): its LoRA config (a
+/// regex `target_modules` ending in `(q_proj|v_proj|...)`, or a list) and its tensors under
+/// tessera's keys (`model.layers.N....lora_A.weight`).
+fn load_llava_adapter(dir: &Path) -> Result<(LoraConfig, ParamMap)> {
+    let path = dir.join(lora::ADAPTER_CONFIG);
+    let mut value = read_json(&path)?;
+    if let Some(regex) = value.get("target_modules").and_then(|v| v.as_str()) {
+        let modules: Vec<String> = regex
+            .rsplit_once('(')
+            .and_then(|(_, group)| group.strip_suffix(')'))
+            .map(|group| group.split('|').map(str::to_string).collect())
+            .ok_or_else(|| {
+                ModelError::InvalidConfig(format!(
+                    "{}: target_modules {regex:?} does not end in a (module|module) group",
+                    path.display()
+                ))
+            })?;
+        value["target_modules"] = modules.into();
+    }
+    let cfg: LoraConfig =
+        serde_json::from_value(value).map_err(|source| ModelError::Json { path, source })?;
+    cfg.validate()?;
+    let mut out = ParamMap::new();
+    for (key, t) in weights::load_safetensors(&dir.join(lora::ADAPTER_WEIGHTS))? {
+        let inner = key.strip_prefix(ADAPTER_PREFIX).unwrap_or(&key);
+        out.insert(
+            format!("model.{inner}").replace(".default.weight", ".weight"),
+            t,
+        );
+    }
+    Ok((cfg, out))
+}

@@ -1,0 +1,66 @@
+//! LLaVA `mlp2x_gelu` projector: Linear(vision_hidden, lm_hidden), exact (erf) GELU,
+//! Linear(lm_hidden, lm_hidden); keys `mm_projector.0` and `mm_projector.2` (LLaVA writes them
+//! under `model.`; tessera's own files drop that prefix). Default init is PyTorch's `nn.Linear`
+//! init, as LLaVA's stage 1 starts from: weight and bias uniform in ±1/sqrt(fan_in).
+use super::{gemm, param};
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use std::collections::BTreeMap;
+use tch::Tensor;
+use tessera_fsdp::{ParamMap, ParamSpec};
+
+pub(super) const FC1: &str = "mm_projector.0";
+pub(super) const FC2: &str = "mm_projector.2";
+
+pub(super) fn param_specs(vision_hidden: i64, lm_hidden: i64, trainable: bool) -> Vec<ParamSpec> {
+    let s = |name: String, shape: Vec<i64>| ParamSpec {
+        name,
+        shape,
+        trainable,
+    };
+    vec![
+        s(format!("{FC1}.weight"), vec![lm_hidden, vision_hidden]),
+        s(format!("{FC1}.bias"), vec![lm_hidden]),
+        s(format!("{FC2}.weight"), vec![lm_hidden, lm_hidden]),
+        s(format!("{FC2}.bias"), vec![lm_hidden]),
+    ]
+}
+
+/// `[.., vision_hidden]` -> `[.., lm_hidden]`.
+pub(super) fn forward(params: &ParamMap, features: &Tensor) -> Tensor {
+    let h = gemm::linear(
+        features,
+        param(params, &format!("{FC1}.weight")),
+        Some(param(params, &format!("{FC1}.bias"))),
+    );
+    let h = h.gelu("none");
+    gemm::linear(
+        &h,
+        param(params, &format!("{FC2}.weight")),
+        Some(param(params, &format!("{FC2}.bias"))),
+    )
+}
+
+/// Tensor of `shape` with values uniform in [-bound, bound), from a seeded stream.
+pub(super) fn uniform(shape: &[i64], bound: f64, rng: &mut ChaCha8Rng) -> Tensor {
+    let n: i64 = shape.iter().product();
+    let values: Vec<f32> = (0..n)
+        .map(|_| rng.gen_range(-bound..bound) as f32)
+        .collect();
+    Tensor::from_slice(&values).view(shape)
+}
+
+/// PyTorch `nn.Linear` default init for the two layers (kaiming-uniform a=√5 = U(±1/√fan_in)).
+pub(super) fn init(vision_hidden: i64, lm_hidden: i64, seed: u64) -> ParamMap {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let mut out = BTreeMap::new();
+    for (key, fan_in, fan_out) in [(FC1, vision_hidden, lm_hidden), (FC2, lm_hidden, lm_hidden)] {
+        let bound = 1.0 / (fan_in as f64).sqrt();
+        out.insert(
+            format!("{key}.weight"),
+            uniform(&[fan_out, fan_in], bound, &mut rng),
+        );
+        out.insert(format!("{key}.bias"), uniform(&[fan_out], bound, &mut rng));
+    }
+    out
+}

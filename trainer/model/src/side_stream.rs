@@ -1,0 +1,85 @@
+//! A micro-batch's host-to-device uploads on a CUDA side stream (`csrc/stream_shim.cpp`; tch has
+//! no stream API), so the trainer can upload micro-batch k+1 while micro-batch k computes:
+//! [`SideUpload::begin`] makes a pool stream current, the uploads go out (pinned, non-blocking),
+//! [`SideUpload::end`] marks them with an event and restores the compute stream, and
+//! [`SideUpload::wait`], right before the first kernel that reads them, makes the compute stream
+//! wait on that event and records the tensors as used there. On the CPU, or with
+//! `TESSERA_SIDE_STREAM=0`, there is no side upload and copies go on the current stream.
+use super::{ModelError, Result};
+use std::ffi::c_char;
+use tch::{Device, TchError, Tensor};
+use tessera_sys::stream::{
+    tc_side_upload_begin, tc_side_upload_end, tc_side_upload_free, tc_side_upload_wait,
+    RawSideUpload,
+};
+use tessera_sys::C_tensor;
+
+fn shim_result(err: *mut c_char, what: &str) -> Result<()> {
+    // SAFETY: `err` is what a stream shim function just returned.
+    unsafe { tessera_sys::take_error(err) }
+        .map_err(|m| ModelError::Torch(TchError::Torch(format!("side-stream upload, {what}: {m}"))))
+}
+
+/// Uploads in flight on a side stream.
+pub(super) struct SideUpload {
+    raw: *mut RawSideUpload,
+    ended: bool,
+}
+
+// SAFETY: the handle holds CUDA stream and event objects, which any host thread may use; tessera
+// moves it with its micro-batch context and calls it from one thread at a time (`&mut self`).
+unsafe impl Send for SideUpload {}
+
+impl SideUpload {
+    /// On CUDA (unless `TESSERA_SIDE_STREAM=0`): a pool stream of `device` becomes current until
+    /// [`Self::end`]. Elsewhere `None`: uploads go on the current stream.
+    pub(super) fn begin(device: Device) -> Result<Option<Self>> {
+        let Device::Cuda(index) = device else {
+            return Ok(None);
+        };
+        // Read once per process, not on every micro-batch.
+        static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        if *OFF.get_or_init(|| std::env::var("TESSERA_SIDE_STREAM").is_ok_and(|v| v == "0")) {
+            return Ok(None);
+        }
+        let mut raw = std::ptr::null_mut();
+        // SAFETY: `raw` is a valid out-pointer; the shim sets it only on success.
+        shim_result(
+            unsafe { tc_side_upload_begin(index as i8, &mut raw) },
+            "begin",
+        )?;
+        Ok(Some(SideUpload { raw, ended: false }))
+    }
+
+    /// Marks the end of the uploads and makes the compute stream current again.
+    pub(super) fn end(&mut self) -> Result<()> {
+        if self.ended {
+            return Ok(());
+        }
+        self.ended = true;
+        // SAFETY: `raw` is live until drop.
+        shim_result(unsafe { tc_side_upload_end(self.raw) }, "end")
+    }
+
+    /// Before the first kernel that reads `tensors`: the current stream waits for the uploads,
+    /// and the tensors are recorded as used on it.
+    pub(super) fn wait(mut self, tensors: &[&Tensor]) -> Result<()> {
+        self.end()?;
+        let ptrs: Vec<*mut C_tensor> = tensors.iter().map(|t| t.as_ptr() as *mut _).collect();
+        // SAFETY: `raw` is live; the pointers are tch tensors alive for the call, only read.
+        let err = unsafe { tc_side_upload_wait(self.raw, ptrs.as_ptr(), ptrs.len() as i64) };
+        shim_result(err, "wait")
+    }
+}
+
+impl Drop for SideUpload {
+    fn drop(&mut self) {
+        // An upload abandoned before `end` (an error while building the micro-batch) still
+        // restores the compute stream.
+        if !self.ended {
+            let _ = self.end();
+        }
+        // SAFETY: `raw` came from tc_side_upload_begin and is freed once, here.
+        unsafe { tc_side_upload_free(self.raw) };
+    }
+}

@@ -1,0 +1,258 @@
+//! The six kinds of FSDP unit (see [`tessera_fsdp::Unit`]): `vision.embeddings`,
+//! `vision.layers.{i}`, `projector`, `embed`, `layers.{i}` and `head`. Each lists the
+//! parameters it reads and computes from them alone. Both towers are wrapped layer by layer
+//! (as torchtitan and FSDP's transformer wrap policy do), so a rank gathers one layer at a
+//! time, never a whole tower.
+use super::config::{LoraConfig, Qwen2Config, SiglipVisionConfig};
+use super::ctx::VlmCtx;
+use super::qwen2::{self, DecoderLayer, LayerInputs};
+use super::siglip::{Embeddings, EncoderLayer};
+use super::{loss, param, projector};
+use tch::{Kind, Tensor};
+use tessera_fsdp::{ParamMap, ParamSpec, Unit};
+
+/// `specs` with every trainable flag set to `train` (a unit's base weights train or not as one).
+fn trained(mut specs: Vec<ParamSpec>, train: bool) -> Vec<ParamSpec> {
+    for s in &mut specs {
+        s.trainable = train;
+    }
+    specs
+}
+
+/// Normalised pixels `[n, 3, s, s]` -> patch + position embeddings `[n, tokens, Dv]`.
+pub(super) struct VisionEmbedUnit {
+    cfg: SiglipVisionConfig,
+    embeddings: Embeddings,
+    specs: Vec<ParamSpec>,
+}
+
+impl VisionEmbedUnit {
+    pub(super) fn new(cfg: &SiglipVisionConfig, train: bool) -> Self {
+        let embeddings = Embeddings::new();
+        Self {
+            cfg: cfg.clone(),
+            specs: trained(embeddings.specs(cfg), train),
+            embeddings,
+        }
+    }
+}
+
+impl Unit<VlmCtx> for VisionEmbedUnit {
+    fn name(&self) -> &str {
+        "vision.embeddings"
+    }
+    fn params(&self) -> &[ParamSpec] {
+        &self.specs
+    }
+    fn runs_on(&self, ctx: &VlmCtx) -> bool {
+        ctx.has_images()
+    }
+    fn forward(&self, params: &ParamMap, input: &Tensor, _ctx: &VlmCtx) -> Tensor {
+        self.embeddings.forward(&self.cfg, params, input)
+    }
+}
+
+/// Vision encoder layer `i` `[n, tokens, Dv]` -> `[n, tokens, Dv]`. The chain holds the layers
+/// up to the one before the last, whose output is LLaVA's image features.
+pub(super) struct VisionLayerUnit {
+    cfg: SiglipVisionConfig,
+    layer: EncoderLayer,
+    name: String,
+    specs: Vec<ParamSpec>,
+}
+
+impl VisionLayerUnit {
+    pub(super) fn new(cfg: &SiglipVisionConfig, index: i64, train: bool) -> Self {
+        let layer = EncoderLayer::new(cfg, index);
+        Self {
+            cfg: cfg.clone(),
+            name: format!("vision.layers.{index}"),
+            specs: trained(layer.specs(cfg), train),
+            layer,
+        }
+    }
+}
+
+impl Unit<VlmCtx> for VisionLayerUnit {
+    fn name(&self) -> &str {
+        &self.name
+    }
+    fn params(&self) -> &[ParamSpec] {
+        &self.specs
+    }
+    fn runs_on(&self, ctx: &VlmCtx) -> bool {
+        ctx.has_images()
+    }
+    fn forward(&self, params: &ParamMap, input: &Tensor, _ctx: &VlmCtx) -> Tensor {
+        self.layer.forward(&self.cfg, params, input)
+    }
+}
+
+/// Features `[n, tokens, Dv]` -> image tokens `[n * tokens, D]` (in placeholder order).
+pub(super) struct ProjectorUnit {
+    lm_hidden: i64,
+    specs: Vec<ParamSpec>,
+}
+
+impl ProjectorUnit {
+    pub(super) fn new(vision_hidden: i64, lm_hidden: i64, trainable: bool) -> Self {
+        Self {
+            lm_hidden,
+            specs: projector::param_specs(vision_hidden, lm_hidden, trainable),
+        }
+    }
+}
+
+impl Unit<VlmCtx> for ProjectorUnit {
+    fn name(&self) -> &str {
+        "projector"
+    }
+    fn params(&self) -> &[ParamSpec] {
+        &self.specs
+    }
+    fn runs_on(&self, ctx: &VlmCtx) -> bool {
+        ctx.has_images()
+    }
+    fn forward(&self, params: &ParamMap, input: &Tensor, _ctx: &VlmCtx) -> Tensor {
+        projector::forward(params, input).reshape([-1, self.lm_hidden])
+    }
+}
+
+/// Image tokens `[n * tokens, D]` (or an empty tensor) -> input embeddings `[rows, len, D]`
+/// with the image tokens written at the placeholder positions, in order.
+pub(super) struct EmbedUnit {
+    specs: Vec<ParamSpec>,
+}
+
+impl EmbedUnit {
+    pub(super) fn new(cfg: &Qwen2Config, train: bool) -> Self {
+        Self {
+            specs: trained(qwen2::embed_specs(cfg), train),
+        }
+    }
+}
+
+impl Unit<VlmCtx> for EmbedUnit {
+    fn name(&self) -> &str {
+        "embed"
+    }
+    fn params(&self) -> &[ParamSpec] {
+        &self.specs
+    }
+    fn runs_on(&self, _ctx: &VlmCtx) -> bool {
+        true
+    }
+    fn forward(&self, params: &ParamMap, input: &Tensor, ctx: &VlmCtx) -> Tensor {
+        let embeds = qwen2::embed(params, &ctx.input_ids);
+        if input.numel() == 0 {
+            return embeds;
+        }
+        let d = embeds.size()[2];
+        embeds
+            .reshape([-1, d])
+            .index_copy(0, &ctx.placeholder_index, &input.to_kind(embeds.kind()))
+            .view([ctx.rows, ctx.row_len, d])
+    }
+}
+
+/// Decoder layer `i`: its base weights (trained in a full fine-tune) and its LoRA adapters
+/// (always trained when present).
+pub(super) struct LayerUnit {
+    cfg: Qwen2Config,
+    lora: Option<LoraConfig>,
+    layer: DecoderLayer,
+    name: String,
+    specs: Vec<ParamSpec>,
+}
+
+impl LayerUnit {
+    pub(super) fn new(
+        cfg: &Qwen2Config,
+        index: i64,
+        lora: Option<&LoraConfig>,
+        train: bool,
+    ) -> Self {
+        let layer = DecoderLayer::new(cfg, index);
+        let mut specs = trained(layer.specs(None), train);
+        if let Some(lora) = lora {
+            specs.extend(layer.adapter_specs(lora));
+        }
+        Self {
+            cfg: cfg.clone(),
+            lora: lora.cloned(),
+            name: format!("layers.{index}"),
+            specs,
+            layer,
+        }
+    }
+}
+
+impl Unit<VlmCtx> for LayerUnit {
+    fn name(&self) -> &str {
+        &self.name
+    }
+    fn params(&self) -> &[ParamSpec] {
+        &self.specs
+    }
+    fn runs_on(&self, _ctx: &VlmCtx) -> bool {
+        true
+    }
+    fn forward(&self, params: &ParamMap, input: &Tensor, ctx: &VlmCtx) -> Tensor {
+        let inputs = LayerInputs {
+            mask: ctx.mask.as_ref(),
+            spans: &ctx.spans,
+            varlen: ctx.varlen.as_ref(),
+            cos: &ctx.cos,
+            sin: &ctx.sin,
+            dropout_seed: ctx.dropout_seed,
+        };
+        self.layer
+            .forward(&self.cfg, self.lora.as_ref(), params, input, &inputs)
+    }
+}
+
+/// Final norm + output projection -> scalar sum of token cross-entropy over supervised
+/// labels, chunked (see [`loss`]). With tied embeddings it reads `model.embed_tokens.weight`,
+/// which the `embed` unit also reads (see `Vlm::shared_params`).
+pub(super) struct HeadUnit {
+    cfg: Qwen2Config,
+    tied: bool,
+    chunk: i64,
+    specs: Vec<ParamSpec>,
+}
+
+impl HeadUnit {
+    pub(super) fn new(cfg: &Qwen2Config, tied: bool, chunk: i64, train: bool) -> Self {
+        Self {
+            cfg: cfg.clone(),
+            tied,
+            chunk,
+            specs: trained(qwen2::head_specs(cfg, tied), train),
+        }
+    }
+}
+
+impl Unit<VlmCtx> for HeadUnit {
+    fn name(&self) -> &str {
+        "head"
+    }
+    fn params(&self) -> &[ParamSpec] {
+        &self.specs
+    }
+    fn runs_on(&self, _ctx: &VlmCtx) -> bool {
+        true
+    }
+    fn forward(&self, params: &ParamMap, input: &Tensor, ctx: &VlmCtx) -> Tensor {
+        if ctx.supervised == 0 {
+            // Zero-loss micro-batch: a zero that still reaches every input, so backward runs.
+            return input.sum(Kind::Float) * 0.0;
+        }
+        let d = input.size()[2];
+        let h = input
+            .reshape([-1, d])
+            .index_select(0, &ctx.supervised_index);
+        let h = qwen2::rms_norm(&h, param(params, qwen2::NORM), self.cfg.rms_norm_eps);
+        let w = param(params, qwen2::output_weight(self.tied));
+        loss::chunked_cross_entropy_sum(&h, w, &ctx.targets, self.chunk)
+    }
+}

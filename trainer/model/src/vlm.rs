@@ -1,0 +1,326 @@
+//! The VLM as FSDP runs it: a chain of units (`vision.embeddings`, `vision.layers.{i}`,
+//! `projector`, `embed`, `layers.{i}`, `head`), each a pure function of its parameters (full tensors keyed by Hugging Face
+//! names), its input and the micro-batch context [`VlmCtx`].
+//!
+//! The chain, exactly as [`Vlm::loss`] runs it (FSDP runs the same, one unit at a time):
+//! `x = ctx.first_input()` (normalised pixels, or an empty tensor for text-only micro-batches),
+//! then for every unit that `runs_on(ctx)`: `x = unit.forward(params, &x, ctx)`. Vision and
+//! projector units skip text-only micro-batches, so `embed` then receives the empty tensor.
+use super::config::{LoraConfig, Qwen2Config, SiglipVisionConfig};
+use super::ctx::VlmCtx;
+use super::units::{
+    EmbedUnit, HeadUnit, LayerUnit, ProjectorUnit, VisionEmbedUnit, VisionLayerUnit,
+};
+use super::weights::{self, HfCheckpoint};
+use super::{lora, projector, qwen2, siglip, ModelError, Result};
+use std::collections::BTreeMap;
+use std::path::Path;
+use tch::{Device, Kind, Tensor};
+use tessera_fsdp::{ParamMap, ParamSpec, Unit};
+
+/// Which part of the vision tower trains.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum VisionTraining {
+    /// The tower is frozen (LLaVA-1.5, both stages).
+    #[default]
+    Frozen,
+    /// Patch and position embeddings and every feature layer (ShareGPT4V, LLaVA-OneVision).
+    All,
+    /// The last K feature layers only (the embeddings and earlier layers stay frozen).
+    LastLayers(usize),
+}
+
+/// Choices that are not in the checkpoints: what trains, the placeholder id, the loss chunk.
+#[derive(Clone, Debug)]
+pub struct VlmOptions {
+    pub image_token_id: i64,
+    /// Stage 1 and 2 train the projector.
+    pub train_projector: bool,
+    /// Stage 2: LoRA adapters on the LM (trainable); the LM's base weights stay frozen.
+    pub lora: Option<LoraConfig>,
+    /// Full fine-tuning of the LM: every LM parameter trains (a tied embedding/head once).
+    /// Excludes `lora`.
+    pub train_lm: bool,
+    /// What of the vision tower trains.
+    pub train_vision: VisionTraining,
+    /// Tokens per chunk of the loss; `None` picks [`super::loss::default_chunk`].
+    pub loss_chunk: Option<i64>,
+}
+
+impl Default for VlmOptions {
+    fn default() -> Self {
+        Self {
+            image_token_id: i64::from(shards::IMAGE_PAD_ID),
+            train_projector: true,
+            lora: None,
+            train_lm: false,
+            train_vision: VisionTraining::Frozen,
+            loss_chunk: None,
+        }
+    }
+}
+
+/// Configs plus the unit chain.
+pub struct Vlm {
+    pub vision: SiglipVisionConfig,
+    pub lm: Qwen2Config,
+    /// The LM head reads `model.embed_tokens.weight` (no `lm_head.weight`).
+    pub tied: bool,
+    pub options: VlmOptions,
+    units: Vec<Box<dyn Unit<VlmCtx>>>,
+}
+
+impl Vlm {
+    pub fn new(
+        vision: SiglipVisionConfig,
+        lm: Qwen2Config,
+        tied: bool,
+        options: VlmOptions,
+    ) -> Result<Self> {
+        vision.validate()?;
+        lm.validate()?;
+        if let Some(l) = &options.lora {
+            l.validate()?;
+            if options.train_lm {
+                return Err(ModelError::InvalidConfig(
+                    "LoRA adapters and full LM training exclude each other: train the LM in \
+                     full or through adapters"
+                        .into(),
+                ));
+            }
+        }
+        let layers = siglip::feature_layers(&vision) as usize;
+        let first_trained_layer = match options.train_vision {
+            VisionTraining::Frozen => layers,
+            VisionTraining::All => 0,
+            VisionTraining::LastLayers(k) if (1..=layers).contains(&k) => layers - k,
+            VisionTraining::LastLayers(k) => {
+                return Err(ModelError::InvalidConfig(format!(
+                    "vision:{k}: the tower's features come from {layers} layers (the last of its \
+                     {} layers is not used), so K must be 1..={layers}",
+                    vision.num_hidden_layers
+                )))
+            }
+        };
+        let train_embeddings = options.train_vision == VisionTraining::All;
+        let mut units: Vec<Box<dyn Unit<VlmCtx>>> =
+            vec![Box::new(VisionEmbedUnit::new(&vision, train_embeddings))];
+        for i in 0..layers {
+            let train = i >= first_trained_layer;
+            units.push(Box::new(VisionLayerUnit::new(&vision, i as i64, train)));
+        }
+        units.push(Box::new(ProjectorUnit::new(
+            vision.hidden_size,
+            lm.hidden_size,
+            options.train_projector,
+        )));
+        let train_lm = options.train_lm;
+        units.push(Box::new(EmbedUnit::new(&lm, train_lm)));
+        for i in 0..lm.num_hidden_layers {
+            units.push(Box::new(LayerUnit::new(
+                &lm,
+                i,
+                options.lora.as_ref(),
+                train_lm,
+            )));
+        }
+        let chunk = options
+            .loss_chunk
+            .unwrap_or_else(|| super::loss::default_chunk(lm.vocab_size));
+        units.push(Box::new(HeadUnit::new(&lm, tied, chunk, train_lm)));
+        Ok(Self {
+            vision,
+            lm,
+            tied,
+            options,
+            units,
+        })
+    }
+
+    /// Reads both `config.json` files; the head is tied when the LM config says so or the
+    /// checkpoint has no `lm_head.weight`.
+    pub fn from_dirs(vision_dir: &Path, lm_dir: &Path, options: VlmOptions) -> Result<Self> {
+        let vision = SiglipVisionConfig::from_dir(vision_dir)?;
+        let lm = Qwen2Config::from_dir(lm_dir)?;
+        let tied = lm.tie_word_embeddings || !HfCheckpoint::open(lm_dir)?.contains(qwen2::LM_HEAD);
+        Self::new(vision, lm, tied, options)
+    }
+
+    /// The units in execution order.
+    pub fn units(&self) -> &[Box<dyn Unit<VlmCtx>>] {
+        &self.units
+    }
+
+    /// Every parameter once, in unit order (a tied embedding appears once, under `embed`).
+    pub fn param_specs(&self) -> Vec<ParamSpec> {
+        let mut seen = std::collections::HashSet::new();
+        let mut out = Vec::new();
+        for unit in &self.units {
+            for spec in unit.params() {
+                if seen.insert(spec.name.clone()) {
+                    out.push(spec.clone());
+                }
+            }
+        }
+        out
+    }
+
+    /// Parameters read by more than one unit, with the units reading them. With tied
+    /// embeddings: `model.embed_tokens.weight` -> ["embed", "head"]. FSDP must keep one copy
+    /// and add the gradients of every unit that reads it.
+    pub fn shared_params(&self) -> Vec<(String, Vec<String>)> {
+        let mut readers: BTreeMap<String, Vec<String>> = BTreeMap::new();
+        for unit in &self.units {
+            for spec in unit.params() {
+                readers
+                    .entry(spec.name.clone())
+                    .or_default()
+                    .push(unit.name().to_string());
+            }
+        }
+        readers
+            .into_iter()
+            .filter(|(_, units)| units.len() > 1)
+            .collect()
+    }
+
+    /// All parameters on the CPU: the vision tower and LM from their Hugging Face directories,
+    /// the projector from `projector` (a safetensors file with `mm_projector.{0,2}.*` keys,
+    /// optionally under `model.`) or freshly initialised, and fresh LoRA adapters when
+    /// configured. `seed` drives the fresh initialisations.
+    pub fn load_params(
+        &self,
+        vision_dir: &Path,
+        lm_dir: &Path,
+        projector_file: Option<&Path>,
+        seed: u64,
+    ) -> Result<ParamMap> {
+        let mut params = self.load_params_as_stored(vision_dir, lm_dir, projector_file, seed)?;
+        for t in params.values_mut() {
+            *t = t.to_kind(Kind::Float);
+        }
+        Ok(params)
+    }
+
+    /// [`Self::load_params`] with the checkpoints' tensors in their stored dtypes (a Hub bf16
+    /// checkpoint stays bf16: FSDP converts each tensor into its f32 shard, so the full model
+    /// never exists in f32 next to the shards).
+    pub fn load_params_as_stored(
+        &self,
+        vision_dir: &Path,
+        lm_dir: &Path,
+        projector_file: Option<&Path>,
+        seed: u64,
+    ) -> Result<ParamMap> {
+        let mut params = HfCheckpoint::open(vision_dir)?
+            .load_specs_as_stored(&siglip::param_specs(&self.vision), Some("vision_model."))?;
+        let lm_specs = self.lm_checkpoint_params();
+        params.append(&mut HfCheckpoint::open(lm_dir)?.load_specs_as_stored(&lm_specs, None)?);
+        params.append(&mut self.fresh_params(projector_file, seed)?);
+        Ok(params)
+    }
+
+    /// The LM's parameters its checkpoint provides: everything under `model.` and the untied
+    /// head, without LoRA adapters.
+    pub(super) fn lm_checkpoint_params(&self) -> Vec<ParamSpec> {
+        self.param_specs()
+            .into_iter()
+            .filter(|s| s.name.starts_with("model.") || s.name == qwen2::LM_HEAD)
+            .filter(|s| !s.name.contains(".lora_"))
+            .collect()
+    }
+
+    /// The parameters no Hugging Face checkpoint provides, in f32 (small next to the towers):
+    /// the projector from `projector_file` or freshly initialised, and fresh LoRA adapters
+    /// when configured. `seed` drives the fresh initialisations.
+    pub(super) fn fresh_params(
+        &self,
+        projector_file: Option<&Path>,
+        seed: u64,
+    ) -> Result<ParamMap> {
+        let specs = projector::param_specs(self.vision.hidden_size, self.lm.hidden_size, true);
+        let mut params = match projector_file {
+            Some(path) => load_projector(path, &specs)?,
+            None => projector::init(self.vision.hidden_size, self.lm.hidden_size, seed),
+        };
+        if self.options.lora.is_some() {
+            let specs = self.param_specs();
+            params.append(&mut lora::init_adapters(&specs, seed.wrapping_add(1)));
+        }
+        Ok(params)
+    }
+
+    /// Sets `requires_grad` on the trainable parameters (for the single-process reference).
+    pub fn mark_trainable(&self, params: &mut ParamMap) {
+        for spec in self.param_specs().iter().filter(|s| s.trainable) {
+            if let Some(t) = params.get_mut(&spec.name) {
+                *t = t.detach().set_requires_grad(true);
+            }
+        }
+    }
+
+    /// The context of `mb` on the device the parameters live on.
+    pub fn ctx(&self, params: &ParamMap, mb: &pipeline::MicroBatch) -> Result<VlmCtx> {
+        let device = params
+            .values()
+            .next()
+            .map(|t| t.device())
+            .unwrap_or(Device::Cpu);
+        VlmCtx::new(
+            mb,
+            &self.vision,
+            &self.lm,
+            self.options.image_token_id,
+            device,
+        )
+    }
+
+    /// Runs the whole chain in one process (the W=1 reference): the summed token loss over
+    /// supervised labels and their count. `params` holds every parameter the micro-batch needs.
+    pub fn loss(&self, params: &ParamMap, mb: &pipeline::MicroBatch) -> Result<(Tensor, i64)> {
+        let ctx = self.ctx(params, mb)?;
+        let mut x = ctx.first_input();
+        for unit in &self.units {
+            if unit.runs_on(&ctx) {
+                x = unit.forward(params, &x, &ctx);
+            }
+        }
+        Ok((x, ctx.supervised))
+    }
+
+    /// Full logits `[rows, len, vocab]` (evaluation and tests; never used for training).
+    pub fn logits(&self, params: &ParamMap, mb: &pipeline::MicroBatch) -> Result<Tensor> {
+        let ctx = self.ctx(params, mb)?;
+        let mut x = ctx.first_input();
+        for unit in &self.units[..self.units.len() - 1] {
+            if unit.runs_on(&ctx) {
+                x = unit.forward(params, &x, &ctx);
+            }
+        }
+        Ok(qwen2::logits(&self.lm, params, self.tied, &x))
+    }
+}
+
+fn load_projector(path: &Path, specs: &[ParamSpec]) -> Result<ParamMap> {
+    let raw = weights::load_safetensors(path)?;
+    let mut out = BTreeMap::new();
+    for spec in specs {
+        let t = raw
+            .get(&spec.name)
+            .or_else(|| raw.get(&format!("model.{}", spec.name)))
+            .ok_or_else(|| ModelError::MissingTensor {
+                dir: path.into(),
+                name: spec.name.clone(),
+            })?;
+        if t.size() != spec.shape {
+            return Err(ModelError::ShapeMismatch {
+                path: path.into(),
+                name: spec.name.clone(),
+                expected: spec.shape.clone(),
+                found: t.size(),
+            });
+        }
+        out.insert(spec.name.clone(), t.to_kind(Kind::Float));
+    }
+    Ok(out)
+}

@@ -1,0 +1,218 @@
+//! Loading Hugging Face directories: sparse and nested configs, sharded checkpoints, dtype
+//! conversion, error messages that name the tensor, and `init-model` output loading back.
+
+use crate::support::*;
+use std::collections::BTreeMap;
+use tch::{Kind, Tensor};
+use tessera_fsdp::ParamSpec;
+use tessera_model::{random_params, write_checkpoints, write_preset, Preset};
+use tessera_model::{save_safetensors, HfCheckpoint};
+use tessera_model::{ModelError, Qwen2Config, SiglipVisionConfig, Vlm, VlmOptions};
+
+fn spec(name: &str, shape: &[i64]) -> ParamSpec {
+    ParamSpec {
+        name: name.into(),
+        shape: shape.to_vec(),
+        trainable: false,
+    }
+}
+
+#[test]
+fn sparse_and_nested_configs_get_hf_defaults() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    std::fs::write(
+        dir.path().join("config.json"),
+        r#"{"model_type": "siglip", "text_config": {"hidden_size": 1},
+            "vision_config": {"image_size": 384, "patch_size": 14, "hidden_size": 1152,
+                              "intermediate_size": 4304, "num_hidden_layers": 27, "num_attention_heads": 16}}"#,
+    )?;
+    let v = SiglipVisionConfig::from_dir(dir.path())?;
+    assert_eq!(
+        (v.num_patches(), v.hidden_act.as_str(), v.layer_norm_eps),
+        (729, "gelu_pytorch_tanh", 1e-6)
+    );
+    std::fs::write(dir.path().join("config.json"), r#"{"image_size": 256}"#)?;
+    let v = SiglipVisionConfig::from_dir(dir.path())?;
+    assert_eq!(
+        (
+            v.hidden_size,
+            v.num_hidden_layers,
+            v.patch_size,
+            v.num_patches()
+        ),
+        (768, 12, 16, 256)
+    );
+
+    let lm: Qwen2Config = serde_json::from_str(
+        r#"{"hidden_size": 896, "intermediate_size": 4864, "num_hidden_layers": 24,
+            "num_attention_heads": 14, "num_key_value_heads": 2, "rope_parameters": {"rope_theta": 1000000.0, "rope_type": "default"}}"#,
+    )?;
+    assert_eq!(
+        (
+            lm.vocab_size,
+            lm.head_dim(),
+            lm.rope_theta(),
+            lm.rms_norm_eps
+        ),
+        (151_936, 64, 1e6, 1e-6)
+    );
+    Ok(())
+}
+
+#[test]
+fn missing_and_misshaped_tensors_are_named() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let mut tensors = BTreeMap::new();
+    tensors.insert(
+        "model.norm.weight".to_string(),
+        Tensor::ones([8], (Kind::Float, tch::Device::Cpu)),
+    );
+    save_safetensors(&dir.path().join("model.safetensors"), &tensors)?;
+    let ckpt = HfCheckpoint::open(dir.path())?;
+
+    let err = ckpt
+        .load_specs(&[spec("model.norm.weight", &[16])], None, tch::Device::Cpu)
+        .expect_err("shape error");
+    assert!(matches!(err, ModelError::ShapeMismatch { .. }));
+    let msg = err.to_string();
+    assert!(
+        msg.contains("model.norm.weight") && msg.contains("[8]") && msg.contains("[16]"),
+        "{msg}"
+    );
+
+    let err = ckpt
+        .load_specs(&[spec("lm_head.weight", &[4, 8])], None, tch::Device::Cpu)
+        .expect_err("missing");
+    let msg = err.to_string();
+    assert!(
+        msg.contains("lm_head.weight") && msg.contains("missing"),
+        "{msg}"
+    );
+
+    let empty = tempfile::tempdir()?;
+    let msg = HfCheckpoint::open(empty.path())
+        .err()
+        .expect("no weights")
+        .to_string();
+    assert!(msg.contains("model.safetensors.index.json"), "{msg}");
+    Ok(())
+}
+
+#[test]
+fn sharded_checkpoint_and_bf16_load_like_a_single_file() -> anyhow::Result<()> {
+    let (vlm, _) = tiny_vlm(None);
+    let specs = tessera_model::lm_checkpoint_specs(&vlm.lm);
+    let params = random_params(&specs, 3, 0.1);
+    let single = tempfile::tempdir()?;
+    save_safetensors(&single.path().join("model.safetensors"), &params)?;
+
+    let sharded = tempfile::tempdir()?;
+    let (first, second): (Vec<_>, Vec<_>) =
+        params.iter().enumerate().partition(|(i, _)| i % 2 == 0);
+    let mut weight_map = serde_json::Map::new();
+    for (file, part) in [
+        ("model-00001-of-00002.safetensors", first),
+        ("model-00002-of-00002.safetensors", second),
+    ] {
+        let shard: BTreeMap<String, Tensor> = part
+            .into_iter()
+            .map(|(_, (k, t))| {
+                weight_map.insert(k.clone(), file.into());
+                // Store the second shard in bf16: it must come back as f32.
+                let t = if file.contains("00002") {
+                    t.to_kind(Kind::BFloat16)
+                } else {
+                    t.shallow_clone()
+                };
+                (k.clone(), t)
+            })
+            .collect();
+        save_as(&sharded.path().join(file), &shard)?;
+    }
+    let index = serde_json::json!({"metadata": {"total_size": 0}, "weight_map": weight_map});
+    std::fs::write(
+        sharded.path().join("model.safetensors.index.json"),
+        index.to_string(),
+    )?;
+
+    let a = HfCheckpoint::open(single.path())?.load_specs(&specs, None, tch::Device::Cpu)?;
+    let b = HfCheckpoint::open(sharded.path())?.load_specs(&specs, None, tch::Device::Cpu)?;
+    for (name, t) in &a {
+        assert_eq!(b[name].kind(), Kind::Float);
+        assert_close(t, &b[name], 1e-2, name);
+    }
+    Ok(())
+}
+
+/// `save_safetensors` always writes f32; bf16 shards are written through tch's own writer.
+fn save_as(path: &std::path::Path, tensors: &BTreeMap<String, Tensor>) -> anyhow::Result<()> {
+    let list: Vec<(&str, &Tensor)> = tensors.iter().map(|(k, v)| (k.as_str(), v)).collect();
+    Tensor::write_safetensors(&list, path)?;
+    Ok(())
+}
+
+#[test]
+fn tiny_preset_writes_checkpoints_the_model_loads() -> anyhow::Result<()> {
+    let out = tempfile::tempdir()?;
+    let written = write_preset(out.path(), Preset::Tiny, 1)?;
+    let vlm = Vlm::from_dirs(
+        &out.path().join("vision"),
+        &out.path().join("lm"),
+        VlmOptions::default(),
+    )?;
+    assert!(vlm.tied);
+    assert_eq!((vlm.lm.vocab_size, vlm.vision.num_patches()), (151_936, 64));
+    let params = vlm.load_params(&out.path().join("vision"), &out.path().join("lm"), None, 0)?;
+    let in_model: i64 = params.values().map(|t| t.numel() as i64).sum();
+    assert!(
+        in_model < written,
+        "the last vision layer and post-layernorm are not model parameters"
+    );
+    // Real Qwen token ids fit; one image sample runs end to end.
+    let side = vlm.vision.image_size as usize;
+    let mut s = image_sample(64, 4, 1, side);
+    s.ids
+        .iter_mut()
+        .filter(|id| **id == IMAGE_ID)
+        .for_each(|id| *id = i64::from(shards::IMAGE_PAD_ID));
+    s.ids[0] = 151_644;
+    let mb = micro_batch(&[vec![s]], side, 64);
+    let (loss, n) = vlm.loss(&params, &mb)?;
+    assert_eq!(n, 4);
+    let mean = loss.double_value(&[]) / n as f64;
+    // Random logits with std σ = embed_std·√hidden = 2 over 151,936 tokens score about
+    // ln(151936) + σ²/2 ≈ 13.9: above a uniform guess (11.93), but not wildly.
+    assert!((11.93..15.0).contains(&mean), "mean loss {mean}");
+    // The LM is drawn at a trained model's scale (gain-1 matrices, embeddings 2/√hidden), so
+    // a frozen LM can still express confident predictions (see `LmInit`).
+    let std = |name: &str| params[name].std(true).double_value(&[]);
+    let hidden = vlm.lm.hidden_size as f64;
+    assert!((std("model.embed_tokens.weight") * hidden.sqrt() - 2.0).abs() < 0.05);
+    let q = std("model.layers.0.self_attn.q_proj.weight") * hidden.sqrt();
+    assert!((q - 1.0).abs() < 0.05, "q_proj std x sqrt(fan_in) = {q}");
+    Ok(())
+}
+
+#[test]
+fn untied_checkpoint_gets_an_lm_head() -> anyhow::Result<()> {
+    let out = tempfile::tempdir()?;
+    let mut lm = tiny_lm();
+    lm.tie_word_embeddings = false;
+    write_checkpoints(out.path(), &tiny_vision(), &lm, 2)?;
+    let vlm = Vlm::from_dirs(
+        &out.path().join("vision"),
+        &out.path().join("lm"),
+        VlmOptions::default(),
+    )?;
+    assert!(!vlm.tied);
+    assert!(vlm.shared_params().is_empty());
+    let (tied, _) = tiny_vlm(None);
+    assert_eq!(
+        tied.shared_params(),
+        vec![(
+            "model.embed_tokens.weight".to_string(),
+            vec!["embed".to_string(), "head".to_string()]
+        )]
+    );
+    Ok(())
+}

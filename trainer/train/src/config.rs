@@ -1,0 +1,450 @@
+//! The training configuration: a TOML file (`--config FILE`) overlaid by command-line flags,
+//! then resolved against the stage defaults of LLaVA-1.5 and validated before any work starts.
+//!
+//! The knobs are listed once, in the `knobs!` call below (see `config/knobs.rs`): each is a
+//! TOML key, a `--flag` whose help is its doc comment, an `Option` field of [`ConfigLayer`] and
+//! a field of [`TrainConfig`]. The file is one layer, the flags another;
+//! [`ConfigLayer::overlay`] puts the flags on top and [`ConfigLayer::resolve`] fills the
+//! defaults (stage 1: lr 1e-3, weight decay 0, warmup 3 %, cosine; stage 2: LoRA r 128,
+//! alpha 256, lr 2e-4, projector lr 2e-5) and validates, returning a [`TrainConfig`] or a
+//! [`ConfigError`] naming the field and the reason.
+//!
+//! Adding a knob: one entry in `knobs!` (`/// help` + `name: Type = default(value)`), plus a
+//! check in [`TrainConfig::validate`] if some values are invalid. Enum values parse through
+//! `clap::ValueEnum` (derive it next to serde's, both `snake_case`) or `FromStr`.
+#[macro_use]
+mod knobs;
+
+pub use super::train_parts::TrainParts;
+pub use pipeline::loader::{BadImagePolicy, ResizePolicy};
+use serde::{Deserialize, Serialize};
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+pub use tessera_fsdp::{Recompute, Strategy};
+pub use tessera_model::Dtype;
+
+/// Why a configuration was refused; every message names the field (or the file) and the reason.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("config file {path}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("config file {path}: {message}")]
+    Parse { path: PathBuf, message: String },
+    #[error("config field `{field}` is required ({hint})")]
+    Missing {
+        field: &'static str,
+        hint: &'static str,
+    },
+    #[error("config field `{field}`: {reason}")]
+    Invalid { field: &'static str, reason: String },
+    /// A config stored in a checkpoint that this build cannot read.
+    #[error("stored config: {0}")]
+    Stored(serde_json::Error),
+}
+
+fn invalid(field: &'static str, reason: impl Into<String>) -> ConfigError {
+    ConfigError::Invalid {
+        field,
+        reason: reason.into(),
+    }
+}
+
+/// Training stage, as LLaVA-1.5 names them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "u8", into = "u8")]
+pub enum Stage {
+    /// Feature alignment: only the projector trains.
+    Align = 1,
+    /// Instruction tuning: projector + LoRA adapters on the LM's linear layers.
+    Finetune = 2,
+}
+
+const STAGES: &str = "1: projector, 2: projector + LoRA";
+
+impl TryFrom<u8> for Stage {
+    type Error = String;
+    fn try_from(v: u8) -> Result<Self, String> {
+        match v {
+            1 => Ok(Stage::Align),
+            2 => Ok(Stage::Finetune),
+            other => Err(format!("stage {other} does not exist ({STAGES})")),
+        }
+    }
+}
+
+/// `--stage 1` or `--stage 2`.
+impl FromStr for Stage {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        s.parse::<u8>()
+            .ok()
+            .and_then(|n| Stage::try_from(n).ok())
+            .ok_or_else(|| format!("stage {s} does not exist ({STAGES})"))
+    }
+}
+
+impl From<Stage> for u8 {
+    fn from(s: Stage) -> u8 {
+        s as u8
+    }
+}
+
+/// Where tensors live.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "snake_case")]
+#[value(rename_all = "snake_case")]
+pub enum Device {
+    /// CPU tensors, gloo collectives.
+    Cpu,
+    /// One GPU per rank, NCCL collectives (a build with `--features cuda`).
+    Cuda,
+}
+
+// The training knobs, once: each is a TOML key, a `--flag` (help = its doc comment), a field of
+// `ConfigLayer` (`Option<T>`) and of `TrainConfig`. See `knobs.rs` for the forms of the default.
+knobs! {
+    /// Shard directory written by `tessera ingest`: a path, or a URL (s3://bucket/prefix,
+    /// gs://, az://, https://) read in byte ranges through a local cache.
+    shards: PathBuf = required("a directory written by `tessera ingest`"),
+    /// SigLIP vision tower: a Hugging Face directory (config.json + safetensors).
+    vision: PathBuf = required("a SigLIP Hugging Face directory"),
+    /// Qwen2 language model: a Hugging Face directory (config.json + safetensors).
+    lm: PathBuf = required("a Qwen2 Hugging Face directory"),
+    /// 1: alignment (trains the projector); 2: instruction tuning (projector + LoRA unless
+    /// --train says otherwise). The preset of --train and the learning rates.
+    stage: Stage = required("1: projector only, 2: projector + LoRA"),
+    /// The parts that learn, comma-separated: projector, lora, lm (the whole LM), vision (the
+    /// whole tower) or vision:K (its last K layers). Default: stage 1 `projector`, stage 2
+    /// `projector,lora`; LLaVA-1.5's full stage 2 is `projector,lm`.
+    train: TrainParts = default(match stage {
+        Stage::Align => TrainParts::PROJECTOR,
+        Stage::Finetune => TrainParts::PROJECTOR_LORA,
+    }),
+    /// Run directory: metrics.jsonl, checkpoints/, loss.png, summary.json.
+    out: PathBuf = required("the run directory to write"),
+    /// Local ranks to launch (ignored when RANK is set, e.g. under torchrun).
+    nproc: usize = default(1),
+    /// FSDP sharding strategy.
+    strategy: Strategy = default(Strategy::FullShard),
+    /// Backward recomputes each trained unit's forward (`all`, default: least memory) or keeps
+    /// the forward's activations (`none`: faster, more memory).
+    recompute: Recompute = default(Recompute::All),
+    /// Optimizer steps (default: one epoch).
+    steps: u64 = optional,
+    /// Full passes over the data (instead of --steps).
+    epochs: u32 = default(1),
+    /// Tokens per rank per micro-batch, padding included (default 4096).
+    token_budget: usize = default(4096),
+    /// Micro-steps (gradient accumulation) per optimizer step (default 1).
+    micro_steps: usize = default(1),
+    /// Peak learning rate (stage 1 default 1e-3; stage 2 default 2e-4 for LoRA).
+    lr: f64 = default(match stage {
+        Stage::Align => 1e-3,
+        Stage::Finetune => 2e-4,
+    }),
+    /// Stage 2: projector learning rate (default 2e-5).
+    projector_lr: f64 = default(match stage {
+        Stage::Align => 1e-3,
+        Stage::Finetune => 2e-5,
+    }),
+    /// Learning rate of the LM's own weights when --train has `lm` (default 2e-5, LLaVA-1.5's
+    /// full fine-tune).
+    lm_lr: f64 = default(2e-5),
+    /// Learning rate of the vision tower when --train has `vision` (default 2e-6,
+    /// LLaVA-OneVision's).
+    vision_lr: f64 = default(2e-6),
+    /// Warmup as a fraction of all steps (default 0.03), then cosine decay to 0.
+    warmup_ratio: f64 = default(0.03),
+    /// AdamW weight decay (default 0).
+    weight_decay: f64 = default(0.0),
+    /// Clip the global gradient norm to this (default 1.0; 0 = off).
+    grad_clip: f64 = default(1.0),
+    /// Stage 2: LoRA rank (default 128).
+    lora_r: usize = default(128),
+    /// Stage 2: LoRA alpha (default 256).
+    lora_alpha: f64 = default(256.0),
+    /// Seed of the data order and fresh initialisations (default 42).
+    seed: u64 = default(42),
+    /// Checkpoint every N steps (and always at the end; default 0 = only at the end).
+    checkpoint_every: u64 = default(0),
+    /// Keep the last N checkpoints (default 3; older ones are deleted after each checkpoint).
+    keep_checkpoints: usize = default(3),
+    /// Also keep every checkpoint whose step is a multiple of M (default 0 = none).
+    keep_every: u64 = default(0),
+    /// A sample whose image does not decode or fails its stored crc32c (shard corrupt on
+    /// disk): fail (default; names shard, row and sample) or skip (warn and drop it).
+    on_bad_image: BadImagePolicy = default(BadImagePolicy::Fail),
+    /// Where to train.
+    device: Device = default(Device::Cpu),
+    /// Vision input size in pixels (default: the vision config's image_size).
+    image_size: usize = optional,
+    /// How images become square: squash (SigLIP) or pad (LLaVA expand2square).
+    resize: ResizePolicy = default(ResizePolicy::Squash),
+    /// Longest packed row in tokens (default 2048).
+    seq_len: usize = default(2048),
+    /// Loader worker threads per rank (default: cores, at most 8).
+    loader_threads: usize = default(default_loader_threads()),
+    /// Seconds before a collective that a peer never joins fails (default 300).
+    #[arg(long = "collective-timeout", value_name = "COLLECTIVE_TIMEOUT")]
+    collective_timeout_s: u64 = default(300),
+    /// Projector to start from: an exported mm_projector.safetensors or a stage-1 run directory.
+    init_projector: PathBuf = optional,
+    /// Held-out shard directory (`tessera ingest`) for the validation loss.
+    val_shards: PathBuf = optional,
+    /// Validation loss every N steps (and always at the end; default 0 = only at the end).
+    val_every: u64 = default(0),
+    /// Samples in the fixed validation set, spread evenly over --val-shards (default 256).
+    val_samples: usize = default(256),
+    /// Record the run's first N optimizer steps with libtorch's profiler into
+    /// profile_rank{r}.json in the run directory (Chrome trace; 0: off).
+    profile: u64 = default(0),
+    /// Cache of a URL --shards (default $TESSERA_CACHE, else OUT/shard-cache); shared safely
+    /// by the ranks of a machine and reused across runs.
+    cache_dir: PathBuf = optional,
+    /// Most bytes the shard cache keeps (default 50GB; e.g. 500MB, 2GiB); least recently
+    /// used byte ranges go first.
+    cache_limit: String = default("50GB".to_string()),
+    /// Compute dtype: bf16 (mixed precision: f32 master weights, gradients and AdamW moments;
+    /// bf16 gathered weights and compute) or f32 (default: bf16 on cuda, f32 on cpu).
+    precision: Dtype = default(match device {
+        Device::Cuda => Dtype::Bf16,
+        Device::Cpu => Dtype::F32,
+    }),
+    /// Dtype gradients are reduce-scattered in under bf16 precision (default f32; bf16 halves
+    /// the bytes sent).
+    reduce_dtype: Dtype = default(Dtype::F32),
+}
+
+impl ConfigLayer {
+    /// Reads a TOML file; unknown keys are errors (a typo must not silently use a default).
+    pub fn from_file(path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        toml::from_str(&text).map_err(|e| ConfigError::Parse {
+            path: path.to_path_buf(),
+            message: e.message().to_string() + &describe_span(&text, e.span()),
+        })
+    }
+
+    /// Fills the defaults (stage defaults included) and validates every knob.
+    pub fn resolve(self) -> Result<TrainConfig, ConfigError> {
+        // Checked before `fill`, which gives `epochs` its default.
+        if self.steps.is_some() && self.epochs.is_some() {
+            return Err(invalid("steps", "set either `steps` or `epochs`, not both"));
+        }
+        let cfg = self.fill()?;
+        cfg.validate()?;
+        Ok(cfg)
+    }
+}
+
+fn default_loader_threads() -> usize {
+    std::thread::available_parallelism().map_or(2, |n| n.get().min(8))
+}
+
+fn describe_span(text: &str, span: Option<std::ops::Range<usize>>) -> String {
+    match span {
+        Some(s) => {
+            let line = text[..s.start.min(text.len())].matches('\n').count() + 1;
+            format!(" (line {line})")
+        }
+        None => String::new(),
+    }
+}
+
+impl TrainConfig {
+    /// A config stored by a run (checkpoint metadata), read back: a knob added after the run
+    /// takes its default, so adding one does not make older runs unreadable. Not validated
+    /// again (the run was).
+    pub fn from_stored(value: serde_json::Value) -> Result<TrainConfig, ConfigError> {
+        let layer: ConfigLayer = serde_json::from_value(value).map_err(ConfigError::Stored)?;
+        layer.fill()
+    }
+
+    /// Checks values only (no file system access): ranges, and relations between fields.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let positive_rate = |field, v: f64| {
+            if v.is_finite() && v > 0.0 {
+                Ok(())
+            } else {
+                Err(invalid(
+                    field,
+                    format!("{v} is not a learning rate (must be > 0)"),
+                ))
+            }
+        };
+        positive_rate("lr", self.lr)?;
+        positive_rate("projector_lr", self.projector_lr)?;
+        positive_rate("lm_lr", self.lm_lr)?;
+        positive_rate("vision_lr", self.vision_lr)?;
+        if self.nproc == 0 {
+            return Err(invalid("nproc", "0 ranks cannot train (at least 1)"));
+        }
+        if self.token_budget == 0 {
+            return Err(invalid(
+                "token_budget",
+                "0 is not a budget (tokens per micro-batch, > 0)",
+            ));
+        }
+        if self.seq_len == 0 {
+            return Err(invalid("seq_len", "0 tokens cannot hold a sample"));
+        }
+        if self.token_budget < self.seq_len {
+            return Err(invalid(
+                "token_budget",
+                format!(
+                    "{} is below seq_len {}: a micro-batch must hold at least one full row",
+                    self.token_budget, self.seq_len
+                ),
+            ));
+        }
+        if self.micro_steps == 0 {
+            return Err(invalid(
+                "micro_steps",
+                "0 micro-steps per step run nothing (at least 1)",
+            ));
+        }
+        if self.steps == Some(0) {
+            return Err(invalid("steps", "0 steps train nothing"));
+        }
+        if self.epochs == 0 {
+            return Err(invalid("epochs", "0 epochs train nothing"));
+        }
+        if !(0.0..1.0).contains(&self.warmup_ratio) {
+            return Err(invalid(
+                "warmup_ratio",
+                format!(
+                    "{} is not a fraction of the run in [0, 1)",
+                    self.warmup_ratio
+                ),
+            ));
+        }
+        if !(self.weight_decay.is_finite() && self.weight_decay >= 0.0) {
+            return Err(invalid(
+                "weight_decay",
+                format!("{} must be >= 0", self.weight_decay),
+            ));
+        }
+        if !(self.grad_clip.is_finite() && self.grad_clip >= 0.0) {
+            return Err(invalid(
+                "grad_clip",
+                format!("{} must be >= 0 (0 = off)", self.grad_clip),
+            ));
+        }
+        if self.train.lora && self.lora_r == 0 {
+            return Err(invalid(
+                "lora_r",
+                "rank 0 adds no adapter (LoRA needs r >= 1)",
+            ));
+        }
+        if !(self.lora_alpha.is_finite() && self.lora_alpha > 0.0) {
+            return Err(invalid(
+                "lora_alpha",
+                format!("{} must be > 0", self.lora_alpha),
+            ));
+        }
+        if self.keep_checkpoints == 0 {
+            return Err(invalid(
+                "keep_checkpoints",
+                "0 would delete the checkpoint a resume needs (at least 1)",
+            ));
+        }
+        if self.image_size == Some(0) {
+            return Err(invalid("image_size", "0 pixels is not an image size"));
+        }
+        if self.loader_threads == 0 {
+            return Err(invalid(
+                "loader_threads",
+                "the loader needs at least 1 thread",
+            ));
+        }
+        if let Err(e) = remote::parse_size(&self.cache_limit) {
+            return Err(invalid("cache_limit", e.to_string()));
+        }
+        if self.collective_timeout_s == 0 {
+            return Err(invalid(
+                "collective_timeout_s",
+                "a 0 s timeout fails every collective",
+            ));
+        }
+        if self.val_samples == 0 {
+            return Err(invalid(
+                "val_samples",
+                "an empty validation set measures nothing (at least 1)",
+            ));
+        }
+        if self.reduce_dtype == Dtype::Bf16 && self.precision == Dtype::F32 {
+            return Err(invalid(
+                "reduce_dtype",
+                "bf16 gradients need bf16 precision (an f32 run reduces in f32)",
+            ));
+        }
+        if self.device == Device::Cuda && !cfg!(feature = "cuda") {
+            return Err(invalid(
+                "device",
+                "cuda needs a tessera built with `--features cuda`; this build is CPU only",
+            ));
+        }
+        Ok(())
+    }
+
+    /// Checks the inputs exist and look like what they claim to be, before any work starts.
+    pub fn check_paths(&self) -> Result<(), ConfigError> {
+        let remote_shards = remote::is_remote(&self.shards.to_string_lossy());
+        if !remote_shards && !self.shards.join("index.json").is_file() {
+            return Err(invalid(
+                "shards",
+                format!(
+                    "{} holds no index.json (not a complete shard directory; run `tessera ingest`)",
+                    self.shards.display()
+                ),
+            ));
+        }
+        for (field, dir) in [("vision", &self.vision), ("lm", &self.lm)] {
+            if !dir.join("config.json").is_file() {
+                return Err(invalid(
+                    field,
+                    format!(
+                        "{} holds no config.json (not a Hugging Face model directory)",
+                        dir.display()
+                    ),
+                ));
+            }
+        }
+        if let Some(dir) = &self.val_shards {
+            if !dir.join("index.json").is_file() {
+                return Err(invalid(
+                    "val_shards",
+                    format!(
+                        "{} holds no index.json (not a complete shard directory; run `tessera \
+                         ingest`)",
+                        dir.display()
+                    ),
+                ));
+            }
+        }
+        if let Some(p) = &self.init_projector {
+            if !p.is_file() && !p.join("checkpoints").is_dir() {
+                return Err(invalid(
+                    "init_projector",
+                    format!(
+                        "{} is neither a safetensors file nor a run directory with checkpoints/",
+                        p.display()
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Optimizer steps of the whole run, given the planner's steps per epoch.
+    pub fn total_steps(&self, steps_per_epoch: u64) -> u64 {
+        self.steps
+            .unwrap_or(steps_per_epoch.saturating_mul(u64::from(self.epochs)))
+    }
+}

@@ -1,0 +1,62 @@
+//! `TrainError`: everything `tessera train` can fail with, each message naming what failed.
+//! A wrapped error is either `transparent` (its message is the whole story) or its message
+//! names only what this layer adds (a path): the cause is the `source`, so `{:#}` prints it once.
+use super::checkpoint::CheckpointError;
+use super::config::ConfigError;
+use super::export::ExportError;
+use super::metrics::MetricsError;
+use super::plot::PlotError;
+use std::path::PathBuf;
+use tessera_fsdp::dist::DistError;
+use tessera_fsdp::FsdpError;
+use tessera_model::ModelError;
+
+#[derive(Debug, thiserror::Error)]
+pub enum TrainError {
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error(transparent)]
+    Checkpoint(#[from] CheckpointError),
+    #[error(transparent)]
+    Model(#[from] ModelError),
+    #[error(transparent)]
+    Dist(#[from] DistError),
+    #[error(transparent)]
+    Fsdp(#[from] FsdpError),
+    #[error(transparent)]
+    Shards(#[from] shards::ShardError),
+    #[error(transparent)]
+    Plan(#[from] pipeline::plan::PlanError),
+    #[error(transparent)]
+    Loader(#[from] pipeline::loader::LoaderError),
+    #[error(transparent)]
+    Metrics(#[from] MetricsError),
+    #[error(transparent)]
+    Plot(#[from] PlotError),
+    #[error(transparent)]
+    Export(#[from] ExportError),
+    #[error("{path}")]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    /// A tensor file of this rank's checkpoint could not be written or read.
+    #[error("{path}")]
+    Tensors {
+        path: PathBuf,
+        source: tch::TchError,
+    },
+    #[error("torch")]
+    Torch(#[from] tch::TchError),
+    #[error("{0}")]
+    Invalid(String),
+    #[error("profiler: {0}")]
+    Profiler(String),
+}
+
+pub(crate) fn io(path: &std::path::Path) -> impl FnOnce(std::io::Error) -> TrainError + '_ {
+    move |source| TrainError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
+}

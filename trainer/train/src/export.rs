@@ -1,0 +1,342 @@
+//! `tessera export --run DIR --out DIR`: what a run leaves for transformers and PEFT.
+//!
+//! From the run's latest complete checkpoint it writes
+//! - `mm_projector.safetensors`: the projector with LLaVA's keys (`mm_projector.0.weight`, ...);
+//! - `adapter/` (stage 2): `adapter_model.safetensors` + `adapter_config.json` in PEFT's format;
+//!   both in bf16 (as the Hub ships weights) unless `--dtype f32` asks for the masters as they are;
+//! - `config.json`: the VLM (vision and LM source directories, projector type, image token
+//!   count and id, template, resize policy), using LLaVA's config key names where LLaVA has one.
+use super::checkpoint::{Checkpoint, CheckpointError};
+use super::config::{Dtype, ResizePolicy, Stage, TrainConfig};
+use super::sharded_state::ShardedState;
+use serde::{Deserialize, Serialize};
+use std::path::{Path, PathBuf};
+use tch::Tensor;
+use tessera_fsdp::{ParamMap, ParamSpec};
+use tessera_model::{
+    load_safetensors, save_adapter_as, save_safetensors_as, LoraConfig, ModelError, Qwen2Config,
+    SiglipVisionConfig, ADAPTER_CONFIG,
+};
+
+/// File (in rank 0's checkpoint folder) holding the full trainable tensors, by HF key.
+pub const TRAINABLE_FILE: &str = "trainable.safetensors";
+/// Written at the start of a run: what the model is, for `export`.
+pub const VLM_FILE: &str = "vlm.json";
+pub const PROJECTOR_FILE: &str = "mm_projector.safetensors";
+pub const ADAPTER_DIR: &str = "adapter";
+/// A full fine-tune's LM, as a Hugging Face directory (config.json + model.safetensors).
+pub const LM_DIR: &str = "lm";
+/// The vision tower when it trained, likewise.
+pub const VISION_DIR: &str = "vision";
+
+/// Writes `out` as a copy of the Hugging Face directory `src` (its config and other small
+/// files) whose weights are `src`'s with every trained tensor replaced, in `dtype`.
+fn export_tower(
+    src: &Path,
+    out: &Path,
+    trained: &TrainedTensors,
+    dtype: Dtype,
+) -> Result<(), ExportError> {
+    let io = |path: &Path| {
+        let path = path.to_path_buf();
+        move |source| ExportError::Io { path, source }
+    };
+    std::fs::create_dir_all(out).map_err(io(out))?;
+    for entry in std::fs::read_dir(src).map_err(io(src))? {
+        let path = entry.map_err(io(src))?.path();
+        let name = path.file_name().map(|n| n.to_string_lossy().into_owned());
+        let Some(name) = name else { continue };
+        let weights = name.ends_with(".safetensors") || name.ends_with(".safetensors.index.json");
+        if path.is_file() && !weights {
+            std::fs::copy(&path, out.join(&name)).map_err(io(&path))?;
+        }
+    }
+    let ckpt = tessera_model::HfCheckpoint::open(src)?;
+    let mut tensors = ParamMap::new();
+    for name in ckpt.names().map(String::from).collect::<Vec<_>>() {
+        let t = match trained.get(&name)? {
+            Some(t) => t,
+            None => {
+                let shape = ckpt.shape(&name).map(<[i64]>::to_vec).unwrap_or_default();
+                ckpt.tensor_as_stored(&name, &shape)?
+            }
+        };
+        tensors.insert(name, t);
+    }
+    save_safetensors_as(&out.join("model.safetensors"), &tensors, dtype.kind())?;
+    Ok(())
+}
+
+/// Why an export failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ExportError {
+    #[error("run {run}: no complete checkpoint under {run}/checkpoints (train first, or wait for the first checkpoint)")]
+    NoCheckpoint { run: PathBuf },
+    #[error("run {run}: {what}")]
+    BadRun { run: PathBuf, what: String },
+    #[error(transparent)]
+    Checkpoint(#[from] CheckpointError),
+    #[error(transparent)]
+    Model(#[from] ModelError),
+    #[error("{path}")]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+}
+
+/// The VLM a run trains, as exported in `config.json` (LLaVA's key names where it has them).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct VlmDescription {
+    pub model_type: String,
+    /// Vision tower source directory (absolute).
+    pub mm_vision_tower: PathBuf,
+    /// Language model source directory (absolute).
+    pub language_model: PathBuf,
+    pub mm_projector_type: String,
+    /// Features come from the layer before the last.
+    pub mm_vision_select_layer: i64,
+    pub mm_vision_select_feature: String,
+    pub mm_hidden_size: i64,
+    pub hidden_size: i64,
+    pub image_size: i64,
+    /// Vision tokens per image: each placeholder expands to this many.
+    pub image_token_count: i64,
+    pub image_token_id: u32,
+    pub image_token: String,
+    /// `square` (resize straight) or `pad` (expand2square), as LLaVA's `image_aspect_ratio`.
+    pub image_aspect_ratio: String,
+    /// Chat template the shards were tokenized with (`plain` or `chatml`).
+    pub template: String,
+    pub tokenizer_fingerprint: String,
+    pub stage: u8,
+    #[serde(default)]
+    pub lora: Option<LoraConfig>,
+    /// Filled by `export`: the checkpoint step exported and the files written.
+    #[serde(default)]
+    pub step: Option<u64>,
+    #[serde(default)]
+    pub projector_file: Option<String>,
+    #[serde(default)]
+    pub adapter_dir: Option<String>,
+}
+
+impl VlmDescription {
+    pub fn new(
+        cfg: &TrainConfig,
+        vision: &SiglipVisionConfig,
+        lm: &Qwen2Config,
+        manifest: &shards::Manifest,
+        lora: Option<LoraConfig>,
+    ) -> Self {
+        let abs = |p: &Path| std::fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf());
+        VlmDescription {
+            model_type: "llava_qwen2".into(),
+            mm_vision_tower: abs(&cfg.vision),
+            language_model: abs(&cfg.lm),
+            mm_projector_type: "mlp2x_gelu".into(),
+            mm_vision_select_layer: -2,
+            mm_vision_select_feature: "patch".into(),
+            mm_hidden_size: vision.hidden_size,
+            hidden_size: lm.hidden_size,
+            image_size: vision.image_size,
+            image_token_count: vision.num_patches(),
+            image_token_id: manifest.image_placeholder_id,
+            image_token: "<|image_pad|>".into(),
+            image_aspect_ratio: match cfg.resize {
+                ResizePolicy::Squash => "square".into(),
+                ResizePolicy::Pad => "pad".into(),
+            },
+            template: manifest.template.clone(),
+            tokenizer_fingerprint: manifest.tokenizer_fingerprint.clone(),
+            stage: cfg.stage.into(),
+            lora,
+            step: None,
+            projector_file: None,
+            adapter_dir: None,
+        }
+    }
+
+    pub fn save(&self, path: &Path) -> Result<(), ExportError> {
+        let text = serde_json::to_string_pretty(self).map_err(|e| ExportError::Io {
+            path: path.to_path_buf(),
+            source: std::io::Error::other(e),
+        })?;
+        std::fs::write(path, text).map_err(|source| ExportError::Io {
+            path: path.to_path_buf(),
+            source,
+        })
+    }
+
+    pub fn load(path: &Path) -> Result<Self, ExportError> {
+        let bad = |what: String| ExportError::BadRun {
+            run: path.parent().unwrap_or(path).to_path_buf(),
+            what,
+        };
+        let text =
+            std::fs::read(path).map_err(|e| bad(format!("cannot read {}: {e}", path.display())))?;
+        serde_json::from_slice(&text)
+            .map_err(|e| bad(format!("{} is not valid: {e}", path.display())))
+    }
+}
+
+/// What `export` wrote.
+#[derive(Clone, Debug)]
+pub struct ExportReport {
+    pub step: u64,
+    pub projector: PathBuf,
+    pub adapter: Option<PathBuf>,
+    pub config: PathBuf,
+}
+
+/// The trained tensors of a checkpoint: format 3's one file of full tensors, or format 4's
+/// shards, read one parameter at a time (a full fine-tune is never whole in memory here).
+pub enum TrainedTensors {
+    Full(ParamMap),
+    Sharded(ShardedState),
+}
+
+impl TrainedTensors {
+    /// Opens what `ckpt` trained (verified against its manifests).
+    pub fn open(ckpt: &Checkpoint) -> Result<Self, ExportError> {
+        if ckpt.meta.format_version >= 4 {
+            return Ok(TrainedTensors::Sharded(ShardedState::open(ckpt)?));
+        }
+        let dir = ckpt.rank_dir(0)?;
+        Ok(TrainedTensors::Full(load_safetensors(
+            &dir.join(TRAINABLE_FILE),
+        )?))
+    }
+
+    /// Names of every trained parameter.
+    pub fn names(&self) -> Vec<String> {
+        match self {
+            TrainedTensors::Full(map) => map.keys().cloned().collect(),
+            TrainedTensors::Sharded(state) => state.names().map(String::from).collect(),
+        }
+    }
+
+    /// One trained parameter, whole (f32), or `None` when it did not train.
+    pub fn get(&self, name: &str) -> Result<Option<Tensor>, ExportError> {
+        match self {
+            TrainedTensors::Full(map) => Ok(map.get(name).map(Tensor::shallow_clone)),
+            TrainedTensors::Sharded(state) => Ok(state.get(name)?),
+        }
+    }
+
+    /// The trained parameters whose names pass `keep`, in one map (small parts: the
+    /// projector, LoRA adapters).
+    pub fn collect(&self, keep: impl Fn(&str) -> bool) -> Result<ParamMap, ExportError> {
+        let mut out = ParamMap::new();
+        for name in self.names().into_iter().filter(|n| keep(n)) {
+            if let Some(t) = self.get(&name)? {
+                out.insert(name, t);
+            }
+        }
+        Ok(out)
+    }
+
+    /// Replaces every tensor of `params` that trained with its trained value, and fails naming
+    /// a trained tensor the model does not have (a checkpoint of another model).
+    pub fn overlay(&self, params: &mut ParamMap, specs: &[ParamSpec]) -> Result<(), ExportError> {
+        let known: std::collections::HashSet<&str> =
+            specs.iter().map(|s| s.name.as_str()).collect();
+        for name in self.names() {
+            if !known.contains(name.as_str()) {
+                return Err(ExportError::Model(ModelError::InvalidConfig(format!(
+                    "the checkpoint trained `{name}`, which this model does not have"
+                ))));
+            }
+            if let Some(t) = self.get(&name)? {
+                params.insert(name, t);
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The trained tensors of a run's latest complete checkpoint (verified against its manifests).
+pub fn latest_trainable(run: &Path) -> Result<(Checkpoint, TrainedTensors), ExportError> {
+    let ckpt = Checkpoint::latest(run)?.ok_or_else(|| ExportError::NoCheckpoint {
+        run: run.to_path_buf(),
+    })?;
+    let trained = TrainedTensors::open(&ckpt)?;
+    Ok((ckpt, trained))
+}
+
+/// Exports `run` into `out` (created if missing), the weights in bf16 as the Hub ships them.
+pub fn export(run: &Path, out: &Path) -> Result<ExportReport, ExportError> {
+    export_as(run, out, Dtype::Bf16)
+}
+
+/// [`export`] with the projector and adapter weights written in `dtype` (the checkpoint holds
+/// the f32 masters, whatever the run's precision).
+pub fn export_as(run: &Path, out: &Path, dtype: Dtype) -> Result<ExportReport, ExportError> {
+    let mut vlm = VlmDescription::load(&run.join(VLM_FILE))?;
+    let (ckpt, params) = latest_trainable(run)?;
+    let cfg =
+        TrainConfig::from_stored(ckpt.meta.config.clone()).map_err(|e| ExportError::BadRun {
+            run: run.to_path_buf(),
+            what: format!(
+                "checkpoint {} holds an unreadable config: {e}",
+                ckpt.dir.display()
+            ),
+        })?;
+    std::fs::create_dir_all(out).map_err(|source| ExportError::Io {
+        path: out.to_path_buf(),
+        source,
+    })?;
+    let projector = params.collect(|k| k.starts_with("mm_projector."))?;
+    if projector.len() != 4 && cfg.train.projector {
+        return Err(ExportError::BadRun {
+            run: run.to_path_buf(),
+            what: format!(
+                "checkpoint {} holds {} projector tensors, expected 4 (mm_projector.0/2 weight+bias)",
+                ckpt.dir.display(),
+                projector.len()
+            ),
+        });
+    }
+    let projector_path = out.join(PROJECTOR_FILE);
+    save_safetensors_as(&projector_path, &projector, dtype.kind())?;
+    let adapter = match (cfg.stage, &vlm.lora) {
+        (Stage::Finetune, Some(lora_cfg)) => {
+            let dir = out.join(ADAPTER_DIR);
+            let base = vlm.language_model.display().to_string();
+            let adapters = params.collect(|k| k.contains(".lora_"))?;
+            save_adapter_as(&dir, lora_cfg, &adapters, &base, dtype.kind())?;
+            Some(dir)
+        }
+        _ => None,
+    };
+    // A full fine-tune's LM (and vision tower, if it trained) as Hugging Face directories the
+    // exported config points to; frozen towers stay where the run read them.
+    let names = params.names();
+    let trained_lm = names
+        .iter()
+        .any(|n| (n.starts_with("model.") || n == "lm_head.weight") && !n.contains(".lora_"));
+    if trained_lm {
+        let dir = out.join(LM_DIR);
+        export_tower(&vlm.language_model, &dir, &params, dtype)?;
+        vlm.language_model = dir;
+    }
+    if names.iter().any(|n| n.starts_with("vision_model.")) {
+        let dir = out.join(VISION_DIR);
+        export_tower(&vlm.mm_vision_tower, &dir, &params, dtype)?;
+        vlm.mm_vision_tower = dir;
+    }
+    vlm.step = Some(ckpt.meta.step);
+    vlm.projector_file = Some(PROJECTOR_FILE.into());
+    vlm.adapter_dir = adapter.as_ref().map(|_| ADAPTER_DIR.into());
+    let config = out.join("config.json");
+    vlm.save(&config)?;
+    debug_assert!(adapter
+        .as_ref()
+        .is_none_or(|d| d.join(ADAPTER_CONFIG).is_file()));
+    Ok(ExportReport {
+        step: ckpt.meta.step,
+        projector: projector_path,
+        adapter,
+        config,
+    })
+}

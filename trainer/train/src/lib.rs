@@ -1,0 +1,56 @@
+//! Training: config (TOML + flags, LLaVA-1.5 stage defaults), schedule (warmup + cosine),
+//! metrics (`metrics.jsonl`, progress, summary), plot (`loss.png`), checkpoints (per-rank
+//! shards + metadata, atomic, verified on resume), export (projector + PEFT adapter + VLM
+//! config) and the loop itself (`run.rs`, driving `step.rs`: the model sharded by FSDP).
+//!
+//! The top of the trainer's crates: `tessera-sys` (the C++ shims) <- `tessera-model` and
+//! `tessera-fsdp` <- `tessera-train` <- the `tessera` CLI.
+mod checkpoint;
+mod checkpoint_pick;
+mod config;
+mod error;
+mod export;
+mod generation;
+mod layout;
+mod llava_hf;
+mod metrics;
+mod plot;
+mod profile;
+mod run;
+mod run_dir;
+mod schedule;
+mod setup;
+mod sharded_state;
+mod step;
+mod train_parts;
+mod validate;
+
+pub use checkpoint::{Checkpoint, CheckpointError, CheckpointMeta, ModelFingerprint, RankState};
+pub use checkpoint_pick::{Pick, ResumeRecord, Skipped};
+pub use config::{
+    BadImagePolicy, ConfigError, ConfigLayer, Device, Dtype, Recompute, ResizePolicy, Stage,
+    Strategy, TrainConfig, TrainParts,
+};
+pub use error::TrainError;
+pub use export::{
+    export, export_as, latest_trainable, ExportError, ExportReport, TrainedTensors, VlmDescription,
+    ADAPTER_DIR, LM_DIR, PROJECTOR_FILE, TRAINABLE_FILE, VISION_DIR, VLM_FILE,
+};
+pub use generation::{load_export_model, load_run_model, GenerationModel};
+pub use llava_hf::{
+    export_llava_hf, lm_target_regex, weight_kind, write_llava_hf, LlavaHfOptions, LlavaHfReport,
+    LlavaSources, STOP_IDS,
+};
+pub use metrics::{read_metrics, MetricsError, StepMetrics, Summary};
+pub use plot::PlotError;
+pub use run::train;
+pub use run_dir::{prepare as prepare_run_dir, RunStart};
+pub use setup::check_model_dirs;
+pub use sharded_state::ShardedState;
+
+#[cfg(test)]
+mod checkpoint_tests;
+#[cfg(test)]
+mod config_tests;
+#[cfg(test)]
+mod error_chain_tests;

@@ -1,0 +1,366 @@
+//! `tessera export --format llava-hf`: one directory that transformers'
+//! `LlavaForConditionalGeneration.from_pretrained` loads with no missing or unexpected keys
+//! and `AutoProcessor.from_pretrained` turns into a `LlavaProcessor`:
+//! - `config.json` (`model_type` "llava", see [`tessera_model::llava_config_json`]) and the
+//!   weights in the Hub's layout (`vision_tower.*`, `multi_modal_projector.linear_{1,2}.*`,
+//!   `language_model.model.*`), bf16 by default, sharded past 5 GB with an index;
+//! - the LoRA adapters merged into the LM (W + (alpha/r)·B·A), or with `merge: false` left in
+//!   `adapter/` as a PEFT adapter for the LLaVA model (keys under
+//!   `base_model.model.model.language_model.`, `target_modules` a regex restricted to the LM);
+//! - with a tokenizer: `tokenizer.json`, `tokenizer_config.json`, `chat_template.jinja` (the
+//!   run's template: `plain` or `chatml`, as ingest renders it), `processor_config.json`
+//!   (`<|image_pad|>` expanded to `image_seq_length` copies, as tessera's loader does),
+//!   `preprocessor_config.json` (SigLIP: bicubic resize to the tower's size, mean/std 0.5) and
+//!   `generation_config.json` (stop at `<|endoftext|>` / `<|im_end|>`).
+use super::export::{latest_trainable, ExportError, TrainedTensors, VlmDescription, VLM_FILE};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use tch::Kind;
+use tessera_fsdp::{ParamMap, ParamSpec};
+use tessera_model::{
+    export_specs, llava_config_json, llava_key, merge_adapters, save_sharded, HfCheckpoint,
+    LoraConfig, Vlm, VlmOptions, LLAVA_ADAPTER_DIR,
+};
+
+/// Qwen's `<|endoftext|>` and `<|im_end|>` ids (see REFERENCE.md, Qwen tokenizer).
+pub const STOP_IDS: [i64; 2] = [151_643, 151_645];
+
+/// How to write the export.
+#[derive(Clone, Debug)]
+pub struct LlavaHfOptions {
+    /// Merge the LoRA adapters into the LM (the default) or keep them in `adapter/`.
+    pub merge: bool,
+    /// BFloat16 (the default), Half or Float.
+    pub dtype: Kind,
+    pub max_shard_bytes: u64,
+    /// `tokenizer.json` to ship (and build the processor files around).
+    pub tokenizer: Option<PathBuf>,
+}
+
+impl Default for LlavaHfOptions {
+    fn default() -> Self {
+        Self {
+            merge: true,
+            dtype: Kind::BFloat16,
+            max_shard_bytes: tessera_model::HUB_SHARD_BYTES,
+            tokenizer: None,
+        }
+    }
+}
+
+/// The weight dtype named `bf16`, `f16` or `f32`.
+pub fn weight_kind(name: &str) -> Option<Kind> {
+    match name {
+        "bf16" => Some(Kind::BFloat16),
+        "f16" => Some(Kind::Half),
+        "f32" => Some(Kind::Float),
+        _ => None,
+    }
+}
+
+/// What the export is made of.
+pub struct LlavaSources<'a> {
+    pub vision_dir: &'a Path,
+    pub lm_dir: &'a Path,
+    /// The trained tensors by tessera key: the projector, plus LoRA adapters when `lora` is set.
+    pub trainable: &'a TrainedTensors,
+    pub lora: Option<LoraConfig>,
+    pub image_token_id: i64,
+    /// `plain` or `chatml`.
+    pub template: &'a str,
+}
+
+/// What was written.
+#[derive(Debug)]
+pub struct LlavaHfReport {
+    pub weight_files: Vec<PathBuf>,
+    pub adapter: Option<PathBuf>,
+    pub tensors: usize,
+}
+
+fn io(path: &Path) -> impl FnOnce(std::io::Error) -> ExportError + '_ {
+    move |source| ExportError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+fn write_json(path: &Path, value: &serde_json::Value) -> Result<(), ExportError> {
+    let text = serde_json::to_string_pretty(value).map_err(|e| ExportError::Io {
+        path: path.to_path_buf(),
+        source: std::io::Error::other(e),
+    })?;
+    std::fs::write(path, text + "\n").map_err(io(path))
+}
+
+/// Exports the latest complete checkpoint of `run` (see the module docs).
+pub fn export_llava_hf(
+    run: &Path,
+    out: &Path,
+    options: &LlavaHfOptions,
+) -> Result<(u64, LlavaHfReport), ExportError> {
+    let description = VlmDescription::load(&run.join(VLM_FILE))?;
+    if let Some(tokenizer) = &options.tokenizer {
+        let (fingerprint, _) = shards::sha256_file(tokenizer).map_err(|e| ExportError::BadRun {
+            run: run.to_path_buf(),
+            what: format!("cannot read tokenizer {}: {e}", tokenizer.display()),
+        })?;
+        if fingerprint != description.tokenizer_fingerprint {
+            return Err(ExportError::BadRun {
+                run: run.to_path_buf(),
+                what: format!(
+                    "{} (sha256 {fingerprint}) is not the tokenizer its shards were made with ({})",
+                    tokenizer.display(),
+                    description.tokenizer_fingerprint
+                ),
+            });
+        }
+    }
+    let (ckpt, trainable) = latest_trainable(run)?;
+    // Stage 2 (finetune) trains LoRA adapters; stage 1 only the projector.
+    let lora = match description.stage {
+        2 => description.lora.clone(),
+        _ => None,
+    };
+    let sources = LlavaSources {
+        vision_dir: &description.mm_vision_tower,
+        lm_dir: &description.language_model,
+        trainable: &trainable,
+        lora,
+        image_token_id: i64::from(description.image_token_id),
+        template: &description.template,
+    };
+    let report = write_llava_hf(&sources, out, options)?;
+    Ok((ckpt.meta.step, report))
+}
+
+/// Writes the llava-hf directory `out` (created if missing) from `sources`.
+pub fn write_llava_hf(
+    sources: &LlavaSources,
+    out: &Path,
+    options: &LlavaHfOptions,
+) -> Result<LlavaHfReport, ExportError> {
+    let vlm = Vlm::from_dirs(
+        sources.vision_dir,
+        sources.lm_dir,
+        VlmOptions {
+            image_token_id: sources.image_token_id,
+            lora: sources.lora.clone(),
+            ..Default::default()
+        },
+    )?;
+    std::fs::create_dir_all(out).map_err(io(out))?;
+    let specs = export_specs(&vlm);
+    let (vision_specs, other): (Vec<_>, Vec<_>) = specs
+        .iter()
+        .partition(|s| s.name.starts_with("vision_model."));
+    let mut params = HfCheckpoint::open(sources.vision_dir)?
+        .load_specs_as_stored(vision_specs, Some("vision_model."))?;
+    let (projector, lm): (Vec<_>, Vec<_>) = other
+        .into_iter()
+        .partition(|s| s.name.starts_with("mm_projector."));
+    params.append(&mut HfCheckpoint::open(sources.lm_dir)?.load_specs_as_stored(lm, None)?);
+    for spec in projector {
+        let t = sources.trainable.get(&spec.name)?.ok_or_else(|| {
+            ExportError::Model(tessera_model::ModelError::InvalidConfig(format!(
+                "the trained tensors hold no `{}`",
+                spec.name
+            )))
+        })?;
+        params.insert(spec.name.clone(), t);
+    }
+    // A full fine-tune's LM and vision layers replace the directories' weights.
+    let base: Vec<ParamSpec> = specs
+        .iter()
+        .filter(|s| !s.name.contains(".lora_"))
+        .cloned()
+        .collect();
+    let trained_base = sources.trainable.names();
+    for name in trained_base.iter().filter(|n| !n.contains(".lora_")) {
+        if !base.iter().any(|s| &s.name == name) {
+            return Err(ExportError::Model(
+                tessera_model::ModelError::InvalidConfig(format!(
+                    "the checkpoint trained `{name}`, which the export does not hold"
+                )),
+            ));
+        }
+        if let Some(t) = sources.trainable.get(name)? {
+            params.insert(name.clone(), t);
+        }
+    }
+    let mut adapter = None;
+    if let Some(lora) = &sources.lora {
+        let adapters = sources.trainable.collect(|k| k.contains(".lora_"))?;
+        if options.merge {
+            params.extend(adapters);
+            params = merge_adapters(lora, &params)?;
+        } else {
+            let dir = out.join(LLAVA_ADAPTER_DIR);
+            write_adapter(&dir, lora, &adapters)?;
+            adapter = Some(dir);
+        }
+    }
+    let renamed: BTreeMap<String, tch::Tensor> = params
+        .iter()
+        .map(|(k, t)| (llava_key(k), t.shallow_clone()))
+        .collect();
+    let weight_files = save_sharded(out, &renamed, options.dtype, options.max_shard_bytes)?;
+    let read = |dir: &Path| tessera_model::read_config_json(&dir.join("config.json"));
+    let dtype = match options.dtype {
+        Kind::BFloat16 => "bfloat16",
+        Kind::Half => "float16",
+        _ => "float32",
+    };
+    let config = llava_config_json(
+        &vlm,
+        &read(sources.vision_dir)?,
+        &read(sources.lm_dir)?,
+        dtype,
+    );
+    write_json(&out.join("config.json"), &config)?;
+    if let Some(tokenizer) = &options.tokenizer {
+        write_processor(out, tokenizer, &vlm, sources.template)?;
+    }
+    Ok(LlavaHfReport {
+        weight_files,
+        adapter,
+        tensors: renamed.len(),
+    })
+}
+
+/// The PEFT adapter for the LLaVA model: keys and `target_modules` name the LM's modules
+/// inside `LlavaForConditionalGeneration` (`model.language_model.layers.N....`), so the
+/// SigLIP tower's `q_proj`/`k_proj`/`v_proj` are not targeted.
+fn write_adapter(dir: &Path, lora: &LoraConfig, adapters: &ParamMap) -> Result<(), ExportError> {
+    std::fs::create_dir_all(dir).map_err(io(dir))?;
+    let renamed: BTreeMap<String, tch::Tensor> = adapters
+        .iter()
+        .map(|(k, t)| {
+            let inner = k.strip_prefix("model.").unwrap_or(k);
+            (
+                format!("base_model.model.model.language_model.{inner}"),
+                t.shallow_clone(),
+            )
+        })
+        .collect();
+    tessera_model::save_safetensors(&dir.join(tessera_model::ADAPTER_WEIGHTS), &renamed)?;
+    let config = serde_json::json!({
+        "peft_type": "LORA",
+        "task_type": null,
+        "base_model_name_or_path": "..",
+        "r": lora.r,
+        "lora_alpha": lora.lora_alpha,
+        "lora_dropout": lora.lora_dropout,
+        "target_modules": lm_target_regex(&lora.target_modules),
+        "bias": "none",
+        "fan_in_fan_out": false,
+        "inference_mode": true,
+        "init_lora_weights": true,
+        "modules_to_save": null,
+    });
+    write_json(&dir.join(tessera_model::ADAPTER_CONFIG), &config)
+}
+
+/// PEFT full-matches a string `target_modules` against module names.
+pub fn lm_target_regex(modules: &[String]) -> String {
+    format!(
+        r"model\.language_model\.layers\.\d+\.(?:self_attn|mlp)\.({})",
+        modules.join("|")
+    )
+}
+
+fn write_processor(
+    out: &Path,
+    tokenizer: &Path,
+    vlm: &Vlm,
+    template: &str,
+) -> Result<(), ExportError> {
+    let target = out.join("tokenizer.json");
+    std::fs::copy(tokenizer, &target).map_err(io(tokenizer))?;
+    let chatml = template == "chatml";
+    let eos = if chatml {
+        "<|im_end|>"
+    } else {
+        "<|endoftext|>"
+    };
+    write_json(
+        &out.join("tokenizer_config.json"),
+        &serde_json::json!({
+            "tokenizer_class": "Qwen2Tokenizer",
+            "processor_class": "LlavaProcessor",
+            "bos_token": null,
+            "eos_token": eos,
+            "pad_token": "<|endoftext|>",
+            "unk_token": null,
+            "model_max_length": vlm.lm.max_position_embeddings,
+            "add_prefix_space": false,
+            "clean_up_tokenization_spaces": false,
+            "errors": "replace",
+            "split_special_tokens": false,
+        }),
+    )?;
+    let jinja = out.join("chat_template.jinja");
+    let text = if chatml {
+        CHATML_TEMPLATE
+    } else {
+        PLAIN_TEMPLATE
+    };
+    std::fs::write(&jinja, text).map_err(io(&jinja))?;
+    write_json(
+        &out.join("processor_config.json"),
+        &serde_json::json!({
+            "processor_class": "LlavaProcessor",
+            "image_token": "<|image_pad|>",
+            "patch_size": vlm.vision.patch_size,
+            "vision_feature_select_strategy": "full",
+            "num_additional_image_tokens": 0,
+        }),
+    )?;
+    let side = vlm.vision.image_size;
+    write_json(
+        &out.join("preprocessor_config.json"),
+        &serde_json::json!({
+            "image_processor_type": "SiglipImageProcessor",
+            "processor_class": "LlavaProcessor",
+            "do_convert_rgb": true,
+            "do_resize": true,
+            "size": {"height": side, "width": side},
+            "resample": 3,
+            "do_rescale": true,
+            "rescale_factor": 1.0 / 255.0,
+            "do_normalize": true,
+            "image_mean": [0.5, 0.5, 0.5],
+            "image_std": [0.5, 0.5, 0.5],
+        }),
+    )?;
+    write_json(
+        &out.join("generation_config.json"),
+        &serde_json::json!({
+            "bos_token_id": STOP_IDS[0],
+            "eos_token_id": STOP_IDS,
+            "pad_token_id": STOP_IDS[0],
+            "do_sample": false,
+        }),
+    )
+}
+
+/// LLaVA's `plain` template as ingest renders it: a user turn with an image becomes
+/// `<|image_pad|>` alone (its text dropped), other turns their text and `\n`; a finished
+/// conversation ends with `<|endoftext|>`.
+const PLAIN_TEMPLATE: &str = r#"{%- for message in messages -%}
+{%- if message['content'] is string -%}{%- set parts = [{'type': 'text', 'text': message['content']}] -%}{%- else -%}{%- set parts = message['content'] -%}{%- endif -%}
+{%- set images = parts | selectattr('type', 'equalto', 'image') | list -%}
+{%- if message['role'] != 'assistant' and images -%}{%- for _ in images -%}<|image_pad|>{%- endfor -%}
+{%- else -%}{%- for part in parts -%}{%- if part['type'] == 'text' -%}{{ part['text'] }}{%- endif -%}{%- endfor -%}{{ '\n' }}{%- endif -%}
+{%- endfor -%}
+{%- if not add_generation_prompt and messages and messages[-1]['role'] == 'assistant' -%}<|endoftext|>{%- endif -%}
+"#;
+
+/// ChatML as ingest renders it: an image is `<|vision_start|><|image_pad|><|vision_end|>`.
+const CHATML_TEMPLATE: &str = r#"{%- for message in messages -%}
+{{- '<|im_start|>' + message['role'] + '\n' -}}
+{%- if message['content'] is string -%}{{- message['content'] -}}{%- else -%}{%- for part in message['content'] -%}{%- if part['type'] == 'image' -%}<|vision_start|><|image_pad|><|vision_end|>{%- elif part['type'] == 'text' -%}{{- part['text'] -}}{%- endif -%}{%- endfor -%}{%- endif -%}
+{{- '<|im_end|>\n' -}}
+{%- endfor -%}
+{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\n' -}}{%- endif -%}
+"#;

@@ -1,0 +1,626 @@
+//! The training loop. Per rank: join the job, load the model, pick up the latest checkpoint
+//! (`--resume`: the newest complete checkpoint, at any world size), then for every optimizer
+//! step run its G micro-batches (each rank its own, all ranks the same kind; `layout.rs` maps
+//! the plan's ranks onto this run's), scale each micro-batch's summed token loss by
+//! 1 / (supervised tokens of the whole step across ranks), all-reduce, clip, AdamW, log the
+//! step (`metrics.jsonl`) and its samples (`plan.jsonl`), validate (`validate.rs`), checkpoint.
+use super::checkpoint::{
+    self, Checkpoint, CheckpointMeta, CheckpointWriter, Expected, RankState, FORMAT_VERSION,
+};
+use super::checkpoint_pick::{self, Pick, ResumeRecord};
+use super::config::{Dtype, Stage, TrainConfig, TrainParts};
+use super::error::{io, TrainError};
+use super::export::{VlmDescription, VLM_FILE};
+use super::layout::{step_samples, RankLayout};
+use super::metrics::{self, MetricsWriter, Progress, StepMetrics, Summary};
+use super::plot::plot_loss;
+use super::profile::Profiler;
+use super::run_dir::{self, RunStart};
+use super::schedule::CosineSchedule;
+use super::setup::{self, Setup};
+use super::sharded_state::ShardedState;
+use super::step::{ShardedVlm, StepTotals, UnitTimes};
+use super::validate::Validation;
+use pipeline::loader::{Loader, LoaderConfig, SampleSource};
+use pipeline::plan::{Plan, Planner, Position, Step};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Instant;
+use tch::Tensor;
+use tessera_fsdp::dist::RankEnv;
+use tessera_model::CpuBf16Gemm;
+
+/// Trains one rank. Rank 0 returns the run's summary; other ranks return `None`.
+pub fn train(
+    cfg: &TrainConfig,
+    env: Option<RankEnv>,
+    start: &RunStart,
+) -> Result<Option<Summary>, TrainError> {
+    let mut cfg = cfg.clone();
+    if let Some(env) = &env {
+        cfg.nproc = env.world_size;
+    }
+    // Rank 0 alone, before joining the job: no other rank writes into --out until then.
+    if env.as_ref().is_none_or(|e| e.rank == 0) {
+        run_dir::prepare(&cfg.out, start)?;
+    }
+    std::fs::create_dir_all(&cfg.out).map_err(io(&cfg.out))?;
+    let pg = setup::process_group(&cfg, env.as_ref())?;
+    // The sharded model reads from the checkpoints only the slices its shards keep.
+    let (s, init) = setup::build(&cfg, pg)?;
+    if s.rank == 0 {
+        let vlm_desc = VlmDescription::new(
+            &cfg,
+            &s.vlm.vision,
+            &s.vlm.lm,
+            s.dataset.manifest(),
+            s.vlm.options.lora.clone(),
+        );
+        vlm_desc.save(&cfg.out.join(VLM_FILE))?;
+    }
+    let mut model = ShardedVlm::new(&cfg, &s.vlm, &s.pg, &init, s.device)?;
+    tracing::info!(
+        "rank {}: shards built from {} MiB of checkpoint reads; peak RSS so far {:.0} MiB",
+        s.rank,
+        init.bytes_read() >> 20,
+        metrics::peak_rss_mib()
+    );
+    drop(init);
+    let held = model.training_state_bytes();
+    let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
+    tracing::info!(
+        "rank {}: training state {:.1} MiB (trained {}: masters {:.1}, gradients {:.1}, AdamW \
+         moments {:.1}; {:?} over {} ranks); frozen and trained parameters at rest {:.1} MiB",
+        s.rank,
+        mib(held.trainable_param_bytes + held.grad_bytes + held.optimizer_bytes),
+        cfg.train,
+        mib(held.trainable_param_bytes),
+        mib(held.grad_bytes),
+        mib(held.optimizer_bytes),
+        cfg.strategy,
+        s.world_size,
+        mib(held.param_bytes),
+    );
+    if s.rank == 0 && cfg.precision == Dtype::Bf16 && s.device == tch::Device::Cpu {
+        tracing::info!(
+            "bf16 matrix products on this CPU: {}",
+            CpuBf16Gemm::current().name()
+        );
+    }
+    let pick = if start.resume {
+        Some(Checkpoint::newest_complete(&cfg.out)?)
+    } else {
+        None
+    };
+    let plan_world_size = pick
+        .as_ref()
+        .and_then(|p| p.checkpoint.as_ref())
+        .map_or(s.world_size, |c| c.meta.plan_world_size());
+    let mut train_loop = TrainLoop::new(&cfg, &s, plan_world_size)?;
+    let first = train_loop.restore(pick, start, &mut model)?;
+    train_loop.run(&mut model, first)?;
+    drop(model);
+    if s.rank != 0 {
+        return Ok(None);
+    }
+    let steps = metrics::read_metrics(&cfg.out.join("metrics.jsonl"))?;
+    let summary = Summary::from_steps(&steps);
+    if let Some(summary) = &summary {
+        let path = cfg.out.join("summary.json");
+        let text = serde_json::to_string_pretty(summary)
+            .map_err(|e| TrainError::Invalid(e.to_string()))?;
+        std::fs::write(&path, text).map_err(io(&path))?;
+        let losses: Vec<(u64, f64)> = steps.iter().map(|m| (m.step, m.loss)).collect();
+        let val: Vec<(u64, f64)> = steps
+            .iter()
+            .filter_map(|m| m.val_loss.map(|v| (m.step, v)))
+            .collect();
+        plot_loss(&losses, &val, &cfg.out.join("loss.png"))?;
+    }
+    Ok(summary)
+}
+
+/// Where the run starts: the global step and the planner position (None = epoch 0's start).
+struct Start {
+    step: u64,
+    position: Option<Position>,
+}
+
+/// The loop over optimizer steps: plans each epoch, feeds each step's micro-batches to the
+/// model, logs and checkpoints.
+struct TrainLoop<'a> {
+    cfg: &'a TrainConfig,
+    s: &'a Setup,
+    loader_cfg: LoaderConfig,
+    total_steps: u64,
+    schedule: CosineSchedule,
+    layout: RankLayout,
+    validation: Option<Validation>,
+}
+
+/// Stage 1 trains only the projector, which text-only samples never reach: it plans image
+/// samples alone (LLaVA's stage 1 data has no text-only samples either).
+fn planned_kind(stage: Stage) -> Option<shards::Kind> {
+    (stage == Stage::Align).then_some(shards::Kind::Image)
+}
+
+impl<'a> TrainLoop<'a> {
+    /// `plan_world_size`: the ranks the data plan is laid out for (this run's W, or the one
+    /// the resumed run started with).
+    fn new(cfg: &'a TrainConfig, s: &'a Setup, plan_world_size: usize) -> Result<Self, TrainError> {
+        if let Some(kind) = planned_kind(cfg.stage) {
+            let left_out = s.samples.iter().filter(|m| m.kind != kind).count();
+            if left_out == s.samples.len() {
+                return Err(TrainError::Invalid(format!(
+                    "stage {} trains on {kind:?} samples only and {} holds none",
+                    cfg.stage as u8,
+                    cfg.shards.display()
+                )));
+            }
+            if left_out > 0 && s.rank == 0 {
+                tracing::info!(
+                    "stage {}: {left_out} samples that are not {kind:?} samples are left out \
+                     (only the projector trains)",
+                    cfg.stage as u8
+                );
+            }
+        }
+        let loader_cfg = LoaderConfig::builder()
+            .image_size(s.vlm.vision.image_size as usize)
+            .image_tokens(s.vlm.vision.num_patches() as usize)
+            .placeholder_id(s.dataset.manifest().image_placeholder_id)
+            .resize(cfg.resize)
+            .threads(cfg.loader_threads)
+            .on_bad_image(cfg.on_bad_image)
+            .build()?;
+        let validation = Validation::new(cfg, s, &loader_cfg, planned_kind(cfg.stage))?;
+        if let (Some(v), 0) = (&validation, s.rank) {
+            tracing::info!(
+                "validation: {} samples of {}, every {} steps and at the end",
+                v.samples,
+                cfg.val_shards
+                    .as_deref()
+                    .unwrap_or(std::path::Path::new(""))
+                    .display(),
+                cfg.val_every
+            );
+        }
+        let mut train_loop = TrainLoop {
+            cfg,
+            s,
+            loader_cfg,
+            total_steps: 0,
+            schedule: CosineSchedule::new(cfg.lr, cfg.warmup_ratio, 1),
+            layout: RankLayout {
+                plan_world_size,
+                world_size: s.world_size,
+                rank: s.rank,
+            },
+            validation,
+        };
+        train_loop.total_steps = match cfg.steps {
+            Some(n) => n,
+            None => {
+                let mut n = 0;
+                for epoch in 0..u64::from(cfg.epochs) {
+                    n += train_loop.planner(epoch)?.plan().steps.len() as u64;
+                }
+                n
+            }
+        };
+        train_loop.schedule = CosineSchedule::new(cfg.lr, cfg.warmup_ratio, train_loop.total_steps);
+        Ok(train_loop)
+    }
+
+    fn planner(&self, epoch: u64) -> Result<Planner, TrainError> {
+        Ok(Planner::builder()
+            .samples(&self.s.samples)
+            .image_tokens(self.s.vlm.vision.num_patches() as u32)
+            .world_size(self.layout.plan_world_size)
+            .token_budget(self.cfg.token_budget as u64)
+            .seq_len(self.cfg.seq_len as u64)
+            .micro_steps(self.cfg.micro_steps)
+            .seed(self.cfg.seed)
+            .epoch(epoch)
+            .fingerprint(self.s.dataset.fingerprint())
+            .only(planned_kind(self.cfg.stage))
+            .build()?)
+    }
+
+    /// What a resume must match: everything that changes the math. The frozen weights are
+    /// named by the model directories' fingerprints (a checkpoint does not store them).
+    fn run_record(&self) -> BTreeMap<String, String> {
+        let (cfg, s) = (self.cfg, self.s);
+        let m = &s.model_fingerprint;
+        let mut r = BTreeMap::new();
+        let mut put = |key: &str, value: String| r.insert(key.to_string(), value);
+        put("vision_config", m.vision_config.clone());
+        put("vision_weights", m.vision_weights.clone());
+        put("lm_config", m.lm_config.clone());
+        put("lm_weights", m.lm_weights.clone());
+        put("shards", s.dataset.fingerprint().to_string());
+        put("stage", (cfg.stage as u8).to_string());
+        put("lr", cfg.lr.to_string());
+        put("projector_lr", cfg.projector_lr.to_string());
+        put("warmup_ratio", cfg.warmup_ratio.to_string());
+        put("weight_decay", cfg.weight_decay.to_string());
+        put("grad_clip", cfg.grad_clip.to_string());
+        put("total_steps", self.total_steps.to_string());
+        put("token_budget", cfg.token_budget.to_string());
+        put("seq_len", cfg.seq_len.to_string());
+        put("micro_steps", cfg.micro_steps.to_string());
+        put("seed", cfg.seed.to_string());
+        put("image_size", s.vlm.vision.image_size.to_string());
+        put("resize", format!("{:?}", cfg.resize).to_lowercase());
+        // Recorded only when not f32, so runs from before the knob existed still resume.
+        if cfg.precision != Dtype::F32 {
+            put("precision", cfg.precision.name().into());
+            put("reduce_dtype", cfg.reduce_dtype.name().into());
+        }
+        if cfg.train.lora {
+            put("lora_r", cfg.lora_r.to_string());
+            put("lora_alpha", cfg.lora_alpha.to_string());
+        }
+        // Recorded only past the stage presets, so runs from before `--train` still resume.
+        let preset = match cfg.stage {
+            Stage::Align => TrainParts::PROJECTOR,
+            Stage::Finetune => TrainParts::PROJECTOR_LORA,
+        };
+        if cfg.train != preset {
+            put("train", cfg.train.to_string());
+        }
+        if cfg.train.lm {
+            put("lm_lr", cfg.lm_lr.to_string());
+        }
+        if cfg.train.vision != tessera_model::VisionTraining::Frozen {
+            put("vision_lr", cfg.vision_lr.to_string());
+        }
+        r
+    }
+
+    /// With `--resume`: loads the newest complete checkpoint (`pick`) after checking it
+    /// belongs to this run (format, parameter set, run record), at this run's world size;
+    /// says which newer folders it skipped and why (log, and `resumes.jsonl`).
+    fn restore(
+        &mut self,
+        pick: Option<Pick>,
+        start: &RunStart,
+        model: &mut ShardedVlm,
+    ) -> Result<Start, TrainError> {
+        let fresh = Start {
+            step: 0,
+            position: None,
+        };
+        let Some(Pick {
+            checkpoint,
+            skipped,
+        }) = pick
+        else {
+            return Ok(fresh);
+        };
+        let (rank, out) = (self.s.rank, &self.cfg.out);
+        if rank == 0 {
+            for s in &skipped {
+                tracing::warn!("--resume: skipped {}: {}", s.checkpoint, s.reason);
+            }
+        }
+        let Some(ckpt) = checkpoint else {
+            let committed = skipped.iter().any(|s| !s.checkpoint.ends_with(".tmp"));
+            if committed {
+                let list: Vec<String> = skipped
+                    .iter()
+                    .map(|s| format!("{} ({})", s.checkpoint, s.reason))
+                    .collect();
+                return Err(TrainError::Invalid(format!(
+                    "--resume: no usable checkpoint under {}/checkpoints: {}",
+                    out.display(),
+                    list.join("; ")
+                )));
+            }
+            tracing::warn!(
+                "--resume: no complete checkpoint under {}/checkpoints; starting at step 0",
+                out.display()
+            );
+            return Ok(fresh);
+        };
+        ckpt.check_matches(&Expected {
+            world_size: self.s.world_size,
+            model: &self.s.model_fingerprint,
+            run: &self.run_record(),
+            allow_changing: &start.resume_changing,
+        })?;
+        // Every rank's position is the same (the plan is global): read rank 0's.
+        let state = ckpt.rank_state(0)?;
+        let position: Position = serde_json::from_value(state.planner.clone()).map_err(|e| {
+            TrainError::Invalid(format!(
+                "checkpoint {} rank 0: planner position is unreadable: {e}",
+                ckpt.dir.display(),
+            ))
+        })?;
+        if ckpt.meta.format_version >= 4 {
+            model.load_sharded(&ShardedState::open(&ckpt)?)?;
+        } else if ckpt.meta.format_version == 3 {
+            model.load_full(&ckpt.rank_dir(0)?)?;
+        } else {
+            model.load(&ckpt.rank_dir(rank)?)?;
+        }
+        let m = &ckpt.meta;
+        if rank == 0 {
+            tracing::info!(
+                "resumed from {} (step {}, written by {} ranks, now {}; data plan laid out for {})",
+                ckpt.dir.display(),
+                m.step,
+                m.world_size,
+                self.s.world_size,
+                m.plan_world_size()
+            );
+            checkpoint_pick::append_resume_record(
+                out,
+                &ResumeRecord {
+                    step: m.step,
+                    checkpoint: ckpt
+                        .dir
+                        .strip_prefix(out)
+                        .unwrap_or(&ckpt.dir)
+                        .display()
+                        .to_string(),
+                    checkpoint_world_size: m.world_size,
+                    world_size: self.s.world_size,
+                    plan_world_size: m.plan_world_size(),
+                    skipped,
+                },
+            )?;
+        }
+        Ok(Start {
+            step: m.step,
+            position: Some(position),
+        })
+    }
+
+    fn run(&mut self, model: &mut ShardedVlm, start: Start) -> Result<(), TrainError> {
+        let (cfg, s) = (self.cfg, self.s);
+        let resume_step = (start.step > 0).then_some(start.step);
+        let mut writer = if s.rank == 0 {
+            Some(MetricsWriter::open(
+                &cfg.out.join("metrics.jsonl"),
+                resume_step.or(Some(0)),
+            )?)
+        } else {
+            None
+        };
+        // The samples each step trains on, for audits (same truncation on resume).
+        let mut plan_log = if s.rank == 0 {
+            Some(MetricsWriter::open(
+                &cfg.out.join(PLAN_LOG),
+                resume_step.or(Some(0)),
+            )?)
+        } else {
+            None
+        };
+        let progress = Progress::new(self.total_steps);
+        let mut step = start.step;
+        let mut profiler = None;
+        let mut position = start.position;
+        let mut epoch = position.as_ref().map_or(0, |p| p.epoch);
+        while step < self.total_steps {
+            let planner = self.planner(epoch)?;
+            let plan: Plan = match position.take() {
+                Some(p) if p.epoch == epoch => planner.plan_from(&p)?,
+                _ => planner.plan(),
+            };
+            if plan.steps.is_empty() {
+                if plan.stats.samples == 0 && plan.end.step == 0 {
+                    return Err(TrainError::Invalid(format!("epoch {epoch} plans no steps")));
+                }
+                epoch += 1;
+                continue;
+            }
+            let todo = ((self.total_steps - step) as usize).min(plan.steps.len());
+            let mine: Vec<_> = plan.steps[..todo]
+                .iter()
+                .flat_map(|st| self.layout.batches(st))
+                .collect();
+            let source: Arc<dyn SampleSource> = s.dataset.clone();
+            let mut loader = Loader::new(source, mine, self.loader_cfg.clone());
+            for (i, plan_step) in plan.steps[..todo].iter().enumerate() {
+                if step == start.step && cfg.profile > 0 {
+                    profiler = Some(Profiler::start(s.device.is_cuda())?);
+                }
+                let mut m = self.one_step(model, &mut loader, plan_step, step)?;
+                if step + 1 == start.step + cfg.profile || step + 1 == self.total_steps {
+                    if let Some(p) = profiler.take() {
+                        let path = cfg.out.join(format!("profile_rank{}.json", s.rank));
+                        p.save(&path)?;
+                        tracing::info!(
+                            "rank {}: profile of {} steps in {}",
+                            s.rank,
+                            cfg.profile.min(step + 1 - start.step),
+                            path.display()
+                        );
+                    }
+                }
+                let last = step + 1 == self.total_steps;
+                let due = cfg.val_every > 0 && (step + 1).is_multiple_of(cfg.val_every);
+                if let Some(v) = self.validation.as_ref().filter(|_| due || last) {
+                    let val_loss = v.loss(model, s)?;
+                    tracing::info!(
+                        "step {step}: val_loss {val_loss:.6} ({} samples)",
+                        v.samples
+                    );
+                    m.val_loss = Some(val_loss);
+                }
+                if let Some(w) = writer.as_mut() {
+                    w.append(&m)?;
+                    progress.show(&m);
+                }
+                if let Some(w) = plan_log.as_mut() {
+                    w.append_json(&PlannedStep {
+                        step,
+                        samples: step_samples(plan_step),
+                    })?;
+                }
+                step += 1;
+                let due = cfg.checkpoint_every > 0 && step.is_multiple_of(cfg.checkpoint_every);
+                if due || step == self.total_steps {
+                    self.checkpoint(model, step, &plan.resume_position(i + 1)?)?;
+                }
+            }
+            epoch += 1;
+        }
+        Ok(())
+    }
+
+    fn one_step(
+        &self,
+        model: &mut ShardedVlm,
+        loader: &mut Loader,
+        plan_step: &Step,
+        step: u64,
+    ) -> Result<StepMetrics, TrainError> {
+        let s = self.s;
+        tch::manual_seed(step_seed(self.cfg.seed, step, s.rank));
+        let started = Instant::now();
+        let divisor = plan_step.supervised_tokens.max(1) as f64;
+        let mut times = UnitTimes::new();
+        let mut wait = 0.0;
+        let mut local = StepTotals::default();
+        let mut fetch = |model: &ShardedVlm, wait: &mut f64| -> Result<_, TrainError> {
+            let t = Instant::now();
+            let mb = loader.next().ok_or_else(|| {
+                TrainError::Invalid(format!("step {step}: the loader ended before the plan did"))
+            })??;
+            *wait += t.elapsed().as_secs_f64();
+            let ctx = model.prepare(&mb)?;
+            Ok((mb, ctx))
+        };
+        let micro_batches = plan_step.micro_steps.len() * self.layout.per_micro_step();
+        let mut next = None;
+        for i in 0..micro_batches {
+            let (mb, ctx) = match next.take() {
+                Some(prepared) => prepared,
+                None => fetch(model, &mut wait)?,
+            };
+            // Micro-batch i+1's uploads go out before i's kernels: on CUDA they overlap.
+            if i + 1 < micro_batches {
+                next = Some(fetch(model, &mut wait)?);
+            }
+            local.loss_sum += model.forward_backward(ctx, 1.0 / divisor, &mut times)?;
+            local.add_batch(&mb);
+        }
+        let compute = started.elapsed().as_secs_f64() - wait;
+        let lr_factor = self.schedule.factor(step);
+        let t = Instant::now();
+        let grad_norm = model.optimizer_step(lr_factor)?;
+        times.insert("optimizer".into(), t.elapsed().as_secs_f64());
+        let mut totals = Tensor::from_slice(&local.to_array());
+        let mut computes =
+            Tensor::zeros([s.world_size as i64], (tch::Kind::Double, tch::Device::Cpu));
+        if s.world_size > 1 {
+            s.pg.all_reduce_sum(&mut totals, "step metrics")?.wait()?;
+            s.pg.all_gather_into(
+                &mut computes,
+                &Tensor::from_slice(&[compute]),
+                "step metrics",
+            )?
+            .wait()?;
+        } else {
+            computes = Tensor::from_slice(&[compute]);
+        }
+        let totals: Vec<f64> = Vec::try_from(&totals)?;
+        let totals = StepTotals::from_slice(&totals);
+        let computes: Vec<f64> = Vec::try_from(&computes)?;
+        let mean_compute = computes.iter().sum::<f64>() / computes.len() as f64;
+        let max_compute = computes.iter().copied().fold(0.0, f64::max);
+        let secs = started.elapsed().as_secs_f64().max(1e-9);
+        Ok(StepMetrics {
+            step,
+            loss: totals.loss_sum / divisor,
+            lr: self.schedule.lr(step),
+            grad_norm,
+            tokens_per_s: totals.tokens / secs,
+            real_tokens_per_s: totals.real_tokens / secs,
+            images_per_s: totals.images / secs,
+            loader_wait_frac: wait / secs,
+            imbalance: if mean_compute > 0.0 {
+                max_compute / mean_compute
+            } else {
+                1.0
+            },
+            step_time_s: secs,
+            tokens: totals.tokens as u64,
+            real_tokens: totals.real_tokens as u64,
+            supervised_tokens: totals.supervised_tokens as u64,
+            images: totals.images as u64,
+            unit_time_s: times,
+            rss_mib: metrics::rss_mib(),
+            val_loss: None,
+        })
+    }
+
+    /// Every rank writes its folder; after a barrier rank 0 commits; a second barrier keeps
+    /// ranks from racing ahead of the commit.
+    fn checkpoint(
+        &self,
+        model: &mut ShardedVlm,
+        step: u64,
+        next: &Position,
+    ) -> Result<(), TrainError> {
+        let (cfg, s) = (self.cfg, self.s);
+        let writer = CheckpointWriter::begin(&cfg.out, step, s.rank)?;
+        model.save_sharded(writer.dir(), s.rank, s.world_size)?;
+        checkpoint_pick::pause_mid_write_if_asked(step);
+        let planner = serde_json::to_value(next).map_err(|e| TrainError::Invalid(e.to_string()))?;
+        writer.finish_rank(&RankState {
+            rank: s.rank,
+            next_step: step,
+            planner,
+            seed: cfg.seed,
+        })?;
+        s.pg.barrier("checkpoint write")?;
+        if s.rank == 0 {
+            let config =
+                serde_json::to_value(cfg).map_err(|e| TrainError::Invalid(e.to_string()))?;
+            let dir = writer.commit(&CheckpointMeta {
+                format_version: FORMAT_VERSION,
+                step,
+                world_size: s.world_size,
+                strategy: format!("{:?}", cfg.strategy),
+                stage: cfg.stage.into(),
+                model: s.model_fingerprint.clone(),
+                data_fingerprint: s.dataset.fingerprint().to_string(),
+                config,
+                run: self.run_record(),
+                plan_world_size: Some(self.layout.plan_world_size),
+            })?;
+            tracing::info!("checkpoint {}", dir.display());
+            let removed = checkpoint::prune(&cfg.out, cfg.keep_checkpoints, cfg.keep_every)?;
+            if !removed.is_empty() {
+                tracing::debug!("removed the checkpoints of steps {removed:?}");
+            }
+        }
+        s.pg.barrier("checkpoint commit")?;
+        Ok(())
+    }
+}
+
+/// `plan.jsonl` in the run folder: one line per step, the samples it trained on.
+const PLAN_LOG: &str = "plan.jsonl";
+
+/// One line of `plan.jsonl`.
+#[derive(serde::Serialize)]
+struct PlannedStep {
+    step: u64,
+    /// Global sample indices (shard order, then row order) of every rank's micro-batches,
+    /// fillers left out, in plan order.
+    samples: Vec<u64>,
+}
+
+/// Torch's generator seed for a rank's step: a pure function, so a resumed step draws exactly
+/// what the uninterrupted run drew.
+fn step_seed(seed: u64, step: u64, rank: usize) -> i64 {
+    let mut x = seed
+        ^ step.wrapping_mul(0x9E37_79B9_7F4A_7C15)
+        ^ (rank as u64).wrapping_mul(0xC2B2_AE3D_27D4_EB4F);
+    x ^= x >> 31;
+    (x & 0x7FFF_FFFF_FFFF_FFFF) as i64
+}

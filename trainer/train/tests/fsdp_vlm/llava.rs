@@ -1,0 +1,232 @@
+//! The llava-hf export and generation against transformers: tests/fixtures/llava/ was written
+//! by scripts/llava_golden.py from the golden SigLIP tower, untied Qwen2 and projector
+//! (tests/fixtures/golden/): the tensor names, shapes and config fields `save_pretrained`
+//! writes for that `LlavaForConditionalGeneration`, and its logits and greedy tokens for two
+//! images. tessera exports the same weights, reads its export back and must generate the same.
+//! `LLAVA_EXPORT_DIR=DIR` keeps the f32 export there, for `llava_golden.py --check DIR`.
+
+use crate::support::*;
+use std::path::{Path, PathBuf};
+use tch::Kind;
+use tessera_fsdp::ParamMap;
+use tessera_model::{load_llava_dir, load_safetensors, GenerateOptions, Generator};
+use tessera_train::{write_llava_hf, LlavaHfOptions, LlavaSources, TrainedTensors};
+
+const TOL: f64 = 1e-4;
+
+fn fixtures() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures")
+}
+
+fn get<'a>(map: &'a ParamMap, key: &str) -> &'a tch::Tensor {
+    map.get(key)
+        .unwrap_or_else(|| panic!("fixture has no `{key}`"))
+}
+
+/// Exports the golden weights as a llava-hf directory into `out`.
+fn export(out: &Path, options: &LlavaHfOptions) -> anyhow::Result<()> {
+    let golden = fixtures().join("golden");
+    let projector = load_safetensors(&golden.join("projector.safetensors"))?;
+    let sources = LlavaSources {
+        vision_dir: &golden.join("vision"),
+        lm_dir: &golden.join("lm_untied"),
+        trainable: &TrainedTensors::Full(projector),
+        lora: None,
+        image_token_id: IMAGE_ID,
+        template: "plain",
+    };
+    write_llava_hf(&sources, out, options)?;
+    Ok(())
+}
+
+fn f32_options() -> LlavaHfOptions {
+    LlavaHfOptions {
+        dtype: Kind::Float,
+        ..Default::default()
+    }
+}
+
+/// Fails naming the field when `got` differs from `want` (numbers within 1e-9 relative).
+fn assert_fields(section: &str, want: &serde_json::Value, got: &serde_json::Value) {
+    let want = want.as_object().expect("expected section is an object");
+    for (key, w) in want {
+        let g = got
+            .get(key)
+            .unwrap_or_else(|| panic!("{section}.{key} is missing from the export"));
+        match (w.as_f64(), g.as_f64()) {
+            (Some(a), Some(b)) => assert!(
+                (a - b).abs() <= 1e-9 * a.abs().max(1.0),
+                "{section}.{key}: {b} != {a}"
+            ),
+            _ => assert_eq!(g, w, "{section}.{key}"),
+        }
+    }
+}
+
+#[test]
+fn llava_export_has_the_keys_shapes_and_config_transformers_writes() -> anyhow::Result<()> {
+    let tmp = tempfile::tempdir()?;
+    let out = std::env::var_os("LLAVA_EXPORT_DIR").map_or(tmp.path().join("export"), PathBuf::from);
+    export(&out, &f32_options())?;
+    let text = std::fs::read_to_string(fixtures().join("llava/expected.json"))?;
+    let expected: serde_json::Value = serde_json::from_str(&text)?;
+    let written = load_safetensors(&out.join("model.safetensors"))?;
+    let got: Vec<(String, Vec<i64>)> = written.iter().map(|(k, t)| (k.clone(), t.size())).collect();
+    let want: Vec<(String, Vec<i64>)> = expected["tensors"]
+        .as_object()
+        .expect("tensors is an object")
+        .iter()
+        .map(|(k, v)| {
+            let shape = v.as_array().expect("a shape is a list");
+            (k.clone(), shape.iter().filter_map(|d| d.as_i64()).collect())
+        })
+        .collect();
+    assert_eq!(
+        got, want,
+        "tensor names and shapes differ from save_pretrained's"
+    );
+
+    let config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("config.json"))?)?;
+    assert_fields("config", &expected["config"], &config);
+    assert_fields(
+        "vision_config",
+        &expected["vision_config"],
+        &config["vision_config"],
+    );
+    assert_fields(
+        "text_config",
+        &expected["text_config"],
+        &config["text_config"],
+    );
+    Ok(())
+}
+
+#[test]
+fn generate_from_the_export_matches_transformers_greedy_tokens_and_logits() -> anyhow::Result<()> {
+    let tmp = tempfile::tempdir()?;
+    export(tmp.path(), &f32_options())?;
+    let (vlm, params) = load_llava_dir(tmp.path())?;
+    let generator = Generator::new(&vlm, params)?;
+    let fixture = load_safetensors(&fixtures().join("llava/outputs.safetensors"))?;
+    let prompt = to_i64(get(&fixture, "prompt_ids"));
+    let pixels: Vec<u8> = to_i64(get(&fixture, "pixels_u8"))
+        .into_iter()
+        .map(|v| v as u8)
+        .collect();
+    let per_image = pixels.len() / 2;
+    for i in 0..2 {
+        let image = &pixels[i * per_image..(i + 1) * per_image];
+        let logits = generator.prompt_logits(&prompt, image)?;
+        assert_close(
+            &logits,
+            get(&fixture, &format!("prompt_logits_{i}")),
+            TOL,
+            "prompt logits",
+        );
+        let want = to_i64(get(&fixture, &format!("tokens_{i}")));
+        let options = GenerateOptions {
+            max_new_tokens: want.len(),
+            ..Default::default()
+        };
+        let cached = generator.generate(&prompt, image, &options)?;
+        assert_eq!(cached.tokens, want, "image {i}: greedy tokens (KV cache)");
+        let step = get(&fixture, &format!("step_logits_{i}"));
+        assert_close(&cached.step_logits, step, TOL, "step logits (KV cache)");
+        let recomputed = generator.generate(
+            &prompt,
+            image,
+            &GenerateOptions {
+                kv_cache: false,
+                ..options
+            },
+        )?;
+        assert_eq!(
+            recomputed.tokens, want,
+            "image {i}: greedy tokens (no cache)"
+        );
+        assert_close(&recomputed.step_logits, step, TOL, "step logits (no cache)");
+    }
+    Ok(())
+}
+
+#[test]
+fn bf16_sharded_export_reads_back_and_stops_at_a_stop_id() -> anyhow::Result<()> {
+    let tmp = tempfile::tempdir()?;
+    let options = LlavaHfOptions {
+        max_shard_bytes: 40_000,
+        ..Default::default()
+    };
+    export(tmp.path(), &options)?;
+    let index: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(
+        tmp.path().join("model.safetensors.index.json"),
+    )?)?;
+    let files: std::collections::BTreeSet<&str> = index["weight_map"]
+        .as_object()
+        .expect("weight_map is an object")
+        .values()
+        .filter_map(|v| v.as_str())
+        .collect();
+    assert!(
+        files.len() > 1,
+        "40 KB shards of a 200 KB bf16 model: {files:?}"
+    );
+    let (vlm, params) = load_llava_dir(tmp.path())?;
+    let embed = get(&params, "model.embed_tokens.weight");
+    assert_eq!(embed.kind(), Kind::BFloat16);
+    let golden = load_safetensors(&fixtures().join("golden/lm_untied/model.safetensors"))?;
+    let exact = get(&golden, "model.embed_tokens.weight");
+    assert_close(&embed.to_kind(Kind::Float), exact, 1e-2, "bf16 embedding");
+
+    let generator = Generator::new(&vlm, params)?;
+    let fixture = load_safetensors(&fixtures().join("llava/outputs.safetensors"))?;
+    let prompt = to_i64(get(&fixture, "prompt_ids"));
+    let pixels: Vec<u8> = to_i64(get(&fixture, "pixels_u8"))
+        .into_iter()
+        .map(|v| v as u8)
+        .collect();
+    let image = &pixels[..pixels.len() / 2];
+    let free = generator.generate(
+        &prompt,
+        image,
+        &GenerateOptions {
+            max_new_tokens: 4,
+            ..Default::default()
+        },
+    )?;
+    let stop = free.tokens[1];
+    let stopped = generator.generate(
+        &prompt,
+        image,
+        &GenerateOptions {
+            max_new_tokens: 4,
+            stop_ids: vec![stop],
+            ..Default::default()
+        },
+    )?;
+    assert!(stopped.stopped);
+    let end = free
+        .tokens
+        .iter()
+        .position(|&t| t == stop)
+        .expect("stop id was generated")
+        + 1;
+    assert_eq!(stopped.tokens, free.tokens[..end].to_vec());
+
+    // A nucleus of one token is greedy; the same seed draws the same tokens.
+    let sample = |top_p: f64, seed: u64| {
+        let options = GenerateOptions {
+            max_new_tokens: 4,
+            temperature: 0.8,
+            top_p,
+            seed,
+            ..Default::default()
+        };
+        generator
+            .generate(&prompt, image, &options)
+            .map(|g| g.tokens)
+    };
+    assert_eq!(sample(1e-9, 1)?, free.tokens);
+    assert_eq!(sample(0.9, 7)?, sample(0.9, 7)?);
+    Ok(())
+}
