@@ -10,7 +10,9 @@
 //!
 //! The inputs are fingerprinted too (the json's sha256; the images' zip central directory, or
 //! the folder's names, sizes and modification times): a resume whose inputs changed since the
-//! interrupted run is refused, naming what changed.
+//! interrupted run is refused, naming what changed. A finished run records the same
+//! fingerprint in index.json, so a resume into a finished directory is checked the same way
+//! ([`check_finished`]).
 use crate::error::IngestError;
 use serde::{Deserialize, Serialize};
 use shards::{IngestReport, ShardInfo};
@@ -19,23 +21,9 @@ use std::path::Path;
 pub(crate) const JOURNAL_FILE: &str = "ingest.journal.json";
 pub(crate) const REJECTED_FILE: &str = "rejected.jsonl";
 
-/// Everything that changes the output bytes; a resume must use the same.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub(crate) struct Settings {
-    pub json_bytes: u64,
-    pub json_records: u64,
-    /// Hex sha256 of the json (empty in journals written before it was recorded).
-    #[serde(default)]
-    pub json_sha256: String,
-    /// See [`crate::images::ImageSource::fingerprint`] (empty in older journals).
-    #[serde(default)]
-    pub images_fingerprint: String,
-    pub tokenizer_fingerprint: String,
-    pub template: String,
-    pub shard_size: u64,
-    pub verify: bool,
-    pub max_pixels: u64,
-}
+/// Everything that changes the output bytes; a resume must use the same. Recorded in the
+/// journal while the run goes on and in index.json once it finished.
+pub(crate) use shards::IngestSettings as Settings;
 
 /// State after the last completed shard.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -76,73 +64,130 @@ impl FileStamp {
     }
 }
 
-impl Settings {
-    /// One line per field that differs: `what (field): old -> new`.
-    pub(crate) fn changes_to(&self, now: &Settings) -> Vec<String> {
-        let short = |s: &str| s.chars().take(16).collect::<String>();
-        let mut out = Vec::new();
-        let mut differ = |what: &str, field: &str, old: String, new: String| {
-            if old != new {
-                out.push(format!("{what} ({field}): {old} -> {new}"));
-            }
-        };
-        let (a, b) = (self, now);
-        differ(
-            "the --json content",
-            "json_sha256",
-            short(&a.json_sha256),
-            short(&b.json_sha256),
-        );
-        differ(
-            "the --json size",
-            "json_bytes",
-            a.json_bytes.to_string(),
-            b.json_bytes.to_string(),
-        );
-        differ(
-            "the --json record count",
-            "json_records",
-            a.json_records.to_string(),
-            b.json_records.to_string(),
-        );
-        differ(
-            "the --images zip directory or folder listing",
-            "images_fingerprint",
-            short(&a.images_fingerprint),
-            short(&b.images_fingerprint),
-        );
-        differ(
-            "the --tokenizer",
-            "tokenizer_fingerprint",
-            short(&a.tokenizer_fingerprint),
-            short(&b.tokenizer_fingerprint),
-        );
-        differ(
-            "--template",
-            "template",
-            a.template.clone(),
-            b.template.clone(),
-        );
-        differ(
-            "--shard-size",
-            "shard_size",
-            a.shard_size.to_string(),
-            b.shard_size.to_string(),
-        );
-        differ(
-            "--no-verify",
-            "verify",
-            (!a.verify).to_string(),
-            (!b.verify).to_string(),
-        );
-        differ(
-            "--max-pixels",
-            "max_pixels",
-            a.max_pixels.to_string(),
-            b.max_pixels.to_string(),
-        );
-        out
+/// One line per field of `now` that differs from `recorded`: `what (field): old -> new`.
+fn changes(recorded: &Settings, now: &Settings) -> Vec<String> {
+    let short = |s: &str| s.chars().take(16).collect::<String>();
+    let mut out = Vec::new();
+    let mut differ = |what: &str, field: &str, old: String, new: String| {
+        if old != new {
+            out.push(format!("{what} ({field}): {old} -> {new}"));
+        }
+    };
+    let (a, b) = (recorded, now);
+    differ(
+        "the --json content",
+        "json_sha256",
+        short(&a.json_sha256),
+        short(&b.json_sha256),
+    );
+    differ(
+        "the --json size",
+        "json_bytes",
+        a.json_bytes.to_string(),
+        b.json_bytes.to_string(),
+    );
+    differ(
+        "the --json record count",
+        "json_records",
+        a.json_records.to_string(),
+        b.json_records.to_string(),
+    );
+    differ(
+        "the --images zip directory or folder listing",
+        "images_fingerprint",
+        short(&a.images_fingerprint),
+        short(&b.images_fingerprint),
+    );
+    differ(
+        "the --tokenizer",
+        "tokenizer_fingerprint",
+        short(&a.tokenizer_fingerprint),
+        short(&b.tokenizer_fingerprint),
+    );
+    differ(
+        "--template",
+        "template",
+        a.template.clone(),
+        b.template.clone(),
+    );
+    differ(
+        "--shard-size",
+        "shard_size",
+        a.shard_size.to_string(),
+        b.shard_size.to_string(),
+    );
+    differ(
+        "--no-verify",
+        "verify",
+        (!a.verify).to_string(),
+        (!b.verify).to_string(),
+    );
+    differ(
+        "--max-pixels",
+        "max_pixels",
+        a.max_pixels.to_string(),
+        b.max_pixels.to_string(),
+    );
+    out
+}
+
+/// Refuses when the inputs or settings given now differ from the ones `since` (the interrupted
+/// run, the finished run) recorded, naming each difference.
+fn refuse_changes(
+    dir: &Path,
+    recorded: &Settings,
+    now: &Settings,
+    since: &str,
+) -> Result<(), IngestError> {
+    let changes = changes(recorded, now);
+    if changes.is_empty() {
+        return Ok(());
     }
+    Err(IngestError::Resume {
+        dir: dir.to_path_buf(),
+        detail: format!(
+            "the inputs or settings changed since {since}: {}; restore them, or start over in \
+             an empty directory",
+            changes.join("; ")
+        ),
+    })
+}
+
+/// `--resume` into a directory whose ingest finished (index.json present): nothing is left to
+/// do, but the inputs and settings must still be the ones the shards were made from, checked
+/// as for an interrupted run.
+///
+/// An index.json written before ingest recorded its settings there has none. Such a directory
+/// is checked on what its index.json does record (tokenizer, template, record count, whether
+/// images were verified); the json's content, the images, `--shard-size` and `--max-pixels`
+/// cannot be checked, which is logged as a warning, and the directory is still reported
+/// complete. Refusing instead would turn every re-run of an older ingest command into an error
+/// whose only remedy is to ingest again from scratch, and such directories were accepted
+/// unchecked before.
+pub(crate) fn check_finished(
+    dir: &Path,
+    manifest: &shards::Manifest,
+    now: &Settings,
+) -> Result<(), IngestError> {
+    if let Some(recorded) = &manifest.ingest_settings {
+        return refuse_changes(dir, recorded, now, "the finished run");
+    }
+    let recorded = Settings {
+        tokenizer_fingerprint: manifest.tokenizer_fingerprint.clone(),
+        template: manifest.template.clone(),
+        json_records: manifest.ingest.records_read,
+        verify: manifest.ingest.images_verified,
+        ..now.clone()
+    };
+    refuse_changes(dir, &recorded, now, "the finished run")?;
+    tracing::warn!(
+        "{}/{} predates recorded ingest inputs: the --json content, the --images, \
+         --shard-size and --max-pixels cannot be checked against it (tokenizer, template and \
+         record count match)",
+        dir.display(),
+        shards::INDEX_FILE
+    );
+    Ok(())
 }
 
 impl Journal {
@@ -177,14 +222,7 @@ impl Journal {
             dir: dir.to_path_buf(),
             detail,
         };
-        let changes = self.settings.changes_to(settings);
-        if !changes.is_empty() {
-            return Err(fail(format!(
-                "the inputs or settings changed since the interrupted run: {}; restore them, or \
-                 start over in an empty directory",
-                changes.join("; ")
-            )));
-        }
+        refuse_changes(dir, &self.settings, settings, "the interrupted run")?;
         for (n, shard) in self.shards.iter().enumerate() {
             let path = dir.join(&shard.file);
             if self

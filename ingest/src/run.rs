@@ -7,7 +7,9 @@ use crate::images::ImageSource;
 use crate::ordered_writer::OrderedWriter;
 use crate::record::RecordFile;
 use crate::report::{Summary, REPORT_FILE};
-use crate::resume::{remove_leftovers, Journal, Settings, JOURNAL_FILE, REJECTED_FILE};
+use crate::resume::{
+    check_finished, remove_leftovers, Journal, Settings, JOURNAL_FILE, REJECTED_FILE,
+};
 use crate::template::{Encoder, Template};
 use crate::workers::{Job, Outcome, Worker};
 use crossbeam_channel::bounded;
@@ -88,6 +90,7 @@ pub fn run(config: &IngestConfig) -> Result<Summary, IngestError> {
     let dir = &config.out;
     if config.resume && dir.join(INDEX_FILE).exists() {
         let manifest = Manifest::load(dir)?;
+        check_finished(dir, &manifest, &settings)?;
         tracing::info!("{} is already complete; nothing to resume", dir.display());
         return Ok(Summary::new(
             manifest.ingest,
@@ -263,6 +266,8 @@ fn finalize(
             num_samples: state.shards.iter().map(|s| s.rows).sum(),
             shards: state.shards,
             ingest: state.report,
+            // What a later `--resume` into this finished directory checks its inputs against.
+            ingest_settings: Some(state.settings),
         };
         manifest.save(dir)?;
         let journal = dir.join(JOURNAL_FILE);

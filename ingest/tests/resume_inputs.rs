@@ -1,6 +1,7 @@
 //! `--resume` checks the inputs, not only their size: the journal fingerprints the json
 //! (sha256) and the images (folder names, sizes, mtimes); a changed input is refused, named.
-//! A finishing resume reports the whole ingest's time.
+//! A finishing resume reports the whole ingest's time. A resume into a finished folder checks
+//! the inputs against the fingerprint index.json records, and changes nothing there.
 mod common;
 
 use common::*;
@@ -76,5 +77,135 @@ fn a_finishing_resume_reports_the_whole_ingest() -> anyhow::Result<()> {
         .as_f64()
         .expect("the report records seconds");
     assert!((reported - summary.seconds).abs() <= 1e-9 * summary.seconds.max(1.0));
+    Ok(())
+}
+
+/// A finished ingest (index.json written) of two good records.
+fn finished() -> anyhow::Result<(Fixture, ingest::IngestConfig)> {
+    let mut f = Fixture::new();
+    f.add_image("000000001", &jpeg(32, 32, 1), "a red square");
+    f.add_image("000000002", &jpeg(32, 32, 2), "a blue circle");
+    let mut config = f.config(Template::Plain);
+    let summary = ingest::run(&config)?;
+    anyhow::ensure!(summary.complete && f.out().join("index.json").exists());
+    config.resume = true;
+    Ok((f, config))
+}
+
+/// Every file of the output folder: name, bytes and modification time.
+fn snapshot(
+    out: &std::path::Path,
+) -> anyhow::Result<Vec<(String, Vec<u8>, std::time::SystemTime)>> {
+    let mut files = Vec::new();
+    for entry in std::fs::read_dir(out)? {
+        let path = entry?.path();
+        files.push((
+            path.file_name()
+                .unwrap_or_default()
+                .to_string_lossy()
+                .into_owned(),
+            std::fs::read(&path)?,
+            std::fs::metadata(&path)?.modified()?,
+        ));
+    }
+    files.sort();
+    Ok(files)
+}
+
+#[test]
+fn a_resume_into_a_finished_folder_with_the_same_inputs_is_ok_and_touches_nothing(
+) -> anyhow::Result<()> {
+    let (f, config) = finished()?;
+    let index: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(f.out().join("index.json"))?)?;
+    assert!(
+        index["ingest_settings"]["json_sha256"].is_string(),
+        "index.json records the inputs' fingerprint: {index}"
+    );
+    let before = snapshot(&f.out())?;
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    let summary = ingest::run(&config)?;
+    assert!(summary.complete);
+    assert_eq!(summary.report.samples_written, 2);
+    assert!(snapshot(&f.out())? == before, "the finished folder changed");
+    Ok(())
+}
+
+#[test]
+fn a_resume_into_a_finished_folder_whose_json_changed_is_refused_naming_the_json(
+) -> anyhow::Result<()> {
+    let (f, config) = finished()?;
+    let before = snapshot(&f.out())?;
+    let text = std::fs::read_to_string(f.json())?;
+    let changed = text.replacen("a blue circle", "a blue square", 1);
+    assert_eq!(changed.len(), text.len());
+    std::fs::write(f.json(), changed)?;
+    let err = ingest::run(&config)
+        .expect_err("a changed json must be refused")
+        .to_string();
+    assert!(
+        err.contains("changed since the finished run")
+            && err.contains("the --json content (json_sha256)")
+            && !err.contains("json_bytes"),
+        "{err}"
+    );
+    assert!(snapshot(&f.out())? == before, "the finished folder changed");
+    Ok(())
+}
+
+#[test]
+fn a_resume_into_a_finished_folder_with_other_settings_or_images_is_refused() -> anyhow::Result<()>
+{
+    let (f, config) = finished()?;
+    let before = snapshot(&f.out())?;
+    let mut other = config.clone();
+    other.shard_size = 12_345;
+    other.template = Template::Chatml;
+    let err = ingest::run(&other).expect_err("other settings").to_string();
+    assert!(
+        err.contains("--shard-size (shard_size)") && err.contains("--template (template)"),
+        "{err}"
+    );
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    f.put_image("00000/000000002.jpg", &jpeg(32, 32, 9));
+    let err = ingest::run(&config).expect_err("changed image").to_string();
+    assert!(err.contains("the --images"), "{err}");
+    assert!(snapshot(&f.out())? == before, "the finished folder changed");
+    Ok(())
+}
+
+/// An index.json written before it recorded the ingest's settings: what it does record
+/// (tokenizer, template, record count) is still checked; the rest cannot be, and the folder is
+/// reported complete as before.
+#[test]
+fn a_resume_into_an_older_finished_folder_checks_what_its_index_records() -> anyhow::Result<()> {
+    let (f, config) = finished()?;
+    let path = f.out().join("index.json");
+    let mut index: serde_json::Value = serde_json::from_slice(&std::fs::read(&path)?)?;
+    index
+        .as_object_mut()
+        .and_then(|o| o.remove("ingest_settings"))
+        .expect("ingest_settings");
+    std::fs::write(&path, serde_json::to_vec_pretty(&index)?)?;
+    let before = snapshot(&f.out())?;
+    assert!(ingest::run(&config)?.complete);
+    let mut other = config.clone();
+    other.template = Template::Chatml;
+    let err = ingest::run(&other).expect_err("other template").to_string();
+    assert!(
+        err.contains("--template (template): plain -> chatml"),
+        "{err}"
+    );
+    let mut f = f;
+    f.add_image("000000003", &jpeg(32, 32, 3), "a green line");
+    f.write_json();
+    let err = ingest::run(&config)
+        .expect_err("one more record")
+        .to_string();
+    assert!(
+        err.contains("the --json record count (json_records): 2 -> 3"),
+        "{err}"
+    );
+    assert!(snapshot(&f.out())? == before, "the finished folder changed");
     Ok(())
 }

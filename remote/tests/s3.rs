@@ -76,6 +76,7 @@ fn write_dataset(dir: &Path) -> Result<Manifest> {
         num_samples: samples.len() as u64,
         shards: infos,
         ingest: IngestReport::default(),
+        ingest_settings: None,
     };
     manifest.save(dir)?;
     Ok(manifest)

@@ -29,7 +29,9 @@ mod writer;
 pub use atomic::{temp_path, write_atomically, write_atomically_with};
 pub use error::ShardError;
 pub use location::{DatasetLocation, RemoteFiles};
-pub use manifest::{shard_file_name, IngestReport, Manifest, RowGroupInfo, ShardInfo, INDEX_FILE};
+pub use manifest::{
+    shard_file_name, IngestReport, IngestSettings, Manifest, RowGroupInfo, ShardInfo, INDEX_FILE,
+};
 pub use reader::{fingerprint_of, Dataset};
 pub use sample::{ChecksumMismatch, Kind, Sample, SampleMeta, Turn, IMAGE_PAD_ID};
 pub use schema::{

@@ -62,6 +62,28 @@ impl IngestReport {
     }
 }
 
+/// What an ingest's output bytes depend on: its inputs' fingerprints and the settings that
+/// change the shards. Ingest records it in its resume journal while it runs and in index.json
+/// when it finishes; `ingest --resume` refuses to go on (or to call a finished directory
+/// complete) when the inputs or settings it is given now differ.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct IngestSettings {
+    pub json_bytes: u64,
+    pub json_records: u64,
+    /// Hex sha256 of the json (empty in journals written before it was recorded).
+    #[serde(default)]
+    pub json_sha256: String,
+    /// Hex sha256 of the images' zip central directory, or of the folder's names, sizes and
+    /// modification times (empty in journals written before it was recorded).
+    #[serde(default)]
+    pub images_fingerprint: String,
+    pub tokenizer_fingerprint: String,
+    pub template: String,
+    pub shard_size: u64,
+    pub verify: bool,
+    pub max_pixels: u64,
+}
+
 /// The parsed `index.json`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Manifest {
@@ -75,6 +97,10 @@ pub struct Manifest {
     pub num_samples: u64,
     pub shards: Vec<ShardInfo>,
     pub ingest: IngestReport,
+    /// The inputs and settings of the ingest that wrote this directory; `None` in index.json
+    /// written before they were recorded, or by anything but ingest (then it is left out).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ingest_settings: Option<IngestSettings>,
 }
 
 impl Manifest {
@@ -120,5 +146,57 @@ impl Manifest {
             error: source,
         })?;
         write_atomically(&dir.join(INDEX_FILE), &text)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn manifest(ingest_settings: Option<IngestSettings>) -> Manifest {
+        Manifest {
+            format_version: FORMAT_VERSION,
+            tokenizer_fingerprint: "t".into(),
+            template: "plain".into(),
+            image_placeholder_id: 7,
+            num_samples: 0,
+            shards: Vec::new(),
+            ingest: IngestReport::default(),
+            ingest_settings,
+        }
+    }
+
+    #[test]
+    fn index_json_without_ingest_settings_still_reads() -> anyhow::Result<()> {
+        // An index.json as written before `ingest_settings` existed.
+        let old = br#"{"format_version": 2, "tokenizer_fingerprint": "t", "template": "plain",
+            "image_placeholder_id": 7, "num_samples": 0, "shards": [],
+            "ingest": {"records_read": 0, "samples_written": 0, "rejected": {}, "notes": {},
+                       "image_formats": {}, "images_verified": true}}"#;
+        let parsed = Manifest::parse(old, "index.json".into())?;
+        assert_eq!(parsed.ingest_settings, None);
+        assert_eq!(parsed.format_version, 2);
+        Ok(())
+    }
+
+    #[test]
+    fn ingest_settings_round_trip_and_are_left_out_when_absent() -> anyhow::Result<()> {
+        let settings = IngestSettings {
+            json_bytes: 10,
+            json_records: 2,
+            json_sha256: "j".into(),
+            images_fingerprint: "i".into(),
+            tokenizer_fingerprint: "t".into(),
+            template: "plain".into(),
+            shard_size: 1 << 20,
+            verify: true,
+            max_pixels: 40,
+        };
+        let with = manifest(Some(settings));
+        let text = serde_json::to_vec(&with)?;
+        assert_eq!(Manifest::parse(&text, "index.json".into())?, with);
+        let without = serde_json::to_string(&manifest(None))?;
+        assert!(!without.contains("ingest_settings"), "{without}");
+        Ok(())
     }
 }

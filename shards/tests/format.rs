@@ -70,6 +70,7 @@ fn write_dataset(dir: &Path, n: u32, per_shard: u32) -> anyhow::Result<Vec<Sampl
         num_samples: n as u64,
         shards: infos,
         ingest: IngestReport::default(),
+        ingest_settings: None,
     }
     .save(dir)?;
     Ok(samples)

@@ -36,7 +36,8 @@ pub(crate) struct Args {
     /// Skip the full decode of every image (the header is still checked).
     #[arg(long)]
     no_verify: bool,
-    /// Continue an interrupted run in --out (same inputs and settings).
+    /// Continue an interrupted run in --out (same inputs and settings; a finished --out is
+    /// checked against them and left as it is).
     #[arg(long)]
     resume: bool,
     /// Fail (and write no index.json) when more than this fraction of records is rejected.
