@@ -71,12 +71,11 @@ pub(super) fn draw(losses: &[(u64, f64)], val: &[(u64, f64)]) -> Option<RgbImage
     };
     let black = Rgb([0, 0, 0]);
     let grid = Rgb([225, 225, 225]);
-    for i in 0..=4 {
-        let y = y_min + (y_max - y_min) * f64::from(i) / 4.0;
-        let (_, py) = to_px(x_min as f64, y);
+    let y_ticks = Ticks::nice(y_min, y_max, false);
+    for (y, label) in y_ticks.values.iter().zip(y_ticks.labels()) {
+        let (_, py) = to_px(x_min as f64, *y);
         line(&mut img, (LEFT, py), (w - RIGHT, py), grid);
         line(&mut img, (LEFT - 5, py), (LEFT, py), black);
-        let label = format!("{y:.3}");
         text(
             &mut img,
             &label,
@@ -84,10 +83,12 @@ pub(super) fn draw(losses: &[(u64, f64)], val: &[(u64, f64)]) -> Option<RgbImage
             py - 2 * SCALE,
             black,
         );
-        let x = x_min as f64 + (x_max - x_min) as f64 * f64::from(i) / 4.0;
-        let (px, _) = to_px(x, y_min);
+    }
+    // Steps are whole numbers: no tick between two of them.
+    let x_ticks = Ticks::nice(x_min as f64, x_max as f64, true);
+    for (x, label) in x_ticks.values.iter().zip(x_ticks.labels()) {
+        let (px, _) = to_px(*x, y_min);
         line(&mut img, (px, h - BOTTOM), (px, h - BOTTOM + 5), black);
-        let label = format!("{}", x.round() as u64);
         text(
             &mut img,
             &label,
@@ -148,6 +149,123 @@ pub(super) fn draw(losses: &[(u64, f64)], val: &[(u64, f64)]) -> Option<RgbImage
         text(&mut img, name, legend_x + 24, y, black);
     }
     Some(img)
+}
+
+/// Tick values of an axis: round numbers (the classic "nice numbers" rule) and how many
+/// decimals their labels need.
+#[derive(Clone, Debug, PartialEq)]
+pub(super) struct Ticks {
+    /// Increasing multiples of the step inside the range.
+    pub(super) values: Vec<f64>,
+    /// Decimals every label is printed with: none for a step of 1, 2, 5, 10, ...; one for 0.1,
+    /// 0.2, 0.5; and so on.
+    pub(super) decimals: usize,
+}
+
+/// The range a tick count should fall in: a step of 1, 2 or 5 × 10^k is picked to land there.
+const TICKS_WANTED: (usize, usize) = (5, 8);
+
+impl Ticks {
+    /// Ticks for the range `lo..=hi`: the step is 1, 2 or 5 × 10^k, the one whose tick count
+    /// is in [`TICKS_WANTED`] (or else nearest to it by ratio, fewer ticks on a tie; 4 to 10
+    /// ticks then); the first tick is
+    /// ceil(lo / step) × step, the last the greatest multiple not above `hi`. `integers` keeps
+    /// the step at 1 or more (an axis of whole numbers). A range too narrow for `f64` to step
+    /// through (`lo == hi`, or a width below 1e-9 of its size) is widened around its middle to
+    /// ±5% of its size (±0.05 near zero); a range with an end that is not finite, or wider than
+    /// 1e300, has no ticks.
+    pub(super) fn nice(lo: f64, hi: f64, integers: bool) -> Ticks {
+        let none = Ticks {
+            values: Vec::new(),
+            decimals: 0,
+        };
+        if !lo.is_finite() || !hi.is_finite() {
+            return none;
+        }
+        let (mut lo, mut hi) = (lo.min(hi), lo.max(hi));
+        let size = lo.abs().max(hi.abs());
+        if hi - lo <= size * 1e-9 || hi - lo < 1e-200 {
+            let (mid, half) = (lo / 2.0 + hi / 2.0, size.max(1.0) * 0.05);
+            (lo, hi) = (mid - half, mid + half);
+        }
+        if !(lo.is_finite() && hi.is_finite()) || hi - lo >= 1e300 {
+            return none;
+        }
+        // Tick numbers `first..=last` of a step (tolerating rounding at the ends).
+        let span_of = |step: f64| {
+            let first = (lo / step - 1e-9).ceil();
+            let last = (hi / step + 1e-9).floor();
+            (first, last)
+        };
+        let count = |step: f64| {
+            let (first, last) = span_of(step);
+            (last - first + 1.0).max(0.0)
+        };
+        // How far a count falls outside the wanted band, as a ratio: 4 ticks (5/4) miss by
+        // more than 9 (9/8), 3 (5/3) by more than 10 (10/8).
+        let miss = |n: f64| {
+            let (few, many) = (TICKS_WANTED.0 as f64, TICKS_WANTED.1 as f64);
+            if n < 1.0 {
+                f64::INFINITY
+            } else {
+                (few / n).max(n / many).max(1.0).ln()
+            }
+        };
+        // Candidates from a step that gives ~100 ticks up to one that gives ~1 (none below 1
+        // for `integers`); the largest step wins a tie.
+        let top = (hi - lo).log10().floor() as i32 + 1;
+        let (k_lo, k_hi) = if integers {
+            ((top - 3).max(0), top.max(0))
+        } else {
+            (top - 3, top)
+        };
+        let mut best: Option<(f64, i32, f64)> = None;
+        for k in (k_lo..=k_hi).rev() {
+            for m in [5.0, 2.0, 1.0] {
+                let step = m * 10f64.powi(k);
+                if best.is_none_or(|(_, _, b)| miss(count(step)) < miss(count(b))) {
+                    best = Some((m, k, step));
+                }
+            }
+        }
+        let Some((m, k, step)) = best else {
+            return none;
+        };
+        let (first, last) = span_of(step);
+        // `count` is at most about 100 here; the cap only guards against a surprise.
+        if !(0.0..=1000.0).contains(&(last - first)) {
+            return none;
+        }
+        // i × m / 10^-k rather than i × (m × 10^k): 0.3, not 0.30000000000000004.
+        let value = |i: f64| {
+            if k < 0 {
+                i * m / 10f64.powi(-k)
+            } else {
+                i * m * 10f64.powi(k)
+            }
+        };
+        Ticks {
+            values: (0..=(last - first) as i64)
+                .map(|i| value(first + i as f64))
+                .collect(),
+            decimals: usize::try_from(-k).unwrap_or(0),
+        }
+    }
+
+    /// The labels: `8`, `10`, `12`; `0.5`, `1.0`; `150`, `200`.
+    pub(super) fn labels(&self) -> Vec<String> {
+        self.values
+            .iter()
+            .map(|v| {
+                let label = format!("{v:.*}", self.decimals);
+                // A value that rounds to zero prints without its sign.
+                match label.strip_prefix('-') {
+                    Some(rest) if rest.chars().all(|c| c == '0' || c == '.') => rest.to_string(),
+                    _ => label,
+                }
+            })
+            .collect()
+    }
 }
 
 fn polyline(img: &mut RgbImage, pts: &[(i64, i64)], color: Rgb<u8>) {
@@ -241,6 +359,144 @@ fn text(img: &mut RgbImage, s: &str, x: i64, y: i64, color: Rgb<u8>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn labels(lo: f64, hi: f64, integers: bool) -> Vec<String> {
+        Ticks::nice(lo, hi, integers).labels()
+    }
+
+    #[test]
+    fn ticks_are_round_numbers_with_plain_labels() {
+        // 5.8 wide: a step of 2 would give only 3 ticks (8, 10, 12), a step of 1 gives 5.
+        assert_eq!(labels(7.1, 12.9, false), ["8", "9", "10", "11", "12"]);
+        assert_eq!(
+            labels(7.1, 20.9, false),
+            ["8", "10", "12", "14", "16", "18", "20"]
+        );
+        assert_eq!(labels(0.0, 237.0, false), ["0", "50", "100", "150", "200"]);
+        assert_eq!(labels(0.0, 237.0, true), ["0", "50", "100", "150", "200"]);
+        assert_eq!(
+            labels(0.2, 3.1, false),
+            ["0.5", "1.0", "1.5", "2.0", "2.5", "3.0"]
+        );
+        assert_eq!(
+            labels(0.31, 1.74, false),
+            ["0.4", "0.6", "0.8", "1.0", "1.2", "1.4", "1.6"]
+        );
+        assert_eq!(
+            labels(0.012, 0.047, false),
+            ["0.015", "0.020", "0.025", "0.030", "0.035", "0.040", "0.045"]
+        );
+        assert_eq!(
+            labels(149.0, 412.0, true),
+            ["150", "200", "250", "300", "350", "400"]
+        );
+        assert_eq!(labels(-3.2, 2.1, false), ["-3", "-2", "-1", "0", "1", "2"]);
+        // Reversed ends give the same ticks.
+        assert_eq!(labels(12.9, 7.1, false), labels(7.1, 12.9, false));
+        // Whole-number axes never step below 1.
+        assert_eq!(labels(0.0, 3.0, true), ["0", "1", "2", "3"]);
+        assert_eq!(
+            labels(0.0, 3.0, false),
+            ["0.0", "0.5", "1.0", "1.5", "2.0", "2.5", "3.0"]
+        );
+        assert_eq!(labels(4.0, 5.0, true), ["4", "5"]);
+    }
+
+    #[test]
+    fn ticks_stay_in_range_and_near_five_to_eight_for_any_range() {
+        let mut counts = std::collections::BTreeMap::new();
+        for lo_i in -40..40 {
+            for span_i in 1..400 {
+                let lo = f64::from(lo_i) * 0.37;
+                let span = 1e-3 * 1.037f64.powi(span_i);
+                let hi = lo + span;
+                for integers in [false, true] {
+                    let ticks = Ticks::nice(lo, hi, integers);
+                    let n = ticks.values.len();
+                    if !integers || span >= 6.0 {
+                        *counts.entry(n).or_insert(0) += 1;
+                        assert!((4..=10).contains(&n), "{lo}..{hi}: {n} ticks");
+                    }
+                    let slack = span * 1e-6;
+                    assert!(
+                        ticks
+                            .values
+                            .iter()
+                            .all(|v| (lo - slack..=hi + slack).contains(v)),
+                        "{lo}..{hi}: {:?}",
+                        ticks.values
+                    );
+                    assert!(ticks.values.windows(2).all(|w| w[0] < w[1]));
+                    let labels = ticks.labels();
+                    let distinct: std::collections::HashSet<_> = labels.iter().collect();
+                    assert_eq!(distinct.len(), labels.len(), "{lo}..{hi}: {labels:?}");
+                    for (v, label) in ticks.values.iter().zip(&labels) {
+                        let back: f64 = label.parse().expect("a label is a number");
+                        assert!((back - v).abs() <= span * 1e-6, "{v} printed as {label}");
+                    }
+                }
+            }
+        }
+        // Most ranges land in the wanted band (84% of these; the rest have 4, 9 or 10 ticks).
+        let total: usize = counts.values().sum();
+        let inside: usize = (5..=8).filter_map(|n| counts.get(&n)).sum();
+        assert!(inside * 10 >= total * 8, "tick counts {counts:?}");
+    }
+
+    #[test]
+    fn tiny_degenerate_and_unbounded_ranges_do_not_panic() {
+        for (lo, hi) in [
+            (5.0, 5.0),
+            (0.0, 0.0),
+            (-2.0, -2.0),
+            (1.0, 1.0 + 1e-12),
+            (3.0, 3.0000001),
+            (1e-300, 2e-300),
+            (0.0, f64::MIN_POSITIVE),
+            (1e15, 1e15 + 1.0),
+            (-1e308, 1e308),
+            (f64::MAX, f64::MAX),
+            (f64::NAN, 1.0),
+            (f64::NEG_INFINITY, 0.0),
+            (0.0, f64::INFINITY),
+        ] {
+            for integers in [false, true] {
+                let ticks = Ticks::nice(lo, hi, integers);
+                assert!(ticks.values.len() <= 1001, "{lo}..{hi}");
+                assert!(ticks.values.iter().all(|v| v.is_finite()), "{lo}..{hi}");
+                let _ = ticks.labels();
+            }
+        }
+        // A single value gets ticks around it; an unbounded range gets none.
+        assert_eq!(labels(5.0, 5.0, false), ["4.8", "4.9", "5.0", "5.1", "5.2"]);
+        assert_eq!(
+            labels(0.0, 0.0, false),
+            ["-0.04", "-0.02", "0.00", "0.02", "0.04"]
+        );
+        assert!((5..=6).contains(&labels(3.0, 3.0000001, false).len()));
+        assert!(labels(f64::NAN, 1.0, false).is_empty());
+        assert!(labels(-1e308, 1e308, false).is_empty());
+    }
+
+    /// Writes a `loss.png` of a noisy falling curve with validation points into
+    /// `$TESSERA_PLOT_SAMPLE` when that is set, to look at by eye.
+    #[test]
+    fn sample_plot_for_a_look() -> anyhow::Result<()> {
+        let Some(path) = std::env::var_os("TESSERA_PLOT_SAMPLE") else {
+            return Ok(());
+        };
+        let losses: Vec<(u64, f64)> = (1..=237)
+            .map(|i| {
+                let noise = ((i * 7919) % 101) as f64 / 101.0 - 0.5;
+                (i, 7.1 + 5.8 * (-(i as f64) / 60.0).exp() + 0.4 * noise)
+            })
+            .collect();
+        let val: Vec<(u64, f64)> = (1..=4)
+            .map(|j| (j * 50, 7.3 + 5.0 * (-(j as f64) * 50.0 / 60.0).exp()))
+            .collect();
+        plot_loss(&losses, &val, Path::new(&path))?;
+        Ok(())
+    }
 
     #[test]
     fn a_falling_loss_is_drawn_high_on_the_left_and_low_on_the_right() {
