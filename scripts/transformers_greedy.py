@@ -1,0 +1,52 @@
+#!/usr/bin/env python3
+"""Greedy tokens of a `tessera export --format llava-hf` directory, as transformers computes them.
+
+Usage: .deps/hfvenv/bin/python scripts/transformers_greedy.py EXPORT_DIR INPUTS.safetensors N
+
+INPUTS holds `prompt_ids` [P] (the image placeholder already expanded to image_seq_length
+copies) and `pixel_values` [images, 3, S, S] (normalised as the SigLIP processor does). The
+export is loaded with `LlavaForConditionalGeneration.from_pretrained` in f32; any missing,
+unexpected or mismatched weight fails (exit 1, naming the keys). For each image, N tokens are
+generated greedily (KV cache) after the prompt; prints one JSON line {"tokens": [[...], ...]}.
+trainer/train/tests/fsdp_vlm/llava.rs compares them with tessera's `Generator` on a full
+fine-tune's export. `.deps/hfvenv` is made by scripts/setup.sh.
+"""
+import json
+import sys
+
+import torch
+from safetensors.torch import load_file
+from transformers import LlavaForConditionalGeneration
+
+
+def main():
+    if len(sys.argv) != 4:
+        sys.exit(__doc__)
+    export, inputs, new_tokens = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    model, info = LlavaForConditionalGeneration.from_pretrained(
+        export, dtype=torch.float32, output_loading_info=True
+    )
+    problems = {k: v for k, v in info.items() if v}
+    if problems:
+        sys.exit(f"{export}: transformers loads it with {problems}")
+    model.eval()
+    tensors = load_file(inputs)
+    prompt = tensors["prompt_ids"].long().unsqueeze(0)
+    out = []
+    for pixels in tensors["pixel_values"].float():
+        with torch.no_grad():
+            ids = model.generate(
+                input_ids=prompt,
+                attention_mask=torch.ones_like(prompt),
+                pixel_values=pixels.unsqueeze(0),
+                max_new_tokens=new_tokens,
+                min_new_tokens=new_tokens,
+                do_sample=False,
+                pad_token_id=0,
+            )
+        out.append(ids[0, prompt.shape[1]:].tolist())
+    print(json.dumps({"tokens": out}))
+
+
+if __name__ == "__main__":
+    main()
