@@ -35,12 +35,9 @@ Writes tests/fixtures/golden/train_full.safetensors:
 and tests/fixtures/golden/train_full.json with the hyper-parameters (lr, betas, eps,
 weight_decay, max_grad_norm = null, image_token_id, steps).
 
-Run by hand (not in CI), from the repository root:
-  .deps/venv/bin/pip install transformers
-  .deps/venv/bin/python scripts/golden_train.py
-(The torch wheel of .deps/venv is installed by scripts/setup.sh without its CUDA dependencies,
-which Python's `import torch` still loads: it was run here with torch's nvidia-* libraries
-installed by pip into another folder and named in LD_LIBRARY_PATH. Only the CPU is used.)
+Run by hand (not in CI), from the repository root, with the Python scripts/setup.sh makes
+(transformers 5.24 over .deps/venv's torch):
+  .deps/hfvenv/bin/python scripts/golden_train.py
 """
 import json
 import os
