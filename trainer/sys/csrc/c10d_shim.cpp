@@ -4,6 +4,7 @@
 // defined here for every shim). Tensors cross as `torch::Tensor*` (what a tch
 // Tensor wraps), so no data is copied. Collectives return a work handle that Rust waits on with
 // a timeout; the handle keeps the c10d Work (which itself holds references to the tensors).
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <cstdlib>
@@ -79,6 +80,31 @@ char* tc_store_new(const char* host, uint16_t port, int is_server, int world_siz
 uint16_t tc_store_port(const tc_store* store) { return store->port; }
 
 void tc_store_free(tc_store* store) { delete store; }
+
+// Sets `key` to the `len` bytes at `data` (the liveness heartbeats).
+char* tc_store_set(tc_store* store, const char* key, const uint8_t* data, int64_t len) {
+  return guarded([&] {
+    std::vector<uint8_t> value(data, data + len);
+    store->store->set(std::string(key), value);
+  });
+}
+
+// Copies `key`'s value into `buf` (at most `cap` bytes) and its length into `*len`, or sets
+// `*len` to -1 when the key is not set yet. Never waits for the key.
+char* tc_store_get_if_set(tc_store* store, const char* key, uint8_t* buf, int64_t cap,
+                          int64_t* len) {
+  return guarded([&] {
+    *len = -1;
+    std::string k(key);
+    if (!store->store->check({k})) {
+      return;
+    }
+    auto value = store->store->get(k);
+    auto n = std::min<int64_t>(cap, static_cast<int64_t>(value.size()));
+    std::copy(value.begin(), value.begin() + n, buf);
+    *len = static_cast<int64_t>(value.size());
+  });
+}
 
 char* tc_pg_gloo_new(tc_store* store, int rank, int world_size, const char* hostname,
                      int64_t timeout_ms, tc_pg** out) {

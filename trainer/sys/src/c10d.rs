@@ -33,6 +33,19 @@ extern "C" {
     ) -> *mut c_char;
     pub fn tc_store_port(store: *const RawStore) -> u16;
     pub fn tc_store_free(store: *mut RawStore);
+    pub fn tc_store_set(
+        store: *mut RawStore,
+        key: *const c_char,
+        data: *const u8,
+        len: i64,
+    ) -> *mut c_char;
+    pub fn tc_store_get_if_set(
+        store: *mut RawStore,
+        key: *const c_char,
+        buf: *mut u8,
+        cap: i64,
+        len: *mut i64,
+    ) -> *mut c_char;
 
     pub fn tc_pg_gloo_new(
         store: *mut RawStore,

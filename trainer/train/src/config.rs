@@ -187,6 +187,10 @@ knobs! {
     seq_len: usize = default(2048),
     /// Loader worker threads per rank (default: cores, at most 8).
     loader_threads: usize = default(default_loader_threads()),
+    /// Seconds without a heartbeat after which a rank counts as lost (its node died) and every
+    /// other rank stops, naming it (default 30; multi-rank runs only).
+    #[arg(long = "heartbeat-timeout", value_name = "HEARTBEAT_TIMEOUT")]
+    heartbeat_timeout_s: u64 = default(30),
     /// Seconds before a collective that a peer never joins fails (default 300).
     #[arg(long = "collective-timeout", value_name = "COLLECTIVE_TIMEOUT")]
     collective_timeout_s: u64 = default(300),
@@ -365,6 +369,12 @@ impl TrainConfig {
         }
         if let Err(e) = remote::parse_size(&self.cache_limit) {
             return Err(invalid("cache_limit", e.to_string()));
+        }
+        if self.heartbeat_timeout_s == 0 {
+            return Err(invalid(
+                "heartbeat_timeout_s",
+                "0 s would count every rank lost at once",
+            ));
         }
         if self.collective_timeout_s == 0 {
             return Err(invalid(

@@ -270,6 +270,7 @@ fn every_flag_and_its_toml_key_set_the_same_knob() -> anyhow::Result<()> {
         ("--seq-len", "1024", "seq_len = 1024"),
         ("--loader-threads", "3", "loader_threads = 3"),
         ("--collective-timeout", "60", "collective_timeout_s = 60"),
+        ("--heartbeat-timeout", "20", "heartbeat_timeout_s = 20"),
         ("--init-projector", "s1", "init_projector = \"s1\""),
         ("--profile", "3", "profile = 3"),
         ("--val-shards", "data/val", "val_shards = \"data/val\""),

@@ -50,6 +50,12 @@ pub enum TrainError {
     Torch(#[from] tch::TchError),
     #[error("{0}")]
     Invalid(String),
+    /// A collective failed and these ranks' heartbeats have stopped: their node or process died.
+    #[error("ranks {ranks:?} stopped sending heartbeats: their machine or process is gone (resume from the last checkpoint, on fewer nodes if need be)")]
+    RanksLost {
+        ranks: Vec<usize>,
+        source: Box<TrainError>,
+    },
     #[error("profiler: {0}")]
     Profiler(String),
 }

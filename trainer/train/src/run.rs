@@ -27,7 +27,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Instant;
 use tch::Tensor;
-use tessera_fsdp::dist::RankEnv;
+use tessera_fsdp::dist::{Liveness, RankEnv};
 use tessera_model::CpuBf16Gemm;
 
 /// Trains one rank. Rank 0 returns the run's summary; other ranks return `None`.
@@ -46,6 +46,52 @@ pub fn train(
     }
     std::fs::create_dir_all(&cfg.out).map_err(io(&cfg.out))?;
     let pg = setup::process_group(&cfg, env.as_ref())?;
+    let liveness = match env.as_ref().filter(|e| e.world_size > 1) {
+        Some(env) => {
+            let timeout = std::time::Duration::from_secs(cfg.heartbeat_timeout_s);
+            Some(Liveness::start(env, timeout)?)
+        }
+        None => None,
+    };
+    match train_rank(&cfg, pg, start) {
+        Ok(summary) => {
+            // Trained to the end: the other ranks stop watching this one's heartbeat.
+            if let Some(liveness) = liveness {
+                liveness.finish();
+            }
+            Ok(summary)
+        }
+        Err(e) => Err(name_lost_ranks(e, liveness.as_ref())),
+    }
+}
+
+/// A collective that failed because peers died (gloo: "Connection closed by peer") says which
+/// ranks are gone: the ranks whose heartbeat stopped.
+fn name_lost_ranks(e: TrainError, liveness: Option<&Liveness>) -> TrainError {
+    let collective = matches!(
+        &e,
+        TrainError::Dist(_) | TrainError::Fsdp(tessera_fsdp::FsdpError::Dist(_))
+    );
+    match liveness.filter(|_| collective) {
+        Some(liveness) => match liveness.silent_ranks() {
+            ranks if ranks.is_empty() => e,
+            ranks => TrainError::RanksLost {
+                ranks,
+                source: Box::new(e),
+            },
+        },
+        None => e,
+    }
+}
+
+/// Everything a rank does once it has joined the job.
+fn train_rank(
+    cfg: &TrainConfig,
+    pg: tessera_fsdp::dist::ProcessGroup,
+    start: &RunStart,
+) -> Result<Option<Summary>, TrainError> {
+    let cfg = cfg.clone();
+    setup::check_shared_run_dir(&cfg.out, &pg)?;
     // The sharded model reads from the checkpoints only the slices its shards keep.
     let (s, init) = setup::build(&cfg, pg)?;
     if s.rank == 0 {

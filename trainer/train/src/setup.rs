@@ -86,6 +86,45 @@ pub(super) fn process_group(
     })
 }
 
+/// Every rank must see rank 0's run folder (`--out`): checkpoints, resume and the run's files
+/// live there. Rank 0 leaves a token in it and sends the token to all; a rank that finds
+/// another one (or none) is on a machine that does not share the folder, and says so now
+/// instead of writing checkpoints nobody will find.
+pub(super) fn check_shared_run_dir(out: &Path, pg: &ProcessGroup) -> Result<(), TrainError> {
+    if pg.world_size() == 1 {
+        return Ok(());
+    }
+    let path = out.join(".rank0-token");
+    let mut token = tch::Tensor::from_slice(&[0i64]);
+    if pg.rank() == 0 {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as i64);
+        let value = nanos ^ i64::from(std::process::id());
+        std::fs::write(&path, value.to_string()).map_err(io(&path))?;
+        token = tch::Tensor::from_slice(&[value]);
+    }
+    pg.broadcast(&mut token, 0, "run folder check")?.wait()?;
+    let want = token.int64_value(&[0]);
+    let found = std::fs::read_to_string(&path).ok();
+    if found.as_deref().map(str::trim) != Some(want.to_string().as_str()) {
+        return Err(TrainError::Invalid(format!(
+            "rank {}: --out {} is not the run folder rank 0 writes ({} {}): with several \
+             machines, --out must be a folder every node shares (checkpoints and --resume live \
+             there); per-node folders are the shard cache (--cache-dir) and logs",
+            pg.rank(),
+            out.display(),
+            path.display(),
+            if found.is_some() {
+                "holds another run's token"
+            } else {
+                "is missing here"
+            },
+        )));
+    }
+    Ok(())
+}
+
 /// Parses both model directories' configs and opens the LM's weights index, so a broken
 /// directory is reported once, by the launcher, before any rank starts.
 pub fn check_model_dirs(cfg: &TrainConfig) -> Result<(), tessera_model::ModelError> {

@@ -7,12 +7,14 @@
 //! 3. [`launch`] starts N local ranks with those variables set, prefixes their log
 //!    lines with the rank, and stops the others when one fails.
 mod launcher;
+mod liveness;
 mod process_group;
 mod store;
 
 use tessera_sys::c10d as ffi;
 
 pub use launcher::{args_without_nproc, launch, LaunchError, LaunchSpec, LogSink, Stream};
+pub use liveness::Liveness;
 pub use process_group::{cuda_device_for, Backend, ProcessGroup, Work};
 pub use store::{RankEnv, Store};
 

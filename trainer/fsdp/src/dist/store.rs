@@ -132,6 +132,47 @@ impl Store {
     pub fn port(&self) -> u16 {
         self.port
     }
+
+    fn err(&self, what: &str, message: String) -> DistError {
+        DistError::Store {
+            host: self.host.clone(),
+            port: self.port,
+            message: format!("{what}: {message}"),
+        }
+    }
+
+    /// Sets `key` to `value`.
+    pub fn set(&self, key: &str, value: &[u8]) -> Result<(), DistError> {
+        let c_key = CString::new(key).map_err(|_| self.err(key, "key holds a NUL".into()))?;
+        let len = i64::try_from(value.len()).map_err(|_| self.err(key, "value too long".into()))?;
+        // SAFETY: `raw` is live; key and value outlive the call, which copies them.
+        let err = unsafe { ffi::tc_store_set(self.raw, c_key.as_ptr(), value.as_ptr(), len) };
+        // SAFETY: `err` is what the shim just returned.
+        unsafe { tessera_sys::take_error(err) }.map_err(|m| self.err(&format!("set {key}"), m))
+    }
+
+    /// `key`'s value (its first 64 bytes at most), or `None` while no rank has set it. Does not
+    /// wait for the key.
+    pub fn get_if_set(&self, key: &str) -> Result<Option<Vec<u8>>, DistError> {
+        let c_key = CString::new(key).map_err(|_| self.err(key, "key holds a NUL".into()))?;
+        let mut buf = [0u8; 64];
+        let mut len = -1i64;
+        // SAFETY: `raw` is live; `buf` holds `cap` bytes and `len` is a valid out pointer.
+        let err = unsafe {
+            ffi::tc_store_get_if_set(
+                self.raw,
+                c_key.as_ptr(),
+                buf.as_mut_ptr(),
+                buf.len() as i64,
+                &mut len,
+            )
+        };
+        // SAFETY: `err` is what the shim just returned.
+        unsafe { tessera_sys::take_error(err) }.map_err(|m| self.err(&format!("get {key}"), m))?;
+        Ok(usize::try_from(len)
+            .ok()
+            .map(|n| buf[..n.min(buf.len())].to_vec()))
+    }
 }
 
 impl Drop for Store {

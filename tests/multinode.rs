@@ -1,0 +1,286 @@
+//! Two machines on one box: two torchrun agents (`--nnodes 2 --node-rank k --nproc-per-node 2`,
+//! torchrun from `.deps/hfvenv`, made by scripts/setup.sh) stand for two nodes of two ranks.
+//! - When one "node" dies (its agent and ranks killed with SIGKILL), the other node's ranks
+//!   stop within 60 s, naming the lost ranks (the trainer's heartbeats, not the 300 s
+//!   collective timeout); the run then resumes on one node from its last complete checkpoint
+//!   and trains the same samples to the same loss as an uninterrupted 4-rank run.
+//! - A node whose `--out` is not rank 0's run folder fails at once, saying so.
+#![cfg(feature = "train")]
+use anyhow::{ensure, Context, Result};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+use tessera_train::read_metrics;
+
+mod support;
+use support::{binary, fixture, run_ok, tessera, train_command, Fixture, TrainArgs};
+
+/// `python -m torch.distributed.run` is torchrun (the `torchrun` script itself sits beside
+/// .deps/venv's python, which cannot import torch's CUDA libraries).
+fn python() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join(".deps/hfvenv/bin/python")
+}
+
+fn free_port() -> Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
+}
+
+fn args(f: &Fixture) -> TrainArgs<'_> {
+    TrainArgs {
+        shards: f.shards.as_os_str(),
+        lm: &f.lm,
+        stage: 1,
+        token_budget: 256,
+    }
+}
+
+/// Node `node` of two, two ranks each, logging into `log`; `pause_at` stops its ranks inside that step's checkpoint.
+fn node(
+    f: &Fixture,
+    node: usize,
+    port: u16,
+    out: &Path,
+    extra: &[&str],
+    log: &Path,
+    pause_at: Option<&str>,
+) -> Result<Child> {
+    let mut cmd = Command::new(python());
+    cmd.args([
+        "-m",
+        "torch.distributed.run",
+        "--nnodes",
+        "2",
+        "--nproc-per-node",
+        "2",
+        "--master-addr",
+        "127.0.0.1",
+    ])
+    .args([
+        "--node-rank",
+        &node.to_string(),
+        "--master-port",
+        &port.to_string(),
+    ])
+    .arg("--no-python")
+    .arg(binary());
+    let mut cmd = train_command(cmd, f, args(f), out, extra);
+    if let Some(step) = pause_at {
+        cmd.env("TESSERA_CHECKPOINT_PAUSE_AT", step);
+    }
+    let file = std::fs::File::create(log)?;
+    cmd.stdout(Stdio::null())
+        .stderr(file)
+        .spawn()
+        .with_context(|| {
+            format!(
+                "starting torchrun with {} (scripts/setup.sh)",
+                python().display()
+            )
+        })
+}
+
+fn wait_until(what: &str, limit: Duration, mut done: impl FnMut() -> Result<bool>) -> Result<()> {
+    let start = Instant::now();
+    while !done()? {
+        ensure!(start.elapsed() < limit, "no {what} within {limit:?}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    Ok(())
+}
+
+/// Kills a "node": its torchrun agent and the ranks it started (torchrun gives each rank a
+/// session of its own, so they are the agent's children, not its process group).
+fn kill_node(agent: &Child) -> Result<()> {
+    signal_node(agent, "-KILL")
+}
+
+/// Sends `signal` to a node's agent and ranks.
+fn signal_node(agent: &Child, signal: &str) -> Result<()> {
+    let children = Command::new("pgrep")
+        .args(["-P", &agent.id().to_string()])
+        .output()?;
+    let mut pids: Vec<String> = String::from_utf8_lossy(&children.stdout)
+        .split_whitespace()
+        .map(str::to_string)
+        .collect();
+    pids.push(agent.id().to_string());
+    let _ = Command::new("kill").arg(signal).args(&pids).status()?;
+    Ok(())
+}
+
+fn samples_by_step(run: &Path) -> Result<Vec<String>> {
+    Ok(std::fs::read_to_string(run.join("plan.jsonl"))?
+        .lines()
+        .map(str::to_string)
+        .collect())
+}
+
+#[test]
+fn a_dead_node_stops_the_other_within_60_s_naming_its_ranks_and_the_run_resumes_on_one_node(
+) -> Result<()> {
+    let f = fixture(300, 0.0)?;
+    let steps = ["--steps", "12", "--checkpoint-every", "2"];
+    let straight = f.root.join("straight");
+    run_ok(train_command(tessera(), &f, args(&f), &straight, &steps).args(["--nproc", "4"]))?;
+
+    let run = f.root.join("run");
+    let port = free_port()?;
+    let (log0, log1) = (f.root.join("node0.log"), f.root.join("node1.log"));
+    let mut node0 = node(&f, 0, port, &run, &steps, &log0, None)?;
+    // Node 1's ranks stop inside the step-6 checkpoint write, holding everyone at that step.
+    let mut node1 = node(&f, 1, port, &run, &steps, &log1, Some("6"))?;
+    let paused = run.join("checkpoints/step-00000006.tmp/rank-00002/shards.safetensors");
+    wait_until("step-6 write by node 1", Duration::from_secs(240), || {
+        if let Some(status) = node0.try_wait()? {
+            anyhow::bail!(
+                "node 0 exited ({status}): {}",
+                std::fs::read_to_string(&log0)?
+            );
+        }
+        Ok(paused.exists())
+    })?;
+    kill_node(&node1)?;
+    node1.wait()?;
+    let killed = Instant::now();
+    let status = loop {
+        if let Some(status) = node0.try_wait()? {
+            break status;
+        }
+        if killed.elapsed() > Duration::from_secs(60) {
+            kill_node(&node0)?;
+            anyhow::bail!(
+                "node 0 still ran 60 s after node 1 died: {}",
+                std::fs::read_to_string(&log0)?
+            );
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    let log = std::fs::read_to_string(&log0)?;
+    ensure!(
+        !status.success(),
+        "node 0 exited successfully after losing node 1: {log}"
+    );
+    // Dead peers close their sockets on this box, so gloo fails at once; the heartbeats then
+    // tell which ranks are gone.
+    ensure!(
+        log.contains("ranks [2, 3] stopped sending heartbeats"),
+        "node 0's ranks do not name the lost ranks 2 and 3: {log}"
+    );
+    eprintln!(
+        "node 0 stopped {:.1} s after node 1 died",
+        killed.elapsed().as_secs_f64()
+    );
+
+    // One node, two ranks, from the last complete checkpoint (step 4): the same samples and
+    // the same final loss as the uninterrupted four-rank run.
+    run_ok(
+        train_command(tessera(), &f, args(&f), &run, &steps).args(["--nproc", "2", "--resume"]),
+    )?;
+    assert_eq!(samples_by_step(&run)?, samples_by_step(&straight)?);
+    let last = |dir: &Path| -> Result<f64> {
+        Ok(read_metrics(&dir.join("metrics.jsonl"))?
+            .last()
+            .context("metrics")?
+            .loss)
+    };
+    let (a, b) = (last(&run)?, last(&straight)?);
+    ensure!(
+        (a - b).abs() <= 1e-3 * b.abs(),
+        "loss at step 12: {a} resumed vs {b} straight"
+    );
+    let record = std::fs::read_to_string(run.join("resumes.jsonl"))?;
+    let record: serde_json::Value =
+        serde_json::from_str(record.lines().last().context("a resume record")?)?;
+    assert_eq!(record["step"], 4);
+    assert_eq!(record["checkpoint_world_size"], 4);
+    assert_eq!(record["world_size"], 2);
+    Ok(())
+}
+
+#[test]
+fn a_node_without_rank_0s_run_folder_fails_at_once_saying_so() -> Result<()> {
+    let f = fixture(60, 0.0)?;
+    let port = free_port()?;
+    let steps = ["--steps", "4"];
+    let (log0, log1) = (f.root.join("node0.log"), f.root.join("node1.log"));
+    let mut node0 = node(&f, 0, port, &f.root.join("shared"), &steps, &log0, None)?;
+    let mut node1 = node(&f, 1, port, &f.root.join("local-only"), &steps, &log1, None)?;
+    let started = Instant::now();
+    let status = node1.wait()?;
+    let log = std::fs::read_to_string(&log1)?;
+    kill_node(&node0)?;
+    node0.wait()?;
+    ensure!(
+        !status.success(),
+        "node 1 trained into a folder rank 0 does not see: {log}"
+    );
+    ensure!(
+        log.contains("is not the run folder rank 0 writes") && log.contains("every node shares"),
+        "node 1's error does not explain the run folder: {log}"
+    );
+    ensure!(
+        started.elapsed() < Duration::from_secs(120),
+        "node 1 took {:?} to fail",
+        started.elapsed()
+    );
+    Ok(())
+}
+
+/// A node that hangs without closing its connections (here: stopped with SIGSTOP, as a machine
+/// that froze or fell off the network) is found by the heartbeats alone: the other node stops
+/// within 60 s (the 30 s default timeout), naming its ranks, instead of waiting out the 300 s
+/// collective timeout.
+#[test]
+fn a_frozen_node_is_found_by_its_missing_heartbeats_within_60_s() -> Result<()> {
+    let f = fixture(120, 0.0)?;
+    let steps = ["--steps", "400", "--checkpoint-every", "0"];
+    let run = f.root.join("run");
+    let port = free_port()?;
+    let (log0, log1) = (f.root.join("node0.log"), f.root.join("node1.log"));
+    let mut node0 = node(&f, 0, port, &run, &steps, &log0, None)?;
+    let mut node1 = node(&f, 1, port, &run, &steps, &log1, None)?;
+    wait_until("two steps", Duration::from_secs(240), || {
+        if let Some(status) = node0.try_wait()? {
+            anyhow::bail!(
+                "node 0 exited ({status}): {}",
+                std::fs::read_to_string(&log0)?
+            );
+        }
+        let metrics = std::fs::read_to_string(run.join("metrics.jsonl")).unwrap_or_default();
+        Ok(metrics.lines().count() >= 2)
+    })?;
+    signal_node(&node1, "-STOP")?;
+    let frozen = Instant::now();
+    let status = loop {
+        if let Some(status) = node0.try_wait()? {
+            break status;
+        }
+        if frozen.elapsed() > Duration::from_secs(60) {
+            kill_node(&node0)?;
+            kill_node(&node1)?;
+            anyhow::bail!(
+                "node 0 still ran 60 s after node 1 froze: {}",
+                std::fs::read_to_string(&log0)?
+            );
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    kill_node(&node1)?;
+    node1.wait()?;
+    let log = std::fs::read_to_string(&log0)?;
+    ensure!(
+        !status.success(),
+        "node 0 exited successfully after node 1 froze: {log}"
+    );
+    ensure!(
+        log.contains("ranks [2, 3] sent no heartbeat for 30s"),
+        "node 0's ranks do not name the frozen ranks 2 and 3: {log}"
+    );
+    eprintln!(
+        "node 0 stopped {:.1} s after node 1 froze",
+        frozen.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
