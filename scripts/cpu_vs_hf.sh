@@ -17,6 +17,10 @@
 #                           the baseline does without checkpointing)
 #        BASELINE_ARGS=""   flags for the baseline (e.g. --ckpt for gradient checkpointing)
 #        EXTRA_BIN=path     another tessera binary measured in the same rounds (a before/after)
+#        TRAIN=lm|lm,vision full-parameter training (issue 20): tessera --stage 2 --train
+#                           projector,lm[,vision], the baseline --train lm[,vision]
+#        NPROC=1|2          tessera's ranks (peak RSS is per rank: /usr/bin/time on the launcher
+#                           reports the largest child)
 #        BENCH=dir          where hf_reference_step.py and make_hub_shaped_models.py are
 #                           (default ../shared/bench)
 # Last line: "RATIO tessera/transformers median step <r> (<t> s / <h> s) ..." .
@@ -34,6 +38,13 @@ case "$PRECISION" in
         BASELINE_ARGS=${BASELINE_ARGS:---dtype bfloat16} ;;
   *) echo "cpu_vs_hf: PRECISION must be f32 or bf16, not $PRECISION" >&2; exit 1 ;;
 esac
+TRAIN=${TRAIN:-}
+NPROC=${NPROC:-1}
+STAGE_ARGS=(--stage 1)
+if [ -n "$TRAIN" ]; then
+  STAGE_ARGS=(--stage 2 --train "projector,$TRAIN")
+  BASELINE_ARGS="$BASELINE_ARGS --train $TRAIN"
+fi
 BENCH=${BENCH:-../shared/bench}
 [ -d "$BENCH" ] || BENCH=/work/shared/bench
 T=target/release/tessera
@@ -87,8 +98,8 @@ fi
 export OMP_NUM_THREADS=2
 tessera_run() { # BIN NAME ARGS... -> $W/NAME/{metrics.jsonl,rss}
   rm -rf "${W:?}/$2"
-  /usr/bin/time -f %M -o "$W/$2.rss" "$1" train --quiet --stage 1 --shards "$W/shards" \
-    --vision "$MODELS/siglip" --lm "$MODELS/qwen" --nproc 1 --steps "$STEPS" \
+  /usr/bin/time -f %M -o "$W/$2.rss" "$1" train --quiet "${STAGE_ARGS[@]}" --shards "$W/shards" \
+    --vision "$MODELS/siglip" --lm "$MODELS/qwen" --nproc "$NPROC" --steps "$STEPS" \
     --token-budget 1536 --seq-len 1536 --loader-threads 1 --out "$W/$2" "${@:3}" >/dev/null
 }
 stat_of() { # NAME -> "median_step_s tokens supervised rss_mib" from metrics.jsonl

@@ -2,16 +2,20 @@
 # `make demo`: the whole main job on a laptop-sized example, with gloo on localhost.
 #   synth (2,000 LLaVA-Pretrain-shaped records, 20% text-only, captions that describe the
 #   pictures) -> ingest -> loader bench -> init-model tiny -> stage 1 on 2 ranks -> stage 2
-#   (LoRA) on 2 ranks -> export. Prints where the loss started and ended, where the files are,
-#   and two captions `tessera generate` writes for held-out images.
+#   (LLaVA-1.5's full fine-tune: projector + the whole LM, FULL_SHARD) on 2 ranks -> export.
+#   Prints where the loss started and ended, where the files are, captions `tessera generate`
+#   writes for held-out images, and the caption score: the share of held-out images whose
+#   generated caption has the reference's (first) shape word and both its colour words.
 # Usage: bash scripts/demo.sh [RUN_DIR]   (default runs/demo; the folder is recreated)
-# Knobs (environment): DEMO_SAMPLES (2000), DEMO_STAGE1_STEPS (200), DEMO_STAGE2_STEPS (30).
+# Knobs (environment): DEMO_SAMPLES (2000), DEMO_STAGE1_STEPS (150), DEMO_STAGE2_STEPS (60),
+# DEMO_SCORED (64 held-out images captioned for the score).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 RUN="${1:-runs/demo}"
 SAMPLES="${DEMO_SAMPLES:-2000}"
-STAGE1_STEPS="${DEMO_STAGE1_STEPS:-200}"
-STAGE2_STEPS="${DEMO_STAGE2_STEPS:-30}"
+STAGE1_STEPS="${DEMO_STAGE1_STEPS:-150}"
+STAGE2_STEPS="${DEMO_STAGE2_STEPS:-60}"
+SCORED="${DEMO_SCORED:-64}"
 T=target/release/tessera
 TOKENIZER=.deps/tokenizer/tokenizer.json
 [ -x "$T" ] || cargo build --release
@@ -50,8 +54,11 @@ step "5/7 stage 1 (projector, lr 3e-2, warmup 3% + cosine, image samples): $STAG
 "$T" train "${common[@]}" --stage 1 --steps "$STAGE1_STEPS" --lr 3e-2 --checkpoint-every 100 --val-every 50 \
   --out "$RUN/stage1"
 
-step "6/7 stage 2 (projector 2e-5 + LoRA r 16 at 2e-4): $STAGE2_STEPS steps on 2 ranks"
-"$T" train "${common[@]}" --stage 2 --steps "$STAGE2_STEPS" --lora-r 16 --lora-alpha 32 \
+# Stage 2 trains projector and LM in full, as LLaVA-1.5's finetune.sh does, at rates for a
+# run of $STAGE2_STEPS steps (LLaVA's 2e-5 suits 5,000 steps of a pretrained 7B LM).
+step "6/7 stage 2 (full fine-tune: projector + LM at lr 3e-3): $STAGE2_STEPS steps on 2 ranks"
+"$T" train "${common[@]}" --stage 2 --train projector,lm --steps "$STAGE2_STEPS" \
+  --projector-lr 3e-3 --lm-lr 3e-3 --checkpoint-every 0 \
   --init-projector "$RUN/stage1" --out "$RUN/stage2"
 
 step "7/7 export -> $RUN/export"
@@ -69,9 +76,11 @@ echo "files:"
 echo "  shards:       $RUN/shards (index.json, shard-*.parquet)"
 echo "  stage 1 run:  $RUN/stage1 (metrics.jsonl, loss.png, summary.json, checkpoints/)"
 echo "  stage 2 run:  $RUN/stage2"
-echo "  export:       $RUN/export (mm_projector.safetensors, adapter/, config.json)"
+echo "  export:       $RUN/export (mm_projector.safetensors, lm/ (the fine-tuned LM), config.json)"
 echo "captions of held-out images (tessera generate, stage 2, greedy; from the validation shards):"
-"$T" generate --quiet --run "$RUN/stage2" --shards "$RUN/val-shards" --limit 2 \
-  --max-new-tokens 32 --out "$RUN/samples.jsonl" | sed 's/^/  /'
+"$T" generate --quiet --run "$RUN/stage2" --shards "$RUN/val-shards" --limit "$SCORED" \
+  --max-new-tokens 32 --out "$RUN/samples.jsonl" > "$RUN/captions.txt"
+head -n 3 "$RUN/captions.txt" | sed 's/^/  /'
+python3 scripts/caption_score.py "$RUN/samples.jsonl"
 printf 'final validation loss (64 held-out samples): stage 1 %s, stage 2 %s\n' \
   "$(field "$RUN/stage1" final_val_loss)" "$(field "$RUN/stage2" final_val_loss)"

@@ -1,0 +1,42 @@
+#!/usr/bin/env python3
+"""The demo's caption score: the share of captioned held-out images whose generated caption
+names the reference's shape and both its colours.
+
+Usage: python3 scripts/caption_score.py SAMPLES.jsonl   (written by `tessera generate --shards`)
+
+A synth reference reads "a {large|small} COLOUR SHAPE ... on a BACKGROUND background": the
+first object's colour and shape and the background's colour are what a caption must name (as
+words, anywhere in it). Prints one line with the score and its count; exits 1 when no line of
+the file is a synth caption.
+"""
+import json
+import sys
+
+
+def keys(reference):
+    words = reference.split()
+    if len(words) < 7 or words[0] != "a" or words[-1] != "background":
+        return None
+    return {words[2], words[3], words[-2]}
+
+
+def main():
+    if len(sys.argv) != 2:
+        sys.exit(__doc__)
+    hits = total = 0
+    with open(sys.argv[1]) as f:
+        for line in f:
+            sample = json.loads(line)
+            want = keys(sample["reference"])
+            if want is None:
+                continue
+            total += 1
+            hits += want <= set(sample["generated"].split())
+    if total == 0:
+        sys.exit(f"{sys.argv[1]}: no synth caption to score")
+    print(f"caption score: {hits / total:.0%} ({hits} of {total} held-out images name the "
+          f"reference's shape and both its colours)")
+
+
+if __name__ == "__main__":
+    main()
