@@ -5,6 +5,9 @@
 //!   collective timeout); the run then resumes on one node from its last complete checkpoint
 //!   and trains the same samples to the same loss as an uninterrupted 4-rank run.
 //! - A node whose `--out` is not rank 0's run folder fails at once, saying so.
+//! - HYBRID_SHARD over the two nodes trains to the losses of FULL_SHARD over four ranks on one
+//!   node (stage 1, and a full fine-tune of projector and LM), sending fewer bytes across nodes
+//!   than FULL_SHARD sends in all.
 #![cfg(feature = "train")]
 use anyhow::{ensure, Context, Result};
 use std::path::{Path, PathBuf};
@@ -28,23 +31,28 @@ fn free_port() -> Result<u16> {
 }
 
 fn args(f: &Fixture) -> TrainArgs<'_> {
+    args_at(f, 1)
+}
+
+fn args_at(f: &Fixture, stage: u8) -> TrainArgs<'_> {
     TrainArgs {
         shards: f.shards.as_os_str(),
         lm: &f.lm,
-        stage: 1,
+        stage,
         token_budget: 256,
     }
 }
 
-/// Node `node` of two, two ranks each, logging into `log`; `pause_at` stops its ranks inside that step's checkpoint.
+/// Node `node` of two (store at `port`), two ranks each, logging into `log`; `pause_at` stops
+/// its ranks inside that step's checkpoint.
 fn node(
     f: &Fixture,
-    node: usize,
-    port: u16,
+    (node, port): (usize, u16),
     out: &Path,
     extra: &[&str],
     log: &Path,
     pause_at: Option<&str>,
+    stage: u8,
 ) -> Result<Child> {
     let mut cmd = Command::new(python());
     cmd.args([
@@ -65,7 +73,7 @@ fn node(
     ])
     .arg("--no-python")
     .arg(binary());
-    let mut cmd = train_command(cmd, f, args(f), out, extra);
+    let mut cmd = train_command(cmd, f, args_at(f, stage), out, extra);
     if let Some(step) = pause_at {
         cmd.env("TESSERA_CHECKPOINT_PAUSE_AT", step);
     }
@@ -128,9 +136,9 @@ fn a_dead_node_stops_the_other_within_60_s_naming_its_ranks_and_the_run_resumes_
     let run = f.root.join("run");
     let port = free_port()?;
     let (log0, log1) = (f.root.join("node0.log"), f.root.join("node1.log"));
-    let mut node0 = node(&f, 0, port, &run, &steps, &log0, None)?;
+    let mut node0 = node(&f, (0, port), &run, &steps, &log0, None, 1)?;
     // Node 1's ranks stop inside the step-6 checkpoint write, holding everyone at that step.
-    let mut node1 = node(&f, 1, port, &run, &steps, &log1, Some("6"))?;
+    let mut node1 = node(&f, (1, port), &run, &steps, &log1, Some("6"), 1)?;
     let paused = run.join("checkpoints/step-00000006.tmp/rank-00002/shards.safetensors");
     wait_until("step-6 write by node 1", Duration::from_secs(240), || {
         if let Some(status) = node0.try_wait()? {
@@ -205,8 +213,24 @@ fn a_node_without_rank_0s_run_folder_fails_at_once_saying_so() -> Result<()> {
     let port = free_port()?;
     let steps = ["--steps", "4"];
     let (log0, log1) = (f.root.join("node0.log"), f.root.join("node1.log"));
-    let mut node0 = node(&f, 0, port, &f.root.join("shared"), &steps, &log0, None)?;
-    let mut node1 = node(&f, 1, port, &f.root.join("local-only"), &steps, &log1, None)?;
+    let mut node0 = node(
+        &f,
+        (0, port),
+        &f.root.join("shared"),
+        &steps,
+        &log0,
+        None,
+        1,
+    )?;
+    let mut node1 = node(
+        &f,
+        (1, port),
+        &f.root.join("local-only"),
+        &steps,
+        &log1,
+        None,
+        1,
+    )?;
     let started = Instant::now();
     let status = node1.wait()?;
     let log = std::fs::read_to_string(&log1)?;
@@ -239,8 +263,8 @@ fn a_frozen_node_is_found_by_its_missing_heartbeats_within_60_s() -> Result<()> 
     let run = f.root.join("run");
     let port = free_port()?;
     let (log0, log1) = (f.root.join("node0.log"), f.root.join("node1.log"));
-    let mut node0 = node(&f, 0, port, &run, &steps, &log0, None)?;
-    let mut node1 = node(&f, 1, port, &run, &steps, &log1, None)?;
+    let mut node0 = node(&f, (0, port), &run, &steps, &log0, None, 1)?;
+    let mut node1 = node(&f, (1, port), &run, &steps, &log1, None, 1)?;
     wait_until("two steps", Duration::from_secs(240), || {
         if let Some(status) = node0.try_wait()? {
             anyhow::bail!(
@@ -282,5 +306,67 @@ fn a_frozen_node_is_found_by_its_missing_heartbeats_within_60_s() -> Result<()> 
         "node 0 stopped {:.1} s after node 1 froze",
         frozen.elapsed().as_secs_f64()
     );
+    Ok(())
+}
+
+fn losses_and_bytes(run: &Path) -> Result<(Vec<f64>, u64, u64)> {
+    let steps = read_metrics(&run.join("metrics.jsonl"))?;
+    let losses = steps.iter().map(|m| m.loss).collect();
+    let sent = steps.iter().map(|m| m.bytes_sent).sum();
+    let across = steps.iter().map(|m| m.bytes_sent_across_nodes).sum();
+    Ok((losses, sent, across))
+}
+
+#[test]
+fn hybrid_shard_on_two_nodes_matches_full_shard_on_four_ranks() -> Result<()> {
+    let f = fixture(200, 0.0)?;
+    for (name, stage, steps) in [
+        ("stage1", 1, vec!["--steps", "20"]),
+        (
+            "full",
+            2,
+            vec![
+                "--steps",
+                "20",
+                "--train",
+                "projector,lm",
+                "--lm-lr",
+                "1e-3",
+            ],
+        ),
+    ] {
+        let full = f.root.join(format!("{name}-full"));
+        run_ok(
+            train_command(tessera(), &f, args_at(&f, stage), &full, &steps).args(["--nproc", "4"]),
+        )?;
+        let hybrid = f.root.join(format!("{name}-hybrid"));
+        let mut steps_h = steps.clone();
+        steps_h.extend(["--strategy", "hybrid_shard"]);
+        let port = free_port()?;
+        let (log0, log1) = (f.root.join("h0.log"), f.root.join("h1.log"));
+        let mut node0 = node(&f, (0, port), &hybrid, &steps_h, &log0, None, stage)?;
+        let mut node1 = node(&f, (1, port), &hybrid, &steps_h, &log1, None, stage)?;
+        let (s0, s1) = (node0.wait()?, node1.wait()?);
+        ensure!(
+            s0.success() && s1.success(),
+            "{name}: hybrid run failed: {}{}",
+            std::fs::read_to_string(&log0)?,
+            std::fs::read_to_string(&log1)?
+        );
+        let (want, full_sent, _) = losses_and_bytes(&full)?;
+        let (got, _, across) = losses_and_bytes(&hybrid)?;
+        assert_eq!(got.len(), 20, "{name}: 20 steps");
+        for (step, (a, b)) in got.iter().zip(&want).enumerate() {
+            ensure!(
+                (a - b).abs() <= 1e-4 * b.abs(),
+                "{name} step {step}: HYBRID_SHARD loss {a} vs FULL_SHARD {b}"
+            );
+        }
+        ensure!(
+            across > 0 && across < full_sent,
+            "{name}: {across} bytes across nodes vs FULL_SHARD's {full_sent} in all (rank 0)"
+        );
+        eprintln!("{name}: rank 0 sent {across} bytes across nodes (hybrid) vs {full_sent} (FULL_SHARD, all)");
+    }
     Ok(())
 }

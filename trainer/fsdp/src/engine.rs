@@ -77,6 +77,9 @@ pub struct StepStats {
     pub clipped: bool,
     /// Bytes this rank sent through collectives during the step (ring cost model).
     pub bytes_sent: u64,
+    /// The part of `bytes_sent` that went to other machines' ranks under a hybrid strategy
+    /// (the cross-node all-reduce of shard gradients); 0 otherwise.
+    pub bytes_sent_across: u64,
     /// Most bytes of gathered buffers this rank held at once during the step.
     pub peak_gathered_bytes: u64,
 }
@@ -112,7 +115,13 @@ fn component(unit: &str) -> &str {
 /// FSDP over a unit chain on one rank.
 pub struct Fsdp<'a, C> {
     pub(super) units: &'a [Box<dyn Unit<C>>],
+    /// The group parameters are sharded over: the whole job, or (hybrid) this rank's node.
     pub(super) pg: &'a ProcessGroup,
+    /// Every rank of the job: schedule checks and the step's totals.
+    pub(super) world: &'a ProcessGroup,
+    /// Hybrid strategies: this rank and its counterparts (same local rank) on the other nodes.
+    pub(super) replicas: Option<&'a ProcessGroup>,
+    pub(super) across_mark: u64,
     pub(super) config: FsdpConfig,
     pub(super) flat: FlatParams,
     pub(super) grads: Vec<Option<Tensor>>,
@@ -135,6 +144,31 @@ impl<'a, C> Fsdp<'a, C> {
         init: &dyn ParamSource,
         config: FsdpConfig,
     ) -> Result<Self, FsdpError> {
+        Self::build(units, pg, pg, None, init, config)
+    }
+
+    /// HYBRID_SHARD: parameters and training state sharded over `node` (this machine's ranks),
+    /// replicated over `replicas` (the ranks of the other machines with this local rank);
+    /// `world` is every rank. Any strategy runs this way; hybrid ones are meant for it.
+    pub fn new_hybrid(
+        units: &'a [Box<dyn Unit<C>>],
+        world: &'a ProcessGroup,
+        node: &'a ProcessGroup,
+        replicas: &'a ProcessGroup,
+        init: &dyn ParamSource,
+        config: FsdpConfig,
+    ) -> Result<Self, FsdpError> {
+        Self::build(units, world, node, Some(replicas), init, config)
+    }
+
+    fn build(
+        units: &'a [Box<dyn Unit<C>>],
+        world: &'a ProcessGroup,
+        pg: &'a ProcessGroup,
+        replicas: Option<&'a ProcessGroup>,
+        init: &dyn ParamSource,
+        config: FsdpConfig,
+    ) -> Result<Self, FsdpError> {
         let spec = ShardSpec {
             rank: pg.rank(),
             world_size: pg.world_size(),
@@ -150,10 +184,13 @@ impl<'a, C> Fsdp<'a, C> {
             .map(|b| b.trainable.then(|| b.shard.zeros_like()))
             .collect();
         let optim = ShardedAdamW::new(config.adamw.clone(), &flat.buffers);
-        let bytes_mark = pg.bytes_sent();
+        let bytes_mark = Self::sent(world, pg, replicas);
         Ok(Fsdp {
             units,
             pg,
+            world,
+            replicas,
+            across_mark: replicas.map_or(0, ProcessGroup::bytes_sent),
             config,
             flat,
             grads,
@@ -164,6 +201,16 @@ impl<'a, C> Fsdp<'a, C> {
             bytes_mark,
             times: BTreeMap::new(),
         })
+    }
+
+    /// Bytes sent through every distinct group this rank uses.
+    fn sent(world: &ProcessGroup, pg: &ProcessGroup, replicas: Option<&ProcessGroup>) -> u64 {
+        let own = if std::ptr::eq(world, pg) {
+            0
+        } else {
+            pg.bytes_sent()
+        };
+        world.bytes_sent() + own + replicas.map_or(0, ProcessGroup::bytes_sent)
     }
 
     pub fn flat(&self) -> &FlatParams {
@@ -188,7 +235,7 @@ impl<'a, C> Fsdp<'a, C> {
 
     fn torch_err(&self, unit: usize) -> impl Fn(tch::TchError) -> FsdpError + '_ {
         move |source| FsdpError::Torch {
-            rank: self.pg.rank(),
+            rank: self.world.rank(),
             unit: self.units[unit].name().to_string(),
             source,
         }
@@ -285,7 +332,7 @@ impl<'a, C> Fsdp<'a, C> {
             let done: Vec<PendingGrad> = pending.drain(..issued_before).collect();
             self.finish(done)?;
             let keep: Vec<usize> = match self.config.strategy {
-                Strategy::FullShard => schedule
+                strategy if strategy.frees_after_use() => schedule
                     .get(p + 1)
                     .filter(|s| needs_params(s))
                     .map(|&(_, n)| self.flat.unit_buffers[n].clone())
@@ -312,7 +359,7 @@ impl<'a, C> Fsdp<'a, C> {
         let running: Vec<usize> = (0..self.units.len())
             .filter(|&i| self.units[i].runs_on(ctx))
             .collect();
-        if self.config.check_schedule && self.pg.world_size() > 1 {
+        if self.config.check_schedule && self.world.world_size() > 1 {
             self.check_alignment(&running)?;
         }
         Ok(running)
@@ -321,7 +368,7 @@ impl<'a, C> Fsdp<'a, C> {
     pub(super) fn scalar(&self, unit: usize, y: &Tensor) -> Result<f64, FsdpError> {
         if y.numel() != 1 {
             return Err(FsdpError::NotScalarLoss {
-                rank: self.pg.rank(),
+                rank: self.world.rank(),
                 unit: self.units[unit].name().to_string(),
                 shape: y.size(),
             });
@@ -436,9 +483,14 @@ impl<'a, C> Fsdp<'a, C> {
 
     /// Waits for gradient reductions and adds them to the shards' gradients.
     fn finish(&mut self, done: Vec<PendingGrad>) -> Result<(), FsdpError> {
-        for p in done {
+        for mut p in done {
             if let Some(work) = p.work {
                 work.wait()?;
+            }
+            // Hybrid: the node's reduced shard gradient, summed with the other nodes'.
+            if let Some(replicas) = self.replicas.filter(|r| r.world_size() > 1) {
+                let unit = self.flat.buffers[p.buffer].unit_name.clone();
+                replicas.all_reduce_sum(&mut p.out, &unit)?.wait()?;
             }
             if let Some(g) = &mut self.grads[p.buffer] {
                 tch::no_grad(|| {
@@ -452,13 +504,13 @@ impl<'a, C> Fsdp<'a, C> {
     /// One all-gather of every rank's run flags; the first unit the ranks disagree on fails.
     pub(super) fn check_alignment(&self, running: &[usize]) -> Result<(), FsdpError> {
         let n = self.units.len() as i64;
-        let w = self.pg.world_size();
+        let w = self.world.world_size();
         let flags: Vec<i64> = (0..self.units.len())
             .map(|i| i64::from(running.contains(&i)))
             .collect();
         let mine = Tensor::from_slice(&flags);
         let mut all = Tensor::zeros([n * w as i64], (Kind::Int64, Device::Cpu));
-        self.pg
+        self.world
             .all_gather_into(&mut all, &mine, "schedule check")?
             .wait()?;
         let all = Vec::<i64>::try_from(&all).map_err(self.torch_err(0))?;
@@ -468,7 +520,7 @@ impl<'a, C> Fsdp<'a, C> {
                 .collect();
             if !runs.is_empty() && runs.len() < w {
                 return Err(FsdpError::Misaligned {
-                    rank: self.pg.rank(),
+                    rank: self.world.rank(),
                     unit: unit.name().to_string(),
                     skipping: (0..w).filter(|r| !runs.contains(r)).collect(),
                     running: runs,
@@ -481,7 +533,8 @@ impl<'a, C> Fsdp<'a, C> {
     /// Ends the step: one all-reduce of (squared grad norm, loss sum), clipping, AdamW with the
     /// configured learning rates times `lr_factor`, and zeroed gradients.
     pub fn step(&mut self, lr_factor: f64) -> Result<StepStats, FsdpError> {
-        let counts_norm = self.sharded() || self.pg.rank() == 0;
+        // Each shard's norm counted once: by the rank that would write it to a checkpoint.
+        let counts_norm = self.writes_shards();
         let mut sq = 0.0;
         if counts_norm {
             for g in self.grads.iter().flatten() {
@@ -493,7 +546,7 @@ impl<'a, C> Fsdp<'a, C> {
             }
         }
         let mut totals = Tensor::from_slice(&[sq, self.loss_sum]);
-        self.pg.all_reduce_sum(&mut totals, "step")?.wait()?;
+        self.world.all_reduce_sum(&mut totals, "step")?.wait()?;
         let totals = Vec::<f64>::try_from(&totals).map_err(self.torch_err(0))?;
         let grad_norm = totals[0].sqrt();
         let mut clipped = false;
@@ -511,7 +564,7 @@ impl<'a, C> Fsdp<'a, C> {
         self.optim
             .update(&self.flat.buffers, &self.grads, lr_factor)
             .map_err(|source| FsdpError::Torch {
-                rank: self.pg.rank(),
+                rank: self.world.rank(),
                 unit: "optimizer".into(),
                 source,
             })?;
@@ -520,16 +573,19 @@ impl<'a, C> Fsdp<'a, C> {
                 let _ = g.zero_();
             }
         });
-        let sent = self.pg.bytes_sent();
+        let sent = Self::sent(self.world, self.pg, self.replicas);
+        let across = self.replicas.map_or(0, ProcessGroup::bytes_sent);
         let stats = StepStats {
             loss_sum: totals[1],
             loss: totals[1] * self.loss_scale,
             grad_norm,
             clipped,
             bytes_sent: sent - self.bytes_mark,
+            bytes_sent_across: across - self.across_mark,
             peak_gathered_bytes: self.gathered.peak_bytes,
         };
         self.bytes_mark = sent;
+        self.across_mark = across;
         self.gathered.peak_bytes = self.gathered.bytes;
         self.loss_sum = 0.0;
         Ok(stats)

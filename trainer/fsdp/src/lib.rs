@@ -54,6 +54,25 @@ pub enum Strategy {
     ShardGradOp,
     /// DDP: full parameters and optimizer state on every rank, gradients all-reduced.
     NoShard,
+    /// FULL_SHARD inside each machine, replicated across machines: all-gathers and
+    /// reduce-scatters stay inside a node; shard gradients are then all-reduced between the
+    /// nodes' matching local ranks ([`Fsdp::new_hybrid`]).
+    HybridShard,
+    /// The same with SHARD_GRAD_OP inside each machine (ZeRO-2 within the node).
+    HybridShardZero2,
+}
+
+impl Strategy {
+    /// Whether parameters are sharded over the node only and replicated across nodes.
+    pub fn is_hybrid(self) -> bool {
+        matches!(self, Strategy::HybridShard | Strategy::HybridShardZero2)
+    }
+
+    /// Whether gathered parameters are freed after each use (FULL_SHARD-style) rather than
+    /// kept from a unit's forward to its backward.
+    pub fn frees_after_use(self) -> bool {
+        matches!(self, Strategy::FullShard | Strategy::HybridShard)
+    }
 }
 
 /// What backward does for units that train (or pass gradients to one that does).

@@ -145,10 +145,21 @@ pub struct ShardView {
 }
 
 impl<C> Fsdp<'_, C> {
-    /// Whether this rank's shards are its own part of the state (sharded strategies), or a
-    /// replica every rank holds whole (NO_SHARD, or W=1), which one rank writes for all.
-    pub fn holds_distinct_shards(&self) -> bool {
-        self.sharded()
+    /// Whether this rank writes its shards into a checkpoint: every rank of a sharded strategy,
+    /// rank 0 alone when every rank holds the whole state (NO_SHARD, W=1), and under hybrid
+    /// strategies the first node's ranks only (the others hold copies).
+    pub fn writes_shards(&self) -> bool {
+        let first_replica = self.replicas.is_none_or(|r| r.rank() == 0);
+        first_replica && (self.sharded() || self.pg.rank() == 0)
+    }
+
+    /// How many ranks write shards (ranks `0..n` of the job: the first node's under hybrid).
+    pub fn shard_writers(&self) -> usize {
+        if self.sharded() {
+            self.pg.world_size()
+        } else {
+            1
+        }
     }
 
     /// The trainable buffers' layout at this world size, in buffer order.

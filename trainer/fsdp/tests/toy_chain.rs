@@ -182,24 +182,48 @@ struct Run {
     params: ParamMap,
     memory: MemoryReport,
     bytes_per_step: Vec<u64>,
+    across_per_step: Vec<u64>,
     seconds: f64,
 }
 
 /// `steps` optimizer steps of 2 micro-batches each; rank r of W runs micro-batches r, r+W, ...
 fn train(pg: &ProcessGroup, strategy: Strategy, steps: usize) -> anyhow::Result<Run> {
+    train_on(pg, None, strategy, steps, 2)
+}
+
+/// [`train`] with `micro` micro-batches per step and, for hybrid runs, this rank's (node,
+/// replica) groups beside the job's `world`.
+fn train_on(
+    world: &ProcessGroup,
+    mesh: Option<(&ProcessGroup, &ProcessGroup)>,
+    strategy: Strategy,
+    steps: usize,
+    micro: usize,
+) -> anyhow::Result<Run> {
     let units = units();
-    let mut fsdp = Fsdp::new(&units, pg, &init(&units), config(strategy))?;
-    let (w, r) = (pg.world_size(), pg.rank());
+    let mut fsdp = match mesh {
+        Some((node, replicas)) => Fsdp::new_hybrid(
+            &units,
+            world,
+            node,
+            replicas,
+            &init(&units),
+            config(strategy),
+        )?,
+        None => Fsdp::new(&units, world, &init(&units), config(strategy))?,
+    };
+    let (w, r) = (world.world_size(), world.rank());
     let mut run = Run {
         losses: vec![],
         params: ParamMap::new(),
         memory: fsdp.memory(),
         bytes_per_step: vec![],
+        across_per_step: vec![],
         seconds: 0.0,
     };
     let start = Instant::now();
     for step in 0..steps {
-        let batches: Vec<_> = (0..2)
+        let batches: Vec<_> = (0..micro)
             .map(|i| micro_batch(step, i, step & 1 == 0))
             .collect();
         let tokens: i64 = batches.iter().map(|(c, _)| c.targets.size()[0]).sum();
@@ -209,6 +233,7 @@ fn train(pg: &ProcessGroup, strategy: Strategy, steps: usize) -> anyhow::Result<
         let stats = fsdp.step(1.0)?;
         run.losses.push(stats.loss);
         run.bytes_per_step.push(stats.bytes_sent);
+        run.across_per_step.push(stats.bytes_sent_across);
     }
     run.seconds = start.elapsed().as_secs_f64();
     run.params = fsdp.gather_params(false)?;
@@ -283,6 +308,68 @@ fn every_strategy_at_two_ranks_matches_one_rank() -> anyhow::Result<()> {
             "{strategy:?}: W=2 {:.3}s vs W=1 {:.3}s for 20 steps",
             runs[0].seconds, reference.seconds
         );
+    }
+    Ok(())
+}
+
+/// Two "nodes" of two thread ranks: HYBRID_SHARD (and its ZeRO-2 form) match W=1 on the same
+/// four micro-batches per step, like FULL_SHARD over all four ranks; a rank keeps half the
+/// trainable state (sharded over its node); only the shard gradients' all-reduce crosses
+/// nodes, fewer bytes than FULL_SHARD's collectives over the whole job.
+#[test]
+fn hybrid_shard_on_two_nodes_of_two_matches_one_rank_and_full_shard() -> anyhow::Result<()> {
+    let t = Duration::from_secs(30);
+    let single = ProcessGroup::single(t)?;
+    let reference = train_on(&single, None, Strategy::FullShard, 12, 4)?;
+    let world = local_groups(4, t)?;
+    let full: Vec<Run> = std::thread::scope(|s| {
+        let hs: Vec<_> = world
+            .iter()
+            .map(|pg| s.spawn(move || train_on(pg, None, Strategy::FullShard, 12, 4)))
+            .collect();
+        hs.into_iter()
+            .map(|h| h.join().map_err(|_| anyhow::anyhow!("rank panicked"))?)
+            .collect::<anyhow::Result<_>>()
+    })?;
+    for strategy in [Strategy::HybridShard, Strategy::HybridShardZero2] {
+        let world = local_groups(4, t)?;
+        let nodes = [local_groups(2, t)?, local_groups(2, t)?];
+        let replicas = [local_groups(2, t)?, local_groups(2, t)?];
+        let runs: Vec<Run> = std::thread::scope(|s| {
+            let hs: Vec<_> = (0..4)
+                .map(|r| {
+                    let (node, local) = (r / 2, r % 2);
+                    let mesh = (&nodes[node][local], &replicas[local][node]);
+                    let world = &world[r];
+                    s.spawn(move || train_on(world, Some(mesh), strategy, 12, 4))
+                })
+                .collect();
+            hs.into_iter()
+                .map(|h| h.join().map_err(|_| anyhow::anyhow!("rank panicked"))?)
+                .collect::<anyhow::Result<_>>()
+        })?;
+        for (rank, run) in runs.iter().enumerate() {
+            assert_same(&reference, run, &format!("{strategy:?} rank {rank}"))?;
+            let held = run.memory.trainable_param_bytes + run.memory.optimizer_bytes;
+            let whole = reference.memory.trainable_param_bytes + reference.memory.optimizer_bytes;
+            assert!(
+                held.abs_diff(whole / 2) <= 64,
+                "{strategy:?} rank {rank}: {held} bytes of trainable state, want half of {whole}"
+            );
+            let across: u64 = run.across_per_step.iter().sum();
+            let full_total: u64 = full[rank].bytes_per_step.iter().sum();
+            assert!(
+                across > 0 && across < full_total,
+                "{strategy:?} rank {rank}: {across} bytes across nodes vs FULL_SHARD's {full_total}"
+            );
+        }
+        eprintln!(
+            "{strategy:?}: rank 0 sends {} bytes/step across nodes, {} in all; FULL_SHARD over 4: {}",
+            runs[0].across_per_step[1], runs[0].bytes_per_step[1], full[0].bytes_per_step[1]
+        );
+    }
+    for (rank, run) in full.iter().enumerate() {
+        assert_same(&reference, run, &format!("FullShard W=4 rank {rank}"))?;
     }
     Ok(())
 }

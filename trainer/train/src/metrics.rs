@@ -32,6 +32,13 @@ pub struct StepMetrics {
     pub unit_time_s: BTreeMap<String, f64>,
     /// Resident memory of this process, MiB.
     pub rss_mib: f64,
+    /// Bytes this rank sent through collectives in the step (ring cost model), all groups.
+    #[serde(default)]
+    pub bytes_sent: u64,
+    /// The part of `bytes_sent` sent to other machines' ranks under a hybrid strategy (the
+    /// cross-node all-reduce); 0 otherwise, where every collective spans the whole job.
+    #[serde(default)]
+    pub bytes_sent_across_nodes: u64,
     /// Mean token loss over the fixed validation set after this step's update (only on the
     /// steps `--val-every` picks, and the last).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -395,6 +402,8 @@ mod tests {
             "imbalance",
             "unit_time_s",
             "rss_mib",
+            "bytes_sent",
+            "bytes_sent_across_nodes",
         ] {
             assert!(line.get(key).is_some(), "metrics line lacks `{key}`");
         }

@@ -53,7 +53,11 @@ pub fn train(
         }
         None => None,
     };
-    match train_rank(&cfg, pg, start) {
+    let mesh = match env.as_ref().filter(|_| cfg.strategy.is_hybrid()) {
+        Some(env) => Some(setup::hybrid_mesh(&cfg, env, &pg)?),
+        None => None,
+    };
+    match train_rank(&cfg, pg, mesh, start) {
         Ok(summary) => {
             // Trained to the end: the other ranks stop watching this one's heartbeat.
             if let Some(liveness) = liveness {
@@ -88,12 +92,13 @@ fn name_lost_ranks(e: TrainError, liveness: Option<&Liveness>) -> TrainError {
 fn train_rank(
     cfg: &TrainConfig,
     pg: tessera_fsdp::dist::ProcessGroup,
+    mesh: Option<tessera_fsdp::dist::Mesh>,
     start: &RunStart,
 ) -> Result<Option<Summary>, TrainError> {
     let cfg = cfg.clone();
     setup::check_shared_run_dir(&cfg.out, &pg)?;
     // The sharded model reads from the checkpoints only the slices its shards keep.
-    let (s, init) = setup::build(&cfg, pg)?;
+    let (s, init) = setup::build(&cfg, pg, mesh)?;
     if s.rank == 0 {
         let vlm_desc = VlmDescription::new(
             &cfg,
@@ -104,7 +109,7 @@ fn train_rank(
         );
         vlm_desc.save(&cfg.out.join(VLM_FILE))?;
     }
-    let mut model = ShardedVlm::new(&cfg, &s.vlm, &s.pg, &init, s.device)?;
+    let mut model = ShardedVlm::new(&cfg, &s.vlm, &s.pg, s.mesh.as_ref(), &init, s.device)?;
     tracing::info!(
         "rank {}: shards built from {} MiB of checkpoint reads; peak RSS so far {:.0} MiB",
         s.rank,
@@ -556,7 +561,8 @@ impl<'a> TrainLoop<'a> {
         let compute = started.elapsed().as_secs_f64() - wait;
         let lr_factor = self.schedule.factor(step);
         let t = Instant::now();
-        let grad_norm = model.optimizer_step(lr_factor)?;
+        let stats = model.optimizer_step(lr_factor)?;
+        let grad_norm = stats.grad_norm;
         times.insert("optimizer".into(), t.elapsed().as_secs_f64());
         let mut totals = Tensor::from_slice(&local.to_array());
         let mut computes =
@@ -599,6 +605,8 @@ impl<'a> TrainLoop<'a> {
             images: totals.images as u64,
             unit_time_s: times,
             rss_mib: metrics::rss_mib(),
+            bytes_sent: stats.bytes_sent,
+            bytes_sent_across_nodes: stats.bytes_sent_across,
             val_loss: None,
         })
     }

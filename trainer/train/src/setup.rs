@@ -9,12 +9,14 @@ use sha2::{Digest, Sha256};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
-use tessera_fsdp::dist::{self, Backend, ProcessGroup, RankEnv};
+use tessera_fsdp::dist::{self, Backend, Mesh, ProcessGroup, RankEnv};
 use tessera_model::{save_safetensors, LoraConfig, Vlm, VlmInit, VlmOptions};
 
 /// A rank, ready to train.
 pub(super) struct Setup {
     pub pg: Arc<ProcessGroup>,
+    /// HYBRID_SHARD's node and replica groups.
+    pub mesh: Option<Mesh>,
     pub rank: usize,
     pub world_size: usize,
     pub dataset: Arc<shards::Dataset>,
@@ -84,6 +86,28 @@ pub(super) fn process_group(
         Some(env) => dist::init_process_group(env, backend, timeout)?,
         None => ProcessGroup::single_on(backend, timeout)?,
     })
+}
+
+/// HYBRID_SHARD's groups, after checking on every rank that every machine runs as many ranks.
+pub(super) fn hybrid_mesh(
+    cfg: &TrainConfig,
+    env: &RankEnv,
+    pg: &ProcessGroup,
+) -> Result<Mesh, TrainError> {
+    let mine = tch::Tensor::from_slice(&[env.local_world_size as i64]);
+    let mut all = tch::Tensor::zeros(
+        [env.world_size as i64],
+        (tch::Kind::Int64, tch::Device::Cpu),
+    );
+    pg.all_gather_into(&mut all, &mine, "LOCAL_WORLD_SIZE check")?
+        .wait()?;
+    let counts: Vec<usize> = Vec::<i64>::try_from(&all)?
+        .into_iter()
+        .map(|c| c as usize)
+        .collect();
+    let backend = pg.backend();
+    let timeout = Duration::from_secs(cfg.collective_timeout_s);
+    Ok(dist::hybrid_mesh(env, &counts, backend, timeout)?)
 }
 
 /// Every rank must see rank 0's run folder (`--out`): checkpoints, resume and the run's files
@@ -230,7 +254,11 @@ fn dataset_location(cfg: &TrainConfig) -> Result<shards::DatasetLocation, TrainE
 
 /// The rank, and the source its shards are read from (opened checkpoints: drop it once the
 /// sharded model exists).
-pub(super) fn build(cfg: &TrainConfig, pg: ProcessGroup) -> Result<(Setup, VlmInit), TrainError> {
+pub(super) fn build(
+    cfg: &TrainConfig,
+    pg: ProcessGroup,
+    mesh: Option<Mesh>,
+) -> Result<(Setup, VlmInit), TrainError> {
     let (rank, world_size) = (pg.rank(), pg.world_size());
     let dataset = shards::Dataset::open_at(&dataset_location(cfg)?)?;
     let samples = dataset.metadata()?;
@@ -287,6 +315,7 @@ pub(super) fn build(cfg: &TrainConfig, pg: ProcessGroup) -> Result<(Setup, VlmIn
     let model_fingerprint = model_fingerprint(cfg, &vlm)?;
     let setup = Setup {
         pg: Arc::new(pg),
+        mesh,
         rank,
         world_size,
         dataset: Arc::new(dataset),

@@ -10,7 +10,8 @@
 //! buffer is element `i % shard_len` of writer `i / shard_len`'s tensor. Reads are positioned
 //! reads of just those bytes ([`ShardFiles`]). The same reader hands export one full parameter
 //! at a time ([`ShardedState::get`]). Under NO_SHARD (or at W=1) every rank holds the whole
-//! state, so rank 0 alone writes it (`writers` = 1).
+//! state, so rank 0 alone writes it (`writers` = 1); under HYBRID_SHARD the first node's ranks
+//! write (the other nodes hold copies).
 use super::checkpoint::{Checkpoint, CheckpointError};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -54,11 +55,10 @@ pub(crate) fn save(
     rank: usize,
     world_size: usize,
 ) -> Result<(), CheckpointError> {
-    let distinct = fsdp.holds_distinct_shards();
     if rank == 0 {
         let layout = Layout {
             world_size,
-            writers: if distinct { world_size } else { 1 },
+            writers: fsdp.shard_writers(),
             buffers: fsdp.trainable_layout(),
         };
         let path = dir.join(LAYOUT_FILE);
@@ -68,7 +68,7 @@ pub(crate) fn save(
         })?;
         std::fs::write(&path, text).map_err(io_err(&path))?;
     }
-    if !distinct && rank != 0 {
+    if !fsdp.writes_shards() {
         return Ok(());
     }
     let mut tensors: Vec<(String, Tensor)> = Vec::new();

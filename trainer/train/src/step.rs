@@ -11,7 +11,7 @@ use pipeline::MicroBatch;
 use std::collections::BTreeMap;
 use std::path::Path;
 use tch::Tensor;
-use tessera_fsdp::dist::ProcessGroup;
+use tessera_fsdp::dist::{Mesh, ProcessGroup};
 use tessera_fsdp::ParamSource;
 use tessera_fsdp::{AdamWConfig, Fsdp, FsdpConfig, ParamGroup};
 use tessera_model::{Vlm, VlmCtx};
@@ -40,6 +40,7 @@ impl<'a> ShardedVlm<'a> {
         cfg: &TrainConfig,
         vlm: &'a Vlm,
         pg: &'a ProcessGroup,
+        mesh: Option<&'a Mesh>,
         init: &dyn ParamSource,
         device: tch::Device,
     ) -> Result<Self, TrainError> {
@@ -73,7 +74,10 @@ impl<'a> ShardedVlm<'a> {
             device,
             ..FsdpConfig::default()
         };
-        let fsdp = Fsdp::new(vlm.units(), pg, init, config)?;
+        let fsdp = match mesh {
+            Some(m) => Fsdp::new_hybrid(vlm.units(), pg, &m.node, &m.replicas, init, config)?,
+            None => Fsdp::new(vlm.units(), pg, init, config)?,
+        };
         Ok(ShardedVlm { vlm, fsdp, device })
     }
 
@@ -111,8 +115,11 @@ impl<'a> ShardedVlm<'a> {
     /// Reduces gradients across ranks, clips the global norm to the run's `grad_clip`, updates
     /// at each parameter's peak rate times `lr_factor`, clears gradients. Returns the norm
     /// before clipping.
-    pub(crate) fn optimizer_step(&mut self, lr_factor: f64) -> Result<f64, TrainError> {
-        Ok(self.fsdp.step(lr_factor)?.grad_norm)
+    pub(crate) fn optimizer_step(
+        &mut self,
+        lr_factor: f64,
+    ) -> Result<tessera_fsdp::StepStats, TrainError> {
+        Ok(self.fsdp.step(lr_factor)?)
     }
 
     /// Writes this rank's shards and moments (and on rank 0 the layout) into its checkpoint

@@ -202,11 +202,12 @@ fn round(store: &Store, watch: &mut Watch, me: usize, beat: u64, timeout: Durati
     match result {
         Ok(()) => {
             watch.store_failing_since = None;
-            let lost = watch.lost(me, now, timeout);
-            if lost.is_empty() {
+            if watch.lost(me, now, timeout).is_empty() {
                 Verdict::Alive
             } else {
-                Verdict::Lost(lost)
+                // A node's ranks fall silent within a beat or two of each other: name every
+                // rank silent for half the timeout, not only the first past it.
+                Verdict::Lost(watch.lost(me, now, timeout / 2))
             }
         }
         Err(e) => {

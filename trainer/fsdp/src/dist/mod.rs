@@ -118,19 +118,81 @@ pub fn init_process_group(
         timeout,
         "tessera",
     )?;
-    let gloo_host = match std::env::var("TESSERA_GLOO_HOST") {
-        Ok(host) => Some(host),
-        Err(_) if is_loopback(&env.master_addr) => Some("127.0.0.1".to_string()),
-        Err(_) => None,
-    };
     ProcessGroup::new(
         store,
         env.rank,
         env.world_size,
         backend,
-        gloo_host.as_deref(),
+        gloo_host(env).as_deref(),
         timeout,
     )
+}
+
+/// The address gloo binds: `TESSERA_GLOO_HOST`, loopback for a local master, else the hostname.
+fn gloo_host(env: &RankEnv) -> Option<String> {
+    match std::env::var("TESSERA_GLOO_HOST") {
+        Ok(host) => Some(host),
+        Err(_) if is_loopback(&env.master_addr) => Some("127.0.0.1".to_string()),
+        Err(_) => None,
+    }
+}
+
+/// The process groups of HYBRID_SHARD, beside the job's own.
+pub struct Mesh {
+    /// This machine's ranks (rank = LOCAL_RANK).
+    pub node: ProcessGroup,
+    /// The ranks with this LOCAL_RANK on every machine (rank = node index).
+    pub replicas: ProcessGroup,
+}
+
+/// Builds the node and replica groups of a job laid out as torchrun lays it out: every machine
+/// runs LOCAL_WORLD_SIZE ranks, numbered machine by machine. `counts` is every rank's
+/// LOCAL_WORLD_SIZE (all-gathered by the caller over the whole job), so a machine started with
+/// another `--nproc-per-node` is refused on every rank, naming the counts.
+pub fn hybrid_mesh(
+    env: &RankEnv,
+    counts: &[usize],
+    backend: Backend,
+    timeout: Duration,
+) -> Result<Mesh, DistError> {
+    let local = env.local_world_size;
+    let uniform = counts.iter().all(|&c| c == local)
+        && env.world_size.is_multiple_of(local)
+        && env.rank % local == env.local_rank;
+    if !uniform {
+        return Err(DistError::Env {
+            var: "LOCAL_WORLD_SIZE".into(),
+            message: format!(
+                "differs between machines or ranks are not numbered machine by machine (rank {} \
+                 is LOCAL_RANK {} of {local}; per rank: {counts:?}): HYBRID_SHARD needs every \
+                 node to run the same --nproc-per-node",
+                env.rank, env.local_rank
+            ),
+        });
+    }
+    let (node, nodes) = (env.rank / local, env.world_size / local);
+    let group = |prefix: String, rank: usize, size: usize| -> Result<ProcessGroup, DistError> {
+        let store = Store::connect(
+            &env.master_addr,
+            env.master_port,
+            false,
+            size,
+            timeout,
+            &prefix,
+        )?;
+        ProcessGroup::new(
+            store,
+            rank,
+            size,
+            backend,
+            gloo_host(env).as_deref(),
+            timeout,
+        )
+    };
+    Ok(Mesh {
+        node: group(format!("tessera/node{node}"), env.local_rank, local)?,
+        replicas: group(format!("tessera/replica{}", env.local_rank), node, nodes)?,
+    })
 }
 
 fn is_loopback(addr: &str) -> bool {

@@ -12,6 +12,8 @@ pub struct RankEnv {
     pub rank: usize,
     pub world_size: usize,
     pub local_rank: usize,
+    /// Ranks on this machine (LOCAL_WORLD_SIZE; the whole job when unset).
+    pub local_world_size: usize,
     pub master_addr: String,
     pub master_port: u16,
 }
@@ -44,6 +46,10 @@ impl RankEnv {
             Some(v) => number("LOCAL_RANK", Some(v))?,
             None => rank,
         };
+        let local_world_size = match get("LOCAL_WORLD_SIZE") {
+            Some(v) => number("LOCAL_WORLD_SIZE", Some(v))?,
+            None => world_size,
+        };
         let master_addr = get("MASTER_ADDR").unwrap_or_else(|| "127.0.0.1".to_string());
         let port = number("MASTER_PORT", get("MASTER_PORT"))?;
         let master_port = u16::try_from(port).map_err(|_| DistError::Env {
@@ -60,6 +66,7 @@ impl RankEnv {
             rank,
             world_size,
             local_rank,
+            local_world_size,
             master_addr,
             master_port,
         }))
