@@ -5,6 +5,7 @@
 //!   collective timeout); the run then resumes on one node from its last complete checkpoint
 //!   and trains the same samples to the same loss as an uninterrupted 4-rank run.
 //! - A node whose `--out` is not rank 0's run folder fails at once, saying so.
+//! - Under HYBRID_SHARD, nodes started with different `--nproc-per-node` are refused at once.
 //! - HYBRID_SHARD over the two nodes trains to the losses of FULL_SHARD over four ranks on one
 //!   node (stage 1, and a full fine-tune of projector and LM), sending fewer bytes across nodes
 //!   than FULL_SHARD sends in all.
@@ -43,11 +44,11 @@ fn args_at(f: &Fixture, stage: u8) -> TrainArgs<'_> {
     }
 }
 
-/// Node `node` of two (store at `port`), two ranks each, logging into `log`; `pause_at` stops
-/// its ranks inside that step's checkpoint.
+/// Node `node` of two (store at `port`) with `nproc` ranks, logging into `log`; `pause_at`
+/// stops its ranks inside that step's checkpoint.
 fn node(
     f: &Fixture,
-    (node, port): (usize, u16),
+    (node, port, nproc): (usize, u16, usize),
     out: &Path,
     extra: &[&str],
     log: &Path,
@@ -60,12 +61,12 @@ fn node(
         "torch.distributed.run",
         "--nnodes",
         "2",
-        "--nproc-per-node",
-        "2",
         "--master-addr",
         "127.0.0.1",
     ])
     .args([
+        "--nproc-per-node",
+        &nproc.to_string(),
         "--node-rank",
         &node.to_string(),
         "--master-port",
@@ -136,9 +137,9 @@ fn a_dead_node_stops_the_other_within_60_s_naming_its_ranks_and_the_run_resumes_
     let run = f.root.join("run");
     let port = free_port()?;
     let (log0, log1) = (f.root.join("node0.log"), f.root.join("node1.log"));
-    let mut node0 = node(&f, (0, port), &run, &steps, &log0, None, 1)?;
+    let mut node0 = node(&f, (0, port, 2), &run, &steps, &log0, None, 1)?;
     // Node 1's ranks stop inside the step-6 checkpoint write, holding everyone at that step.
-    let mut node1 = node(&f, (1, port), &run, &steps, &log1, Some("6"), 1)?;
+    let mut node1 = node(&f, (1, port, 2), &run, &steps, &log1, Some("6"), 1)?;
     let paused = run.join("checkpoints/step-00000006.tmp/rank-00002/shards.safetensors");
     wait_until("step-6 write by node 1", Duration::from_secs(240), || {
         if let Some(status) = node0.try_wait()? {
@@ -215,7 +216,7 @@ fn a_node_without_rank_0s_run_folder_fails_at_once_saying_so() -> Result<()> {
     let (log0, log1) = (f.root.join("node0.log"), f.root.join("node1.log"));
     let mut node0 = node(
         &f,
-        (0, port),
+        (0, port, 2),
         &f.root.join("shared"),
         &steps,
         &log0,
@@ -224,7 +225,7 @@ fn a_node_without_rank_0s_run_folder_fails_at_once_saying_so() -> Result<()> {
     )?;
     let mut node1 = node(
         &f,
-        (1, port),
+        (1, port, 2),
         &f.root.join("local-only"),
         &steps,
         &log1,
@@ -263,8 +264,8 @@ fn a_frozen_node_is_found_by_its_missing_heartbeats_within_60_s() -> Result<()> 
     let run = f.root.join("run");
     let port = free_port()?;
     let (log0, log1) = (f.root.join("node0.log"), f.root.join("node1.log"));
-    let mut node0 = node(&f, (0, port), &run, &steps, &log0, None, 1)?;
-    let mut node1 = node(&f, (1, port), &run, &steps, &log1, None, 1)?;
+    let mut node0 = node(&f, (0, port, 2), &run, &steps, &log0, None, 1)?;
+    let mut node1 = node(&f, (1, port, 2), &run, &steps, &log1, None, 1)?;
     wait_until("two steps", Duration::from_secs(240), || {
         if let Some(status) = node0.try_wait()? {
             anyhow::bail!(
@@ -344,8 +345,8 @@ fn hybrid_shard_on_two_nodes_matches_full_shard_on_four_ranks() -> Result<()> {
         steps_h.extend(["--strategy", "hybrid_shard"]);
         let port = free_port()?;
         let (log0, log1) = (f.root.join("h0.log"), f.root.join("h1.log"));
-        let mut node0 = node(&f, (0, port), &hybrid, &steps_h, &log0, None, stage)?;
-        let mut node1 = node(&f, (1, port), &hybrid, &steps_h, &log1, None, stage)?;
+        let mut node0 = node(&f, (0, port, 2), &hybrid, &steps_h, &log0, None, stage)?;
+        let mut node1 = node(&f, (1, port, 2), &hybrid, &steps_h, &log1, None, stage)?;
         let (s0, s1) = (node0.wait()?, node1.wait()?);
         ensure!(
             s0.success() && s1.success(),
@@ -368,5 +369,75 @@ fn hybrid_shard_on_two_nodes_matches_full_shard_on_four_ranks() -> Result<()> {
         );
         eprintln!("{name}: rank 0 sent {across} bytes across nodes (hybrid) vs {full_sent} (FULL_SHARD, all)");
     }
+    Ok(())
+}
+
+#[test]
+fn hybrid_shard_refuses_nodes_with_different_rank_counts_at_once() -> Result<()> {
+    let f = fixture(60, 0.0)?;
+    let port = free_port()?;
+    let run = f.root.join("run");
+    let steps = ["--steps", "4", "--strategy", "hybrid_shard"];
+    let (log0, log1) = (f.root.join("node0.log"), f.root.join("node1.log"));
+    let started = Instant::now();
+    let mut node0 = node(&f, (0, port, 2), &run, &steps, &log0, None, 1)?;
+    let mut node1 = node(&f, (1, port, 1), &run, &steps, &log1, None, 1)?;
+    let (s0, s1) = (node0.wait()?, node1.wait()?);
+    let logs = std::fs::read_to_string(&log0)? + &std::fs::read_to_string(&log1)?;
+    ensure!(
+        !s0.success() && !s1.success(),
+        "a mismatched layout trained: {logs}"
+    );
+    ensure!(
+        logs.contains("HYBRID_SHARD needs every node to run the same --nproc-per-node")
+            && logs.contains("[2, 2, 1]"),
+        "the error does not name the layout: {logs}"
+    );
+    ensure!(
+        started.elapsed() < Duration::from_secs(90),
+        "took {:?}",
+        started.elapsed()
+    );
+    Ok(())
+}
+
+/// A master port another process holds: node 0's torchrun cannot host the job's store there
+/// and the launch fails at once with the reason, instead of waiting for ranks.
+#[test]
+fn a_master_port_in_use_fails_the_launch_at_once() -> Result<()> {
+    let f = fixture(20, 0.0)?;
+    let holder = std::net::TcpListener::bind("127.0.0.1:0")?;
+    let port = holder.local_addr()?.port();
+    let log = f.root.join("node0.log");
+    let started = Instant::now();
+    let mut node0 = node(
+        &f,
+        (0, port, 2),
+        &f.root.join("run"),
+        &["--steps", "2"],
+        &log,
+        None,
+        1,
+    )?;
+    let status = loop {
+        if let Some(status) = node0.try_wait()? {
+            break status;
+        }
+        if started.elapsed() > Duration::from_secs(90) {
+            kill_node(&node0)?;
+            anyhow::bail!("a launch on a taken port still ran after 90 s");
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    let text = std::fs::read_to_string(&log)?;
+    ensure!(
+        !status.success(),
+        "a launch on a taken port succeeded: {text}"
+    );
+    ensure!(
+        text.contains(&port.to_string()),
+        "the error does not name port {port}: {text}"
+    );
+    drop(holder);
     Ok(())
 }
