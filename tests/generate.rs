@@ -45,30 +45,31 @@ fn caption(
         .collect()
 }
 
+/// `tessera train --stage 2` on the fixture (budget 512, rows of 256) into `run`, with `extra`.
+fn stage2(f: &support::Fixture, run: &Path, extra: &[&str]) -> std::process::Command {
+    let mut cmd = tessera();
+    cmd.args(["train", "--quiet", "--shards"])
+        .arg(&f.shards)
+        .arg("--vision")
+        .arg(&f.vision)
+        .arg("--lm")
+        .arg(&f.lm)
+        .args(["--stage", "2", "--token-budget", "512", "--seq-len", "256"])
+        .args(extra)
+        .arg("--out")
+        .arg(run);
+    cmd
+}
+
 #[test]
 fn run_and_llava_hf_exports_caption_alike_and_a_bad_image_is_named() -> Result<()> {
     let f = fixture(24, 0.0)?;
     let run = f.root.join("stage2");
-    run_ok(
-        tessera()
-            .args(["train", "--quiet", "--shards"])
-            .arg(&f.shards)
-            .arg("--vision")
-            .arg(&f.vision)
-            .arg("--lm")
-            .arg(&f.lm)
-            .args(["--stage", "2", "--token-budget", "512", "--seq-len", "256"])
-            .args([
-                "--steps",
-                "2",
-                "--lora-r",
-                "4",
-                "--lora-alpha",
-                "8",
-                "--out",
-            ])
-            .arg(&run),
-    )?;
+    run_ok(&mut stage2(
+        &f,
+        &run,
+        &["--steps", "2", "--lora-r", "4", "--lora-alpha", "8"],
+    ))?;
     let from_run = caption(&["--run"], &run, &f.shards, &f.root.join("run.jsonl"))?;
     ensure!(from_run.len() == 2, "two samples captioned: {from_run:?}");
     ensure!(
@@ -139,26 +140,19 @@ fn run_and_llava_hf_exports_caption_alike_and_a_bad_image_is_named() -> Result<(
 fn a_full_finetune_exports_whole_models_that_caption_like_the_run() -> Result<()> {
     let f = fixture(24, 0.0)?;
     let run = f.root.join("full");
-    run_ok(
-        tessera()
-            .args(["train", "--quiet", "--shards"])
-            .arg(&f.shards)
-            .arg("--vision")
-            .arg(&f.vision)
-            .arg("--lm")
-            .arg(&f.lm)
-            .args([
-                "--stage",
-                "2",
-                "--train",
-                "projector,lm,vision:1",
-                "--nproc",
-                "2",
-            ])
-            .args(["--token-budget", "512", "--seq-len", "256", "--steps", "3"])
-            .args(["--lm-lr", "1e-2", "--vision-lr", "1e-2", "--out"])
-            .arg(&run),
-    )?;
+    let full = [
+        "--train",
+        "projector,lm,vision:1",
+        "--nproc",
+        "2",
+        "--steps",
+        "3",
+        "--lm-lr",
+        "1e-2",
+        "--vision-lr",
+        "1e-2",
+    ];
+    run_ok(&mut stage2(&f, &run, &full))?;
     let (_, trained) = tessera_train::latest_trainable(&run)?;
     let norm = trained
         .get("model.norm.weight")?
