@@ -1,27 +1,15 @@
-//! What does not depend on the world size: the trainable parameters and their AdamW moments as
-//! full tensors per parameter (a checkpoint that any W can load, re-sliced into its own shards,
-//! as torch DCP's per-parameter state does), and a forward-only pass for evaluation.
+//! What does not depend on the world size: restoring the trainable parameters and their AdamW
+//! moments from full tensors per parameter (checkpoint format 3, which any W re-slices into its
+//! own shards; format 4 is read by `tessera-train`'s `sharded_state.rs`), and a forward-only
+//! pass for evaluation.
 use super::engine::Fsdp;
 use super::flat_param::FlatBuffer;
 use super::FsdpError;
 use std::collections::BTreeMap;
 use tch::Tensor;
 
-/// Key of the optimizer's step count in [`Fsdp::full_state`].
+/// Key of the optimizer's step count in a format-3 checkpoint's full state.
 pub const OPTIMIZER_STEP_KEY: &str = "optimizer.step";
-
-/// The whole (unpadded) tensor behind this rank's shard: all-gathered over the ranks when the
-/// buffers are sharded, the shard itself otherwise. Every rank must call it.
-fn gather_full<C>(fsdp: &Fsdp<'_, C>, b: &FlatBuffer, shard: &Tensor) -> Result<Tensor, FsdpError> {
-    if !fsdp.sharded() {
-        return Ok(shard.shallow_clone());
-    }
-    let mut full = Tensor::empty([b.padded], (shard.kind(), shard.device()));
-    fsdp.pg
-        .all_gather_into(&mut full, shard, &b.unit_name)?
-        .wait()?;
-    Ok(full)
-}
 
 /// Builds buffer `b`'s full flat tensor from per-parameter tensors named `name{suffix}` and
 /// returns this rank's slice of it (its shard).
@@ -54,29 +42,8 @@ fn shard_of(
 }
 
 impl<C> Fsdp<'_, C> {
-    /// The trainable parameters (`name`) and their AdamW moments (`name.exp_avg`,
-    /// `name.exp_avg_sq`) as full tensors, plus [`OPTIMIZER_STEP_KEY`]; the same on every rank
-    /// and at every world size. Every rank must call it (it all-gathers).
-    pub fn full_state(&self) -> Result<BTreeMap<String, Tensor>, FsdpError> {
-        let mut out = BTreeMap::new();
-        for b in self.flat.buffers.iter().filter(|b| b.trainable) {
-            for (name, view) in b.views(&gather_full(self, b, &b.shard)?) {
-                out.insert(name, view.copy());
-            }
-        }
-        for s in &self.optim.states {
-            let b = &self.flat.buffers[s.buffer];
-            for (suffix, moment) in [(".exp_avg", &s.exp_avg), (".exp_avg_sq", &s.exp_avg_sq)] {
-                for (name, view) in b.views(&gather_full(self, b, moment)?) {
-                    out.insert(format!("{name}{suffix}"), view.copy());
-                }
-            }
-        }
-        out.insert(OPTIMIZER_STEP_KEY.into(), Tensor::from(self.optim.step));
-        Ok(out)
-    }
-
-    /// Restores what [`Fsdp::full_state`] returned, at any world size: each rank lays the full
+    /// Restores a format-3 checkpoint's full state (parameters `name`, moments `name.exp_avg`
+    /// and `name.exp_avg_sq`, [`OPTIMIZER_STEP_KEY`]), at any world size: each rank lays the full
     /// tensors out in its flat buffers and keeps its slice. Frozen buffers keep what they were
     /// built from.
     pub fn load_full_state(&mut self, state: &BTreeMap<String, Tensor>) -> Result<(), FsdpError> {

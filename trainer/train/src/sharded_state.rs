@@ -292,9 +292,13 @@ impl ShardFile {
                 other => return Err(this.bad(format!("`{name}` has dtype {other}"))),
             };
             let numel: i64 = e.shape.iter().product();
+            if e.shape.iter().any(|&d| d < 0) {
+                return Err(this.bad(format!("`{name}` has shape {:?}", e.shape)));
+            }
             let bytes = numel as u64 * kind.elt_size_in_bytes() as u64;
-            let begin = 8 + n + e.data_offsets[0];
-            if e.data_offsets[1] - e.data_offsets[0] != bytes || begin + bytes > file_len {
+            let [start, end] = e.data_offsets;
+            let begin = 8 + n + start;
+            if end.checked_sub(start) != Some(bytes) || begin.saturating_add(bytes) > file_len {
                 return Err(this.bad(format!("`{name}` runs past the end of the file")));
             }
             this.tensors.insert(name, (kind, begin, numel));
