@@ -6,8 +6,9 @@ Usage: python3 scripts/caption_score.py SAMPLES.jsonl   (written by `tessera gen
 
 A synth reference reads "a {large|small} COLOUR SHAPE ... on a BACKGROUND background": the
 first object's colour and shape and the background's colour are what a caption must name (as
-words, anywhere in it). Prints one line with the score and its count; exits 1 when no line of
-the file is a synth caption.
+words, anywhere in it). Prints the score with its count, then each part alone (the background
+colour as the caption's last colour word, the object's colour, its shape), so a reader sees
+which of them the model has learned; exits 1 when no line of the file is a synth caption.
 """
 import json
 import sys
@@ -17,25 +18,37 @@ def keys(reference):
     words = reference.split()
     if len(words) < 7 or words[0] != "a" or words[-1] != "background":
         return None
-    return {words[2], words[3], words[-2]}
+    return words[2], words[3], words[-2]
+
+
+def background(caption):
+    words = caption.split()
+    return words[-2] if len(words) >= 2 and words[-1] == "background" else None
 
 
 def main():
     if len(sys.argv) != 2:
         sys.exit(__doc__)
     hits = total = 0
+    parts = {"background": 0, "object colour": 0, "shape": 0}
     with open(sys.argv[1]) as f:
         for line in f:
             sample = json.loads(line)
             want = keys(sample["reference"])
             if want is None:
                 continue
+            colour, shape, bg = want
+            said = set(sample["generated"].split())
             total += 1
-            hits += want <= set(sample["generated"].split())
+            hits += {colour, shape, bg} <= said
+            parts["background"] += background(sample["generated"]) == bg
+            parts["object colour"] += colour in said
+            parts["shape"] += shape in said
     if total == 0:
         sys.exit(f"{sys.argv[1]}: no synth caption to score")
     print(f"caption score: {hits / total:.0%} ({hits} of {total} held-out images name the "
           f"reference's shape and both its colours)")
+    print("  by part: " + ", ".join(f"{k} {v / total:.0%}" for k, v in parts.items()))
 
 
 if __name__ == "__main__":
