@@ -99,16 +99,19 @@ struct Graph {
     output: Tensor,
 }
 
-/// The component a unit's time is booked under in [`Fsdp::take_times`]: decoder layers are
-/// summed as "lm_layers", the vision tower's units ("vision.embeddings", "vision.layers.{i}")
-/// as "vision"; other units keep their name ("projector", "embed", "head").
-fn component(unit: &str) -> &str {
-    if unit.starts_with("layers.") {
-        "lm_layers"
-    } else if unit.starts_with("vision.") {
-        "vision"
-    } else {
-        unit
+/// One pass of one unit in a micro-batch's schedule: every running unit forward in chain
+/// order, then the units from the first trained one on backward in reverse.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Pass {
+    Forward(usize),
+    Backward(usize),
+}
+
+impl Pass {
+    fn unit(self) -> usize {
+        match self {
+            Pass::Forward(u) | Pass::Backward(u) => u,
+        }
     }
 }
 
@@ -130,7 +133,7 @@ pub struct Fsdp<'a, C> {
     pub(super) loss_sum: f64,
     pub(super) loss_scale: f64,
     pub(super) bytes_mark: u64,
-    /// Seconds per component since the last `take_times` (see [`component`]), plus
+    /// Seconds per component since the last `take_times` (see [`Unit::component`]), plus
     /// "gather_wait" and "reduce_wait".
     pub(super) times: BTreeMap<String, f64>,
 }
@@ -265,12 +268,12 @@ impl<'a, C> Fsdp<'a, C> {
             Some(p) => running[p..].to_vec(),
             None => Vec::new(),
         };
-        let mut schedule: Vec<(bool, usize)> = running.iter().map(|&i| (false, i)).collect();
-        schedule.extend(backward_units.iter().rev().map(|&i| (true, i)));
+        let mut schedule: Vec<Pass> = running.iter().map(|&i| Pass::Forward(i)).collect();
+        schedule.extend(backward_units.iter().rev().map(|&i| Pass::Backward(i)));
         let recompute = self.config.recompute == Recompute::All;
         // Without recompute a backward step runs through the graph its forward kept, which
         // holds the parameters it read: nothing to gather.
-        let needs_params = |step: &(bool, usize)| !step.0 || recompute;
+        let needs_params = |pass: &Pass| matches!(pass, Pass::Forward(_)) || recompute;
         let sharded = self.sharded();
         let mut saved: HashMap<usize, Tensor> = HashMap::new();
         let mut kept: HashMap<usize, Graph> = HashMap::new();
@@ -279,14 +282,16 @@ impl<'a, C> Fsdp<'a, C> {
         let mut pending: Vec<PendingGrad> = Vec::new();
         let mut loss = 0.0;
         for p in 0..schedule.len() {
-            let (backward, u) = schedule[p];
+            let pass = schedule[p];
+            let u = pass.unit();
             let name = self.units[u].name();
             let t = Instant::now();
             if needs_params(&schedule[p]) {
                 self.gathered.ready(&self.flat, u, name, self.pg, sharded)?;
             }
             if self.config.prefetch {
-                if let Some(&(_, next)) = schedule.get(p + 1).filter(|s| needs_params(s)) {
+                if let Some(next) = schedule.get(p + 1).filter(|s| needs_params(s)) {
+                    let next = next.unit();
                     self.gathered.issue(
                         &self.flat,
                         next,
@@ -299,7 +304,7 @@ impl<'a, C> Fsdp<'a, C> {
             self.book("gather_wait", t);
             let t = Instant::now();
             let issued_before = pending.len();
-            if !backward {
+            if let Pass::Forward(_) = pass {
                 let first_trained = backward_units.first() == Some(&u);
                 if !backward_units.contains(&u) {
                     let params = self.flat.param_map(u, &self.gathered.full);
@@ -327,7 +332,7 @@ impl<'a, C> Fsdp<'a, C> {
                 };
                 upstream = self.backward_unit(u, graph, upstream.take(), &mut pending)?;
             }
-            self.book(component(name), t);
+            self.book(self.units[u].component(), t);
             let t = Instant::now();
             let done: Vec<PendingGrad> = pending.drain(..issued_before).collect();
             self.finish(done)?;
@@ -335,12 +340,12 @@ impl<'a, C> Fsdp<'a, C> {
                 strategy if strategy.frees_after_use() => schedule
                     .get(p + 1)
                     .filter(|s| needs_params(s))
-                    .map(|&(_, n)| self.flat.unit_buffers[n].clone())
+                    .map(|next| self.flat.unit_buffers[next.unit()].clone())
                     .unwrap_or_default(),
                 _ => schedule[p + 1..]
                     .iter()
                     .filter(|s| needs_params(s))
-                    .flat_map(|&(_, n)| self.flat.unit_buffers[n].clone())
+                    .flat_map(|next| self.flat.unit_buffers[next.unit()].clone())
                     .collect(),
             };
             self.gathered.release(&self.flat, u, &keep, sharded);

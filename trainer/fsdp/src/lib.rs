@@ -21,9 +21,10 @@
 //!    compute in bf16; their gradients are cast to [`FsdpConfig::reduce_kind`] (f32 by default)
 //!    before the reduce-scatter. Frozen shards have no master and are stored in bf16.
 pub mod dist;
-mod elastic;
 mod engine;
 mod flat_param;
+mod forward_only;
+mod full_state;
 mod fused_adamw;
 mod gather;
 mod optim;
@@ -32,7 +33,7 @@ mod optim_tests;
 mod state;
 mod unit;
 
-pub use elastic::OPTIMIZER_STEP_KEY;
+pub use full_state::OPTIMIZER_STEP_KEY;
 pub use engine::{Fsdp, FsdpConfig, MemoryReport, StepStats};
 pub use optim::{AdamWConfig, ParamGroup};
 pub use state::{BufferLayout, ParamSlice, ShardView};

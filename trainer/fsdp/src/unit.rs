@@ -24,6 +24,11 @@ pub trait Unit<C>: Send + Sync {
     /// Stable name used in logs, errors and checkpoints: "vision.embeddings",
     /// "vision.layers.{i}", "projector", "embed", "layers.{i}", "head".
     fn name(&self) -> &str;
+    /// The component its time is booked under in `Fsdp::take_times` (units of one kind summed:
+    /// every decoder layer as "lm_layers"); by default its own name.
+    fn component(&self) -> &str {
+        self.name()
+    }
     /// Every parameter the unit reads, in a fixed order (the flat buffer's layout).
     fn params(&self) -> &[ParamSpec];
     /// Whether the unit runs for this micro-batch (vision and projector skip text-only ones).

@@ -41,6 +41,9 @@ impl Unit<VlmCtx> for VisionEmbedUnit {
     fn name(&self) -> &str {
         "vision.embeddings"
     }
+    fn component(&self) -> &str {
+        "vision"
+    }
     fn params(&self) -> &[ParamSpec] {
         &self.specs
     }
@@ -76,6 +79,9 @@ impl VisionLayerUnit {
 impl Unit<VlmCtx> for VisionLayerUnit {
     fn name(&self) -> &str {
         &self.name
+    }
+    fn component(&self) -> &str {
+        "vision"
     }
     fn params(&self) -> &[ParamSpec] {
         &self.specs
@@ -190,6 +196,9 @@ impl LayerUnit {
 impl Unit<VlmCtx> for LayerUnit {
     fn name(&self) -> &str {
         &self.name
+    }
+    fn component(&self) -> &str {
+        "lm_layers"
     }
     fn params(&self) -> &[ParamSpec] {
         &self.specs

@@ -1,7 +1,6 @@
-//! What does not depend on the world size: restoring the trainable parameters and their AdamW
-//! moments from full tensors per parameter (checkpoint format 3, which any W re-slices into its
-//! own shards; format 4 is read by `tessera-train`'s `sharded_state.rs`), and a forward-only
-//! pass for evaluation.
+//! Restoring the trainable parameters and their AdamW moments from full tensors per parameter
+//! (checkpoint format 3), which any world size re-slices into its own shards; format 4 is read
+//! by `tessera-train`'s `sharded_state.rs`.
 use super::engine::Fsdp;
 use super::flat_param::FlatBuffer;
 use super::FsdpError;
@@ -68,32 +67,5 @@ impl<C> Fsdp<'_, C> {
             })?;
         self.optim.step = step.int64_value(&[]);
         Ok(())
-    }
-
-    /// Forward only, no autograd and no gradients (evaluation): every unit that runs on the
-    /// micro-batch, gathered one after the other. Returns this rank's summed token loss. All
-    /// ranks must call it for micro-batches of the same kind (as for training).
-    pub fn forward_loss(&mut self, ctx: &C, input: &Tensor) -> Result<f64, FsdpError> {
-        let running = self.running_units(ctx)?;
-        let Some(&last) = running.last() else {
-            return Ok(0.0);
-        };
-        let sharded = self.sharded();
-        let mut x = input.shallow_clone();
-        for (p, &u) in running.iter().enumerate() {
-            let name = self.units[u].name();
-            self.gathered.ready(&self.flat, u, name, self.pg, sharded)?;
-            let next = running.get(p + 1).copied();
-            if let Some(next) = next.filter(|_| self.config.prefetch) {
-                let next_name = self.units[next].name();
-                self.gathered
-                    .issue(&self.flat, next, next_name, self.pg, sharded)?;
-            }
-            let params = self.flat.param_map(u, &self.gathered.full);
-            x = tch::no_grad(|| self.units[u].forward(&params, &x, ctx));
-            let keep = next.map_or_else(Vec::new, |n| self.flat.unit_buffers[n].clone());
-            self.gathered.release(&self.flat, u, &keep, sharded);
-        }
-        self.scalar(last, &x)
     }
 }
