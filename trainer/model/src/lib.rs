@@ -11,7 +11,7 @@
 //!    `rope.rs`, `attention.rs` and `lora.rs` adapters), `loss.rs` (chunked cross-entropy);
 //!    `keys.rs` builds their checkpoint keys as paths, each spelled once.
 //! 4. `vlm.rs`: the unit chain (`vision.embeddings`, `vision.layers.{i}`, `projector`, `embed`,
-//!    `layers.{i}`, `head`; `units.rs`) that FSDP runs over the per-micro-batch context
+//!    `layers.{i}`, `head`; `vlm_units.rs`) that FSDP runs over the per-micro-batch context
 //!    [`VlmCtx`] (`ctx.rs`), and [`Vlm::loss`], the plain composition.
 //! 5. `generate.rs`: inference with a KV cache (greedy or top-p); `llava.rs` and `sharded.rs`:
 //!    transformers' `LlavaForConditionalGeneration` config, keys and sharded checkpoints.
@@ -37,9 +37,9 @@ mod siglip;
 mod source;
 #[cfg(feature = "bench")]
 mod throughput;
-mod units;
 mod varlen;
 mod vlm;
+mod vlm_units;
 mod weights;
 
 pub use attention::{attend, attend_spans, block_causal_mask, row_spans, Span};

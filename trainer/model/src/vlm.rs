@@ -8,7 +8,7 @@
 //! projector units skip text-only micro-batches, so `embed` then receives the empty tensor.
 use super::config::{LoraConfig, Qwen2Config, SiglipVisionConfig};
 use super::ctx::VlmCtx;
-use super::units::{
+use super::vlm_units::{
     EmbedUnit, HeadUnit, LayerUnit, ProjectorUnit, VisionEmbedUnit, VisionLayerUnit,
 };
 use super::weights::{self, HfCheckpoint};
