@@ -14,9 +14,9 @@ use anyhow::{ensure, Context, Result};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
-use tessera_train::read_metrics;
 
 mod support;
+use support::metrics::read_metrics;
 use support::{binary, fixture, run_ok, tessera, train_command, Fixture, TrainArgs};
 
 /// `python -m torch.distributed.run` is torchrun (the `torchrun` script itself sits beside

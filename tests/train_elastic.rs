@@ -15,9 +15,9 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
-use tessera_train::read_metrics;
 
 mod support;
+use support::metrics::read_metrics;
 use support::{fixture, ingest, run_ok, tessera, train_command, Fixture, TrainArgs};
 
 /// Stage 1 on the fixture, small micro-batches (a few samples per rank and step).
