@@ -16,13 +16,18 @@ demo: build
 
 # Lints first (check mode: no binaries), then the no-libtorch CLI as a `cargo check` (it writes
 # no binary, so it cannot replace the train-capable target/release/tessera the tests run), then
-# every test of the workspace, built once in release mode.
+# every test of the workspace, built once in release mode. Tests and lints both build with the
+# test hooks (TEST_FEATURES: the crash-safety tests pause a checkpoint write through
+# TESSERA_CHECKPOINT_PAUSE_AT), so neither rebuilds what the other built; `make build` and
+# `make demo` leave the hooks out.
+TEST_FEATURES ?= --features test-hooks
+
 test: setup lint
 	$(CARGO) check --release --no-default-features --bin tessera
-	$(CARGO) test --release --workspace
+	$(CARGO) test --release --workspace $(TEST_FEATURES)
 
 lint: setup
-	$(CARGO) clippy --release --workspace --all-targets -- -D warnings
+	$(CARGO) clippy --release --workspace --all-targets $(TEST_FEATURES) -- -D warnings
 
 bench: build
 	@bash scripts/bench.sh

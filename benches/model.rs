@@ -7,16 +7,13 @@
 #![cfg(feature = "bench")]
 use tessera_model::Dtype;
 use tessera_model::{measure_throughput, Preset};
+use tessera_switches::Switches;
 
 fn main() -> anyhow::Result<()> {
-    let threads = std::env::var("TESSERA_BENCH_THREADS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or_else(|| {
-            std::thread::available_parallelism()
-                .map(|n| n.get() as i32)
-                .unwrap_or(1)
-        });
+    let threads = Switches::load()?
+        .bench_threads
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+        as i32;
     let mut reports = Vec::new();
     for dtype in [Dtype::F32, Dtype::Bf16] {
         let report = measure_throughput(Preset::Small, threads, 2, 512, 3, dtype)?;

@@ -1,15 +1,20 @@
 #!/usr/bin/env bash
 # The object-storage loader benchmark of BENCHMARKS.md: `tessera bench loader --shards s3://...`
 # against moto's S3 server on 127.0.0.1 (from scripts/setup.sh), next to the same shards on
-# local disk, cold and warm cache; then again with 20 ms added before every request.
+# local disk, cold and warm cache; then again with 20 ms added before every request (the
+# TESSERA_REMOTE_LATENCY_MS hook, compiled in only with the `test-hooks` feature: this script
+# builds target/release/tessera with it; `make build` builds the plain binary again).
 # Usage: scripts/bench_s3.sh [SHARD_DIR] (default: runs/bench/photos-shards, made as bench.sh does)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=runs/bench
 T=target/release/tessera
+cargo build --release --features test-hooks
 SHARDS=${1:-$OUT/photos-shards}
 mkdir -p "$OUT"
 export NO_PROGRESS=1
+# The loader bench's PIL baseline: the repo's own (until tessera's built-in default points there).
+export TESSERA_REFERENCE_LOADER="${TESSERA_REFERENCE_LOADER:-$PWD/scripts/baselines/pil_loader.py}"
 if [ ! -f "$SHARDS/index.json" ]; then
   "$T" synth --quiet --out "$OUT/photos" --samples 2200 --text-only-fraction 0.1 --photos /usr/share/backgrounds/mate
   "$T" ingest --quiet --json "$OUT/photos/blip_laion_cc_sbu_558k.json" --images "$OUT/photos/images" \

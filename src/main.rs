@@ -3,7 +3,9 @@
 mod commands;
 
 use clap::{Parser, Subcommand};
+use std::io::IsTerminal;
 use std::process::ExitCode;
+use tessera_switches::Switches;
 
 #[derive(Parser)]
 #[command(
@@ -12,7 +14,7 @@ use std::process::ExitCode;
     about = "LLaVA-style VLM data pipeline and FSDP trainer"
 )]
 struct Cli {
-    /// Only warnings and errors on stderr; no progress bars (also: NO_PROGRESS=1).
+    /// Only warnings and errors on stderr; no progress bars (NO_PROGRESS=1 hides those alone).
     #[arg(long, global = true)]
     quiet: bool,
     #[command(subcommand)]
@@ -48,25 +50,34 @@ enum Command {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     commands::init_logging(cli.quiet);
-    let result = match cli.command {
-        Command::Synth(args) => commands::synth::run(args),
-        Command::Ingest(args) => commands::ingest::run(args, cli.quiet),
+    match run(cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            // Each cause once, even where a library's message repeats its own source.
+            eprintln!("error: {}", shards::with_causes(err.as_ref()));
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Reads the environment switches (a bad value stops here, before any work), then runs the
+/// command.
+fn run(cli: Cli) -> anyhow::Result<()> {
+    let switches = Switches::load()?;
+    // Progress bars and the per-step line: on a terminal, unless --quiet or NO_PROGRESS.
+    let progress = !cli.quiet && !switches.no_progress && std::io::stderr().is_terminal();
+    match cli.command {
+        Command::Synth(args) => commands::synth::run(args, progress),
+        Command::Ingest(args) => commands::ingest::run(args, cli.quiet, progress),
         Command::Shards(args) => commands::shards::run(args),
         Command::Bench(args) => commands::bench::run(args),
         #[cfg(feature = "train")]
         Command::InitModel(args) => commands::init_model::run(args),
         #[cfg(feature = "train")]
-        Command::Train(args) => commands::train::run(*args),
+        Command::Train(args) => commands::train::run(*args, progress),
         #[cfg(feature = "train")]
         Command::Export(args) => commands::export::run(args),
         #[cfg(feature = "train")]
         Command::Generate(args) => commands::generate::run(args),
-    };
-    match result {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(err) => {
-            eprintln!("error: {err:#}");
-            ExitCode::FAILURE
-        }
     }
 }

@@ -1,9 +1,10 @@
 //! `tessera bench loader` and `tessera bench plan` from the command line: they run on real
-//! shards / a synthetic LLaVA distribution and end with the JSON line the README promises.
+//! shards / a synthetic LLaVA distribution and end with the JSON line the README promises; a
+//! bad `TESSERA_*` value stops them before any work.
 mod support;
 
 use anyhow::{ensure, Context, Result};
-use support::{fixture, run_ok, tessera};
+use support::{fixture, run_err, run_ok, tessera};
 
 fn last_json(stdout: &[u8]) -> Result<serde_json::Value> {
     let text = String::from_utf8_lossy(stdout);
@@ -14,10 +15,9 @@ fn last_json(stdout: &[u8]) -> Result<serde_json::Value> {
 #[test]
 fn bench_loader_measures_every_image_against_decode_only() -> Result<()> {
     let fx = fixture(40, 0.25)?;
-    // The env var that pins tests to one loader thread would override --threads.
+    // --threads 2 wins over the TESSERA_LOADER_THREADS=1 that pins the tests to one thread.
     let out = run_ok(
         tessera()
-            .env_remove("TESSERA_LOADER_THREADS")
             .args(["bench", "loader", "--shards"])
             .arg(&fx.shards)
             .args(["--limit", "12", "--image-size", "64", "--threads", "2"])
@@ -75,5 +75,24 @@ fn bench_plan_puts_pack_bucket_and_fixed_side_by_side() -> Result<()> {
         "pack pads no less than fixed: {json}"
     );
     ensure!(json["fixed"]["type_aligned"].as_f64().is_some(), "{json}");
+    Ok(())
+}
+
+#[test]
+fn a_bad_switch_value_stops_the_command_naming_the_variable_and_the_value() -> Result<()> {
+    let msg = run_err(tessera().env("TESSERA_LOADER_THREADS", "two").args([
+        "bench",
+        "plan",
+        "--synthetic-llava",
+        "100",
+        "--world-size",
+        "2",
+        "--token-budget",
+        "4096",
+    ]))?;
+    ensure!(
+        msg.contains(r#"TESSERA_LOADER_THREADS="two": expected a thread count of at least 1"#),
+        "{msg}"
+    );
     Ok(())
 }

@@ -2,13 +2,24 @@
 //! a stage-2 (LoRA) run on the tiny preset, exported merged and unmerged; captions for two
 //! shard samples from the run and from both exports are the same, and samples.jsonl holds
 //! the id, the reference caption and the generated one; an image that does not decode stops
-//! `generate --image` with an error naming the file (no caption of a stand-in).
+//! `generate --image` with an error naming the file (no caption of a stand-in). Export and
+//! generate run outside the repository with no `--tokenizer`: the run keeps its shards'
+//! tokenizer, and refuses another one naming both fingerprints. Export takes the newest
+//! complete checkpoint, passing over (and naming) damaged or unfinished ones.
 #![cfg(feature = "train")]
 use anyhow::{ensure, Result};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 mod support;
-use support::{fixture, run_err, run_ok, tessera, tokenizer};
+use support::{fixture, run_err, run_ok, tessera, tokenizer, train_command, TrainArgs};
+
+/// `tessera` run from a folder that is not the repository (no `.deps/` under it), as a user
+/// runs it from anywhere.
+fn tessera_elsewhere() -> std::process::Command {
+    let mut cmd = tessera();
+    cmd.current_dir(std::env::temp_dir());
+    cmd
+}
 
 /// `generate --shards` into `out`; returns the (id, reference, generated) lines.
 fn caption(
@@ -18,14 +29,13 @@ fn caption(
     out: &Path,
 ) -> Result<Vec<[String; 3]>> {
     run_ok(
-        tessera()
+        tessera_elsewhere()
             .arg("generate")
             .args(source)
             .arg(source_dir)
             .arg("--shards")
             .arg(shards)
-            .args(["--limit", "2", "--max-new-tokens", "6", "--tokenizer"])
-            .arg(tokenizer())
+            .args(["--limit", "2", "--max-new-tokens", "6"])
             .arg("--out")
             .arg(out),
     )?;
@@ -97,17 +107,19 @@ fn run_and_llava_hf_exports_caption_alike_and_a_bad_image_is_named() -> Result<(
     for (name, extra) in [("merged", None), ("unmerged", Some("--no-merge"))] {
         let export = f.root.join(name);
         run_ok(
-            tessera()
+            tessera_elsewhere()
                 .args([
                     "export", "--quiet", "--format", "llava-hf", "--dtype", "f32", "--run",
                 ])
                 .arg(&run)
                 .arg("--out")
                 .arg(&export)
-                .arg("--tokenizer")
-                .arg(tokenizer())
                 .args(extra),
         )?;
+        ensure!(
+            std::fs::read(export.join("tokenizer.json"))? == std::fs::read(tokenizer())?,
+            "{name} export ships a tokenizer.json other than the one the shards were made with"
+        );
         for file in [
             "config.json",
             "model.safetensors",
@@ -153,7 +165,7 @@ fn a_full_finetune_exports_whole_models_that_caption_like_the_run() -> Result<()
         "1e-2",
     ];
     run_ok(&mut stage2(&f, &run, &full))?;
-    let (_, trained) = tessera_train::latest_trainable(&run)?;
+    let (_, trained) = tessera_train::newest_complete_trained(&run)?;
     let norm = trained
         .get("model.norm.weight")?
         .ok_or_else(|| anyhow::anyhow!("the checkpoint did not train model.norm.weight"))?;
@@ -166,15 +178,13 @@ fn a_full_finetune_exports_whole_models_that_caption_like_the_run() -> Result<()
 
     let export = f.root.join("export");
     run_ok(
-        tessera()
+        tessera_elsewhere()
             .args([
                 "export", "--quiet", "--format", "llava-hf", "--dtype", "f32", "--run",
             ])
             .arg(&run)
             .arg("--out")
-            .arg(&export)
-            .arg("--tokenizer")
-            .arg(tokenizer()),
+            .arg(&export),
     )?;
     let from_run = caption(&["--run"], &run, &f.shards, &f.root.join("run.jsonl"))?;
     let from_export = caption(
@@ -211,6 +221,112 @@ fn a_full_finetune_exports_whole_models_that_caption_like_the_run() -> Result<()
     ensure!(
         diff == 0.0,
         "the exported LM's final norm differs from the checkpoint's by {diff}"
+    );
+    Ok(())
+}
+
+/// A tokenizer.json that is not the shards' (one more trailing newline: still valid JSON).
+fn other_tokenizer(dir: &Path) -> Result<PathBuf> {
+    std::fs::create_dir_all(dir)?;
+    let path = dir.join("tokenizer.json");
+    let mut bytes = std::fs::read(tokenizer())?;
+    bytes.push(b'\n');
+    std::fs::write(&path, bytes)?;
+    Ok(path)
+}
+
+/// Overwrites every byte of `path` (its manifest's sha256 no longer matches).
+fn damage(path: &Path) -> Result<()> {
+    let len = std::fs::metadata(path)?.len() as usize;
+    std::fs::write(path, vec![0x5a; len])?;
+    Ok(())
+}
+
+#[test]
+fn export_takes_the_newest_complete_checkpoint_and_the_run_keeps_its_tokenizer() -> Result<()> {
+    let f = fixture(16, 0.0)?;
+    let run = f.root.join("stage1");
+    let args = TrainArgs {
+        shards: f.shards.as_os_str(),
+        lm: &f.lm,
+        stage: 1,
+        token_budget: 512,
+    };
+    let extra = ["--steps", "2", "--checkpoint-every", "1"];
+    run_ok(&mut train_command(tessera(), &f, args, &run, &extra))?;
+    ensure!(
+        std::fs::read(run.join("tokenizer.json"))? == std::fs::read(tokenizer())?,
+        "the run folder keeps no copy of its shards' tokenizer.json"
+    );
+
+    // Another tokenizer is refused, naming the file and both fingerprints.
+    let other = other_tokenizer(&f.root.join("other"))?;
+    let (want, _) = shards::sha256_file(&tokenizer())?;
+    let (found, _) = shards::sha256_file(&other)?;
+    let export = |out: &str| {
+        let mut cmd = tessera_elsewhere();
+        cmd.args(["export", "--run"])
+            .arg(&run)
+            .arg("--out")
+            .arg(f.root.join(out));
+        cmd
+    };
+    let err = run_err(
+        export("refused")
+            .args(["--format", "llava-hf", "--tokenizer"])
+            .arg(&other),
+    )?;
+    ensure!(
+        err.contains(&other.display().to_string()) && err.contains(&found) && err.contains(&want),
+        "the refusal names the tokenizer file, its sha256 {found} and the run's {want}: {err}"
+    );
+    let generate = |out: &str| {
+        let mut cmd = tessera_elsewhere();
+        cmd.args(["generate", "--limit", "1", "--max-new-tokens", "2", "--run"])
+            .arg(&run)
+            .arg("--shards")
+            .arg(&f.shards)
+            .arg("--out")
+            .arg(f.root.join(out));
+        cmd
+    };
+    let err = run_err(generate("refused.jsonl").arg("--tokenizer").arg(&other))?;
+    ensure!(
+        err.contains(&found) && err.contains(&want),
+        "generate refuses the other tokenizer naming both fingerprints: {err}"
+    );
+    run_ok(&mut generate("captions.jsonl"))?;
+
+    // Step 2 damaged after its commit, step 3 killed while writing: step 1 is exported.
+    let checkpoints = run.join("checkpoints");
+    damage(&checkpoints.join("step-00000002/rank-00000/shards.safetensors"))?;
+    std::fs::create_dir_all(checkpoints.join("step-00000003.tmp/rank-00000"))?;
+    let out = run_ok(&mut export("previous"))?;
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    ensure!(
+        stdout.contains("exported step 1 "),
+        "export did not take step 1, the newest complete checkpoint: {stdout}"
+    );
+    ensure!(
+        stderr.contains("step-00000002") && stderr.contains("step-00000003.tmp"),
+        "export does not say which checkpoints it passed over: {stderr}"
+    );
+    let config: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(f.root.join("previous/config.json"))?)?;
+    ensure!(config["step"] == 1, "exported config.json: {config}");
+
+    // Nothing complete left: refused, naming every folder passed over.
+    damage(&checkpoints.join("step-00000001/rank-00000/shards.safetensors"))?;
+    let err = run_err(&mut export("none"))?;
+    ensure!(
+        err.contains("no complete checkpoint")
+            && ["step-00000001", "step-00000002", "step-00000003.tmp"]
+                .iter()
+                .all(|s| err.contains(s)),
+        "the refusal names every checkpoint it passed over: {err}"
     );
     Ok(())
 }

@@ -127,6 +127,10 @@ fn samples_by_step(run: &Path) -> Result<Vec<String>> {
 }
 
 #[test]
+#[cfg_attr(
+    not(feature = "test-hooks"),
+    ignore = "pauses a checkpoint write through TESSERA_CHECKPOINT_PAUSE_AT: --features test-hooks"
+)]
 fn a_dead_node_stops_the_other_within_60_s_naming_its_ranks_and_the_run_resumes_on_one_node(
 ) -> Result<()> {
     let f = fixture(300, 0.0)?;

@@ -1,6 +1,7 @@
 //! `--shards s3://...` end to end, through the binary, against moto's S3 server on 127.0.0.1:
 //! `ingest --out s3://...`, then `shards verify` and `shards stats` on the URL; 20 training steps from the URL give the
-//! losses the same shards give from local disk; a server killed mid-run fails the run naming
+//! losses the same shards give from local disk (and the run keeps the shards' tokenizer, uploaded
+//! beside index.json); a server killed mid-run fails the run naming
 //! the URL once the retries are spent.
 #![cfg(feature = "train")]
 use anyhow::{ensure, Context, Result};
@@ -10,7 +11,7 @@ use std::time::{Duration, Instant};
 use tessera_train::read_metrics;
 
 mod support;
-use support::{fixture, ingest, run_ok, tessera, train_command, Fixture, TrainArgs};
+use support::{fixture, ingest, run_ok, tessera, tokenizer, train_command, Fixture, TrainArgs};
 #[path = "support/moto.rs"]
 mod moto;
 use moto::MotoServer;
@@ -77,6 +78,10 @@ fn s3_shards_verify_stat_and_train_like_local_ones() -> Result<()> {
     ensure!(
         cache.join("ranges").read_dir()?.count() > 0,
         "nothing cached"
+    );
+    ensure!(
+        std::fs::read(s3_run.join("tokenizer.json"))? == std::fs::read(tokenizer())?,
+        "the run from s3:// keeps no copy of the tokenizer.json uploaded beside index.json"
     );
     Ok(())
 }

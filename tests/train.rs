@@ -90,8 +90,9 @@ fn image_batch(f: &Fixture, vlm: &Vlm, n: usize) -> Result<pipeline::MicroBatch>
         .map_err(Into::into)
 }
 
-fn latest_trainable(run: &Path) -> Result<tessera_fsdp::ParamMap> {
-    let (_, trained) = tessera_train::latest_trainable(run)?;
+/// Every trained tensor of the run's newest complete checkpoint.
+fn newest_trained(run: &Path) -> Result<tessera_fsdp::ParamMap> {
+    let (_, trained) = tessera_train::newest_complete_trained(run)?;
     Ok(trained.collect(|_| true)?)
 }
 
@@ -167,7 +168,7 @@ fn two_ranks_interrupted_and_resumed_match_an_uninterrupted_run_and_export_round
     )?;
     from_export.extend(adapter);
     let mut from_run = vlm.load_params(&f.vision, &f.lm, None, 0)?;
-    let trained = latest_trainable(&stage2)?;
+    let trained = newest_trained(&stage2)?;
     ensure!(
         trained.keys().any(|k| k.contains("lora_B")),
         "stage 2 trained no adapter"

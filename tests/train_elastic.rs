@@ -205,6 +205,10 @@ fn a_sharded_w2_full_finetune_checkpoint_resumes_at_w1_and_w3_on_the_same_sample
 }
 
 #[test]
+#[cfg_attr(
+    not(feature = "test-hooks"),
+    ignore = "pauses a checkpoint write through TESSERA_CHECKPOINT_PAUSE_AT: --features test-hooks"
+)]
 fn a_kill_during_a_checkpoint_write_resumes_from_the_previous_complete_one() -> Result<()> {
     let f = fixture(120, 0.0)?;
     let run = f.root.join("run");

@@ -2,25 +2,39 @@
 //! a [`crate::Reason`] and the run goes on; these are the failures that stop a run.
 use std::path::PathBuf;
 
-/// Wrapped library errors are part of the message and deliberately not `source()`: anyhow's
-/// `{:#}` prints the whole chain, so returning them as source too printed them twice.
+/// A wrapped library error is the `source()`, never part of the message: the message names the
+/// file or record, the source says why, and the CLI's chain printer shows each once.
 #[derive(Debug, thiserror::Error)]
 pub enum IngestError {
-    #[error("{path}: {error}")]
+    #[error("{path}")]
     Io {
         path: PathBuf,
-        error: std::io::Error,
+        source: std::io::Error,
     },
+    /// The json is not an array of objects (found while splitting it into records).
     #[error("{path}: malformed JSON at byte {offset}: {detail}")]
     Json {
         path: PathBuf,
         offset: u64,
         detail: String,
     },
-    #[error("{path}: not a readable zip archive: {error}")]
+    /// One record does not parse as a LLaVA record.
+    #[error("{path}: malformed JSON at byte {offset}: record {record}")]
+    Record {
+        path: PathBuf,
+        offset: u64,
+        record: usize,
+        source: serde_json::Error,
+    },
+    #[error("{path}: not a readable zip archive")]
     Zip {
         path: PathBuf,
-        error: zip::result::ZipError,
+        source: zip::result::ZipError,
+    },
+    #[error("{path}: cannot load tokenizer")]
+    LoadTokenizer {
+        path: PathBuf,
+        source: tokenizers::Error,
     },
     #[error("{path}: cannot load tokenizer: {detail}")]
     Tokenizer { path: PathBuf, detail: String },
@@ -30,14 +44,30 @@ pub enum IngestError {
         token: String,
         template: String,
     },
-    #[error("record {id}: tokenizer failed: {detail}")]
-    Tokenize { id: String, detail: String },
+    #[error("record {id}: tokenizer failed")]
+    Tokenize {
+        id: String,
+        source: tokenizers::Error,
+    },
     #[error(transparent)]
     Shards(#[from] shards::ShardError),
     #[error("{dir}: {detail}")]
     OutDir { dir: PathBuf, detail: String },
     #[error("cannot resume in {dir}: {detail}")]
     Resume { dir: PathBuf, detail: String },
+    /// The resume journal could not be written or read back.
+    #[error("cannot resume in {dir}: {file}")]
+    Journal {
+        dir: PathBuf,
+        file: &'static str,
+        source: serde_json::Error,
+    },
+    /// The ingest report could not be serialised.
+    #[error("{path}")]
+    Report {
+        path: PathBuf,
+        source: serde_json::Error,
+    },
     #[error("a worker thread panicked: {0}")]
     WorkerPanic(String),
 }
@@ -46,7 +76,7 @@ impl IngestError {
     pub(crate) fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
         IngestError::Io {
             path: path.into(),
-            error: source,
+            source,
         }
     }
 }
@@ -67,7 +97,7 @@ mod tests {
         assert_cause_printed_once(IngestError::io("llava.json", io), "disk on fire");
         let zip = IngestError::Zip {
             path: "images.zip".into(),
-            error: zip::result::ZipError::InvalidArchive("no central directory".into()),
+            source: zip::result::ZipError::InvalidArchive("no central directory".into()),
         };
         assert_cause_printed_once(zip, "no central directory");
         let shard = shards::ShardError::OutOfRange { index: 9, len: 3 };
@@ -76,7 +106,7 @@ mod tests {
         let io = std::io::Error::other("read-only file system");
         let nested = shards::ShardError::Io {
             path: "out/index.json".into(),
-            error: io,
+            source: io,
         };
         assert_cause_printed_once(IngestError::from(nested), "read-only file system");
     }

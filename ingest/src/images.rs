@@ -46,7 +46,7 @@ impl ImageSource {
             zip::ZipArchive::new(Cursor::new(SharedMap(Arc::new(map)))).map_err(|source| {
                 IngestError::Zip {
                     path: path.to_path_buf(),
-                    error: source,
+                    source,
                 }
             })?;
         Ok(ImageSource::Zip(archive))

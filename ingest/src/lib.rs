@@ -8,7 +8,8 @@
 //!    size, pixel limit), decode it unless `verify` is off, and tokenize;
 //! 3. one writer puts outcomes back in json order: samples go to `shard-NNNNN.parquet`,
 //!    rejections (id + reason) to `rejected.jsonl`; after each shard a journal makes the run
-//!    resumable; `index.json` is written last.
+//!    resumable; the tokenizer is copied beside them (`tokenizer.json`, so the shards carry
+//!    it to `train`'s run folder) and `index.json` is written last.
 mod error;
 mod images;
 mod ordered_writer;

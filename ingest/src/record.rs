@@ -92,10 +92,11 @@ impl RecordFile {
     pub(crate) fn record(&self, n: usize) -> Result<Record, IngestError> {
         let span = self.spans[n].clone();
         let text = &self.map[span.clone()];
-        let raw: RawRecord = serde_json::from_slice(text).map_err(|e| IngestError::Json {
+        let raw: RawRecord = serde_json::from_slice(text).map_err(|e| IngestError::Record {
             path: self.path.clone(),
             offset: (span.start + offset_of(text, e.line(), e.column())) as u64,
-            detail: format!("record {n}: {e}"),
+            record: n,
+            source: e,
         })?;
         Ok(Record {
             id: match raw.id {

@@ -192,9 +192,10 @@ pub(crate) fn check_finished(
 
 impl Journal {
     pub(crate) fn save(&self, dir: &Path) -> Result<(), IngestError> {
-        let text = serde_json::to_vec_pretty(self).map_err(|e| IngestError::Resume {
+        let text = serde_json::to_vec_pretty(self).map_err(|source| IngestError::Journal {
             dir: dir.to_path_buf(),
-            detail: e.to_string(),
+            file: JOURNAL_FILE,
+            source,
         })?;
         Ok(shards::write_atomically(&dir.join(JOURNAL_FILE), &text)?)
     }
@@ -203,12 +204,15 @@ impl Journal {
     pub(crate) fn load(dir: &Path) -> Result<Option<Journal>, IngestError> {
         let path = dir.join(JOURNAL_FILE);
         match std::fs::read(&path) {
-            Ok(text) => serde_json::from_slice(&text)
-                .map(Some)
-                .map_err(|e| IngestError::Resume {
-                    dir: dir.to_path_buf(),
-                    detail: format!("{JOURNAL_FILE}: {e}"),
-                }),
+            Ok(text) => {
+                serde_json::from_slice(&text)
+                    .map(Some)
+                    .map_err(|source| IngestError::Journal {
+                        dir: dir.to_path_buf(),
+                        file: JOURNAL_FILE,
+                        source,
+                    })
+            }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
             Err(e) => Err(IngestError::io(path, e)),
         }

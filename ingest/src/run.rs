@@ -14,7 +14,8 @@ use crate::template::{Encoder, Template};
 use crate::workers::{Job, Outcome, Worker};
 use crossbeam_channel::bounded;
 use indicatif::{ProgressBar, ProgressStyle};
-use shards::{IngestReport, Manifest, RowGroupLimits, FORMAT_VERSION, INDEX_FILE};
+use sha2::{Digest, Sha256};
+use shards::{IngestReport, Manifest, RowGroupLimits, FORMAT_VERSION, INDEX_FILE, TOKENIZER_FILE};
 use std::collections::HashSet;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
@@ -42,7 +43,7 @@ pub struct IngestConfig {
     /// Images with more pixels than this are rejected as decompression bombs.
     pub max_pixels: u64,
     pub row_groups: RowGroupLimits,
-    /// Show a progress bar (the caller decides: terminal and no NO_PROGRESS).
+    /// Show a progress bar (the caller decides: a terminal, and no `--quiet` or NO_PROGRESS).
     pub progress: bool,
 }
 
@@ -252,12 +253,14 @@ fn finalize(
     );
     summary.resumed_at_record = start;
     summary.this_run_seconds = this_run;
-    let report_json = serde_json::to_vec_pretty(&summary).map_err(|e| IngestError::OutDir {
-        dir: dir.clone(),
-        detail: e.to_string(),
-    })?;
+    let report_json =
+        serde_json::to_vec_pretty(&summary).map_err(|source| IngestError::Report {
+            path: dir.join(REPORT_FILE),
+            source,
+        })?;
     shards::write_atomically(&dir.join(REPORT_FILE), &report_json)?;
     if summary.complete {
+        keep_tokenizer(config, encoder)?;
         let manifest = Manifest {
             format_version: FORMAT_VERSION,
             tokenizer_fingerprint: encoder.fingerprint.clone(),
@@ -274,6 +277,26 @@ fn finalize(
         std::fs::remove_file(&journal).map_err(|e| IngestError::io(&journal, e))?;
     }
     Ok(summary)
+}
+
+/// Copies the tokenizer the ids were made with beside index.json (before it is written), so the
+/// shards carry it: `train` keeps it in the run folder for export and generate. Refused if the
+/// file changed since the encoder loaded it (its sha256 is index.json's fingerprint).
+fn keep_tokenizer(config: &IngestConfig, encoder: &Encoder) -> Result<(), IngestError> {
+    let bytes =
+        std::fs::read(&config.tokenizer).map_err(|e| IngestError::io(&config.tokenizer, e))?;
+    let found = hex::encode(Sha256::digest(&bytes));
+    if found != encoder.fingerprint {
+        return Err(IngestError::Tokenizer {
+            path: config.tokenizer.clone(),
+            detail: format!(
+                "it changed during the ingest (sha256 {found}, the ids were made with {})",
+                encoder.fingerprint
+            ),
+        });
+    }
+    shards::write_atomically(&config.out.join(TOKENIZER_FILE), &bytes)?;
+    Ok(())
 }
 
 fn progress_bar(show: bool, total: u64) -> ProgressBar {

@@ -152,7 +152,8 @@ fn a_record_that_is_not_a_llava_record_fails_the_run() -> anyhow::Result<()> {
     let config = f.config(Template::Plain);
     std::fs::write(&config.json, br#"[{"id": "1", "image": "x.jpg"}]"#)?;
     let err = ingest::run(&config).expect_err("no conversations");
-    assert!(err.to_string().contains("conversations"), "{err}");
+    let message = shards::with_causes(&err);
+    assert!(message.contains("conversations"), "{message}");
     Ok(())
 }
 

@@ -1,41 +1,52 @@
-//! The `remote` crate's error: every message names the URL (or the cache path) it is about.
+//! The `remote` crate's error: every message names the URL (or the cache path) it is about; a
+//! wrapped library error is the `source()`, never part of the message.
 use std::path::PathBuf;
 
 #[derive(Debug, thiserror::Error)]
 pub enum RemoteError {
     /// A request failed after object_store's retries (or was not retryable: a missing object).
-    #[error("{url}: {error}")]
+    #[error("{url}")]
     Store {
         url: String,
-        error: object_store::Error,
+        source: object_store::Error,
     },
-    #[error("{url}: not a shard directory URL: {reason}")]
-    BadUrl { url: String, reason: String },
+    /// The URL does not parse, or object_store cannot build a store for it.
+    #[error("{url}: not a shard directory URL")]
+    BadUrl {
+        url: String,
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
     #[error("{url}: {detail}")]
     Invalid { url: String, detail: String },
-    #[error("shard cache {path}: {error}")]
+    /// The local directory to upload is not a finished ingest (its index.json is unreadable).
+    #[error("cannot upload {dir}")]
+    Upload {
+        dir: PathBuf,
+        source: shards::ShardError,
+    },
+    #[error("shard cache {path}")]
     Cache {
         path: PathBuf,
-        error: std::io::Error,
+        source: std::io::Error,
     },
     #[error("cache limit {text:?}: {reason}")]
     BadSize { text: String, reason: String },
-    #[error("starting the object-store I/O threads: {0}")]
-    Runtime(std::io::Error),
+    #[error("starting the object-store I/O threads")]
+    Runtime(#[source] std::io::Error),
 }
 
 impl RemoteError {
-    pub(crate) fn store(url: impl Into<String>, error: object_store::Error) -> Self {
+    pub(crate) fn store(url: impl Into<String>, source: object_store::Error) -> Self {
         RemoteError::Store {
             url: url.into(),
-            error,
+            source,
         }
     }
 
-    pub(crate) fn cache(path: impl Into<PathBuf>, error: std::io::Error) -> Self {
+    pub(crate) fn cache(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
         RemoteError::Cache {
             path: path.into(),
-            error,
+            source,
         }
     }
 }
@@ -43,5 +54,38 @@ impl RemoteError {
 impl From<RemoteError> for shards::ShardError {
     fn from(e: RemoteError) -> Self {
         shards::ShardError::Remote(Box::new(e))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_missing_object_names_its_url_and_the_cause_once() {
+        let url = "s3://data/set/shard-00001.parquet";
+        let missing = object_store::Error::NotFound {
+            path: "set/shard-00001.parquet".into(),
+            source: "404 Not Found".into(),
+        };
+        let error = shards::ShardError::from(RemoteError::store(url, missing));
+        let text = shards::with_causes(&error);
+        assert!(text.starts_with(url), "{text}");
+        assert_eq!(text.matches(url).count(), 1, "{text}");
+        // object_store's message holds its source too: anyhow's `{:#}` would print it twice.
+        assert_eq!(text.matches("404 Not Found").count(), 1, "{text}");
+    }
+
+    #[test]
+    fn an_unparsable_url_says_why() {
+        let Err(error) = crate::open_remote("bucket/data", None, &[]) else {
+            panic!("a URL without a scheme opened");
+        };
+        assert!(std::error::Error::source(&error).is_some());
+        let text = shards::with_causes(&error);
+        assert!(
+            text.starts_with("bucket/data: not a shard directory URL: "),
+            "{text}"
+        );
     }
 }

@@ -20,9 +20,6 @@ pub const CACHE_BLOCK: u64 = 128 * 1024;
 /// Requests in flight at once per call.
 const CONCURRENT_REQUESTS: usize = 16;
 
-/// Environment variable: milliseconds added before every request (benchmarks: a far store).
-pub const LATENCY_ENV: &str = "TESSERA_REMOTE_LATENCY_MS";
-
 /// Requests and bytes fetched from the store (cache hits not counted).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct FetchCounts {
@@ -38,10 +35,20 @@ pub struct ObjectFiles {
     can_list: bool,
     runtime: Option<tokio::runtime::Runtime>,
     cache: Option<RangeCache>,
-    /// Injected before each request ([`LATENCY_ENV`]).
+    /// Slept before each request ([`Self::latency`]).
     latency: Duration,
     requests: AtomicU64,
     bytes: AtomicU64,
+}
+
+#[cfg(feature = "test-hooks")]
+fn injected_latency() -> Duration {
+    tessera_switches::Switches::get().remote_latency
+}
+
+#[cfg(not(feature = "test-hooks"))]
+fn injected_latency() -> Duration {
+    Duration::ZERO
 }
 
 impl ObjectFiles {
@@ -65,15 +72,16 @@ impl ObjectFiles {
             can_list,
             runtime: Some(runtime),
             cache,
-            latency: Duration::from_millis(
-                std::env::var(LATENCY_ENV)
-                    .ok()
-                    .and_then(|s| s.parse().ok())
-                    .unwrap_or(0),
-            ),
+            latency: injected_latency(),
             requests: AtomicU64::new(0),
             bytes: AtomicU64::new(0),
         })
+    }
+
+    /// The delay slept before each request: `TESSERA_REMOTE_LATENCY_MS` in builds with the
+    /// `test-hooks` feature (benchmarks: a far store on a near one), else none.
+    pub fn latency(&self) -> Duration {
+        self.latency
     }
 
     /// What this process fetched from the store so far.

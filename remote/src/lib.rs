@@ -20,9 +20,7 @@ mod url_store;
 
 pub use cache::RangeCache;
 pub use error::RemoteError;
-pub use files::{FetchCounts, ObjectFiles, CACHE_BLOCK, LATENCY_ENV};
+pub use files::{FetchCounts, ObjectFiles, CACHE_BLOCK};
 pub use size::parse_size;
 pub use upload::UploadSummary;
-pub use url_store::{
-    is_remote, open_location, open_remote, CacheConfig, StoreSettings, TESSERA_CACHE_ENV,
-};
+pub use url_store::{is_remote, open_location, open_remote, CacheConfig, StoreSettings};

@@ -1,11 +1,12 @@
 //! `tessera ingest --out s3://...`: a finished local shard directory uploaded to object
-//! storage, shards first (multipart, a few parts in flight), index.json last, so a reader never
+//! storage, shards first (multipart, a few parts in flight; then rejected.jsonl and the
+//! tokenizer.json ingest keeps beside the index), index.json last, so a reader never
 //! sees an index naming a shard that is not all there. A shard already stored with the
 //! index's size is not sent again (a rerun after an interrupted upload resumes).
 use crate::files::ObjectFiles;
 use crate::RemoteError;
 use object_store::{PutPayload, WriteMultipart};
-use shards::{Manifest, INDEX_FILE};
+use shards::{Manifest, INDEX_FILE, TOKENIZER_FILE};
 use std::io::Read;
 use std::path::Path;
 
@@ -25,9 +26,9 @@ pub struct UploadSummary {
 impl ObjectFiles {
     /// Uploads the shard directory `dir` (index.json present: a complete ingest) here.
     pub fn upload_dataset(&self, dir: &Path) -> Result<UploadSummary, RemoteError> {
-        let manifest = Manifest::load(dir).map_err(|e| RemoteError::Invalid {
-            url: dir.display().to_string(),
-            detail: e.to_string(),
+        let manifest = Manifest::load(dir).map_err(|source| RemoteError::Upload {
+            dir: dir.to_path_buf(),
+            source,
         })?;
         let mut summary = UploadSummary::default();
         let mut names: Vec<(String, u64)> = manifest
@@ -35,8 +36,10 @@ impl ObjectFiles {
             .iter()
             .map(|s| (s.file.clone(), s.bytes))
             .collect();
-        if let Ok(meta) = std::fs::metadata(dir.join("rejected.jsonl")) {
-            names.push(("rejected.jsonl".into(), meta.len()));
+        for extra in ["rejected.jsonl", TOKENIZER_FILE] {
+            if let Ok(meta) = std::fs::metadata(dir.join(extra)) {
+                names.push((extra.into(), meta.len()));
+            }
         }
         for (name, bytes) in names {
             if self.stored_size(&name)? == Some(bytes) {

@@ -12,12 +12,7 @@ use shards::DatasetLocation;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
-
-/// Environment variable naming the default cache directory.
-pub const TESSERA_CACHE_ENV: &str = "TESSERA_CACHE";
-
-/// Environment variable: seconds a request may keep being retried (default 120).
-const RETRY_TIMEOUT_ENV: &str = "TESSERA_REMOTE_RETRY_S";
+use tessera_switches::Switches;
 
 /// Store settings on top of the environment's: object_store config keys and values, e.g.
 /// `("aws_endpoint", "http://127.0.0.1:9000")` (tests point at their own server this way).
@@ -59,14 +54,15 @@ pub fn open_remote(
     cache: Option<&CacheConfig>,
     settings: StoreSettings<'_>,
 ) -> Result<Arc<ObjectFiles>, RemoteError> {
-    let bad = |reason: String| RemoteError::BadUrl {
+    let bad = |source| RemoteError::BadUrl {
         url: spec.to_string(),
-        reason,
+        source,
     };
-    let url = url::Url::parse(spec).map_err(|e| bad(e.to_string()))?;
+    let url = url::Url::parse(spec).map_err(|e| bad(Box::new(e)))?;
+    // A builder's `Generic` error says "Generic S3 error: ..." around the reason: keep the reason.
     let (store, prefix, can_list) = build_store(spec, &url, settings).map_err(|e| match e {
-        object_store::Error::Generic { source, .. } => bad(source.to_string()),
-        other => bad(other.to_string()),
+        object_store::Error::Generic { source, .. } => bad(source),
+        other => bad(Box::new(other)),
     })?;
     let cache = match cache {
         Some(c) => Some(RangeCache::open(&c.dir, c.limit)?),
@@ -76,11 +72,8 @@ pub fn open_remote(
     Ok(Arc::new(files))
 }
 
+/// Retries with backoff for at most `TESSERA_REMOTE_RETRY_S` (default 120 s).
 fn retry_config() -> RetryConfig {
-    let timeout = std::env::var(RETRY_TIMEOUT_ENV)
-        .ok()
-        .and_then(|s| s.parse::<u64>().ok())
-        .unwrap_or(120);
     RetryConfig {
         backoff: BackoffConfig {
             init_backoff: Duration::from_millis(100),
@@ -88,7 +81,7 @@ fn retry_config() -> RetryConfig {
             base: 2.0,
         },
         max_retries: 10,
-        retry_timeout: Duration::from_secs(timeout),
+        retry_timeout: Switches::get().remote_retry,
     }
 }
 

@@ -4,29 +4,30 @@ use std::path::PathBuf;
 
 /// Errors from writing, opening, reading or verifying shards.
 ///
-/// Wrapped library errors are part of the message and deliberately not `source()`: anyhow's
-/// `{:#}` prints the whole chain, so returning them as source too printed them twice.
+/// A wrapped library error is the `source()`, never part of the message: the message says what
+/// failed (the file, the shard), the source why, and a chain printer (anyhow's `{:#}`, or
+/// [`with_causes`] for a log line or a report) prints each once.
 #[derive(Debug, thiserror::Error)]
 pub enum ShardError {
-    #[error("{path}: {error}")]
+    #[error("{path}")]
     Io {
         path: PathBuf,
-        error: std::io::Error,
+        source: std::io::Error,
     },
-    #[error("{shard}: parquet: {error}")]
+    #[error("{shard}: parquet")]
     Parquet {
         shard: String,
-        error: parquet::errors::ParquetError,
+        source: parquet::errors::ParquetError,
     },
-    #[error("{shard}: arrow: {error}")]
+    #[error("{shard}: arrow")]
     Arrow {
         shard: String,
-        error: arrow_schema::ArrowError,
+        source: arrow_schema::ArrowError,
     },
-    #[error("{path}: index.json is not valid: {error}")]
+    #[error("{path}: index.json is not valid")]
     Manifest {
         path: PathBuf,
-        error: serde_json::Error,
+        source: serde_json::Error,
     },
     #[error(
         "{path}: index.json has format version {found}, this build reads versions 1 to \
@@ -58,33 +59,68 @@ impl ShardError {
     pub(crate) fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
         ShardError::Io {
             path: path.into(),
-            error: source,
+            source,
         }
     }
 
     pub(crate) fn parquet(shard: &str, source: parquet::errors::ParquetError) -> Self {
         ShardError::Parquet {
             shard: shard.to_string(),
-            error: source,
+            source,
         }
     }
 
     pub(crate) fn arrow(shard: &str, source: arrow_schema::ArrowError) -> Self {
         ShardError::Arrow {
             shard: shard.to_string(),
-            error: source,
+            source,
         }
     }
+}
+
+/// `error`'s message and every cause below it, joined by `": "`: what the CLI prints for an
+/// error (`error: {with_causes}`), and the form of an error kept as text (a log line, a
+/// verify report). A cause whose message the text already holds is not repeated: some
+/// libraries' errors (parquet's `External`, arrow's `ExternalError`, object_store's) print
+/// their source inside their own message *and* return it from `source()`. Trailing newlines
+/// (toml ends its multi-line messages with one) are dropped.
+pub fn with_causes(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = error.to_string().trim_end().to_string();
+    let mut cause = error.source();
+    while let Some(error) = cause {
+        let message = error.to_string();
+        let message = message.trim_end();
+        if !message.is_empty() && !text.contains(message) {
+            text.push_str(": ");
+            text.push_str(message);
+        }
+        cause = error.source();
+    }
+    text
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    /// `error` under anyhow's `{:#}` (the CLI's format) holds `cause`'s text exactly once.
+    /// `error` printed as the CLI prints it holds `cause`'s text exactly once, and so does
+    /// anyhow's `{:#}` (each error of the chain, joined by ": ").
     fn assert_cause_printed_once(error: ShardError, cause: &str) {
+        let text = with_causes(&error);
+        assert_eq!(text.matches(cause).count(), 1, "{text}");
         let text = format!("{:#}", anyhow::Error::new(error));
         assert_eq!(text.matches(cause).count(), 1, "{text}");
+    }
+
+    #[test]
+    fn a_library_error_that_prints_its_own_source_prints_it_once() {
+        let io = std::io::Error::other("connection reset");
+        let parquet = parquet::errors::ParquetError::External(Box::new(io));
+        let error = ShardError::parquet("s3://bucket/data/shard-00004.parquet", parquet);
+        assert_eq!(
+            with_causes(&error),
+            "s3://bucket/data/shard-00004.parquet: parquet: External: connection reset"
+        );
     }
 
     #[test]
@@ -102,7 +138,7 @@ mod tests {
         let cause = json.to_string();
         let manifest = ShardError::Manifest {
             path: "data/index.json".into(),
-            error: json,
+            source: json,
         };
         assert_cause_printed_once(manifest, &cause);
     }

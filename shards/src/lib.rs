@@ -5,15 +5,18 @@
 //!    sha256 computed while writing (on a sink thread), then a rename. It returns the
 //!    [`ShardInfo`] for the index.
 //! 2. [`Manifest`] is `index.json`: format version, tokenizer fingerprint, template, shards,
-//!    and the ingest report.
+//!    and the ingest report; ingest keeps the tokenizer itself beside it ([`TOKENIZER_FILE`]).
 //! 3. [`Dataset`] opens a directory (memory-mapped shards) and reads samples by global index
 //!    (shards in order, rows in order), decoding only the row groups needed; its
 //!    [`Dataset::metadata`] scan reads only kind and token counts (the planner's input).
 //! 4. [`verify()`] and [`stats()`] back `tessera shards verify|stats`.
 //!
+//! [`chat`] defines the chat templates and the Qwen2 special tokens for every crate.
+//!
 //! Every file tessera writes whole (index.json, the ingest journal, synth's json and zip) goes
 //! through [`write_atomically`]: a temporary sibling, fsync, rename, fsync of the folder.
 mod atomic;
+pub mod chat;
 mod error;
 mod location;
 mod manifest;
@@ -27,13 +30,15 @@ mod verify;
 mod writer;
 
 pub use atomic::{temp_path, write_atomically, write_atomically_with};
-pub use error::ShardError;
+pub use chat::IMAGE_PAD_ID;
+pub use error::{with_causes, ShardError};
 pub use location::{DatasetLocation, RemoteFiles};
 pub use manifest::{
     shard_file_name, IngestReport, IngestSettings, Manifest, RowGroupInfo, ShardInfo, INDEX_FILE,
+    TOKENIZER_FILE,
 };
 pub use reader::{fingerprint_of, Dataset};
-pub use sample::{ChecksumMismatch, Kind, Sample, SampleMeta, Turn, IMAGE_PAD_ID};
+pub use sample::{ChecksumMismatch, Kind, Sample, SampleMeta, Turn};
 pub use schema::{
     col, input_ids_crc32c, samples_to_batch, schema_for, schema_v1, schema_v2, FORMAT_VERSION,
     OLDEST_READABLE_VERSION,

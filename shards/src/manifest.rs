@@ -11,6 +11,11 @@ use std::path::{Path, PathBuf};
 /// File name of the manifest inside a shard directory.
 pub const INDEX_FILE: &str = "index.json";
 
+/// The tokenizer.json the ids were made with, kept by ingest beside index.json (written before
+/// it): its sha256 is the manifest's `tokenizer_fingerprint`. `train` copies it into the run
+/// folder, so export and generate find the run's tokenizer wherever they run.
+pub const TOKENIZER_FILE: &str = "tokenizer.json";
+
 /// Name of shard `n`: `shard-00000.parquet`, ...
 pub fn shard_file_name(n: usize) -> String {
     format!("shard-{n:05}.parquet")
@@ -127,7 +132,7 @@ impl Manifest {
         let manifest: Manifest =
             serde_json::from_slice(text).map_err(|source| ShardError::Manifest {
                 path: path.clone(),
-                error: source,
+                source,
             })?;
         if !(OLDEST_READABLE_VERSION..=FORMAT_VERSION).contains(&manifest.format_version) {
             return Err(ShardError::FormatVersion {
@@ -143,7 +148,7 @@ impl Manifest {
     pub fn save(&self, dir: &Path) -> Result<(), ShardError> {
         let text = serde_json::to_vec_pretty(self).map_err(|source| ShardError::Manifest {
             path: dir.join(INDEX_FILE),
-            error: source,
+            source,
         })?;
         write_atomically(&dir.join(INDEX_FILE), &text)
     }

@@ -1,12 +1,6 @@
 //! One sample as stored in a shard row (schema v2): the contract between `ingest` (writes it),
 //! `pipeline` (reads it) and `trainer`.
 
-/// `<|image_pad|>` in the Qwen2 tokenizers (Qwen2-VL's framing): the one token id that stands
-/// for an image in `input_ids`. The loader expands it into the vision tokens; each dataset's
-/// own id is recorded in index.json (`image_placeholder_id`), this is the default every crate
-/// assumes when there is no tokenizer at hand.
-pub const IMAGE_PAD_ID: u32 = 151_655;
-
 /// What a sample carries: the planner never mixes kinds within one micro-step.
 #[derive(
     Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize,

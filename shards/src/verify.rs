@@ -2,7 +2,7 @@
 //! size and sha256, its schema, its row and row-group counts, and every row's internal
 //! consistency (token counts, label mask length, image and token crc32c, kind vs image); and
 //! that no `shard-*.parquet` lies in the directory without being listed.
-use crate::error::ShardError;
+use crate::error::{with_causes, ShardError};
 use crate::location::DatasetLocation;
 use crate::manifest::{Manifest, ShardInfo};
 use crate::reader::OpenShard;
@@ -123,12 +123,12 @@ fn verify_shard(
     };
     let (sha, len, whole) = match location {
         DatasetLocation::Dir(dir) => {
-            let (sha, len) = sha256_file(&dir.join(&info.file)).map_err(|e| e.to_string())?;
+            let (sha, len) = sha256_file(&dir.join(&info.file)).map_err(|e| with_causes(&e))?;
             (sha, len, None)
         }
         DatasetLocation::Remote(files) => {
             let fetched = files.read_ranges(info, std::slice::from_ref(&(0..info.bytes)));
-            let bytes = fetched.map_err(|e| e.to_string())?.into_iter().next();
+            let bytes = fetched.map_err(|e| with_causes(&e))?.into_iter().next();
             let bytes = bytes.unwrap_or_default();
             let len = bytes.len() as u64;
             (hex::encode(Sha256::digest(&bytes)), len, Some(bytes))
@@ -153,7 +153,7 @@ fn verify_shard(
             OpenShard::open_remote(files.clone(), info, first_sample)
         }
     }
-    .map_err(|e| e.to_string())?;
+    .map_err(|e| with_causes(&e))?;
     let file_schema = shard.metadata.schema();
     let version = manifest.format_version;
     let expected = schema_for(version).ok_or_else(|| format!("{name}: format {version}?"))?;
@@ -182,7 +182,9 @@ fn verify_shard(
             ));
         }
         let rows: Vec<usize> = (0..expected.rows as usize).collect();
-        let samples = shard.read_rows(g, &rows, None).map_err(|e| e.to_string())?;
+        let samples = shard
+            .read_rows(g, &rows, None)
+            .map_err(|e| with_causes(&e))?;
         for (r, sample) in samples.iter().enumerate() {
             let row = expected.first_row + r as u64;
             if let Some(problem) = check_row(sample) {

@@ -244,3 +244,32 @@ fn verify_reports_a_shard_file_that_index_json_does_not_list() -> anyhow::Result
     );
     Ok(())
 }
+
+#[test]
+fn a_missing_shard_file_is_an_io_error_naming_its_path_once() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    write_dataset(dir.path(), 20, 10)?;
+    let missing = dir.path().join("shard-00001.parquet");
+    std::fs::remove_file(&missing)?;
+    let Err(err) = Dataset::open(dir.path()) else {
+        anyhow::bail!("a dataset missing a shard opened");
+    };
+    // The cause is kept as the source, not copied into the message.
+    let source = std::error::Error::source(&err).and_then(|s| s.downcast_ref::<std::io::Error>());
+    assert_eq!(
+        source.map(std::io::Error::kind),
+        Some(std::io::ErrorKind::NotFound),
+        "{err:?}"
+    );
+    let cause = std::io::Error::from(std::io::ErrorKind::NotFound).to_string();
+    let cause = source.map_or(cause, ToString::to_string);
+    assert_eq!(err.to_string(), missing.display().to_string());
+    // As the CLI prints it (and as anyhow's `{:#}` does): the path, then the cause, once each.
+    let printed = shards::with_causes(&err);
+    assert_eq!(printed, format!("{}: {cause}", missing.display()));
+    assert_eq!(format!("{:#}", anyhow::Error::new(err)), printed);
+    // verify names it the same way.
+    let report = shards::verify(dir.path())?;
+    assert_eq!(report.problems, vec![printed]);
+    Ok(())
+}

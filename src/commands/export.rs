@@ -1,5 +1,5 @@
 //! `tessera export --run DIR --out DIR`: projector safetensors (LLaVA keys), PEFT adapter
-//! (stage 2) and a config.json describing the VLM, from the run's latest complete checkpoint;
+//! (stage 2) and a config.json describing the VLM, from the run's newest complete checkpoint;
 //! with `--format llava-hf`, one directory transformers' `LlavaForConditionalGeneration` and
 //! `AutoProcessor` load (see `tessera_train::write_llava_hf`).
 use anyhow::Context;
@@ -24,7 +24,8 @@ pub(crate) enum Dtype {
 /// Arguments of `tessera export`.
 #[derive(clap::Args)]
 pub(crate) struct Args {
-    /// Run directory written by `tessera train` (its latest complete checkpoint is exported).
+    /// Run directory written by `tessera train` (its newest complete checkpoint is exported:
+    /// newer damaged or unfinished ones are passed over and named).
     #[arg(long)]
     pub run: PathBuf,
     /// Output directory (created if missing).
@@ -40,9 +41,11 @@ pub(crate) struct Args {
     /// trained f32 masters unrounded; f16 only for llava-hf).
     #[arg(long, value_enum, default_value_t = Dtype::Bf16)]
     pub dtype: Dtype,
-    /// llava-hf: tokenizer.json to ship with the processor files.
-    #[arg(long, default_value = ".deps/tokenizer/tokenizer.json")]
-    pub tokenizer: PathBuf,
+    /// llava-hf: tokenizer.json to ship with the processor files (default: the run's own copy,
+    /// RUN/tokenizer.json; one that is not the tokenizer the run's shards were made with is
+    /// refused).
+    #[arg(long)]
+    pub tokenizer: Option<PathBuf>,
 }
 
 pub(crate) fn run(args: Args) -> anyhow::Result<()> {
@@ -74,7 +77,7 @@ fn run_llava_hf(args: Args) -> anyhow::Result<()> {
             Dtype::F32 => "f32",
         })
         .context("weight dtype")?,
-        tokenizer: Some(args.tokenizer.clone()),
+        tokenizer: args.tokenizer.clone(),
         ..Default::default()
     };
     let (step, report) = tessera_train::export_llava_hf(&args.run, &args.out, &options)

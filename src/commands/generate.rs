@@ -1,24 +1,19 @@
 //! `tessera generate`: captions an image (`--image`) or held-out shard samples (`--shards`)
-//! with a run's latest checkpoint (`--run`) or a llava-hf export (`--model`). The image goes
-//! through the training loader (decode, resize policy, placeholder expansion), the prompt
-//! through the run's template (`plain`: the image alone, as LLaVA's stage 1; `chatml`: a user
-//! turn holding the framed image and the prompt, then the assistant header), and the model
-//! generates with a KV cache, greedily unless `--temperature` is set, until
-//! `<|endoftext|>`/`<|im_end|>` or `--max-new-tokens`.
-use anyhow::{anyhow, bail, Context};
-use pipeline::loader::{BadImagePolicy, Loader, LoaderConfig, ResizePolicy};
-use pipeline::{MicroBatch, MicroBatchPlan};
-use shards::{Kind, Sample};
+//! with a run's newest complete checkpoint and its tokenizer (`--run`) or a llava-hf export
+//! (`--model`), through `tessera_model::Captioner` (the training loader for the image, the
+//! model's chat template for the prompt, generation with a KV cache, greedily unless
+//! `--temperature` is set, until `<|endoftext|>`/`<|im_end|>` or `--max-new-tokens`).
+use anyhow::{bail, Context};
+use shards::Kind;
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
-use tessera_model::GenerateOptions;
-use tessera_train::{load_export_model, load_run_model, GenerationModel};
+use tessera_model::{held_out_prompt, image_sample, Captioner};
+use tessera_train::{load_export_model, load_run_model, RunDir};
 
 /// Arguments of `tessera generate`.
 #[derive(clap::Args)]
 pub(crate) struct Args {
-    /// Run directory written by `tessera train` (its latest complete checkpoint generates).
+    /// Run directory written by `tessera train` (its newest complete checkpoint generates).
     #[arg(long, required_unless_present = "model", conflicts_with = "model")]
     run: Option<PathBuf>,
     /// Directory written by `tessera export --format llava-hf`.
@@ -53,7 +48,8 @@ pub(crate) struct Args {
     /// With --shards: output file (default RUN/samples.jsonl, or ./samples.jsonl).
     #[arg(long)]
     out: Option<PathBuf>,
-    /// tokenizer.json (default: the export's own, or .deps/tokenizer/tokenizer.json for a run).
+    /// tokenizer.json (default: the export's own, or the run's, RUN/tokenizer.json; for a run,
+    /// one that is not the tokenizer its shards were made with is refused).
     #[arg(long)]
     tokenizer: Option<PathBuf>,
     /// Recompute the whole prefix at every step instead of caching keys and values.
@@ -61,162 +57,32 @@ pub(crate) struct Args {
     no_kv_cache: bool,
 }
 
-/// The model plus what turns text and images into its inputs.
-pub(crate) struct Captioner {
-    pub model: GenerationModel,
-    pub encoder: ingest::Encoder,
-    pub options: GenerateOptions,
-    loader: LoaderConfig,
-}
-
-impl Captioner {
-    pub(crate) fn load(
-        run: Option<&Path>,
-        export: Option<&Path>,
-        tokenizer: Option<&Path>,
-    ) -> anyhow::Result<Self> {
-        let (model, default_tokenizer) = match (run, export) {
-            (Some(run), _) => (
-                load_run_model(run).with_context(|| format!("loading run {}", run.display()))?,
-                PathBuf::from(".deps/tokenizer/tokenizer.json"),
-            ),
-            (None, Some(dir)) => (
-                load_export_model(dir)
-                    .with_context(|| format!("loading llava-hf export {}", dir.display()))?,
-                dir.join("tokenizer.json"),
-            ),
-            (None, None) => bail!("give --run or --model"),
-        };
-        let path = tokenizer.map_or(default_tokenizer, Path::to_path_buf);
-        let template: ingest::Template = model.template.parse().map_err(|e: String| anyhow!(e))?;
-        let encoder = ingest::Encoder::load(&path, template)
-            .with_context(|| format!("loading tokenizer {}", path.display()))?;
-        if let Some(expected) = &model.tokenizer_fingerprint {
-            if &encoder.fingerprint != expected {
-                bail!(
-                    "{} (sha256 {}) is not the tokenizer the run's shards were made with ({expected}); pass --tokenizer",
-                    path.display(),
-                    encoder.fingerprint
-                );
-            }
+/// The model of `--run` (its tokenizer checked against its shards') or of `--model`.
+fn load_captioner(
+    run: Option<&Path>,
+    export: Option<&Path>,
+    tokenizer: Option<&Path>,
+) -> anyhow::Result<Captioner> {
+    let (model, path) = match (run, export) {
+        (Some(run), _) => {
+            let context = || format!("loading run {}", run.display());
+            let path = RunDir::new(run)
+                .tokenizer_for(tokenizer)
+                .with_context(context)?;
+            (load_run_model(run).with_context(context)?, path)
         }
-        let generator = &model.generator;
-        if i64::from(encoder.image_pad_id) != generator.image_token_id() {
-            bail!(
-                "{}: <|image_pad|> is id {}, the model's image token is {}",
-                path.display(),
-                encoder.image_pad_id,
-                generator.image_token_id()
-            );
-        }
-        let stop_ids = ["<|endoftext|>", "<|im_end|>"]
-            .iter()
-            .filter_map(|t| encoder.tokenizer().token_to_id(t))
-            .map(i64::from)
-            .collect();
-        let vision = generator.vision();
-        let loader = LoaderConfig::builder()
-            .image_size(vision.image_size as usize)
-            .image_tokens(vision.num_patches() as usize)
-            .placeholder_id(encoder.image_pad_id)
-            .resize(match model.image_aspect_ratio.as_str() {
-                "pad" => ResizePolicy::Pad,
-                _ => ResizePolicy::Squash,
-            })
-            .threads(1)
-            .verify_checksums(false)
-            // A caption of a zero stand-in would look like an answer: an image that does not
-            // decode stops generation, naming the file or sample.
-            .on_bad_image(BadImagePolicy::Fail)
-            .build()?;
-        Ok(Self {
-            model,
-            encoder,
-            options: GenerateOptions {
-                stop_ids,
-                ..Default::default()
-            },
-            loader,
-        })
-    }
-
-    /// Prompt token ids (one `<|image_pad|>`) for an image and an optional instruction.
-    pub(crate) fn prompt_ids(&self, prompt: Option<&str>) -> anyhow::Result<Vec<u32>> {
-        let text = if self.model.template == "chatml" {
-            let prompt = prompt.unwrap_or("Describe the image.");
-            format!("<|im_start|>user\n<|vision_start|><|image_pad|><|vision_end|>\n{prompt}<|im_end|>\n<|im_start|>assistant\n")
-        } else {
-            if prompt.is_some() {
-                tracing::warn!(
-                    "the plain template (stage 1) takes no instruction; --prompt is ignored"
-                );
-            }
-            "<|image_pad|>".to_string()
-        };
-        let encoding = self
-            .encoder
-            .tokenizer()
-            .encode(text.as_str(), false)
-            .map_err(|e| anyhow!("tokenizing the prompt: {e}"))?;
-        Ok(encoding.get_ids().to_vec())
-    }
-
-    /// Micro-batches (one sample each) through the training loader: pixels and expanded ids.
-    pub(crate) fn batches(&self, samples: Vec<Sample>) -> anyhow::Result<Vec<MicroBatch>> {
-        let plans: Vec<MicroBatchPlan> = (0..samples.len() as u64)
-            .map(|i| MicroBatchPlan {
-                kind: Kind::Image,
-                rows: vec![vec![i]],
-                zero_loss: false,
-            })
-            .collect();
-        let ids: Vec<String> = samples.iter().map(|s| s.id.clone()).collect();
-        let loader = Loader::new(Arc::new(samples), plans, self.loader.clone());
-        loader
-            .zip(ids)
-            .map(|(mb, id)| mb.with_context(|| format!("preparing {id}")))
-            .collect()
-    }
-
-    /// Generated text (special tokens dropped) and token count for one micro-batch.
-    pub(crate) fn caption(&self, mb: &MicroBatch) -> anyhow::Result<(String, usize)> {
-        let generation = self
-            .model
-            .generator
-            .generate(&mb.input_ids, &mb.pixels, &self.options)
-            .with_context(|| format!("generating for {}", mb.sample_ids.join(",")))?;
-        let ids: Vec<u32> = generation.tokens.iter().map(|&t| t as u32).collect();
-        let text = self
-            .encoder
-            .tokenizer()
-            .decode(&ids, true)
-            .map_err(|e| anyhow!("decoding {ids:?}: {e}"))?;
-        Ok((text.trim().to_string(), ids.len()))
-    }
-}
-
-/// A prompt-only image sample (the shape the loader reads).
-pub(crate) fn image_sample(id: String, bytes: Vec<u8>, prompt: Vec<u32>) -> Sample {
-    let n = prompt.len();
-    Sample {
-        id,
-        kind: Kind::Image,
-        image: Some(bytes),
-        image_format: None,
-        width: 0,
-        height: 0,
-        conversation: Vec::new(),
-        label_mask: vec![false; n],
-        input_ids: prompt,
-        num_text_tokens: n as u32,
-        num_supervised_tokens: 0,
-        image_crc32c: None,
-        input_ids_crc32c: None,
-    }
+        (None, Some(dir)) => (
+            load_export_model(dir)
+                .with_context(|| format!("loading llava-hf export {}", dir.display()))?,
+            tokenizer.map_or_else(|| dir.join("tokenizer.json"), Path::to_path_buf),
+        ),
+        (None, None) => bail!("give --run or --model"),
+    };
+    Ok(model.into_captioner(&path)?)
 }
 
 pub(crate) fn run(args: Args) -> anyhow::Result<()> {
-    let mut captioner = Captioner::load(
+    let mut captioner = load_captioner(
         args.run.as_deref(),
         args.model.as_deref(),
         args.tokenizer.as_deref(),
@@ -236,7 +102,7 @@ pub(crate) fn run(args: Args) -> anyhow::Result<()> {
     }
     let dir = args.shards.as_deref().context("give --image or --shards")?;
     let out = args.out.clone().unwrap_or_else(|| match &args.run {
-        Some(run) => run.join("samples.jsonl"),
+        Some(run) => RunDir::new(run).samples(),
         None => PathBuf::from("samples.jsonl"),
     });
     caption_shards(&captioner, dir, args.limit, &out)?;
@@ -265,27 +131,9 @@ fn caption_shards(
     let mut references = Vec::new();
     let mut samples = Vec::new();
     for sample in dataset.read(&indices)? {
-        let cut = sample
-            .label_mask
-            .iter()
-            .position(|&s| s)
-            .unwrap_or(sample.input_ids.len());
-        let reference = sample
-            .conversation
-            .iter()
-            .find(|t| t.role == "gpt" || t.role == "assistant")
-            .map(|t| t.text.clone())
-            .unwrap_or_default();
-        references.push((sample.id.clone(), reference));
-        let bytes = sample
-            .image
-            .clone()
-            .with_context(|| format!("sample {} has no image", sample.id))?;
-        samples.push(image_sample(
-            sample.id,
-            bytes,
-            sample.input_ids[..cut].to_vec(),
-        ));
+        let (prompt, reference) = held_out_prompt(sample)?;
+        references.push((prompt.id.clone(), reference));
+        samples.push(prompt);
     }
     let mut file = std::io::BufWriter::new(
         std::fs::File::create(out).with_context(|| format!("creating {}", out.display()))?,

@@ -1,7 +1,6 @@
 //! `tessera ingest`: LLaVA json + images (folder or zip) -> verified parquet shards.
 use anyhow::Context;
 use ingest::{IngestConfig, Template};
-use std::io::IsTerminal;
 use std::path::PathBuf;
 
 /// Arguments of `tessera ingest`.
@@ -49,7 +48,8 @@ pub(crate) struct Args {
 }
 
 /// `quiet`: the global `--quiet` (no summary on stderr; failures still say everything).
-pub(crate) fn run(args: Args, quiet: bool) -> anyhow::Result<()> {
+/// `progress`: show a progress bar (a terminal, and no `--quiet` or NO_PROGRESS).
+pub(crate) fn run(args: Args, quiet: bool, progress: bool) -> anyhow::Result<()> {
     let upload_to = remote::is_remote(&args.out).then(|| args.out.clone());
     let default_staging = upload_to.is_some() && args.staging.is_none();
     let local_out = match (&upload_to, &args.staging) {
@@ -70,7 +70,7 @@ pub(crate) fn run(args: Args, quiet: bool) -> anyhow::Result<()> {
     config.resume = args.resume;
     config.max_rejected_fraction = args.max_rejected_fraction;
     config.max_pixels = args.max_pixels;
-    config.progress = std::io::stderr().is_terminal() && std::env::var_os("NO_PROGRESS").is_none();
+    config.progress = progress;
     let summary =
         ingest::run(&config).with_context(|| format!("ingest into {}", config.out.display()))?;
     if !quiet {

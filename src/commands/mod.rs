@@ -27,7 +27,4 @@ pub(crate) fn init_logging(quiet: bool) {
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_target(false)
         .init();
-    if quiet {
-        std::env::set_var("NO_PROGRESS", "1");
-    }
 }

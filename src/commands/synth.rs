@@ -31,8 +31,10 @@ pub(crate) struct Args {
     workers: Option<usize>,
 }
 
-pub(crate) fn run(args: Args) -> anyhow::Result<()> {
+/// `progress`: show a progress bar (a terminal, and no `--quiet` or NO_PROGRESS).
+pub(crate) fn run(args: Args, progress: bool) -> anyhow::Result<()> {
     let mut cfg = SynthConfig::new(&args.out, args.samples);
+    cfg.progress = progress;
     cfg.text_only_fraction = args.text_only_fraction;
     cfg.photos = args.photos;
     cfg.zip = args.zip;

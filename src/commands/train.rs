@@ -14,7 +14,7 @@ pub(crate) struct Args {
     config: Option<PathBuf>,
     #[command(flatten)]
     knobs: ConfigLayer,
-    /// Continue from the latest complete checkpoint in --out (its run record must match).
+    /// Continue from the newest complete checkpoint in --out (its run record must match).
     #[arg(long)]
     resume: bool,
     /// With --resume: run-record keys allowed to differ from the checkpoint's (e.g. lr,seed).
@@ -25,7 +25,9 @@ pub(crate) struct Args {
     overwrite: bool,
 }
 
-pub(crate) fn run(args: Args) -> anyhow::Result<()> {
+/// `progress`: one overwritten progress line per step (a terminal, and no `--quiet` or
+/// NO_PROGRESS).
+pub(crate) fn run(args: Args, progress: bool) -> anyhow::Result<()> {
     let file = match &args.config {
         Some(path) => ConfigLayer::from_file(path)?,
         None => ConfigLayer::default(),
@@ -36,6 +38,7 @@ pub(crate) fn run(args: Args) -> anyhow::Result<()> {
         resume: args.resume,
         overwrite: args.overwrite,
         resume_changing: args.resume_changing,
+        progress,
     };
     let rank_env =
         tessera_fsdp::dist::RankEnv::from_env().context("reading the torchrun environment")?;

@@ -16,10 +16,10 @@ pub(crate) fn write_zip(
 ) -> Result<(), SynthError> {
     shards::write_atomically_with(zip_path, |file, tmp| {
         let mut zip = ZipWriter::new(file);
-        let zip_err = |entry: &str, error| SynthError::Zip {
+        let zip_err = |entry: &str, source| SynthError::Zip {
             path: tmp.to_path_buf(),
             entry: entry.to_string(),
-            error,
+            source,
         };
         for &entry in entries {
             let source = images_dir.join(entry);

@@ -1,37 +1,36 @@
 //! The error type of `tessera synth`.
 use std::path::{Path, PathBuf};
 
-/// Wrapped library errors are part of the message and deliberately not `source()` (as in
-/// `shards` and `ingest`): anyhow's `{:#}` prints the whole chain, so a source that the message
-/// also shows would print twice.
-/// Errors of `tessera synth`; each names the file, folder or sample it concerns.
+/// Errors of `tessera synth`; each names the file, folder or sample it concerns. A wrapped
+/// library error is the `source()`, never part of the message (as in `shards` and `ingest`):
+/// the CLI's chain printer shows each once.
 #[derive(Debug, thiserror::Error)]
 pub enum SynthError {
     #[error("invalid synth settings: {0}")]
     Config(String),
-    #[error("{path}: {error}")]
+    #[error("{path}")]
     Io {
         path: PathBuf,
-        error: std::io::Error,
+        source: std::io::Error,
     },
-    #[error("sample {id}: encoding JPEG for {path}: {error}")]
+    #[error("sample {id}: encoding JPEG for {path}")]
     Encode {
         id: String,
         path: PathBuf,
-        error: image::ImageError,
+        source: image::ImageError,
     },
     #[error("no readable photographs (.jpg, .jpeg, .png, .webp) under {0}")]
     NoPhotos(PathBuf),
-    #[error("{path}: adding zip entry {entry}: {error}")]
+    #[error("{path}: adding zip entry {entry}")]
     Zip {
         path: PathBuf,
         entry: String,
-        error: zip::result::ZipError,
+        source: zip::result::ZipError,
     },
-    #[error("{path}: writing json: {error}")]
+    #[error("{path}: writing json")]
     Json {
         path: PathBuf,
-        error: serde_json::Error,
+        source: serde_json::Error,
     },
     /// Creating, syncing or renaming an output file (`shards::write_atomically_with`).
     #[error(transparent)]
@@ -39,10 +38,10 @@ pub enum SynthError {
 }
 
 impl SynthError {
-    pub(crate) fn io(path: &Path, error: std::io::Error) -> Self {
+    pub(crate) fn io(path: &Path, source: std::io::Error) -> Self {
         SynthError::Io {
             path: path.to_path_buf(),
-            error,
+            source,
         }
     }
 }
@@ -64,19 +63,19 @@ mod tests {
         let zip = SynthError::Zip {
             path: "out/.images.zip.tmp".into(),
             entry: "00000/000000001.jpg".into(),
-            error: zip::result::ZipError::FileNotFound,
+            source: zip::result::ZipError::FileNotFound,
         };
         assert_cause_printed_once(zip, &zip::result::ZipError::FileNotFound.to_string());
         let json = serde_json::from_str::<u32>("{").expect_err("not json");
         let cause = json.to_string();
         let json = SynthError::Json {
             path: "out/blip_laion_cc_sbu_558k.json".into(),
-            error: json,
+            source: json,
         };
         assert_cause_printed_once(json, &cause);
         let output = shards::ShardError::Io {
             path: "out/.blip_laion_cc_sbu_558k.json.tmp".into(),
-            error: std::io::Error::other("read-only file system"),
+            source: std::io::Error::other("read-only file system"),
         };
         assert_cause_printed_once(SynthError::from(output), "read-only file system");
         let encode = image::ImageError::Limits(image::error::LimitError::from_kind(
@@ -86,7 +85,7 @@ mod tests {
         let encode = SynthError::Encode {
             id: "000000001".into(),
             path: "out/images/00000/000000001.jpg".into(),
-            error: encode,
+            source: encode,
         };
         assert_cause_printed_once(encode, &cause);
     }

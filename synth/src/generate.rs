@@ -7,7 +7,6 @@ use crate::{sample_rng, scene, sizes, text_only, SynthConfig, SynthError, SynthR
 use image::codecs::jpeg::JpegEncoder;
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
-use std::io::IsTerminal;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
@@ -51,7 +50,11 @@ pub fn generate(cfg: &SynthConfig) -> Result<SynthReport, SynthError> {
         photos: photos.as_ref(),
         images_dir: &images_dir,
     };
-    let progress = progress_bar(cfg.samples);
+    let progress = if cfg.progress {
+        indicatif::ProgressBar::new(cfg.samples as u64)
+    } else {
+        indicatif::ProgressBar::hidden()
+    };
     let next = AtomicUsize::new(0);
     let failed = AtomicBool::new(false);
     let made: Vec<Vec<Made>> = std::thread::scope(|s| {
@@ -164,10 +167,10 @@ fn make_sample(ctx: &Context, index: usize) -> Result<(LlavaRecord, u64), SynthE
     let mut jpeg = Vec::with_capacity(64 * 1024);
     JpegEncoder::new_with_quality(&mut jpeg, JPEG_QUALITY)
         .encode_image(&image)
-        .map_err(|error| SynthError::Encode {
+        .map_err(|source| SynthError::Encode {
             id: id.clone(),
             path: path.clone(),
-            error,
+            source,
         })?;
     let folder = ctx.images_dir.join(layout::folder_of(&id));
     std::fs::create_dir_all(&folder).map_err(|e| SynthError::io(&folder, e))?;
@@ -178,12 +181,4 @@ fn make_sample(ctx: &Context, index: usize) -> Result<(LlavaRecord, u64), SynthE
         conversations: vec![Turn::human(request), Turn::gpt(caption)],
     };
     Ok((record, jpeg.len() as u64))
-}
-
-/// A progress bar on a terminal only, hidden with NO_PROGRESS (or `--quiet`).
-fn progress_bar(len: usize) -> indicatif::ProgressBar {
-    if std::env::var_os("NO_PROGRESS").is_some() || !std::io::stderr().is_terminal() {
-        return indicatif::ProgressBar::hidden();
-    }
-    indicatif::ProgressBar::new(len as u64)
 }

@@ -107,9 +107,9 @@ pub(crate) fn write_image(path: &Path, bytes: &[u8]) -> Result<(), SynthError> {
 /// Writes the record list as compact JSON, atomically and durably.
 pub(crate) fn write_json(path: &Path, records: &[LlavaRecord]) -> Result<(), SynthError> {
     shards::write_atomically_with(path, |file, tmp| {
-        serde_json::to_writer(file, records).map_err(|error| SynthError::Json {
+        serde_json::to_writer(file, records).map_err(|source| SynthError::Json {
             path: tmp.to_path_buf(),
-            error,
+            source,
         })
     })
 }

@@ -53,10 +53,13 @@ pub struct SynthConfig {
     pub seed: u64,
     /// Worker threads; 1 turns parallelism off (the output is the same either way).
     pub workers: usize,
+    /// Show a progress bar (the caller decides: a terminal, and no `--quiet` or NO_PROGRESS).
+    pub progress: bool,
 }
 
 impl SynthConfig {
-    /// Defaults: no text-only records, drawn scenes, no zip, seed 0, one worker per core.
+    /// Defaults: no text-only records, drawn scenes, no zip, seed 0, one worker per core, no
+    /// progress bar.
     pub fn new(out: impl Into<PathBuf>, samples: usize) -> Self {
         SynthConfig {
             out: out.into(),
@@ -66,6 +69,7 @@ impl SynthConfig {
             zip: false,
             seed: 0,
             workers: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            progress: false,
         }
     }
 

@@ -19,7 +19,11 @@ pub(crate) fn read_metrics(path: &Path) -> Result<Vec<Step>> {
     let text =
         std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
     let mut steps = Vec::new();
-    for (i, line) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
+    for (i, line) in text
+        .lines()
+        .enumerate()
+        .filter(|(_, l)| !l.trim().is_empty())
+    {
         let at = || format!("{} line {}", path.display(), i + 1);
         let v: serde_json::Value = serde_json::from_str(line).with_context(at)?;
         let unsigned = |key: &str| v.get(key).and_then(serde_json::Value::as_u64);

@@ -1,11 +1,10 @@
 //! `LoaderConfig`: image size, token ids, resize and bad-image policies, thread count.
 //! Built through `LoaderConfig::builder()`, whose `build()` rejects unusable values.
 use super::LoaderError;
+use tessera_switches::Switches;
 
-/// Qwen2's `<|endoftext|>`, used to pad rows.
-pub const DEFAULT_PAD_ID: u32 = 151_643;
-/// Environment variable that overrides the worker count (`1` turns parallelism off).
-pub const THREADS_ENV: &str = "TESSERA_LOADER_THREADS";
+/// The id that pads rows: Qwen2's `<|endoftext|>`.
+pub const DEFAULT_PAD_ID: u32 = shards::chat::END_OF_TEXT_ID;
 
 /// How an image becomes `size x size`. Named `squash` / `pad` in TOML, JSON and (with the
 /// `clap` feature) on the command line.
@@ -71,7 +70,8 @@ impl LoaderConfig {
 }
 
 /// Builder for `LoaderConfig`; defaults: 384 px, 729 tokens (SigLIP so400m/14 at 384), Qwen ids,
-/// squash, skip, threads from `TESSERA_LOADER_THREADS` or the core count, prefetch 2 per thread.
+/// squash, skip, threads from [`LoaderConfigBuilder::threads`], else `TESSERA_LOADER_THREADS`,
+/// else the core count; prefetch 2 per thread.
 #[derive(Clone, Debug, Default)]
 pub struct LoaderConfigBuilder {
     image_size: Option<usize>,
@@ -115,7 +115,8 @@ impl LoaderConfigBuilder {
         self.on_bad_image = v;
         self
     }
-    /// Worker threads; `TESSERA_LOADER_THREADS`, when set, wins over this.
+    /// Worker threads; this wins over `TESSERA_LOADER_THREADS`, which only replaces the
+    /// default (the core count).
     pub fn threads(mut self, v: usize) -> Self {
         self.threads = Some(v);
         self
@@ -141,14 +142,11 @@ impl LoaderConfigBuilder {
         if image_tokens == 0 {
             return Err(LoaderError::Config("0 image tokens per image".into()));
         }
-        let threads = match std::env::var(THREADS_ENV) {
-            Ok(v) => v.trim().parse::<usize>().map_err(|_| {
-                LoaderError::Config(format!("{THREADS_ENV}={v:?} is not a thread count"))
-            })?,
-            Err(_) => self
-                .threads
-                .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get())),
-        };
+        // An explicit count wins; TESSERA_LOADER_THREADS only replaces the default.
+        let threads = self
+            .threads
+            .or(Switches::get().loader_threads)
+            .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
         if threads == 0 {
             return Err(LoaderError::Config("0 worker threads".into()));
         }

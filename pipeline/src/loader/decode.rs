@@ -9,8 +9,7 @@
 /// Larger images are refused as decompression bombs (PIL warns at 89 M pixels).
 pub const MAX_PIXELS: u64 = 100_000_000;
 
-/// Why bytes did not become an RGB image. The decoders' own errors are part of the message
-/// (they are the innermost cause; nothing else prints them).
+/// Why bytes did not become an RGB image. A decoder's own error is the `source()`.
 #[derive(Debug, thiserror::Error)]
 pub enum DecodeError {
     #[error("not a JPEG, PNG or WebP (unknown magic bytes)")]
@@ -28,13 +27,13 @@ pub enum DecodeError {
         requested: u32,
     },
     /// `zune-jpeg` (full-size decodes) failed.
-    #[error("JPEG: {error}")]
+    #[error("JPEG")]
     Zune {
-        error: zune_jpeg::errors::DecodeErrors,
+        source: zune_jpeg::errors::DecodeErrors,
     },
     /// `jpeg-decoder` (DCT-scaled decodes, CMYK) failed.
-    #[error("JPEG: {error}")]
-    JpegDecoder { error: jpeg_decoder::Error },
+    #[error("JPEG")]
+    JpegDecoder { source: jpeg_decoder::Error },
     #[error("JPEG decoded without frame info")]
     NoFrameInfo,
     /// The decoder's output does not hold `width x height` pixels of its format.
@@ -46,10 +45,10 @@ pub enum DecodeError {
         channels: usize,
     },
     /// PNG or WebP, through the `image` crate.
-    #[error("{format:?}: {error}")]
+    #[error("{format:?}")]
     Image {
         format: image::ImageFormat,
-        error: image::ImageError,
+        source: image::ImageError,
     },
 }
 
@@ -129,7 +128,7 @@ fn decode_jpeg(
         .jpeg_set_out_colorspace(ColorSpace::RGB);
     let mut zune = zune_jpeg::JpegDecoder::new_with_options(ZCursor::new(bytes), options);
     zune.decode_headers()
-        .map_err(|error| DecodeError::Zune { error })?;
+        .map_err(|source| DecodeError::Zune { source })?;
     let (w, h) = zune.dimensions().ok_or(DecodeError::NoFrameSize)?;
     let (w, h) = (w as u32, h as u32);
     check_size(w, h)?;
@@ -163,7 +162,7 @@ fn decode_jpeg(
         data.resize(len, 0);
     }
     zune.decode_into(&mut data)
-        .map_err(|error| DecodeError::Zune { error })?;
+        .map_err(|source| DecodeError::Zune { source })?;
     Ok((
         RgbImage {
             width: w,
@@ -188,10 +187,10 @@ pub fn decode_jpeg_scaled(bytes: &[u8], req_w: u32, req_h: u32) -> Result<RgbIma
     };
     let (w, h) = dec
         .scale(side(req_w)?, side(req_h)?)
-        .map_err(|error| DecodeError::JpegDecoder { error })?;
+        .map_err(|source| DecodeError::JpegDecoder { source })?;
     let raw = dec
         .decode()
-        .map_err(|error| DecodeError::JpegDecoder { error })?;
+        .map_err(|source| DecodeError::JpegDecoder { source })?;
     let info = dec.info().ok_or(DecodeError::NoFrameInfo)?;
     let (w, h) = (w as u32, h as u32);
     let px = w as usize * h as usize;
@@ -229,7 +228,7 @@ fn cmyk_to_rgb(p: &[u8]) -> [u8; 3] {
 }
 
 fn decode_with_image(bytes: &[u8], format: image::ImageFormat) -> Result<RgbImage, DecodeError> {
-    let failed = |error| DecodeError::Image { format, error };
+    let failed = |source| DecodeError::Image { format, source };
     let mut reader = image::ImageReader::with_format(std::io::Cursor::new(bytes), format);
     reader.no_limits();
     let (w, h) = reader.into_dimensions().map_err(failed)?;

@@ -1,8 +1,8 @@
 //! The loader's error type: every message names the sample (or the config field) at fault.
 //!
 //! Errors of other tessera crates (`shards`) and of the loader's own stages (`decode`, `resize`)
-//! are kept as `source()` and left out of the message, so anyhow's `{:#}` prints each cause once;
-//! [`LoaderError::with_causes`] gives the same text for a log line.
+//! are kept as `source()` and left out of the message, so the CLI's chain printer prints each
+//! cause once; [`shards::with_causes`] gives the same text for a log line.
 use super::decode::DecodeError;
 use super::resize::ResizeError;
 
@@ -88,18 +88,6 @@ impl LoaderError {
                 }
         )
     }
-
-    /// The message and every cause, joined by `": "` (what anyhow's `{:#}` prints).
-    pub fn with_causes(&self) -> String {
-        let mut text = self.to_string();
-        let mut cause = std::error::Error::source(self);
-        while let Some(error) = cause {
-            text.push_str(": ");
-            text.push_str(&error.to_string());
-            cause = error.source();
-        }
-        text
-    }
 }
 
 #[cfg(test)]
@@ -116,7 +104,7 @@ mod tests {
     fn every_wrapped_error_prints_once() {
         let shard = shards::ShardError::Io {
             path: "shard-00003.parquet".into(),
-            error: std::io::Error::other("disk on fire"),
+            source: std::io::Error::other("disk on fire"),
         };
         let read = LoaderError::Read {
             indices: vec![4, 5],
@@ -145,7 +133,7 @@ mod tests {
             source: DecodeError::UnknownFormat,
         };
         assert_eq!(
-            error.with_causes(),
+            shards::with_causes(&error),
             "sample s-3: decoding its image: not a JPEG, PNG or WebP (unknown magic bytes)"
         );
         assert!(error.is_bad_image());

@@ -36,9 +36,7 @@ mod source;
 mod stats;
 mod worker;
 
-pub use config::{
-    BadImagePolicy, LoaderConfig, LoaderConfigBuilder, ResizePolicy, DEFAULT_PAD_ID, THREADS_ENV,
-};
+pub use config::{BadImagePolicy, LoaderConfig, LoaderConfigBuilder, ResizePolicy, DEFAULT_PAD_ID};
 pub use error::LoaderError;
 pub use pool::Loader;
 pub use source::SampleSource;

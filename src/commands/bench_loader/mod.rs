@@ -11,13 +11,15 @@ use pipeline::loader::{LoaderConfig, ResizePolicy, SampleSource};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Arc;
+use tessera_switches::Switches;
 
 /// Arguments of `tessera bench loader`.
 #[derive(clap::Args)]
 pub(crate) struct Args {
     /// Shard directory (with index.json): a path, or a URL (s3://, gs://, az://, https://);
     /// a URL is benchmarked against the same shards downloaded to local disk, cold and warm
-    /// cache ($TESSERA_REMOTE_LATENCY_MS adds a delay per request).
+    /// cache ($TESSERA_REMOTE_LATENCY_MS adds a delay per request in a build with the
+    /// `test-hooks` feature).
     #[arg(long)]
     shards: String,
     /// Worker threads, for tessera, decode-only and the PIL reference alike.
@@ -314,8 +316,8 @@ fn run_reference(
 
 /// $TESSERA_REFERENCE_LOADER, else ../shared/bench/pil_reference_loader.py next to the repo.
 fn reference_script() -> Option<PathBuf> {
-    if let Some(p) = std::env::var_os("TESSERA_REFERENCE_LOADER") {
-        return Some(PathBuf::from(p));
+    if let Some(p) = &Switches::get().reference_loader {
+        return Some(p.clone());
     }
     let rel = Path::new("../shared/bench/pil_reference_loader.py");
     [
@@ -331,8 +333,9 @@ fn reference_script() -> Option<PathBuf> {
 /// numpy.
 fn python_with_pillow() -> Option<PathBuf> {
     let venv = Path::new(env!("CARGO_MANIFEST_DIR")).join(".deps/venv/bin/python3");
-    let candidates = std::env::var_os("TESSERA_PYTHON")
-        .map(PathBuf::from)
+    let candidates = Switches::get()
+        .python
+        .clone()
         .into_iter()
         .chain([venv, PathBuf::from("python3")]);
     for python in candidates {

@@ -115,7 +115,7 @@ pub(super) fn run(args: &Args) -> anyhow::Result<()> {
         "url": url,
         "threads": config.threads,
         "images": work.image_indices.len(),
-        "latency_ms": std::env::var(remote::LATENCY_ENV).ok(),
+        "latency_ms": cold_files.latency().as_millis() as u64,
         "local_images_per_s": local_rate,
         "cold_images_per_s": cold_rate,
         "warm_images_per_s": warm_rate,

@@ -33,8 +33,8 @@ mod optim_tests;
 mod state;
 mod unit;
 
-pub use full_state::OPTIMIZER_STEP_KEY;
 pub use engine::{Fsdp, FsdpConfig, MemoryReport, StepStats};
+pub use full_state::OPTIMIZER_STEP_KEY;
 pub use optim::{AdamWConfig, ParamGroup};
 pub use state::{BufferLayout, ParamSlice, ShardView};
 pub use unit::{ParamMap, ParamSource, ParamSpec, SourceError, Unit};

@@ -14,6 +14,7 @@
 //! `=f32` overrides it. CUDA tensors and f32 tensors always take the plain kernels.
 use std::sync::OnceLock;
 use tch::{Device, Kind, Tensor};
+use tessera_switches::{Bf16Gemm, Switches};
 use tessera_sys::kernels::tc_widened_linear;
 
 /// Fewer rows than this keep the native kernel whatever the mode: below it, widening the
@@ -31,14 +32,14 @@ pub enum CpuBf16Gemm {
 }
 
 impl CpuBf16Gemm {
-    /// `TESSERA_CPU_BF16_GEMM` (`native` | `f32`) if set, else [`Self::detect`]; read once.
+    /// `TESSERA_CPU_BF16_GEMM` (`native` | `f32`) if set, else [`Self::detect`] (once).
     pub fn current() -> Self {
-        static MODE: OnceLock<CpuBf16Gemm> = OnceLock::new();
-        *MODE.get_or_init(|| match std::env::var("TESSERA_CPU_BF16_GEMM").as_deref() {
-            Ok("native") => CpuBf16Gemm::Native,
-            Ok("f32") => CpuBf16Gemm::ViaF32,
-            _ => Self::detect(),
-        })
+        static DETECTED: OnceLock<CpuBf16Gemm> = OnceLock::new();
+        match Switches::get().cpu_bf16_gemm {
+            Some(Bf16Gemm::Native) => CpuBf16Gemm::Native,
+            Some(Bf16Gemm::F32) => CpuBf16Gemm::ViaF32,
+            None => *DETECTED.get_or_init(Self::detect),
+        }
     }
 
     /// `Native` when the CPU has bf16 arithmetic (`avx512_bf16` or `amx_bf16` in

@@ -225,8 +225,8 @@ pub(super) fn lm_config_json(cfg: &Qwen2Config) -> serde_json::Value {
         "tie_word_embeddings": cfg.tie_word_embeddings,
         "use_sliding_window": false,
         "attention_dropout": 0.0,
-        "bos_token_id": 151_643,
-        "eos_token_id": 151_643,
+        "bos_token_id": shards::chat::END_OF_TEXT_ID,
+        "eos_token_id": shards::chat::END_OF_TEXT_ID,
         "torch_dtype": "float32",
     })
 }

@@ -13,11 +13,14 @@
 //! 4. `vlm.rs`: the unit chain (`vision.embeddings`, `vision.layers.{i}`, `projector`, `embed`,
 //!    `layers.{i}`, `head`; `vlm_units.rs`) that FSDP runs over the per-micro-batch context
 //!    [`VlmCtx`] (`ctx.rs`), and [`Vlm::loss`], the plain composition.
-//! 5. `generate.rs`: inference with a KV cache (greedy or top-p); `llava.rs` and `sharded.rs`:
-//!    transformers' `LlavaForConditionalGeneration` config, keys and sharded checkpoints.
+//! 5. `generate.rs`: inference with a KV cache (greedy or top-p), and beside it `caption.rs`:
+//!    [`Captioner`], the generator with its tokenizer, chat template and image loader (what
+//!    `tessera generate` runs); `llava.rs` and `sharded.rs`: transformers'
+//!    `LlavaForConditionalGeneration` config, keys and sharded checkpoints.
 //! 6. `init.rs`: random-weight checkpoints for `tessera init-model`; `throughput.rs` (feature
 //!    `bench`): the forward+backward measurement of `benches/model.rs`.
 mod attention;
+mod caption;
 mod config;
 mod ctx;
 mod dtype;
@@ -43,6 +46,7 @@ mod vlm_units;
 mod weights;
 
 pub use attention::{attend, attend_spans, block_causal_mask, row_spans, Span};
+pub use caption::{held_out_prompt, image_sample, CaptionError, Captioner, DEFAULT_INSTRUCTION};
 pub use config::read_json as read_config_json;
 pub use config::{LoraConfig, Qwen2Config, RopeParameters, SiglipVisionConfig};
 pub use ctx::VlmCtx;

@@ -18,7 +18,7 @@ pub(super) fn default_chunk(vocab: i64) -> i64 {
 }
 
 /// Σ_t CE(h_t Wᵀ, target_t) for `hidden` `[n, D]`, `weight` `[V, D]` and `targets` `[n]`
-/// (every target supervised, none -100).
+/// (every target supervised, none `IGNORE_INDEX`).
 pub fn chunked_cross_entropy_sum(
     hidden: &Tensor,
     weight: &Tensor,
@@ -110,7 +110,7 @@ pub fn full_cross_entropy_sum(hidden: &Tensor, weight: &Tensor, targets: &Tensor
         targets,
         None,
         tch::Reduction::Sum,
-        -100,
+        pipeline::IGNORE_INDEX,
         0.0,
     )
 }

@@ -8,6 +8,7 @@
 use super::{ModelError, Result};
 use std::ffi::c_char;
 use tch::{Device, TchError, Tensor};
+use tessera_switches::Switches;
 use tessera_sys::stream::{
     tc_side_upload_begin, tc_side_upload_end, tc_side_upload_free, tc_side_upload_wait,
     RawSideUpload,
@@ -37,9 +38,7 @@ impl SideUpload {
         let Device::Cuda(index) = device else {
             return Ok(None);
         };
-        // Read once per process, not on every micro-batch.
-        static OFF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-        if *OFF.get_or_init(|| std::env::var("TESSERA_SIDE_STREAM").is_ok_and(|v| v == "0")) {
+        if !Switches::get().side_stream {
             return Ok(None);
         }
         let mut raw = std::ptr::null_mut();

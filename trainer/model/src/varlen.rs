@@ -9,6 +9,7 @@
 use super::attention::Span;
 use super::ctx::upload;
 use tch::{Device, Tensor};
+use tessera_switches::Switches;
 use tessera_sys::kernels::tc_varlen_causal_attention;
 use tessera_sys::C_tensor;
 
@@ -127,5 +128,5 @@ pub fn emulate_varlen(q: &Tensor, k: &Tensor, v: &Tensor, bounds: &[i64], scale:
 /// `TESSERA_DENSE_ATTENTION=1` asks for the dense block-causal mask (to compare, or to fall
 /// back where the kernels are unavailable).
 pub(super) fn use_varlen(device: Device) -> bool {
-    device.is_cuda() && std::env::var("TESSERA_DENSE_ATTENTION").map_or(true, |v| v != "1")
+    device.is_cuda() && !Switches::get().dense_attention
 }

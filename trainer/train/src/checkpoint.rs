@@ -31,6 +31,7 @@
 //! [`CheckpointWriter::finish_rank`]; after a barrier rank 0 calls [`CheckpointWriter::commit`],
 //! which checks all W manifests, writes `meta.json` and renames the folder. A `.tmp` folder is
 //! never read; a complete one whose files do not hash as their manifest says is refused.
+use super::run_dir::RunDir;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -158,10 +159,6 @@ pub struct RankState {
     pub seed: u64,
 }
 
-pub(super) fn step_dir_name(step: u64) -> String {
-    format!("step-{step:08}")
-}
-
 pub(super) fn rank_dir_name(rank: usize) -> String {
     format!("rank-{rank:05}")
 }
@@ -203,16 +200,15 @@ pub(super) struct CheckpointWriter {
 
 impl CheckpointWriter {
     /// Creates `checkpoints/step-N.tmp/rank-R/` (empty; a leftover from a crash is replaced).
-    pub(super) fn begin(run_dir: &Path, step: u64, rank: usize) -> Result<Self, CheckpointError> {
-        let root = run_dir.join("checkpoints");
-        let tmp_root = root.join(format!("{}.tmp", step_dir_name(step)));
+    pub(super) fn begin(run: &RunDir, step: u64, rank: usize) -> Result<Self, CheckpointError> {
+        let tmp_root = run.unfinished_checkpoint(step);
         let rank_dir = tmp_root.join(rank_dir_name(rank));
         if rank_dir.exists() {
             std::fs::remove_dir_all(&rank_dir).map_err(io_err(&rank_dir))?;
         }
         std::fs::create_dir_all(&rank_dir).map_err(io_err(&rank_dir))?;
         Ok(CheckpointWriter {
-            final_root: root.join(step_dir_name(step)),
+            final_root: run.checkpoint(step),
             tmp_root,
             rank_dir,
         })
@@ -288,39 +284,20 @@ fn shown(value: &str) -> &str {
     }
 }
 
-/// A complete checkpoint, opened for reading.
+/// A committed checkpoint, opened for reading. Which one a run resumes, exports or generates
+/// from is [`RunDir::newest_complete_checkpoint`]'s answer: committed and verified.
 #[derive(Debug)]
 pub struct Checkpoint {
     pub dir: PathBuf,
     pub meta: CheckpointMeta,
+    /// Every rank's files hashed as their manifests say ([`Checkpoint::verify`]): reading a
+    /// rank's folder does not hash them again.
+    verified: bool,
 }
 
 impl Checkpoint {
-    /// The complete checkpoint with the highest step under `run_dir/checkpoints`, if any.
-    /// `.tmp` folders (a write that never committed) are ignored.
-    pub fn latest(run_dir: &Path) -> Result<Option<Checkpoint>, CheckpointError> {
-        let root = run_dir.join("checkpoints");
-        if !root.is_dir() {
-            return Ok(None);
-        }
-        let mut best: Option<(u64, PathBuf)> = None;
-        for entry in std::fs::read_dir(&root).map_err(io_err(&root))? {
-            let path = entry.map_err(io_err(&root))?.path();
-            let name = path.file_name().map(|n| n.to_string_lossy().into_owned());
-            let step = name
-                .as_deref()
-                .and_then(|n| n.strip_prefix("step-"))
-                .and_then(|n| n.parse::<u64>().ok());
-            if let Some(step) = step.filter(|_| path.is_dir()) {
-                if best.as_ref().is_none_or(|(s, _)| step > *s) {
-                    best = Some((step, path));
-                }
-            }
-        }
-        best.map(|(_, dir)| Checkpoint::open(&dir)).transpose()
-    }
-
-    /// Reads `meta.json` of a complete checkpoint folder (format 1 or 2).
+    /// Reads `meta.json` of a committed checkpoint folder (formats 1 to 4); its files are
+    /// checked as each rank's folder is read, or all at once by [`Checkpoint::verify`].
     pub fn open(dir: &Path) -> Result<Checkpoint, CheckpointError> {
         let meta: CheckpointMeta = read_json(dir, &dir.join(META))?;
         if !(1..=FORMAT_VERSION).contains(&meta.format_version) {
@@ -335,7 +312,17 @@ impl Checkpoint {
         Ok(Checkpoint {
             dir: dir.to_path_buf(),
             meta,
+            verified: false,
         })
+    }
+
+    /// Checks every rank's files against its manifest (all `world_size` ranks wrote one).
+    pub fn verify(&mut self) -> Result<(), CheckpointError> {
+        for rank in 0..self.meta.world_size {
+            self.rank_dir(rank)?;
+        }
+        self.verified = true;
+        Ok(())
     }
 
     /// Refuses a checkpoint of an old format (or format 2 at another world size), another
@@ -404,9 +391,13 @@ impl Checkpoint {
         Ok(())
     }
 
-    /// This rank's folder, after checking every file hashes as its manifest says.
+    /// This rank's folder, after checking every file hashes as its manifest says (once: a
+    /// verified checkpoint's files are not hashed again).
     pub fn rank_dir(&self, rank: usize) -> Result<PathBuf, CheckpointError> {
         let dir = self.dir.join(rank_dir_name(rank));
+        if self.verified {
+            return Ok(dir);
+        }
         let manifest: BTreeMap<String, String> = read_json(&self.dir, &dir.join(MANIFEST))?;
         for (name, want) in &manifest {
             let path = dir.join(name);
@@ -433,45 +424,32 @@ impl Checkpoint {
     }
 }
 
-/// Keeps the last `keep_last` complete checkpoints under `run_dir/checkpoints` plus every one
+/// Keeps the last `keep_last` committed checkpoints under `RUN/checkpoints` plus every one
 /// whose step is a multiple of `keep_every` (0 = none), and removes the rest, along with
 /// uncommitted `.tmp` folders of earlier steps (a killed write). Returns the removed steps.
 /// Rank 0 calls it after a commit, when no other write is under way.
 pub(super) fn prune(
-    run_dir: &Path,
+    run: &RunDir,
     keep_last: usize,
     keep_every: u64,
 ) -> Result<Vec<u64>, CheckpointError> {
-    let root = run_dir.join("checkpoints");
-    let mut complete: Vec<(u64, PathBuf)> = Vec::new();
-    let mut unfinished: Vec<(u64, PathBuf)> = Vec::new();
-    for entry in std::fs::read_dir(&root).map_err(io_err(&root))? {
-        let path = entry.map_err(io_err(&root))?.path();
-        let name = path.file_name().map(|n| n.to_string_lossy().into_owned());
-        let Some(rest) = name.as_deref().and_then(|n| n.strip_prefix("step-")) else {
-            continue;
-        };
-        if let Ok(step) = rest.parse::<u64>() {
-            complete.push((step, path));
-        } else if let Some(step) = rest.strip_suffix(".tmp").and_then(|n| n.parse().ok()) {
-            unfinished.push((step, path));
-        }
-    }
-    complete.sort();
-    let newest = complete.last().map_or(0, |(step, _)| *step);
-    let first_kept = complete.len().saturating_sub(keep_last.max(1));
+    let (mut committed, unfinished): (Vec<_>, Vec<_>) = run
+        .checkpoint_folders()?
+        .into_iter()
+        .partition(|f| f.committed);
+    committed.reverse();
+    let newest = committed.last().map_or(0, |f| f.step);
+    let first_kept = committed.len().saturating_sub(keep_last.max(1));
     let mut removed = Vec::new();
-    for (i, (step, path)) in complete.iter().enumerate() {
-        let every = keep_every > 0 && step % keep_every == 0;
+    for (i, folder) in committed.iter().enumerate() {
+        let every = keep_every > 0 && folder.step % keep_every == 0;
         if i < first_kept && !every {
-            std::fs::remove_dir_all(path).map_err(io_err(path))?;
-            removed.push(*step);
+            std::fs::remove_dir_all(&folder.path).map_err(io_err(&folder.path))?;
+            removed.push(folder.step);
         }
     }
-    for (step, path) in unfinished {
-        if step < newest {
-            std::fs::remove_dir_all(&path).map_err(io_err(&path))?;
-        }
+    for folder in unfinished.iter().filter(|f| f.step < newest) {
+        std::fs::remove_dir_all(&folder.path).map_err(io_err(&folder.path))?;
     }
     Ok(removed)
 }

@@ -1,15 +1,13 @@
-//! Which checkpoint a resume continues from: the newest COMPLETE one. A folder still named
-//! `step-N.tmp` is a write that never committed (the run stopped inside it); a committed one
-//! whose `meta.json` is unreadable, or whose files do not hash as their rank's manifest says,
-//! is damaged. Both are passed over, newest first, and each one skipped is reported (the log,
-//! and `resumes.jsonl` in the run folder: one line per resume).
+//! Which checkpoint a resume continues from (and export, generation and `--init-projector`
+//! read): the newest COMPLETE one. A folder still named `step-N.tmp` is a write that never
+//! committed (the run stopped inside it); a committed one whose `meta.json` is unreadable, or
+//! whose files do not hash as their rank's manifest says, is damaged. Both are passed over,
+//! newest first, and each one skipped is reported (the log, and for a resume `resumes.jsonl`
+//! in the run folder: one line per resume).
 use super::checkpoint::{rank_dir_name, Checkpoint, CheckpointError};
+use super::run_dir::RunDir;
 use serde::{Deserialize, Serialize};
 use std::io::Write;
-use std::path::{Path, PathBuf};
-
-/// The run folder's record of its resumes: one JSON line per resume.
-pub(super) const RESUMES_FILE: &str = "resumes.jsonl";
 
 /// A checkpoint folder a resume passed over, and why.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -35,67 +33,36 @@ pub struct ResumeRecord {
     pub skipped: Vec<Skipped>,
 }
 
-/// The newest complete checkpoint under `run_dir/checkpoints` and the newer folders skipped.
+/// The newest complete checkpoint under `RUN/checkpoints` and the newer folders skipped.
 pub struct Pick {
     pub checkpoint: Option<Checkpoint>,
     pub skipped: Vec<Skipped>,
 }
 
-fn shown(run_dir: &Path, path: &Path) -> String {
-    path.strip_prefix(run_dir)
-        .unwrap_or(path)
-        .display()
-        .to_string()
+impl Pick {
+    /// The skipped folders with their reasons, `; `-joined, for messages.
+    pub fn skipped_list(&self) -> String {
+        let list: Vec<String> = self
+            .skipped
+            .iter()
+            .map(|s| format!("{} ({})", s.checkpoint, s.reason))
+            .collect();
+        list.join("; ")
+    }
 }
 
-impl Checkpoint {
-    /// Checks every rank's files against its manifest (all `world_size` ranks wrote one).
-    pub fn verify(&self) -> Result<(), CheckpointError> {
-        for rank in 0..self.meta.world_size {
-            self.rank_dir(rank)?;
-        }
-        Ok(())
-    }
-
-    /// The complete checkpoint with the highest step whose files all verify, passing over
-    /// (and listing) newer uncommitted or damaged folders. Every rank may call it: it only
-    /// reads, and all reach the same answer.
-    pub fn newest_complete(run_dir: &Path) -> Result<Pick, CheckpointError> {
-        let root = run_dir.join("checkpoints");
-        let mut candidates: Vec<(u64, bool, PathBuf)> = Vec::new();
-        if root.is_dir() {
-            for entry in std::fs::read_dir(&root).map_err(|source| CheckpointError::Io {
-                path: root.clone(),
-                source,
-            })? {
-                let path = entry
-                    .map_err(|source| CheckpointError::Io {
-                        path: root.clone(),
-                        source,
-                    })?
-                    .path();
-                let name = path.file_name().map(|n| n.to_string_lossy().into_owned());
-                let Some(rest) = name.as_deref().and_then(|n| n.strip_prefix("step-")) else {
-                    continue;
-                };
-                if !path.is_dir() {
-                    continue;
-                }
-                if let Ok(step) = rest.parse::<u64>() {
-                    candidates.push((step, true, path));
-                } else if let Some(step) = rest.strip_suffix(".tmp").and_then(|n| n.parse().ok()) {
-                    candidates.push((step, false, path));
-                }
-            }
-        }
-        // Newest first; at one step the committed folder before a leftover `.tmp`.
-        candidates.sort_by(|a, b| b.0.cmp(&a.0).then(b.1.cmp(&a.1)));
+impl RunDir {
+    /// The committed checkpoint with the highest step whose files all verify, passing over
+    /// (and listing) newer uncommitted or damaged folders. Resume, export, generation and
+    /// `--init-projector` all take this one. Every rank may call it: it only reads, and all
+    /// reach the same answer.
+    pub fn newest_complete_checkpoint(&self) -> Result<Pick, CheckpointError> {
         let mut skipped = Vec::new();
-        for (_, committed, path) in candidates {
-            let checkpoint = shown(run_dir, &path);
-            if !committed {
+        for folder in self.checkpoint_folders()? {
+            let checkpoint = self.shown(&folder.path);
+            if !folder.committed {
                 let ranks = (0..)
-                    .map(|r| path.join(rank_dir_name(r)))
+                    .map(|r| folder.path.join(rank_dir_name(r)))
                     .take_while(|d| d.is_dir())
                     .count();
                 skipped.push(Skipped {
@@ -107,7 +74,8 @@ impl Checkpoint {
                 });
                 continue;
             }
-            match Checkpoint::open(&path).and_then(|c| c.verify().map(|()| c)) {
+            let opened = Checkpoint::open(&folder.path).and_then(|mut c| c.verify().map(|()| c));
+            match opened {
                 Ok(c) => {
                     return Ok(Pick {
                         checkpoint: Some(c),
@@ -116,7 +84,7 @@ impl Checkpoint {
                 }
                 Err(e) => skipped.push(Skipped {
                     checkpoint,
-                    reason: e.to_string(),
+                    reason: shards::with_causes(&e),
                 }),
             }
         }
@@ -127,12 +95,12 @@ impl Checkpoint {
     }
 }
 
-/// Appends `record` to `run_dir/resumes.jsonl` (rank 0, once per resume), synced.
+/// Appends `record` to `RUN/resumes.jsonl` (rank 0, once per resume), synced.
 pub(super) fn append_resume_record(
-    run_dir: &Path,
+    run: &RunDir,
     record: &ResumeRecord,
 ) -> Result<(), CheckpointError> {
-    let path = run_dir.join(RESUMES_FILE);
+    let path = run.resumes();
     let io = |source| CheckpointError::Io {
         path: path.clone(),
         source,
@@ -147,18 +115,21 @@ pub(super) fn append_resume_record(
     file.sync_all().map_err(io)
 }
 
-/// Test hook in the real write path: with `TESSERA_CHECKPOINT_PAUSE_AT=N`, the write of the
-/// checkpoint of step N stops after this rank's tensor files and before its manifest and the
-/// commit, and waits there until the process is killed (the crash-safety test kills it with
-/// SIGKILL). Unset (always, outside that test) it does nothing.
+/// Test hook in the real write path, in builds with the `test-hooks` feature: with
+/// `TESSERA_CHECKPOINT_PAUSE_AT=N`, the write of the checkpoint of step N stops after this
+/// rank's tensor files and before its manifest and the commit, and waits there until the
+/// process is killed (the crash-safety tests kill it with SIGKILL). Unset (always, outside
+/// those tests) it does nothing.
+#[cfg(feature = "test-hooks")]
 pub(super) fn pause_mid_write_if_asked(step: u64) {
-    let asked = std::env::var("TESSERA_CHECKPOINT_PAUSE_AT")
-        .ok()
-        .and_then(|v| v.parse::<u64>().ok());
-    if asked == Some(step) {
+    if tessera_switches::Switches::get().checkpoint_pause_at == Some(step) {
         tracing::warn!("TESSERA_CHECKPOINT_PAUSE_AT={step}: pausing inside the checkpoint write");
         loop {
             std::thread::sleep(std::time::Duration::from_secs(3600));
         }
     }
 }
+
+/// Without the `test-hooks` feature (a release build) there is nothing to pause for.
+#[cfg(not(feature = "test-hooks"))]
+pub(super) fn pause_mid_write_if_asked(_step: u64) {}

@@ -1,5 +1,6 @@
-//! Checkpoint container: atomic commit, latest-complete selection, refusal messages, pruning.
+//! Checkpoint container: atomic commit, newest-complete selection, refusal messages, pruning.
 use super::checkpoint::*;
+use super::run_dir::RunDir;
 use std::collections::BTreeMap;
 use std::path::Path;
 
@@ -46,8 +47,9 @@ fn meta(step: u64, world_size: usize) -> CheckpointMeta {
 }
 
 fn write(run: &Path, step: u64, world_size: usize) -> anyhow::Result<()> {
+    let run = RunDir::new(run);
     let writers: Vec<_> = (0..world_size)
-        .map(|r| CheckpointWriter::begin(run, step, r))
+        .map(|r| CheckpointWriter::begin(&run, step, r))
         .collect::<Result<_, _>>()?;
     for (rank, w) in writers.iter().enumerate() {
         std::fs::write(w.dir().join("params.bin"), vec![rank as u8; 64])?;
@@ -72,16 +74,31 @@ fn expected<'a>(m: &'a ModelFingerprint, run: &'a BTreeMap<String, String>) -> E
     }
 }
 
+/// The committed checkpoint of `step`, opened without verifying its files.
+fn open(run: &Path, step: u64) -> anyhow::Result<Checkpoint> {
+    Ok(Checkpoint::open(&RunDir::new(run).checkpoint(step))?)
+}
+
 #[test]
-fn latest_complete_checkpoint_wins_and_tmp_folders_are_ignored() -> anyhow::Result<()> {
+fn newest_complete_checkpoint_wins_and_tmp_folders_are_passed_over() -> anyhow::Result<()> {
     let run = tempfile::tempdir()?;
-    assert!(Checkpoint::latest(run.path())?.is_none());
+    let dir = RunDir::new(run.path());
+    assert!(dir.newest_complete_checkpoint()?.checkpoint.is_none());
     write(run.path(), 10, 2)?;
     write(run.path(), 20, 2)?;
     // A write that never committed (a killed run): only its rank folders exist.
-    let w = CheckpointWriter::begin(run.path(), 30, 0)?;
+    let w = CheckpointWriter::begin(&dir, 30, 0)?;
     std::fs::write(w.dir().join("params.bin"), b"partial")?;
-    let ckpt = Checkpoint::latest(run.path())?.expect("a complete checkpoint");
+    let steps: Vec<(u64, bool)> = dir
+        .checkpoint_folders()?
+        .iter()
+        .map(|f| (f.step, f.committed))
+        .collect();
+    assert_eq!(steps, [(30, false), (20, true), (10, true)]);
+    let ckpt = dir
+        .newest_complete_checkpoint()?
+        .checkpoint
+        .expect("a complete checkpoint");
     assert_eq!(ckpt.meta.step, 20);
     ckpt.check_matches(&expected(&model(), &run_record()))?;
     let state = ckpt.rank_state(1)?;
@@ -96,7 +113,7 @@ fn latest_complete_checkpoint_wins_and_tmp_folders_are_ignored() -> anyhow::Resu
 #[test]
 fn commit_refuses_when_a_rank_did_not_finish() -> anyhow::Result<()> {
     let run = tempfile::tempdir()?;
-    let w0 = CheckpointWriter::begin(run.path(), 5, 0)?;
+    let w0 = CheckpointWriter::begin(&RunDir::new(run.path()), 5, 0)?;
     w0.finish_rank(&RankState {
         rank: 0,
         next_step: 5,
@@ -108,9 +125,10 @@ fn commit_refuses_when_a_rank_did_not_finish() -> anyhow::Result<()> {
         .expect_err("rank 1 missing")
         .to_string();
     assert!(msg.contains("rank 1 did not finish"), "{msg}");
+    let folders = RunDir::new(run.path()).checkpoint_folders()?;
     assert!(
-        Checkpoint::latest(run.path())?.is_none(),
-        "nothing visible after a failed commit"
+        folders.iter().all(|f| !f.committed),
+        "nothing committed after a failed commit: {folders:?}"
     );
     Ok(())
 }
@@ -119,7 +137,7 @@ fn commit_refuses_when_a_rank_did_not_finish() -> anyhow::Result<()> {
 fn mismatched_checkpoints_are_refused_saying_which_part_differs() -> anyhow::Result<()> {
     let run = tempfile::tempdir()?;
     write(run.path(), 10, 2)?;
-    let ckpt = Checkpoint::latest(run.path())?.expect("checkpoint");
+    let ckpt = open(run.path(), 10)?;
     let (m, same) = (model(), run_record());
     // Format 3 resumes at any world size; format 2 (per-rank shards) only at its own.
     ckpt.check_matches(&Expected {
@@ -130,7 +148,7 @@ fn mismatched_checkpoints_are_refused_saying_which_part_differs() -> anyhow::Res
     let mut value: serde_json::Value = serde_json::from_slice(&std::fs::read(&meta_path)?)?;
     value["format_version"] = 2.into();
     std::fs::write(&meta_path, serde_json::to_vec(&value)?)?;
-    let v2 = Checkpoint::latest(run.path())?.expect("a v2 checkpoint");
+    let v2 = open(run.path(), 10)?;
     v2.check_matches(&expected(&m, &same))?;
     let msg = v2
         .check_matches(&Expected {
@@ -206,15 +224,11 @@ fn mismatched_checkpoints_are_refused_saying_which_part_differs() -> anyhow::Res
 fn a_format_1_checkpoint_opens_but_is_not_resumed() -> anyhow::Result<()> {
     let run = tempfile::tempdir()?;
     write(run.path(), 10, 2)?;
-    let meta = run
-        .path()
-        .join("checkpoints")
-        .join(step_dir_name(10))
-        .join("meta.json");
+    let meta = RunDir::new(run.path()).checkpoint(10).join("meta.json");
     let mut value: serde_json::Value = serde_json::from_slice(&std::fs::read(&meta)?)?;
     value["format_version"] = 1.into();
     std::fs::write(&meta, serde_json::to_vec(&value)?)?;
-    let ckpt = Checkpoint::latest(run.path())?.expect("a v1 checkpoint still opens");
+    let ckpt = open(run.path(), 10)?;
     let msg = ckpt
         .check_matches(&expected(&model(), &run_record()))
         .expect_err("v1 resume")
@@ -229,11 +243,12 @@ fn prune_keeps_the_last_n_and_every_mth() -> anyhow::Result<()> {
     for step in 1..=9 {
         write(run.path(), step, 1)?;
     }
-    let w = CheckpointWriter::begin(run.path(), 5, 0)?;
+    let dir = RunDir::new(run.path());
+    let w = CheckpointWriter::begin(&dir, 5, 0)?;
     std::fs::write(w.dir().join("params.bin"), b"a killed write")?;
-    let removed = prune(run.path(), 3, 4)?;
+    let removed = prune(&dir, 3, 4)?;
     assert_eq!(removed, vec![1, 2, 3, 5, 6]);
-    let mut left: Vec<String> = std::fs::read_dir(run.path().join("checkpoints"))?
+    let mut left: Vec<String> = std::fs::read_dir(dir.checkpoints())?
         .map(|e| Ok(e?.file_name().to_string_lossy().into_owned()))
         .collect::<std::io::Result<_>>()?;
     left.sort();
@@ -253,9 +268,9 @@ fn prune_keeps_the_last_n_and_every_mth() -> anyhow::Result<()> {
 fn corrupt_files_and_metadata_are_refused_naming_the_file() -> anyhow::Result<()> {
     let run = tempfile::tempdir()?;
     write(run.path(), 10, 2)?;
-    let dir = run.path().join("checkpoints").join(step_dir_name(10));
+    let dir = RunDir::new(run.path()).checkpoint(10);
     std::fs::write(dir.join("rank-00001").join("params.bin"), vec![9u8; 64])?;
-    let ckpt = Checkpoint::latest(run.path())?.expect("checkpoint");
+    let ckpt = open(run.path(), 10)?;
     ckpt.rank_dir(0)?;
     let msg = ckpt.rank_dir(1).expect_err("flipped bytes").to_string();
     assert!(
@@ -266,7 +281,7 @@ fn corrupt_files_and_metadata_are_refused_naming_the_file() -> anyhow::Result<()
     let msg = ckpt.rank_dir(0).expect_err("deleted file").to_string();
     assert!(msg.contains("params.bin is missing"), "{msg}");
     std::fs::write(dir.join("meta.json"), b"{\"format_version\": 1, \"step\"")?;
-    let msg = Checkpoint::latest(run.path())
+    let msg = open(run.path(), 10)
         .expect_err("truncated meta")
         .to_string();
     assert!(
@@ -281,7 +296,7 @@ fn rewriting_a_step_replaces_the_old_folder() -> anyhow::Result<()> {
     let run = tempfile::tempdir()?;
     write(run.path(), 10, 1)?;
     write(run.path(), 10, 1)?;
-    let ckpt = Checkpoint::latest(run.path())?.expect("checkpoint");
+    let ckpt = open(run.path(), 10)?;
     assert_eq!(ckpt.meta.step, 10);
     ckpt.rank_dir(0)?;
     Ok(())
@@ -290,18 +305,19 @@ fn rewriting_a_step_replaces_the_old_folder() -> anyhow::Result<()> {
 #[test]
 fn resume_picks_the_newest_complete_checkpoint_and_lists_what_it_skipped() -> anyhow::Result<()> {
     let run = tempfile::tempdir()?;
-    assert!(Checkpoint::newest_complete(run.path())?
-        .checkpoint
-        .is_none());
+    let dir = RunDir::new(run.path());
+    assert!(dir.newest_complete_checkpoint()?.checkpoint.is_none());
     write(run.path(), 10, 2)?;
     write(run.path(), 20, 2)?;
     write(run.path(), 30, 2)?;
     // Step 40: killed while writing (never renamed); step 30: a file damaged after commit.
-    let w = CheckpointWriter::begin(run.path(), 40, 0)?;
+    let w = CheckpointWriter::begin(&dir, 40, 0)?;
     std::fs::write(w.dir().join("params.bin"), b"partial")?;
-    let dir30 = run.path().join("checkpoints").join(step_dir_name(30));
-    std::fs::write(dir30.join("rank-00001").join("params.bin"), vec![9u8; 64])?;
-    let pick = Checkpoint::newest_complete(run.path())?;
+    std::fs::write(
+        dir.checkpoint(30).join("rank-00001").join("params.bin"),
+        vec![9u8; 64],
+    )?;
+    let pick = dir.newest_complete_checkpoint()?;
     assert_eq!(pick.checkpoint.as_ref().map(|c| c.meta.step), Some(20));
     let skipped: Vec<(&str, &str)> = pick
         .skipped
@@ -317,15 +333,9 @@ fn resume_picks_the_newest_complete_checkpoint_and_lists_what_it_skipped() -> an
         "{skipped:?}"
     );
     // Nothing usable at all: every folder is listed.
-    std::fs::write(
-        run.path()
-            .join("checkpoints")
-            .join(step_dir_name(20))
-            .join("meta.json"),
-        b"{",
-    )?;
-    std::fs::remove_dir_all(run.path().join("checkpoints").join(step_dir_name(10)))?;
-    let pick = Checkpoint::newest_complete(run.path())?;
+    std::fs::write(dir.checkpoint(20).join("meta.json"), b"{")?;
+    std::fs::remove_dir_all(dir.checkpoint(10))?;
+    let pick = dir.newest_complete_checkpoint()?;
     assert!(pick.checkpoint.is_none());
     assert_eq!(pick.skipped.len(), 3);
     assert!(

@@ -31,8 +31,13 @@ pub enum ConfigError {
         path: PathBuf,
         source: std::io::Error,
     },
-    #[error("config file {path}: {message}")]
-    Parse { path: PathBuf, message: String },
+    /// Not TOML, an unknown key or a bad value: toml's error (line, column, an excerpt of
+    /// the file and the reason) is the source.
+    #[error("config file {path}")]
+    Parse {
+        path: PathBuf,
+        source: toml::de::Error,
+    },
     #[error("config field `{field}` is required ({hint})")]
     Missing {
         field: &'static str,
@@ -41,8 +46,8 @@ pub enum ConfigError {
     #[error("config field `{field}`: {reason}")]
     Invalid { field: &'static str, reason: String },
     /// A config stored in a checkpoint that this build cannot read.
-    #[error("stored config: {0}")]
-    Stored(serde_json::Error),
+    #[error("stored config")]
+    Stored(#[source] serde_json::Error),
 }
 
 fn invalid(field: &'static str, reason: impl Into<String>) -> ConfigError {
@@ -185,7 +190,8 @@ knobs! {
     resize: ResizePolicy = default(ResizePolicy::Squash),
     /// Longest packed row in tokens (default 2048).
     seq_len: usize = default(2048),
-    /// Loader worker threads per rank (default: cores, at most 8).
+    /// Loader worker threads per rank (default: $TESSERA_LOADER_THREADS, else the cores, at
+    /// most 8).
     loader_threads: usize = default(default_loader_threads()),
     /// Seconds without a heartbeat after which a rank counts as lost (its node died) and every
     /// other rank stops, naming it (default 30; multi-rank runs only).
@@ -229,9 +235,9 @@ impl ConfigLayer {
             path: path.to_path_buf(),
             source,
         })?;
-        toml::from_str(&text).map_err(|e| ConfigError::Parse {
+        toml::from_str(&text).map_err(|source| ConfigError::Parse {
             path: path.to_path_buf(),
-            message: e.message().to_string() + &describe_span(&text, e.span()),
+            source,
         })
     }
 
@@ -247,18 +253,12 @@ impl ConfigLayer {
     }
 }
 
+/// `TESSERA_LOADER_THREADS` when set (a flag or config key wins over it), else the cores, at
+/// most 8.
 fn default_loader_threads() -> usize {
-    std::thread::available_parallelism().map_or(2, |n| n.get().min(8))
-}
-
-fn describe_span(text: &str, span: Option<std::ops::Range<usize>>) -> String {
-    match span {
-        Some(s) => {
-            let line = text[..s.start.min(text.len())].matches('\n').count() + 1;
-            format!(" (line {line})")
-        }
-        None => String::new(),
-    }
+    tessera_switches::Switches::get()
+        .loader_threads
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get().min(8)))
 }
 
 impl TrainConfig {
@@ -439,7 +439,7 @@ impl TrainConfig {
             }
         }
         if let Some(p) = &self.init_projector {
-            if !p.is_file() && !p.join("checkpoints").is_dir() {
+            if !p.is_file() && !super::run_dir::RunDir::new(p).checkpoints().is_dir() {
                 return Err(invalid(
                     "init_projector",
                     format!(

@@ -167,24 +167,24 @@ fn bad_values_name_the_field_and_the_reason() {
 fn file_errors_name_the_file_and_the_key() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
     let path = dir.path().join("bad.toml");
+    // As the CLI prints it: the message names the file, toml's error (the source) the line
+    // and the key.
+    let printed = |e: ConfigError| shards::with_causes(&e);
     std::fs::write(&path, "stage = 1\nlearning_rate = 0.1\n")?;
-    let msg = ConfigLayer::from_file(&path)
-        .expect_err("unknown key")
-        .to_string();
+    let err = ConfigLayer::from_file(&path).expect_err("unknown key");
+    assert!(std::error::Error::source(&err).is_some());
+    let msg = printed(err);
     assert!(
         msg.contains("bad.toml") && msg.contains("learning_rate"),
         "{msg}"
     );
     assert!(msg.contains("line 2"), "{msg}");
+    assert_eq!(msg.matches("bad.toml").count(), 1, "{msg}");
     std::fs::write(&path, "stage = 3\n")?;
-    let msg = ConfigLayer::from_file(&path)
-        .expect_err("bad stage")
-        .to_string();
+    let msg = printed(ConfigLayer::from_file(&path).expect_err("bad stage"));
     assert!(msg.contains("stage 3 does not exist"), "{msg}");
     std::fs::write(&path, "strategy = \"zero3\"\n")?;
-    let msg = ConfigLayer::from_file(&path)
-        .expect_err("bad strategy")
-        .to_string();
+    let msg = printed(ConfigLayer::from_file(&path).expect_err("bad strategy"));
     assert!(msg.contains("zero3") && msg.contains("full_shard"), "{msg}");
     let msg = ConfigLayer::from_file(&dir.path().join("absent.toml"))
         .expect_err("no file")
@@ -367,10 +367,12 @@ fn a_stored_config_without_a_newer_knob_reads_with_its_default() -> anyhow::Resu
     assert_eq!(TrainConfig::from_stored(stored)?, cfg);
     let mut stored = serde_json::to_value(&cfg)?;
     stored["zero_stage"] = 3.into();
-    let msg = TrainConfig::from_stored(stored)
-        .expect_err("unknown knob")
-        .to_string();
-    assert!(msg.contains("zero_stage"), "{msg}");
+    let err = TrainConfig::from_stored(stored).expect_err("unknown knob");
+    let msg = shards::with_causes(&err);
+    assert!(
+        msg.contains("stored config") && msg.contains("zero_stage"),
+        "{msg}"
+    );
     Ok(())
 }
 

@@ -48,6 +48,20 @@ pub enum TrainError {
     },
     #[error("torch")]
     Torch(#[from] tch::TchError),
+    /// JSON the run writes (summary.json, a checkpoint's planner position and config) or reads
+    /// back; `what` names the file or the record.
+    #[error("{what}")]
+    Json {
+        what: String,
+        source: serde_json::Error,
+    },
+    /// The validation shards cannot be planned.
+    #[error("--val-shards {dir}")]
+    ValidationPlan {
+        dir: PathBuf,
+        source: pipeline::plan::PlanError,
+    },
+    /// A refusal of tessera's own (no underlying error).
     #[error("{0}")]
     Invalid(String),
     /// A collective failed and these ranks' heartbeats have stopped: their node or process died.

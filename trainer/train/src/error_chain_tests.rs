@@ -118,13 +118,16 @@ fn fsdp_and_dist_errors_print_their_cause_once() {
         source: io_cause(),
     };
     assert_printed_once(wait, CAUSE, "rank 7");
+    assert_printed_once(LaunchError::Port(io_cause()), CAUSE, "free TCP port");
+    assert_printed_once(LaunchError::CurrentExe(io_cause()), CAUSE, "executable");
+    assert_printed_once(LaunchError::Runtime(io_cause()), CAUSE, "tokio runtime");
 }
 
 #[test]
 fn train_errors_print_their_cause_once() {
     let missing = PathBuf::from("/nonexistent/tessera/shard-00000.parquet");
     let shard_cause_text = match shard_cause(&missing) {
-        shards::ShardError::Io { error, .. } => error.to_string(),
+        shards::ShardError::Io { source, .. } => source.to_string(),
         other => panic!("hashing a missing file failed otherwise: {other}"),
     };
     let mut cases: Vec<(TrainError, String, &str)> = vec![
@@ -202,6 +205,38 @@ fn train_errors_print_their_cause_once() {
             TrainError::Export(ExportError::Model(ModelError::Torch(torch_cause()))),
             CAUSE.into(),
             "torch",
+        ),
+        (
+            TrainError::Export(ExportError::Unreadable {
+                run: "/run/a".into(),
+                what: "cannot read /run/a/vlm.json".into(),
+                source: io_cause().into(),
+            }),
+            CAUSE.into(),
+            "vlm.json",
+        ),
+        (
+            TrainError::Json {
+                what: "checkpoint /run/a/checkpoints/step-00000002 rank 0: planner position \
+                       is unreadable"
+                    .into(),
+                source: json_cause(),
+            },
+            json_cause().to_string(),
+            "step-00000002",
+        ),
+        (
+            TrainError::ValidationPlan {
+                dir: "/data/val".into(),
+                source: pipeline::plan::PlanError::ZeroBudget,
+            },
+            "token budget 0 is not a budget".into(),
+            "/data/val",
+        ),
+        (
+            TrainError::Config(crate::ConfigError::Stored(json_cause())),
+            json_cause().to_string(),
+            "stored config",
         ),
     ];
     for (err, cause) in model_errors() {

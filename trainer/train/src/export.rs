@@ -1,6 +1,7 @@
 //! `tessera export --run DIR --out DIR`: what a run leaves for transformers and PEFT.
 //!
-//! From the run's latest complete checkpoint it writes
+//! From the run's newest complete checkpoint (committed, every file as its manifest says; newer
+//! damaged or unfinished ones are passed over and named, as a resume does) it writes
 //! - `mm_projector.safetensors`: the projector with LLaVA's keys (`mm_projector.0.weight`, ...);
 //! - `adapter/` (stage 2): `adapter_model.safetensors` + `adapter_config.json` in PEFT's format;
 //!   both in bf16 (as the Hub ships weights) unless `--dtype f32` asks for the masters as they are;
@@ -8,6 +9,7 @@
 //!   count and id, template, resize policy), using LLaVA's config key names where LLaVA has one.
 use super::checkpoint::{Checkpoint, CheckpointError};
 use super::config::{Dtype, ResizePolicy, Stage, TrainConfig};
+use super::run_dir::RunDir;
 use super::sharded_state::ShardedState;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
@@ -20,8 +22,6 @@ use tessera_model::{
 
 /// File (in rank 0's checkpoint folder) holding the full trainable tensors, by HF key.
 pub const TRAINABLE_FILE: &str = "trainable.safetensors";
-/// Written at the start of a run: what the model is, for `export`.
-pub const VLM_FILE: &str = "vlm.json";
 pub const PROJECTOR_FILE: &str = "mm_projector.safetensors";
 pub const ADAPTER_DIR: &str = "adapter";
 /// A full fine-tune's LM, as a Hugging Face directory (config.json + model.safetensors).
@@ -70,10 +70,36 @@ fn export_tower(
 /// Why an export failed.
 #[derive(Debug, thiserror::Error)]
 pub enum ExportError {
-    #[error("run {run}: no complete checkpoint under {run}/checkpoints (train first, or wait for the first checkpoint)")]
-    NoCheckpoint { run: PathBuf },
+    #[error("run {run}: no complete checkpoint under {run}/checkpoints ({why})")]
+    NoCheckpoint {
+        run: PathBuf,
+        /// The folders passed over and why, or what to do when there are none.
+        why: String,
+    },
+    #[error(
+        "run {run} keeps no tokenizer.json (its shards had none beside index.json): pass \
+         --tokenizer, the tokenizer.json its shards were made with (sha256 {expected})"
+    )]
+    NoTokenizer { run: PathBuf, expected: String },
+    #[error(
+        "run {run}: tokenizer {file} has sha256 {found}, but the run's shards were tokenized \
+         with {expected}"
+    )]
+    TokenizerMismatch {
+        run: PathBuf,
+        file: PathBuf,
+        found: String,
+        expected: String,
+    },
     #[error("run {run}: {what}")]
     BadRun { run: PathBuf, what: String },
+    /// A file of the run that cannot be read or parsed: `what` names it, the source says why.
+    #[error("run {run}: {what}")]
+    Unreadable {
+        run: PathBuf,
+        what: String,
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
     #[error(transparent)]
     Checkpoint(#[from] CheckpointError),
     #[error(transparent)]
@@ -142,7 +168,7 @@ impl VlmDescription {
             image_size: vision.image_size,
             image_token_count: vision.num_patches(),
             image_token_id: manifest.image_placeholder_id,
-            image_token: "<|image_pad|>".into(),
+            image_token: shards::chat::IMAGE_PAD.into(),
             image_aspect_ratio: match cfg.resize {
                 ResizePolicy::Squash => "square".into(),
                 ResizePolicy::Pad => "pad".into(),
@@ -169,14 +195,15 @@ impl VlmDescription {
     }
 
     pub fn load(path: &Path) -> Result<Self, ExportError> {
-        let bad = |what: String| ExportError::BadRun {
+        let unreadable = |what: String, source| ExportError::Unreadable {
             run: path.parent().unwrap_or(path).to_path_buf(),
             what,
+            source,
         };
-        let text =
-            std::fs::read(path).map_err(|e| bad(format!("cannot read {}: {e}", path.display())))?;
+        let text = std::fs::read(path)
+            .map_err(|e| unreadable(format!("cannot read {}", path.display()), e.into()))?;
         serde_json::from_slice(&text)
-            .map_err(|e| bad(format!("{} is not valid: {e}", path.display())))
+            .map_err(|e| unreadable(format!("{} is not valid", path.display()), e.into()))
     }
 }
 
@@ -255,11 +282,32 @@ impl TrainedTensors {
     }
 }
 
-/// The trained tensors of a run's latest complete checkpoint (verified against its manifests).
-pub fn latest_trainable(run: &Path) -> Result<(Checkpoint, TrainedTensors), ExportError> {
-    let ckpt = Checkpoint::latest(run)?.ok_or_else(|| ExportError::NoCheckpoint {
-        run: run.to_path_buf(),
-    })?;
+/// The run's newest complete checkpoint (see [`RunDir::newest_complete_checkpoint`]); each
+/// newer folder passed over is logged with its reason, and with none usable the error names
+/// them all.
+pub fn newest_complete(run: &Path) -> Result<Checkpoint, ExportError> {
+    let pick = RunDir::new(run).newest_complete_checkpoint()?;
+    let Some(checkpoint) = pick.checkpoint else {
+        let why = if pick.skipped.is_empty() {
+            "train first, or wait for the first checkpoint".to_string()
+        } else {
+            format!("skipped {}", pick.skipped_list())
+        };
+        return Err(ExportError::NoCheckpoint {
+            run: run.to_path_buf(),
+            why,
+        });
+    };
+    let shown = run.display();
+    for s in &pick.skipped {
+        tracing::warn!("run {shown}: skipped {}: {}", s.checkpoint, s.reason);
+    }
+    Ok(checkpoint)
+}
+
+/// The trained tensors of the run's newest complete checkpoint, and that checkpoint.
+pub fn newest_complete_trained(run: &Path) -> Result<(Checkpoint, TrainedTensors), ExportError> {
+    let ckpt = newest_complete(run)?;
     let trained = TrainedTensors::open(&ckpt)?;
     Ok((ckpt, trained))
 }
@@ -272,16 +320,18 @@ pub fn export(run: &Path, out: &Path) -> Result<ExportReport, ExportError> {
 /// [`export`] with the projector and adapter weights written in `dtype` (the checkpoint holds
 /// the f32 masters, whatever the run's precision).
 pub fn export_as(run: &Path, out: &Path, dtype: Dtype) -> Result<ExportReport, ExportError> {
-    let mut vlm = VlmDescription::load(&run.join(VLM_FILE))?;
-    let (ckpt, params) = latest_trainable(run)?;
-    let cfg =
-        TrainConfig::from_stored(ckpt.meta.config.clone()).map_err(|e| ExportError::BadRun {
+    let mut vlm = VlmDescription::load(&RunDir::new(run).vlm())?;
+    let (ckpt, params) = newest_complete_trained(run)?;
+    let cfg = TrainConfig::from_stored(ckpt.meta.config.clone()).map_err(|e| {
+        ExportError::Unreadable {
             run: run.to_path_buf(),
             what: format!(
-                "checkpoint {} holds an unreadable config: {e}",
+                "checkpoint {} holds an unreadable config",
                 ckpt.dir.display()
             ),
-        })?;
+            source: e.into(),
+        }
+    })?;
     std::fs::create_dir_all(out).map_err(|source| ExportError::Io {
         path: out.to_path_buf(),
         source,

@@ -1,9 +1,13 @@
-//! The model `tessera generate` runs: a run's latest complete checkpoint (the frozen vision
+//! The model `tessera generate` runs: a run's newest complete checkpoint (the frozen vision
 //! tower and LM from the directories the run names, the trained projector and LoRA adapters
 //! from the checkpoint), or a `tessera export --format llava-hf` directory.
-use super::export::{latest_trainable, ExportError, VlmDescription, VLM_FILE};
+use super::export::{newest_complete_trained, ExportError, VlmDescription};
+use super::run_dir::RunDir;
+use pipeline::loader::ResizePolicy;
 use std::path::Path;
-use tessera_model::{load_llava_dir, Generator, ModelError, Vlm, VlmOptions};
+use tessera_model::{
+    load_llava_dir, CaptionError, Captioner, Generator, ModelError, Vlm, VlmOptions,
+};
 
 /// A model ready to generate, with what preprocessing it needs.
 pub struct GenerationModel {
@@ -18,10 +22,23 @@ pub struct GenerationModel {
     pub step: Option<u64>,
 }
 
-/// Loads the latest complete checkpoint of `run`.
+impl GenerationModel {
+    /// The model as a [`Captioner`] with the tokenizer at `tokenizer`, prompting with its
+    /// template and resizing images as it was trained.
+    pub fn into_captioner(self, tokenizer: &Path) -> Result<Captioner, CaptionError> {
+        let template = self.template.parse().map_err(CaptionError::Template)?;
+        let resize = match self.image_aspect_ratio.as_str() {
+            "pad" => ResizePolicy::Pad,
+            _ => ResizePolicy::Squash,
+        };
+        Captioner::new(self.generator, template, resize, tokenizer)
+    }
+}
+
+/// Loads the newest complete checkpoint of `run`.
 pub fn load_run_model(run: &Path) -> Result<GenerationModel, ExportError> {
-    let description = VlmDescription::load(&run.join(VLM_FILE))?;
-    let (ckpt, trainable) = latest_trainable(run)?;
+    let description = VlmDescription::load(&RunDir::new(run).vlm())?;
+    let (ckpt, trainable) = newest_complete_trained(run)?;
     // Stage 2 (finetune) trains LoRA adapters; stage 1 only the projector.
     let lora = match description.stage {
         2 => description.lora.clone(),
@@ -68,7 +85,7 @@ pub fn load_export_model(dir: &Path) -> Result<GenerationModel, ModelError> {
     let chat = std::fs::read_to_string(dir.join("chat_template.jinja")).unwrap_or_default();
     Ok(GenerationModel {
         generator: Generator::new(&vlm, params)?,
-        template: if chat.contains("<|im_start|>") {
+        template: if chat.contains(shards::chat::IM_START) {
             "chatml".into()
         } else {
             "plain".into()

@@ -1,4 +1,5 @@
 //! Training: config (TOML + flags, LLaVA-1.5 stage defaults), schedule (warmup + cosine),
+//! the run folder (`run_dir.rs`: what a run keeps where, its checkpoint scan),
 //! metrics (`metrics.jsonl`, progress, summary), plot (`loss.png`), checkpoints (per-rank
 //! shards + metadata, atomic, verified on resume), export (projector + PEFT adapter + VLM
 //! config) and the loop itself (`run.rs`, driving `step.rs`: the model sharded by FSDP).
@@ -33,18 +34,21 @@ pub use config::{
 };
 pub use error::TrainError;
 pub use export::{
-    export, export_as, latest_trainable, ExportError, ExportReport, TrainedTensors, VlmDescription,
-    ADAPTER_DIR, LM_DIR, PROJECTOR_FILE, TRAINABLE_FILE, VISION_DIR, VLM_FILE,
+    export, export_as, newest_complete, newest_complete_trained, ExportError, ExportReport,
+    TrainedTensors, VlmDescription, ADAPTER_DIR, LM_DIR, PROJECTOR_FILE, TRAINABLE_FILE,
+    VISION_DIR,
 };
 pub use generation::{load_export_model, load_run_model, GenerationModel};
 pub use llava_hf::{
     export_llava_hf, lm_target_regex, weight_kind, write_llava_hf, LlavaHfOptions, LlavaHfReport,
-    LlavaSources, STOP_IDS,
+    LlavaSources,
 };
 pub use metrics::{read_metrics, MetricsError, StepMetrics, Summary};
 pub use plot::PlotError;
 pub use run::train;
-pub use run_dir::{prepare as prepare_run_dir, RunStart};
+pub use run_dir::{
+    prepare as prepare_run_dir, CheckpointFolder, RunDir, RunStart, TOKENIZER_FILE, VLM_FILE,
+};
 pub use setup::check_model_dirs;
 pub use sharded_state::ShardedState;
 

@@ -8,11 +8,14 @@
 //!   `adapter/` as a PEFT adapter for the LLaVA model (keys under
 //!   `base_model.model.model.language_model.`, `target_modules` a regex restricted to the LM);
 //! - with a tokenizer: `tokenizer.json`, `tokenizer_config.json`, `chat_template.jinja` (the
-//!   run's template: `plain` or `chatml`, as ingest renders it), `processor_config.json`
+//!   run's template, `plain` or `chatml`, as Jinja that renders what `shards::chat` renders for
+//!   ingest and `tessera generate`), `processor_config.json`
 //!   (`<|image_pad|>` expanded to `image_seq_length` copies, as tessera's loader does),
 //!   `preprocessor_config.json` (SigLIP: bicubic resize to the tower's size, mean/std 0.5) and
 //!   `generation_config.json` (stop at `<|endoftext|>` / `<|im_end|>`).
-use super::export::{latest_trainable, ExportError, TrainedTensors, VlmDescription, VLM_FILE};
+use super::export::{newest_complete_trained, ExportError, TrainedTensors, VlmDescription};
+use super::run_dir::RunDir;
+use shards::chat::{END_OF_TEXT, IMAGE_PAD, IM_END, STOP_IDS};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use tch::Kind;
@@ -22,9 +25,6 @@ use tessera_model::{
     LoraConfig, Vlm, VlmOptions, LLAVA_ADAPTER_DIR,
 };
 
-/// Qwen's `<|endoftext|>` and `<|im_end|>` ids (see REFERENCE.md, Qwen tokenizer).
-pub const STOP_IDS: [i64; 2] = [151_643, 151_645];
-
 /// How to write the export.
 #[derive(Clone, Debug)]
 pub struct LlavaHfOptions {
@@ -33,7 +33,9 @@ pub struct LlavaHfOptions {
     /// BFloat16 (the default), Half or Float.
     pub dtype: Kind,
     pub max_shard_bytes: u64,
-    /// `tokenizer.json` to ship (and build the processor files around).
+    /// `tokenizer.json` to ship (and build the processor files around). [`export_llava_hf`]
+    /// ships the run's own copy when this is `None`, and refuses one whose sha256 is not the
+    /// run's tokenizer fingerprint; [`write_llava_hf`] writes no processor files without one.
     pub tokenizer: Option<PathBuf>,
 }
 
@@ -93,30 +95,20 @@ fn write_json(path: &Path, value: &serde_json::Value) -> Result<(), ExportError>
     std::fs::write(path, text + "\n").map_err(io(path))
 }
 
-/// Exports the latest complete checkpoint of `run` (see the module docs).
+/// Exports the newest complete checkpoint of `run` (see the module docs), with the run's
+/// tokenizer unless `options.tokenizer` names one (which must be the same tokenizer).
 pub fn export_llava_hf(
     run: &Path,
     out: &Path,
     options: &LlavaHfOptions,
 ) -> Result<(u64, LlavaHfReport), ExportError> {
-    let description = VlmDescription::load(&run.join(VLM_FILE))?;
-    if let Some(tokenizer) = &options.tokenizer {
-        let (fingerprint, _) = shards::sha256_file(tokenizer).map_err(|e| ExportError::BadRun {
-            run: run.to_path_buf(),
-            what: format!("cannot read tokenizer {}: {e}", tokenizer.display()),
-        })?;
-        if fingerprint != description.tokenizer_fingerprint {
-            return Err(ExportError::BadRun {
-                run: run.to_path_buf(),
-                what: format!(
-                    "{} (sha256 {fingerprint}) is not the tokenizer its shards were made with ({})",
-                    tokenizer.display(),
-                    description.tokenizer_fingerprint
-                ),
-            });
-        }
-    }
-    let (ckpt, trainable) = latest_trainable(run)?;
+    let run_dir = RunDir::new(run);
+    let description = VlmDescription::load(&run_dir.vlm())?;
+    let options = LlavaHfOptions {
+        tokenizer: Some(run_dir.tokenizer_for(options.tokenizer.as_deref())?),
+        ..options.clone()
+    };
+    let (ckpt, trainable) = newest_complete_trained(run)?;
     // Stage 2 (finetune) trains LoRA adapters; stage 1 only the projector.
     let lora = match description.stage {
         2 => description.lora.clone(),
@@ -130,7 +122,7 @@ pub fn export_llava_hf(
         image_token_id: i64::from(description.image_token_id),
         template: &description.template,
     };
-    let report = write_llava_hf(&sources, out, options)?;
+    let report = write_llava_hf(&sources, out, &options)?;
     Ok((ckpt.meta.step, report))
 }
 
@@ -278,11 +270,7 @@ fn write_processor(
     let target = out.join("tokenizer.json");
     std::fs::copy(tokenizer, &target).map_err(io(tokenizer))?;
     let chatml = template == "chatml";
-    let eos = if chatml {
-        "<|im_end|>"
-    } else {
-        "<|endoftext|>"
-    };
+    let eos = if chatml { IM_END } else { END_OF_TEXT };
     write_json(
         &out.join("tokenizer_config.json"),
         &serde_json::json!({
@@ -290,7 +278,7 @@ fn write_processor(
             "processor_class": "LlavaProcessor",
             "bos_token": null,
             "eos_token": eos,
-            "pad_token": "<|endoftext|>",
+            "pad_token": END_OF_TEXT,
             "unk_token": null,
             "model_max_length": vlm.lm.max_position_embeddings,
             "add_prefix_space": false,
@@ -310,7 +298,7 @@ fn write_processor(
         &out.join("processor_config.json"),
         &serde_json::json!({
             "processor_class": "LlavaProcessor",
-            "image_token": "<|image_pad|>",
+            "image_token": IMAGE_PAD,
             "patch_size": vlm.vision.patch_size,
             "vision_feature_select_strategy": "full",
             "num_additional_image_tokens": 0,
@@ -344,9 +332,10 @@ fn write_processor(
     )
 }
 
-/// LLaVA's `plain` template as ingest renders it: a user turn with an image becomes
-/// `<|image_pad|>` alone (its text dropped), other turns their text and `\n`; a finished
-/// conversation ends with `<|endoftext|>`.
+/// LLaVA's `plain` template as `shards::chat::Template::Plain` renders it (ingest, generate): a
+/// user turn with an image becomes `<|image_pad|>` alone (its text dropped), other turns their
+/// text and `\n`; a finished conversation ends with `<|endoftext|>`. Jinja for transformers, so
+/// written out here; `tests::the_jinja_templates_render_what_shards_chat_renders` pins it.
 const PLAIN_TEMPLATE: &str = r#"{%- for message in messages -%}
 {%- if message['content'] is string -%}{%- set parts = [{'type': 'text', 'text': message['content']}] -%}{%- else -%}{%- set parts = message['content'] -%}{%- endif -%}
 {%- set images = parts | selectattr('type', 'equalto', 'image') | list -%}
@@ -356,7 +345,8 @@ const PLAIN_TEMPLATE: &str = r#"{%- for message in messages -%}
 {%- if not add_generation_prompt and messages and messages[-1]['role'] == 'assistant' -%}<|endoftext|>{%- endif -%}
 "#;
 
-/// ChatML as ingest renders it: an image is `<|vision_start|><|image_pad|><|vision_end|>`.
+/// ChatML as `shards::chat::Template::Chatml` renders it: an image is
+/// `<|vision_start|><|image_pad|><|vision_end|>`. See [`PLAIN_TEMPLATE`] on how it is checked.
 const CHATML_TEMPLATE: &str = r#"{%- for message in messages -%}
 {{- '<|im_start|>' + message['role'] + '\n' -}}
 {%- if message['content'] is string -%}{{- message['content'] -}}{%- else -%}{%- for part in message['content'] -%}{%- if part['type'] == 'image' -%}<|vision_start|><|image_pad|><|vision_end|>{%- elif part['type'] == 'text' -%}{{- part['text'] -}}{%- endif -%}{%- endfor -%}{%- endif -%}
@@ -364,3 +354,53 @@ const CHATML_TEMPLATE: &str = r#"{%- for message in messages -%}
 {%- endfor -%}
 {%- if add_generation_prompt -%}{{- '<|im_start|>assistant\n' -}}{%- endif -%}
 "#;
+
+#[cfg(test)]
+mod tests {
+    use super::{CHATML_TEMPLATE, PLAIN_TEMPLATE};
+    use shards::chat::{Role, Template, IMAGE_PAD, IM_END, IM_START, VISION_END, VISION_START};
+
+    /// The canonical conversation: a user turn `[image, "\nWhat is shown?"]` (LLaVA's
+    /// `<image>\nWhat is shown?`) and the answer "A gradient.", and what each Jinja template
+    /// renders for it in transformers (jinja2 with transformers' `trim_blocks` and
+    /// `lstrip_blocks`; checked by hand): whole, and as a prompt (`add_generation_prompt`).
+    const JINJA_RENDERS: [(Template, &str, &str); 2] = [
+        (
+            Template::Plain,
+            "<|image_pad|>A gradient.\n<|endoftext|>",
+            "<|image_pad|>",
+        ),
+        (
+            Template::Chatml,
+            "<|im_start|>user\n<|vision_start|><|image_pad|><|vision_end|>\nWhat is shown?\
+             <|im_end|>\n<|im_start|>assistant\nA gradient.<|im_end|>\n",
+            "<|im_start|>user\n<|vision_start|><|image_pad|><|vision_end|>\nWhat is shown?\
+             <|im_end|>\n<|im_start|>assistant\n",
+        ),
+    ];
+
+    #[test]
+    fn the_jinja_templates_render_what_shards_chat_renders() {
+        let question = (Role::User, "<image>\nWhat is shown?");
+        let answered = [question, (Role::Assistant, "A gradient.")];
+        for (template, whole, prompt) in JINJA_RENDERS {
+            assert_eq!(template.render(&answered, true).text, whole, "{template:?}");
+            assert_eq!(template.generation_prompt(&[question], true), prompt);
+        }
+        // The Jinja spells the tokens `shards::chat` defines, in the same places.
+        for piece in [
+            format!("'{IM_START}' + message['role'] + '\\n'"),
+            format!("{VISION_START}{IMAGE_PAD}{VISION_END}"),
+            format!("'{IM_END}\\n'"),
+            format!("'{IM_START}{}\\n'", Role::Assistant.name()),
+        ] {
+            assert!(
+                CHATML_TEMPLATE.contains(&piece),
+                "chatml Jinja lacks {piece}"
+            );
+        }
+        for piece in Template::Plain.special_tokens() {
+            assert!(PLAIN_TEMPLATE.contains(piece), "plain Jinja lacks {piece}");
+        }
+    }
+}

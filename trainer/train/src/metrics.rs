@@ -2,7 +2,7 @@
 //! line on stderr, and `summary.json` at the end of the run.
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
-use std::io::{BufRead, IsTerminal, Write};
+use std::io::{BufRead, Write};
 use std::path::{Path, PathBuf};
 
 /// What one optimizer step measured (rank 0 writes it; cross-rank values are reduced first).
@@ -208,26 +208,24 @@ pub(super) fn progress_line(m: &StepMetrics, total_steps: u64) -> String {
     s + &format!(" rss {:.0}MiB", m.rss_mib)
 }
 
-/// Prints progress lines: every step on a terminal (overwriting), else about 50 lines a run.
+/// Prints progress lines: with `live` every step (overwriting one line), else about 50 log
+/// lines a run.
 pub(super) struct Progress {
     total_steps: u64,
-    terminal: bool,
-    quiet: bool,
+    live: bool,
 }
 
 impl Progress {
-    pub(super) fn new(total_steps: u64) -> Self {
-        Progress {
-            total_steps,
-            terminal: std::io::stderr().is_terminal(),
-            quiet: std::env::var_os("NO_PROGRESS").is_some(),
-        }
+    /// `live`: the caller's choice ([`super::RunStart::progress`]: a terminal, and no
+    /// `--quiet` or NO_PROGRESS).
+    pub(super) fn new(total_steps: u64, live: bool) -> Self {
+        Progress { total_steps, live }
     }
 
     pub(super) fn show(&self, m: &StepMetrics) {
         let line = progress_line(m, self.total_steps);
         let last = m.step + 1 == self.total_steps;
-        if self.terminal && !self.quiet {
+        if self.live {
             eprint!("\r{line}\x1b[K{}", if last { "\n" } else { "" });
         } else if m.step == 0 || last || m.step.is_multiple_of((self.total_steps / 50).max(1)) {
             tracing::info!("{line}");

@@ -482,7 +482,7 @@ mod tests {
     /// `$TESSERA_PLOT_SAMPLE` when that is set, to look at by eye.
     #[test]
     fn sample_plot_for_a_look() -> anyhow::Result<()> {
-        let Some(path) = std::env::var_os("TESSERA_PLOT_SAMPLE") else {
+        let Some(path) = &tessera_switches::Switches::get().plot_sample else {
             return Ok(());
         };
         let losses: Vec<(u64, f64)> = (1..=237)
@@ -494,7 +494,7 @@ mod tests {
         let val: Vec<(u64, f64)> = (1..=4)
             .map(|j| (j * 50, 7.3 + 5.0 * (-(j as f64) * 50.0 / 60.0).exp()))
             .collect();
-        plot_loss(&losses, &val, Path::new(&path))?;
+        plot_loss(&losses, &val, path)?;
         Ok(())
     }
 

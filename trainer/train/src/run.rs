@@ -1,21 +1,21 @@
-//! The training loop. Per rank: join the job, load the model, pick up the latest checkpoint
+//! The training loop. Per rank: join the job, load the model, pick up where the run stopped
 //! (`--resume`: the newest complete checkpoint, at any world size), then for every optimizer
 //! step run its G micro-batches (each rank its own, all ranks the same kind; `layout.rs` maps
 //! the plan's ranks onto this run's), scale each micro-batch's summed token loss by
 //! 1 / (supervised tokens of the whole step across ranks), all-reduce, clip, AdamW, log the
 //! step (`metrics.jsonl`) and its samples (`plan.jsonl`), validate (`validate.rs`), checkpoint.
 use super::checkpoint::{
-    self, Checkpoint, CheckpointMeta, CheckpointWriter, Expected, RankState, FORMAT_VERSION,
+    self, CheckpointMeta, CheckpointWriter, Expected, RankState, FORMAT_VERSION,
 };
 use super::checkpoint_pick::{self, Pick, ResumeRecord};
 use super::config::{Dtype, Stage, TrainConfig, TrainParts};
 use super::error::{io, TrainError};
-use super::export::{VlmDescription, VLM_FILE};
+use super::export::VlmDescription;
 use super::layout::{step_samples, RankLayout};
 use super::metrics::{self, MetricsWriter, Progress, StepMetrics, Summary};
 use super::plot::plot_loss;
 use super::profile::Profiler;
-use super::run_dir::{self, RunStart};
+use super::run_dir::{self, RunDir, RunStart};
 use super::schedule::CosineSchedule;
 use super::setup::{self, Setup};
 use super::sharded_state::ShardedState;
@@ -99,6 +99,7 @@ fn train_rank(
     setup::check_shared_run_dir(&cfg.out, &pg)?;
     // The sharded model reads from the checkpoints only the slices its shards keep.
     let (s, init) = setup::build(&cfg, pg, mesh)?;
+    let run = RunDir::new(&cfg.out);
     if s.rank == 0 {
         let vlm_desc = VlmDescription::new(
             &cfg,
@@ -107,7 +108,8 @@ fn train_rank(
             s.dataset.manifest(),
             s.vlm.options.lora.clone(),
         );
-        vlm_desc.save(&cfg.out.join(VLM_FILE))?;
+        vlm_desc.save(&run.vlm())?;
+        run.keep_tokenizer(&s.dataset)?;
     }
     let mut model = ShardedVlm::new(&cfg, &s.vlm, &s.pg, s.mesh.as_ref(), &init, s.device)?;
     tracing::info!(
@@ -139,7 +141,7 @@ fn train_rank(
         );
     }
     let pick = if start.resume {
-        Some(Checkpoint::newest_complete(&cfg.out)?)
+        Some(run.newest_complete_checkpoint()?)
     } else {
         None
     };
@@ -149,24 +151,26 @@ fn train_rank(
         .map_or(s.world_size, |c| c.meta.plan_world_size());
     let mut train_loop = TrainLoop::new(&cfg, &s, plan_world_size)?;
     let first = train_loop.restore(pick, start, &mut model)?;
-    train_loop.run(&mut model, first)?;
+    train_loop.run(&mut model, first, start.progress)?;
     drop(model);
     if s.rank != 0 {
         return Ok(None);
     }
-    let steps = metrics::read_metrics(&cfg.out.join("metrics.jsonl"))?;
+    let steps = metrics::read_metrics(&run.metrics())?;
     let summary = Summary::from_steps(&steps);
     if let Some(summary) = &summary {
-        let path = cfg.out.join("summary.json");
-        let text = serde_json::to_string_pretty(summary)
-            .map_err(|e| TrainError::Invalid(e.to_string()))?;
+        let path = run.summary();
+        let text = serde_json::to_string_pretty(summary).map_err(|source| TrainError::Json {
+            what: path.display().to_string(),
+            source,
+        })?;
         std::fs::write(&path, text).map_err(io(&path))?;
         let losses: Vec<(u64, f64)> = steps.iter().map(|m| (m.step, m.loss)).collect();
         let val: Vec<(u64, f64)> = steps
             .iter()
             .filter_map(|m| m.val_loss.map(|v| (m.step, v)))
             .collect();
-        plot_loss(&losses, &val, &cfg.out.join("loss.png"))?;
+        plot_loss(&losses, &val, &run.loss_plot())?;
     }
     Ok(summary)
 }
@@ -182,6 +186,7 @@ struct Start {
 struct TrainLoop<'a> {
     cfg: &'a TrainConfig,
     s: &'a Setup,
+    run: RunDir,
     loader_cfg: LoaderConfig,
     total_steps: u64,
     schedule: CosineSchedule,
@@ -239,6 +244,7 @@ impl<'a> TrainLoop<'a> {
         let mut train_loop = TrainLoop {
             cfg,
             s,
+            run: RunDir::new(&cfg.out),
             loader_cfg,
             total_steps: 0,
             schedule: CosineSchedule::new(cfg.lr, cfg.warmup_ratio, 1),
@@ -349,7 +355,7 @@ impl<'a> TrainLoop<'a> {
         else {
             return Ok(fresh);
         };
-        let (rank, out) = (self.s.rank, &self.cfg.out);
+        let (rank, out) = (self.s.rank, self.run.path());
         if rank == 0 {
             for s in &skipped {
                 tracing::warn!("--resume: skipped {}: {}", s.checkpoint, s.reason);
@@ -382,12 +388,14 @@ impl<'a> TrainLoop<'a> {
         })?;
         // Every rank's position is the same (the plan is global): read rank 0's.
         let state = ckpt.rank_state(0)?;
-        let position: Position = serde_json::from_value(state.planner.clone()).map_err(|e| {
-            TrainError::Invalid(format!(
-                "checkpoint {} rank 0: planner position is unreadable: {e}",
-                ckpt.dir.display(),
-            ))
-        })?;
+        let position: Position =
+            serde_json::from_value(state.planner.clone()).map_err(|source| TrainError::Json {
+                what: format!(
+                    "checkpoint {} rank 0: planner position is unreadable",
+                    ckpt.dir.display()
+                ),
+                source,
+            })?;
         if ckpt.meta.format_version >= 4 {
             model.load_sharded(&ShardedState::open(&ckpt)?)?;
         } else if ckpt.meta.format_version == 3 {
@@ -406,15 +414,10 @@ impl<'a> TrainLoop<'a> {
                 m.plan_world_size()
             );
             checkpoint_pick::append_resume_record(
-                out,
+                &self.run,
                 &ResumeRecord {
                     step: m.step,
-                    checkpoint: ckpt
-                        .dir
-                        .strip_prefix(out)
-                        .unwrap_or(&ckpt.dir)
-                        .display()
-                        .to_string(),
+                    checkpoint: self.run.shown(&ckpt.dir),
                     checkpoint_world_size: m.world_size,
                     world_size: self.s.world_size,
                     plan_world_size: m.plan_world_size(),
@@ -428,12 +431,18 @@ impl<'a> TrainLoop<'a> {
         })
     }
 
-    fn run(&mut self, model: &mut ShardedVlm, start: Start) -> Result<(), TrainError> {
+    /// `progress`: [`RunStart::progress`].
+    fn run(
+        &mut self,
+        model: &mut ShardedVlm,
+        start: Start,
+        progress: bool,
+    ) -> Result<(), TrainError> {
         let (cfg, s) = (self.cfg, self.s);
         let resume_step = (start.step > 0).then_some(start.step);
         let mut writer = if s.rank == 0 {
             Some(MetricsWriter::open(
-                &cfg.out.join("metrics.jsonl"),
+                &self.run.metrics(),
                 resume_step.or(Some(0)),
             )?)
         } else {
@@ -442,13 +451,13 @@ impl<'a> TrainLoop<'a> {
         // The samples each step trains on, for audits (same truncation on resume).
         let mut plan_log = if s.rank == 0 {
             Some(MetricsWriter::open(
-                &cfg.out.join(PLAN_LOG),
+                &self.run.plan(),
                 resume_step.or(Some(0)),
             )?)
         } else {
             None
         };
-        let progress = Progress::new(self.total_steps);
+        let progress = Progress::new(self.total_steps, progress);
         let mut step = start.step;
         let mut profiler = None;
         let mut position = start.position;
@@ -480,7 +489,7 @@ impl<'a> TrainLoop<'a> {
                 let mut m = self.one_step(model, &mut loader, plan_step, step)?;
                 if step + 1 == start.step + cfg.profile || step + 1 == self.total_steps {
                     if let Some(p) = profiler.take() {
-                        let path = cfg.out.join(format!("profile_rank{}.json", s.rank));
+                        let path = self.run.profile(s.rank);
                         p.save(&path)?;
                         tracing::info!(
                             "rank {}: profile of {} steps in {}",
@@ -620,10 +629,14 @@ impl<'a> TrainLoop<'a> {
         next: &Position,
     ) -> Result<(), TrainError> {
         let (cfg, s) = (self.cfg, self.s);
-        let writer = CheckpointWriter::begin(&cfg.out, step, s.rank)?;
+        let writer = CheckpointWriter::begin(&self.run, step, s.rank)?;
         model.save_sharded(writer.dir(), s.rank, s.world_size)?;
         checkpoint_pick::pause_mid_write_if_asked(step);
-        let planner = serde_json::to_value(next).map_err(|e| TrainError::Invalid(e.to_string()))?;
+        let json = |what: &str| {
+            let what = format!("checkpoint of step {step}: {what}");
+            move |source| TrainError::Json { what, source }
+        };
+        let planner = serde_json::to_value(next).map_err(json("planner position"))?;
         writer.finish_rank(&RankState {
             rank: s.rank,
             next_step: step,
@@ -632,8 +645,7 @@ impl<'a> TrainLoop<'a> {
         })?;
         s.pg.barrier("checkpoint write")?;
         if s.rank == 0 {
-            let config =
-                serde_json::to_value(cfg).map_err(|e| TrainError::Invalid(e.to_string()))?;
+            let config = serde_json::to_value(cfg).map_err(json("config"))?;
             let dir = writer.commit(&CheckpointMeta {
                 format_version: FORMAT_VERSION,
                 step,
@@ -647,7 +659,7 @@ impl<'a> TrainLoop<'a> {
                 plan_world_size: Some(self.layout.plan_world_size),
             })?;
             tracing::info!("checkpoint {}", dir.display());
-            let removed = checkpoint::prune(&cfg.out, cfg.keep_checkpoints, cfg.keep_every)?;
+            let removed = checkpoint::prune(&self.run, cfg.keep_checkpoints, cfg.keep_every)?;
             if !removed.is_empty() {
                 tracing::debug!("removed the checkpoints of steps {removed:?}");
             }
@@ -656,9 +668,6 @@ impl<'a> TrainLoop<'a> {
         Ok(())
     }
 }
-
-/// `plan.jsonl` in the run folder: one line per step, the samples it trained on.
-const PLAN_LOG: &str = "plan.jsonl";
 
 /// One line of `plan.jsonl`.
 #[derive(serde::Serialize)]

@@ -1,10 +1,11 @@
 //! Everything a rank builds before its first step: the process group, the dataset and its
 //! metadata, the model and its parameters on the device, the fingerprints a checkpoint is
 //! checked against, and the per-parameter peak learning rates.
-use super::checkpoint::{Checkpoint, ModelFingerprint};
+use super::checkpoint::ModelFingerprint;
 use super::config::{ConfigError, Device, TrainConfig};
 use super::error::{io, TrainError};
 use super::export::{TrainedTensors, TRAINABLE_FILE};
+use super::run_dir::RunDir;
 use sha2::{Digest, Sha256};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -211,16 +212,29 @@ pub(super) fn model_fingerprint(
     })
 }
 
-/// The projector file to start from: the file itself, or a run directory's latest checkpoint
-/// (format 4 keeps it in shards: its four tensors are written to `scratch` first).
+/// The projector file to start from: the file itself, or a run directory's newest complete
+/// checkpoint (format 4 keeps it in shards: its four tensors are written to `scratch` first).
 fn init_projector_file(path: &Path, scratch: &Path) -> Result<PathBuf, TrainError> {
     if path.is_file() {
         return Ok(path.to_path_buf());
     }
-    let ckpt = Checkpoint::latest(path)?.ok_or_else(|| ConfigError::Invalid {
+    let pick = RunDir::new(path).newest_complete_checkpoint()?;
+    for s in &pick.skipped {
+        let run = path.display();
+        tracing::warn!(
+            "--init-projector {run}: skipped {}: {}",
+            s.checkpoint,
+            s.reason
+        );
+    }
+    let skipped = match pick.skipped_list() {
+        list if list.is_empty() => String::new(),
+        list => format!(" (skipped {list})"),
+    };
+    let ckpt = pick.checkpoint.ok_or_else(|| ConfigError::Invalid {
         field: "init_projector",
         reason: format!(
-            "run {} has no complete checkpoint to take the projector from",
+            "run {} has no complete checkpoint to take the projector from{skipped}",
             path.display()
         ),
     })?;
@@ -245,7 +259,7 @@ fn dataset_location(cfg: &TrainConfig) -> Result<shards::DatasetLocation, TrainE
     let dir = cfg
         .cache_dir
         .clone()
-        .or_else(|| std::env::var_os(remote::TESSERA_CACHE_ENV).map(PathBuf::from))
+        .or_else(|| tessera_switches::Switches::get().cache_dir.clone())
         .unwrap_or_else(|| cfg.out.join("shard-cache"));
     let cache = remote::CacheConfig { dir, limit };
     let location = remote::open_location(&spec, Some(&cache)).map_err(shards::ShardError::from)?;

@@ -122,7 +122,10 @@ impl Validation {
             .seed(0)
             .fingerprint(dataset.fingerprint())
             .build()
-            .map_err(|e| invalid(dir, e.to_string()))?
+            .map_err(|source| TrainError::ValidationPlan {
+                dir: dir.to_path_buf(),
+                source,
+            })?
             .plan();
         let mine = plan
             .steps

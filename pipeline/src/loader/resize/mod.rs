@@ -21,8 +21,8 @@ use chw::deinterleave_row;
 use fast_image_resize as fir;
 use planar::{PlanarResizer, PlanarTarget};
 
-/// Why an image could not be resized into its output. `fast_image_resize`'s own errors are
-/// part of the message (they are the innermost cause; nothing else prints them).
+/// Why an image could not be resized into its output. An error of `fast_image_resize` is the
+/// `source()`.
 #[derive(Debug, thiserror::Error)]
 pub enum ResizeError {
     #[error("output holds {len} bytes, not 3x{size}x{size}")]
@@ -35,23 +35,23 @@ pub enum ResizeError {
         height: usize,
         len: usize,
     },
-    #[error("fast_image_resize: source {width}x{height}: {error}")]
+    #[error("fast_image_resize: source {width}x{height}")]
     FirSource {
         width: u32,
         height: u32,
-        error: fir::ImageBufferError,
+        source: fir::ImageBufferError,
     },
-    #[error("fast_image_resize: target {width}x{height}: {error}")]
+    #[error("fast_image_resize: target {width}x{height}")]
     FirTarget {
         width: u32,
         height: u32,
-        error: fir::ImageBufferError,
+        source: fir::ImageBufferError,
     },
-    #[error("fast_image_resize: {from:?} -> {to:?}: {error}")]
+    #[error("fast_image_resize: {from:?} -> {to:?}")]
     Fir {
         from: (u32, u32),
         to: (u32, u32),
-        error: fir::ResizeError,
+        source: fir::ResizeError,
     },
 }
 
@@ -197,25 +197,25 @@ impl ChwResizer {
     ) -> Result<&[u8], ResizeError> {
         let (width, height) = (img.width, img.height);
         let src = fir::images::ImageRef::new(width, height, &img.data, fir::PixelType::U8x3)
-            .map_err(|error| ResizeError::FirSource {
+            .map_err(|source| ResizeError::FirSource {
                 width,
                 height,
-                error,
+                source,
             })?;
         self.scratch.resize(bw as usize * bh as usize * 3, 0);
         let mut dst =
             fir::images::Image::from_slice_u8(bw, bh, &mut self.scratch, fir::PixelType::U8x3)
-                .map_err(|error| ResizeError::FirTarget {
+                .map_err(|source| ResizeError::FirTarget {
                     width: bw,
                     height: bh,
-                    error,
+                    source,
                 })?;
         self.fir
             .resize(&src, &mut dst, &self.options)
-            .map_err(|error| ResizeError::Fir {
+            .map_err(|source| ResizeError::Fir {
                 from: (width, height),
                 to: (bw, bh),
-                error,
+                source,
             })?;
         Ok(&self.scratch)
     }

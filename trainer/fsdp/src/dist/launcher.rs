@@ -57,10 +57,10 @@ impl LaunchSpec {
 pub enum LaunchError {
     #[error("--nproc must be at least 1")]
     NoRanks,
-    #[error("cannot locate the running executable: {0}")]
-    CurrentExe(std::io::Error),
-    #[error("cannot find a free TCP port for the rendezvous: {0}")]
-    Port(std::io::Error),
+    #[error("cannot locate the running executable")]
+    CurrentExe(#[source] std::io::Error),
+    #[error("cannot find a free TCP port for the rendezvous")]
+    Port(#[source] std::io::Error),
     #[error("cannot start rank {rank} ({program})")]
     Spawn {
         rank: usize,
@@ -77,8 +77,8 @@ pub enum LaunchError {
     },
     #[error("interrupted; stopped all {0} rank(s)")]
     Interrupted(usize),
-    #[error("cannot start the tokio runtime: {0}")]
-    Runtime(std::io::Error),
+    #[error("cannot start the tokio runtime")]
+    Runtime(#[source] std::io::Error),
 }
 
 /// Starts the ranks and supervises them until all succeed or one fails (blocking: runs

@@ -20,6 +20,7 @@ pub use store::{RankEnv, Store};
 
 use std::fmt;
 use std::time::Duration;
+use tessera_switches::Switches;
 
 /// Default timeout of every collective and of the rendezvous.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(300);
@@ -130,10 +131,10 @@ pub fn init_process_group(
 
 /// The address gloo binds: `TESSERA_GLOO_HOST`, loopback for a local master, else the hostname.
 fn gloo_host(env: &RankEnv) -> Option<String> {
-    match std::env::var("TESSERA_GLOO_HOST") {
-        Ok(host) => Some(host),
-        Err(_) if is_loopback(&env.master_addr) => Some("127.0.0.1".to_string()),
-        Err(_) => None,
+    match &Switches::get().gloo_host {
+        Some(host) => Some(host.clone()),
+        None if is_loopback(&env.master_addr) => Some("127.0.0.1".to_string()),
+        None => None,
     }
 }
 

@@ -8,7 +8,8 @@ use tch::Tensor;
 use tessera_fsdp::dist::{args_without_nproc, launch, LaunchError, LaunchSpec, Stream};
 use tessera_fsdp::dist::{init_process_group, Backend, RankEnv};
 
-/// The rank side. `TESSERA_TEST_ROLE=ok`: all-reduce and exit 0. `kill`: rank 1 kills itself with
+/// The rank side. `LAUNCHER_TEST_ROLE=ok` (this test's message to the ranks it starts, not a
+/// tessera switch): all-reduce and exit 0. `kill`: rank 1 kills itself with
 /// SIGKILL after the all-reduce while rank 0 waits in a barrier that would last 300 s.
 #[test]
 #[ignore = "run by the launcher tests as a rank process"]
@@ -26,7 +27,7 @@ fn rank_body() -> anyhow::Result<()> {
         env.world_size,
         x.double_value(&[0])
     )?;
-    if std::env::var("TESSERA_TEST_ROLE").as_deref() == Ok("kill") && env.rank == 1 {
+    if std::env::var("LAUNCHER_TEST_ROLE").as_deref() == Ok("kill") && env.rank == 1 {
         // SAFETY: kill(2) on our own pid.
         unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
     }
@@ -47,7 +48,7 @@ fn spec(role: &str, lines: Arc<Mutex<Vec<(Stream, String)>>>) -> anyhow::Result<
     .collect();
     let mut spec = LaunchSpec::current_exe(2, args)?;
     spec.grace = Duration::from_secs(2);
-    spec.env.push(("TESSERA_TEST_ROLE".into(), role.into()));
+    spec.env.push(("LAUNCHER_TEST_ROLE".into(), role.into()));
     spec.log = Some(Arc::new(move |stream, line: &str| {
         if let Ok(mut l) = lines.lock() {
             l.push((stream, line.to_string()));

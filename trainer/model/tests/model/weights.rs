@@ -175,7 +175,7 @@ fn tiny_preset_writes_checkpoints_the_model_loads() -> anyhow::Result<()> {
         .iter_mut()
         .filter(|id| **id == IMAGE_ID)
         .for_each(|id| *id = i64::from(shards::IMAGE_PAD_ID));
-    s.ids[0] = 151_644;
+    s.ids[0] = i64::from(shards::chat::IM_START_ID);
     let mb = micro_batch(&[vec![s]], side, 64);
     let (loss, n) = vlm.loss(&params, &mb)?;
     assert_eq!(n, 4);

@@ -1,0 +1,222 @@
+//! Captioning with a [`Generator`] (what `tessera generate` runs): the image goes through the
+//! training loader (decode, resize policy, placeholder expansion), the prompt through the
+//! model's chat template ([`shards::chat`]: `plain`, the image alone as LLaVA's stage 1;
+//! `chatml`, a user turn holding the framed image and the instruction, then the assistant
+//! header), and the model generates until `<|endoftext|>`/`<|im_end|>` or `max_new_tokens`.
+use super::generate::{GenerateOptions, Generator};
+use super::ModelError;
+use pipeline::loader::{BadImagePolicy, Loader, LoaderConfig, LoaderError, ResizePolicy};
+use pipeline::{MicroBatch, MicroBatchPlan};
+use shards::chat::{Role, Template, IMAGE_TAG, STOP_TOKENS};
+use shards::{Kind, Sample};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+/// The instruction of a `chatml` prompt when none is given.
+pub const DEFAULT_INSTRUCTION: &str = "Describe the image.";
+
+/// Why captioning failed; each message names the tokenizer, sample or tokens involved.
+#[derive(Debug, thiserror::Error)]
+pub enum CaptionError {
+    #[error("loading tokenizer {path}")]
+    Tokenizer {
+        path: PathBuf,
+        source: ingest::IngestError,
+    },
+    #[error("{path}: <|image_pad|> is id {tokenizer}, the model's image token is {model}")]
+    ImageToken {
+        path: PathBuf,
+        tokenizer: u32,
+        model: i64,
+    },
+    #[error(transparent)]
+    LoaderConfig(LoaderError),
+    #[error("tokenizing the prompt")]
+    Prompt {
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    #[error("preparing {sample}")]
+    Prepare { sample: String, source: LoaderError },
+    /// Boxed: a `ModelError` beside the sample ids would make every `Result` here large.
+    #[error("generating for {samples}")]
+    Generate {
+        samples: String,
+        source: Box<ModelError>,
+    },
+    #[error("decoding {ids:?}")]
+    Decode {
+        ids: Vec<u32>,
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    #[error("sample {0} has no image")]
+    NoImage(String),
+    /// The model names a template this build does not know.
+    #[error("{0}")]
+    Template(String),
+}
+
+/// The model plus what turns text and images into its inputs.
+pub struct Captioner {
+    pub generator: Generator,
+    pub encoder: ingest::Encoder,
+    /// Stop ids are the tokenizer's `<|endoftext|>` and `<|im_end|>`; the rest is the caller's.
+    pub options: GenerateOptions,
+    template: Template,
+    loader: LoaderConfig,
+}
+
+impl Captioner {
+    /// `generator` with the tokenizer at `tokenizer` (whose `<|image_pad|>` must be the
+    /// model's image token), prompting with `template` and resizing images by `resize` (as
+    /// the model was trained).
+    pub fn new(
+        generator: Generator,
+        template: Template,
+        resize: ResizePolicy,
+        tokenizer: &Path,
+    ) -> Result<Self, CaptionError> {
+        let encoder = ingest::Encoder::load(tokenizer, template).map_err(|source| {
+            CaptionError::Tokenizer {
+                path: tokenizer.to_path_buf(),
+                source,
+            }
+        })?;
+        if i64::from(encoder.image_pad_id) != generator.image_token_id() {
+            return Err(CaptionError::ImageToken {
+                path: tokenizer.to_path_buf(),
+                tokenizer: encoder.image_pad_id,
+                model: generator.image_token_id(),
+            });
+        }
+        let stop_ids = STOP_TOKENS
+            .iter()
+            .filter_map(|t| encoder.tokenizer().token_to_id(t))
+            .map(i64::from)
+            .collect();
+        let vision = generator.vision();
+        let loader = LoaderConfig::builder()
+            .image_size(vision.image_size as usize)
+            .image_tokens(vision.num_patches() as usize)
+            .placeholder_id(encoder.image_pad_id)
+            .resize(resize)
+            .threads(1)
+            .verify_checksums(false)
+            // A caption of a zero stand-in would look like an answer: an image that does not
+            // decode stops generation, naming the file or sample.
+            .on_bad_image(BadImagePolicy::Fail)
+            .build()
+            .map_err(CaptionError::LoaderConfig)?;
+        Ok(Self {
+            generator,
+            encoder,
+            options: GenerateOptions {
+                stop_ids,
+                ..Default::default()
+            },
+            template,
+            loader,
+        })
+    }
+
+    /// Prompt token ids (one `<|image_pad|>`) for an image and an instruction (`chatml`
+    /// only; [`DEFAULT_INSTRUCTION`] when `None`): the text training saw before the answer.
+    pub fn prompt_ids(&self, instruction: Option<&str>) -> Result<Vec<u32>, CaptionError> {
+        if self.template == Template::Plain && instruction.is_some() {
+            tracing::warn!(
+                "the plain template (stage 1) takes no instruction; --prompt is ignored"
+            );
+        }
+        let turn = format!(
+            "{IMAGE_TAG}\n{}",
+            instruction.unwrap_or(DEFAULT_INSTRUCTION)
+        );
+        let text = self
+            .template
+            .generation_prompt(&[(Role::User, turn.as_str())], true);
+        let encoding = self
+            .encoder
+            .tokenizer()
+            .encode(text.as_str(), false)
+            .map_err(|source| CaptionError::Prompt { source })?;
+        Ok(encoding.get_ids().to_vec())
+    }
+
+    /// Micro-batches (one sample each) through the training loader: pixels and expanded ids.
+    pub fn batches(&self, samples: Vec<Sample>) -> Result<Vec<MicroBatch>, CaptionError> {
+        let plans: Vec<MicroBatchPlan> = (0..samples.len() as u64)
+            .map(|i| MicroBatchPlan {
+                kind: Kind::Image,
+                rows: vec![vec![i]],
+                zero_loss: false,
+            })
+            .collect();
+        let ids: Vec<String> = samples.iter().map(|s| s.id.clone()).collect();
+        let loader = Loader::new(Arc::new(samples), plans, self.loader.clone());
+        loader
+            .zip(ids)
+            .map(|(mb, sample)| mb.map_err(|source| CaptionError::Prepare { sample, source }))
+            .collect()
+    }
+
+    /// Generated text (special tokens dropped) and token count for one micro-batch.
+    pub fn caption(&self, mb: &MicroBatch) -> Result<(String, usize), CaptionError> {
+        let generation = self
+            .generator
+            .generate(&mb.input_ids, &mb.pixels, &self.options)
+            .map_err(|source| CaptionError::Generate {
+                samples: mb.sample_ids.join(","),
+                source: Box::new(source),
+            })?;
+        let ids: Vec<u32> = generation.tokens.iter().map(|&t| t as u32).collect();
+        let text = self
+            .encoder
+            .tokenizer()
+            .decode(&ids, true)
+            .map_err(|source| CaptionError::Decode {
+                ids: ids.clone(),
+                source,
+            })?;
+        Ok((text.trim().to_string(), ids.len()))
+    }
+}
+
+/// A prompt-only image sample (the shape the loader reads).
+pub fn image_sample(id: String, bytes: Vec<u8>, prompt: Vec<u32>) -> Sample {
+    let n = prompt.len();
+    Sample {
+        id,
+        kind: Kind::Image,
+        image: Some(bytes),
+        image_format: None,
+        width: 0,
+        height: 0,
+        conversation: Vec::new(),
+        label_mask: vec![false; n],
+        input_ids: prompt,
+        num_text_tokens: n as u32,
+        num_supervised_tokens: 0,
+        image_crc32c: None,
+        input_ids_crc32c: None,
+    }
+}
+
+/// A held-out shard sample as a prompt: its tokens before the first supervised one (the
+/// answer), and its reference answer (the first gpt/assistant turn).
+pub fn held_out_prompt(sample: Sample) -> Result<(Sample, String), CaptionError> {
+    let cut = sample
+        .label_mask
+        .iter()
+        .position(|&s| s)
+        .unwrap_or(sample.input_ids.len());
+    let reference = sample
+        .conversation
+        .iter()
+        .find(|t| Role::from_llava(&t.role) == Some(Role::Assistant))
+        .map(|t| t.text.clone())
+        .unwrap_or_default();
+    let Some(bytes) = sample.image else {
+        return Err(CaptionError::NoImage(sample.id));
+    };
+    let prompt = sample.input_ids[..cut].to_vec();
+    Ok((image_sample(sample.id, bytes, prompt), reference))
+}
