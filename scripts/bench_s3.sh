@@ -13,8 +13,6 @@ cargo build --release --features test-hooks
 SHARDS=${1:-$OUT/photos-shards}
 mkdir -p "$OUT"
 export NO_PROGRESS=1
-# The loader bench's PIL baseline: the repo's own (until tessera's built-in default points there).
-export TESSERA_REFERENCE_LOADER="${TESSERA_REFERENCE_LOADER:-$PWD/scripts/baselines/pil_loader.py}"
 if [ ! -f "$SHARDS/index.json" ]; then
   "$T" synth --quiet --out "$OUT/photos" --samples 2200 --text-only-fraction 0.1 --photos /usr/share/backgrounds/mate
   "$T" ingest --quiet --json "$OUT/photos/blip_laion_cc_sbu_558k.json" --images "$OUT/photos/images" \

@@ -1,5 +1,5 @@
 """bf16 matrix products on this CPU, libtorch's native kernels against the f32 kernels over the
-widened operands (what tessera's trainer/src/model/gemm.rs does on CPUs without bf16
+widened operands (what tessera's trainer/model/src/gemm.rs does on CPUs without bf16
 arithmetic), each against the plain f32 product of the same shape in the same run. Shapes: the
 Qwen2.5-0.5B MLP and SigLIP-so400m MLP products of a 1,489/1,458-token step, SDPA of one layer,
 and the 151,936-row head at 1-64 rows (where widening the head stops paying: MIN_WIDENED_ROWS).

@@ -4,7 +4,7 @@
 # safetensors as the Hub ships them), 2 images and ~1,490 tokens per step, f32 (or bf16 with
 # PRECISION=bf16), 2 threads.
 # tessera trains on shards from `synth` + `ingest` (budget 1536: two image samples per step);
-# ../shared/bench/hf_reference_step.py gets the same images, tokens and supervised tokens per
+# scripts/baselines/hf_train_step.py gets the same images, tokens and supervised tokens per
 # step (medians of tessera's metrics.jsonl). Runs alternate (tessera, transformers, tessera, ...)
 # so machine load hits both alike; each run's first step is warm-up and left out.
 #
@@ -21,8 +21,10 @@
 #                           projector,lm[,vision], the baseline --train lm[,vision]
 #        NPROC=1|2          tessera's ranks (peak RSS is per rank: /usr/bin/time on the launcher
 #                           reports the largest child)
-#        BENCH=dir          where hf_reference_step.py and make_hub_shaped_models.py are
-#                           (default ../shared/bench)
+#        BENCH=dir          where the baseline scripts are (default scripts/baselines, the
+#                           repo's own: hf_train_step.py, make_hub_shaped_models.py); a folder
+#                           with the older name hf_reference_step.py works too (e.g.
+#                           BENCH=../shared/bench, the reference the repo's were compared with)
 # Last line: "RATIO tessera/transformers median step <r> (<t> s / <h> s) ..." .
 # Needs: target/release/tessera (cargo build --release), python3, network to PyPI the first
 # time (a venv with torch 2.11 + transformers under data/hfvenv, git-ignored).
@@ -45,8 +47,10 @@ if [ -n "$TRAIN" ]; then
   STAGE_ARGS=(--stage 2 --train "projector,$TRAIN")
   BASELINE_ARGS="$BASELINE_ARGS --train $TRAIN"
 fi
-BENCH=${BENCH:-../shared/bench}
-[ -d "$BENCH" ] || BENCH=/work/shared/bench
+BENCH=${BENCH:-scripts/baselines}
+HF_STEP=$BENCH/hf_train_step.py
+[ -f "$HF_STEP" ] || HF_STEP=$BENCH/hf_reference_step.py
+[ -f "$HF_STEP" ] || { echo "cpu_vs_hf: no hf_train_step.py in BENCH=$BENCH" >&2; exit 1; }
 T=target/release/tessera
 W=data/cpu_vs_hf
 PY=data/hfvenv/bin/python
@@ -113,7 +117,7 @@ PY
 }
 baseline_run() { # TOKENS SUPERVISED -> "median_step_s rss_mib"
   local log="$W/baseline.log"
-  "$PY" "$BENCH/hf_reference_step.py" "$MODELS/siglip" "$MODELS/qwen" --images 2 \
+  "$PY" "$HF_STEP" "$MODELS/siglip" "$MODELS/qwen" --images 2 \
     --tokens "$1" --supervised "$2" --steps "$STEPS" --threads 2 $BASELINE_ARGS >"$log" 2>&1 \
     || { tail -5 "$log" >&2; exit 1; }
   python3 - "$log" <<'PY'

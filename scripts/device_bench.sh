@@ -3,13 +3,14 @@
 # and stage 2 (LoRA r 64) on the real shapes (google/siglip-so400m-patch14-384 +
 # Qwen/Qwen2.5-0.5B, random weights, bf16 safetensors as the Hub ships them) at a token budget
 # of 16,384, steps 5-25 timed: real tokens/s, images/s, peak GPU memory, MFU; then, in the same
-# run on the same GPU, the baseline a user would pick instead (`hf_reference_step.py --device
-# cuda --dtype bfloat16`: PyTorch eager + transformers) given the same images, tokens and
+# run on the same GPU, the baseline a user would pick instead (scripts/baselines/hf_train_step.py
+# --device cuda --dtype bfloat16: PyTorch eager + transformers) given the same images, tokens and
 # supervised tokens per step, and the ratio.
 #
 # The device gets the working tree plus at most 64 MiB of carried ignored files and cannot
 # download anything; its python3 has torch + transformers. So the checkpoints (2.2 GB) are
-# written there by make_hub_shaped_models.py, and DIR carries the rest. Prepare DIR here:
+# written there by scripts/baselines/make_hub_shaped_models.py (the baselines travel with the
+# working tree), and DIR carries the rest. Prepare DIR here:
 #   # CUDA_HOME/include: headers only, from PyPI (what worked on 2026-11-26, torch 2.11 / CUDA 13.0):
 #   #   pip download --no-deps -d whl nvidia-cuda-runtime==13.0.96 nvidia-cuda-crt==13.0.88 \
 #   #     nvidia-cuda-cccl==13.0.85 nvidia-nccl-cu13==2.28.9 nvidia-cublas==13.1.0.3 \
@@ -19,20 +20,20 @@
 #   cargo build --release --features cuda
 #   mkdir -p data/device && cp target/release/tessera data/device/ && strip data/device/tessera
 #   cp .deps/tokenizer/tokenizer.json data/device/
-#   cp ../shared/bench/make_hub_shaped_models.py ../shared/bench/hf_reference_step.py data/device/
 #   du -sh data/device     # stripped: 26 MiB for the CPU build here; with the tree, keep < 64 MiB
 # Run (device tool): command "bash scripts/device_bench.sh data/device", carry ["data/device"],
 # timeout_s 600. The summary and metrics come back under $OUT (default /tmp/device_bench_out).
 #
 # Dry run on a CPU (everything but CUDA): DEVICE=cpu bash scripts/device_bench.sh DIR, with DIR
-# holding a CPU build of `tessera` (or a link to target/release/tessera), tokenizer.json and the
-# two python files (else ../shared/bench is used). It trains the tiny preset (budget 512, steps
-# 2-5 timed) and runs the baseline on the CPU in f32; PY=path/to/python with torch +
-# transformers (default python3).
+# holding a CPU build of `tessera` (or a link to target/release/tessera) and tokenizer.json.
+# It trains the tiny preset (budget 512, steps 2-5 timed) and runs the baseline on the CPU in
+# f32; PY=path/to/python with torch + transformers (default python3).
 # Knobs: STEPS (26 on cuda: steps 0-25), FROM (first timed step: 5), BUDGET (16384), SAMPLES
 # (1200), PRECISION (bf16 on cuda, passed as --precision when the binary has the flag),
 # LORA_R (64), HUB=path (reuse checkpoints already written), TESSERA_DENSE_ATTENTION=1 (dense
-# mask instead of the varlen kernels, to compare).
+# mask instead of the varlen kernels, to compare), BENCH=dir (where the baseline scripts are:
+# default scripts/baselines, the repo's own; a folder with the older name hf_reference_step.py,
+# e.g. a carried copy of ../shared/bench, works too).
 set -uo pipefail
 DIR="$(cd "${1:?usage: device_bench.sh DIR}" && pwd)"
 REPO="$(cd "$(dirname "$0")/.." && pwd)"
@@ -49,9 +50,9 @@ else
   PRECISION="${PRECISION:-f32}" HF_DTYPE=float32
 fi
 LORA_R="${LORA_R:-64}"
-BENCH="$DIR"
-[ -f "$BENCH/hf_reference_step.py" ] || BENCH="$REPO/../shared/bench"
-[ -f "$BENCH/hf_reference_step.py" ] || BENCH=/work/shared/bench
+BENCH="${BENCH:-$REPO/scripts/baselines}"
+HF_STEP="$BENCH/hf_train_step.py"
+[ -f "$HF_STEP" ] || HF_STEP="$BENCH/hf_reference_step.py"
 mkdir -p "$OUT"
 rm -rf "$W" && mkdir -p "$W"
 exec > >(tee "$OUT/device_bench.log") 2>&1
@@ -142,7 +143,7 @@ EOF
 )
 read -r IMAGES TOKENS SUPERVISED <<<"${per_step:-}"
 if [ -n "${IMAGES:-}" ]; then
-  step "transformers baseline" 300 --gpu hf --log "$W/hf.log" "$PY" "$BENCH/hf_reference_step.py" \
+  step "transformers baseline" 300 --gpu hf --log "$W/hf.log" "$PY" "$HF_STEP" \
     "$VISION" "$LM" --device "$DEVICE" --dtype "$HF_DTYPE" --images "$IMAGES" --tokens "$TOKENS" \
     --supervised "$SUPERVISED" --steps $((STEPS - FROM + 1)) --threads "$(nproc)"
 else

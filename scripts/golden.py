@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Golden fixtures for tessera's model parity tests (trainer/tests/model/golden.rs).
+"""Golden fixtures for tessera's model parity tests (trainer/model/tests/model/golden.rs).
 
 Builds tiny random-weight models with transformers itself -- a SiglipVisionModel, a tied and an
 untied Qwen2ForCausalLM (vocabulary 512 so the fixtures stay small), and LLaVA's mlp2x_gelu

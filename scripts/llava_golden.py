@@ -1,10 +1,12 @@
 #!/usr/bin/env python3
-"""LLaVA fixtures for tessera's export and generation parity tests (trainer/tests/model/llava.rs).
+"""LLaVA fixtures for tessera's export and generation parity tests
+(trainer/train/tests/fsdp_vlm/llava.rs).
 
 Builds a tiny random transformers `LlavaForConditionalGeneration` out of the golden fixtures
-that scripts/golden.py wrote (SigLIP tower `vision/`, tied Qwen2 `lm_tied/` with vocabulary 512,
-LLaVA's projector `projector.safetensors`), with tessera's LLaVA settings (vision_feature_layer
--2, strategy "full", projector_hidden_act "gelu", no pooling head), and writes under
+that scripts/golden.py wrote (SigLIP tower `vision/`, untied Qwen2 `lm_untied/` with
+vocabulary 512, LLaVA's projector `projector.safetensors`), with tessera's LLaVA settings
+(vision_feature_layer -2, strategy "full", projector_hidden_act "gelu", no pooling head), and
+writes under
 tests/fixtures/llava/:
 
   expected.json        the tensor names and shapes `save_pretrained` writes, and the config

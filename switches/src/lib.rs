@@ -65,7 +65,7 @@ pub struct Switches {
     /// (default 120).
     pub remote_retry: Duration,
     /// `TESSERA_REFERENCE_LOADER`: the PIL reference loader script of `tessera bench loader`
-    /// (default unset: `../shared/bench/pil_reference_loader.py` next to the repository).
+    /// (default unset: the repository's `scripts/baselines/pil_loader.py`).
     pub reference_loader: Option<PathBuf>,
     /// `TESSERA_PYTHON`: the Python that runs the PIL reference loader (default unset: the
     /// repository's `.deps/venv`, else `python3` on PATH).

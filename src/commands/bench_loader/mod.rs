@@ -1,6 +1,6 @@
 //! `tessera bench loader`: the loader's images/s on a shard directory, next to the decode-only
 //! bound (the `image` crate decoding the same bytes on the same thread count) and the PIL
-//! reference loader (../shared/bench/pil_reference_loader.py) on the same images and worker
+//! reference loader (the repo's scripts/baselines/pil_loader.py) on the same images and worker
 //! count. Human-readable lines first, then one JSON line.
 mod measure;
 mod remote;
@@ -273,7 +273,7 @@ fn run_reference(
     workers: usize,
 ) -> anyhow::Result<Option<f64>> {
     let Some(script) = reference_script() else {
-        tracing::warn!("pil_reference_loader.py not found (set TESSERA_REFERENCE_LOADER)");
+        tracing::warn!("scripts/baselines/pil_loader.py not found (set TESSERA_REFERENCE_LOADER)");
         return Ok(None);
     };
     let Some(python) = python_with_pillow() else {
@@ -314,12 +314,12 @@ fn run_reference(
     ))
 }
 
-/// $TESSERA_REFERENCE_LOADER, else ../shared/bench/pil_reference_loader.py next to the repo.
+/// $TESSERA_REFERENCE_LOADER, else the repo's scripts/baselines/pil_loader.py.
 fn reference_script() -> Option<PathBuf> {
     if let Some(p) = &Switches::get().reference_loader {
         return Some(p.clone());
     }
-    let rel = Path::new("../shared/bench/pil_reference_loader.py");
+    let rel = Path::new("scripts/baselines/pil_loader.py");
     [
         PathBuf::from("."),
         PathBuf::from(env!("CARGO_MANIFEST_DIR")),

@@ -1,0 +1,117 @@
+#!/usr/bin/env python3
+"""Random-weight stand-ins for the two Hub checkpoints tessera's benchmarks use, with the configs
+and file layout the Hub ships, so that benchmarks run the real shapes without downloading:
+  OUT_DIR/siglip: google/siglip-so400m-patch14-384, a full SiglipModel (text and vision towers),
+                  config.json with nested text_config / vision_config (27 layers, 1152 wide,
+                  MLP 4304, 16 heads, 384 px, patch 14);
+  OUT_DIR/qwen:   Qwen/Qwen2.5-0.5B, Qwen2ForCausalLM (24 layers, 896 wide, 14 heads, 2 KV heads,
+                  vocab 151,936, rope_theta 1e6 at the top level, tied input/output embeddings).
+Weights: transformers' own random initialisation (seed 0), stored as bf16 model.safetensors.
+What it measures: nothing; it is the fixture the benchmarks (scripts/cpu_vs_hf.sh,
+scripts/device_bench.sh, hf_train_step.py) load. About 2.7 GB on disk, ~6 GB of RAM while
+writing, a few minutes on 2 cores.
+
+Run: python scripts/baselines/make_hub_shaped_models.py OUT_DIR [--layers N]
+  (a Python with torch and transformers, e.g. .deps/hfvenv/bin/python). --layers N gives every
+  tower N layers instead (quick tests only: config.json then differs from the Hub's).
+"""
+import argparse
+import copy
+import json
+import os
+import time
+
+import torch
+from transformers import Qwen2Config, Qwen2ForCausalLM, SiglipConfig, SiglipModel
+
+# config.json of google/siglip-so400m-patch14-384 (the two vision defaults written out).
+SIGLIP_SO400M_384 = {
+    "architectures": ["SiglipModel"],
+    "initializer_factor": 1.0,
+    "model_type": "siglip",
+    "text_config": {
+        "hidden_size": 1152,
+        "intermediate_size": 4304,
+        "model_type": "siglip_text_model",
+        "num_attention_heads": 16,
+        "num_hidden_layers": 27,
+    },
+    "torch_dtype": "bfloat16",
+    "vision_config": {
+        "hidden_size": 1152,
+        "image_size": 384,
+        "intermediate_size": 4304,
+        "model_type": "siglip_vision_model",
+        "num_attention_heads": 16,
+        "num_hidden_layers": 27,
+        "patch_size": 14,
+        "hidden_act": "gelu_pytorch_tanh",
+        "layer_norm_eps": 1e-06,
+    },
+}
+
+# config.json of Qwen/Qwen2.5-0.5B.
+QWEN25_05B = {
+    "architectures": ["Qwen2ForCausalLM"],
+    "attention_dropout": 0.0,
+    "bos_token_id": 151643,
+    "eos_token_id": 151643,
+    "hidden_act": "silu",
+    "hidden_size": 896,
+    "initializer_range": 0.02,
+    "intermediate_size": 4864,
+    "max_position_embeddings": 32768,
+    "max_window_layers": 24,
+    "model_type": "qwen2",
+    "num_attention_heads": 14,
+    "num_hidden_layers": 24,
+    "num_key_value_heads": 2,
+    "rms_norm_eps": 1e-06,
+    "rope_theta": 1000000.0,
+    "sliding_window": 32768,
+    "tie_word_embeddings": True,
+    "torch_dtype": "bfloat16",
+    "transformers_version": "4.40.1",
+    "use_cache": True,
+    "use_mrope": False,
+    "use_sliding_window": False,
+    "vocab_size": 151936,
+}
+
+# Keys of a config.json that describe the file, not the model: not constructor arguments.
+FILE_KEYS = ("architectures", "model_type", "torch_dtype", "transformers_version")
+
+
+def write(model, hub_config, folder):
+    """Save `model` in bf16, then put the Hub's config.json in place of the one transformers
+    wrote (which would carry this transformers' version and every default spelled out)."""
+    model.to(torch.bfloat16).save_pretrained(folder, safe_serialization=True)
+    with open(os.path.join(folder, "config.json"), "w") as f:
+        json.dump(hub_config, f, indent=2)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("out", help="folder that gets siglip/ and qwen/")
+    ap.add_argument("--layers", type=int, default=0, help="layers per tower (0: the Hub's)")
+    args = ap.parse_args()
+    siglip, qwen = copy.deepcopy(SIGLIP_SO400M_384), copy.deepcopy(QWEN25_05B)
+    if args.layers:
+        for tower in (siglip["text_config"], siglip["vision_config"], qwen):
+            tower["num_hidden_layers"] = args.layers
+        qwen["max_window_layers"] = args.layers
+    torch.manual_seed(0)
+    start = time.perf_counter()
+
+    config = SiglipConfig(text_config=siglip["text_config"], vision_config=siglip["vision_config"],
+                          initializer_factor=siglip["initializer_factor"])
+    write(SiglipModel(config), siglip, os.path.join(args.out, "siglip"))
+    print(f"siglip written in {time.perf_counter() - start:.0f}s", flush=True)
+
+    config = Qwen2Config(**{k: v for k, v in qwen.items() if k not in FILE_KEYS})
+    write(Qwen2ForCausalLM(config), qwen, os.path.join(args.out, "qwen"))
+    print(f"qwen written in {time.perf_counter() - start:.0f}s", flush=True)
+
+
+if __name__ == "__main__":
+    main()
