@@ -16,7 +16,7 @@
 #   #     nvidia-cuda-cccl==13.0.85 nvidia-nccl-cu13==2.28.9 nvidia-cublas==13.1.0.3 \
 #   #     nvidia-cusparse==12.6.3.3 nvidia-cusolver==12.0.4.66
 #   #   unzip each wheel; merge their nvidia/*/include folders into $CUDA_HOME/include
-#   export LIBTORCH=$PWD/.deps/libtorch CUDA_HOME=/path/with/cuda+nccl/include  # trainer/build.rs
+#   export LIBTORCH=$PWD/.deps/libtorch CUDA_HOME=/path/with/cuda+nccl/include  # trainer/sys/build.rs
 #   cargo build --release --features cuda
 #   mkdir -p data/device && cp target/release/tessera data/device/ && strip data/device/tessera
 #   cp .deps/tokenizer/tokenizer.json data/device/

@@ -73,7 +73,7 @@ fn compile_shim(root: &Path, lib_dir: &Path) {
                 let include = Path::new(&cuda_home).join("include");
                 if !include.join("nccl.h").is_file() {
                     println!(
-                        "cargo:warning=feature cuda: {} has no nccl.h (see trainer/build.rs)",
+                        "cargo:warning=feature cuda: {} has no nccl.h (see trainer/sys/build.rs)",
                         include.display()
                     );
                 }
@@ -81,7 +81,7 @@ fn compile_shim(root: &Path, lib_dir: &Path) {
             }
             None => println!(
                 "cargo:warning=feature cuda: CUDA_HOME is not set; the CUDA and NCCL headers \
-                 must be on the compiler's default path (see trainer/build.rs)"
+                 must be on the compiler's default path (see trainer/sys/build.rs)"
             ),
         }
         println!("cargo:rerun-if-env-changed=CUDA_HOME");

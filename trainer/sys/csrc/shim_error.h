@@ -1,6 +1,6 @@
 // The shims' one error convention: every entry point catches every C++ exception and returns it
 // as a heap C string (NULL means success), which Rust turns into an error and frees with
-// tc_free_error (defined once, in c10d_shim.cpp). See trainer/src/shim.rs.
+// tc_free_error (defined once, in c10d_shim.cpp). See trainer/sys/src/error.rs.
 #pragma once
 
 #include <cstdlib>

@@ -1,4 +1,4 @@
-// `linear` for bf16 tensors on a CPU without bf16 arithmetic (trainer/src/model/gemm.rs): the
+// `linear` for bf16 tensors on a CPU without bf16 arithmetic (trainer/model/src/gemm.rs): the
 // product runs on the f32 kernels over the widened operands and is rounded to bf16, as a custom
 // autograd function that saves the bf16 operands (the input activation and the weight itself,
 // no copy) and widens them again in backward. Plain autograd over `x.to(f32)` would keep the

@@ -22,10 +22,11 @@
 //! and format 2 (per-rank shards without a layout: the same W only) still resume. The data plan
 //! keeps the world size it was laid out for (`plan_world_size`): a resumed run executes that
 //! plan's per-rank micro-batches on its own ranks, so every step trains on the same samples
-//! as the uninterrupted run (see `run::RankLayout`).
+//! as the uninterrupted run (see `layout::RankLayout`).
 //! Frozen parameters are not stored: the model directories hold them, and `meta.json` names
 //! those directories by fingerprint (configs and weight files), checked on resume with the
-//! rest of the run record (everything that changes the math). After each commit [`prune`]
+//! rest of the run record (everything that changes the math: the knobs marked `#[resume]` in
+//! `config.rs`, by serde's names and spellings). After each commit [`prune`]
 //! keeps the last `--keep-checkpoints` and every `--keep-every`-th.
 //! Protocol: every rank calls [`CheckpointWriter::begin`], writes its files, calls
 //! [`CheckpointWriter::finish_rank`]; after a barrier rank 0 calls [`CheckpointWriter::commit`],
@@ -35,6 +36,7 @@ use super::run_dir::RunDir;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use tessera_fsdp::Strategy;
 
 /// v4: per-rank flat shards plus a layout (any world size resumes it, nothing gathered). v3:
 /// trainable state per parameter on rank 0 (any world size). v2: per-rank flat shards
@@ -84,8 +86,8 @@ pub enum CheckpointError {
     UnknownKey { key: String, known: String },
     #[error(
         "checkpoint {dir} has format version {found} (it stores frozen weights and no run \
-         record); this tessera resumes formats 2 and 3 only: start the run again \
-         (export and --init-projector still read it)"
+         record); this tessera resumes formats {RESUMABLE_FORMAT} to {FORMAT_VERSION} only: \
+         start the run again (export and --init-projector still read it)"
     )]
     TooOld { dir: PathBuf, found: u32 },
     /// Hashing or atomically writing one of its files failed (the message names the file).
@@ -125,20 +127,38 @@ pub struct CheckpointMeta {
     /// Optimizer steps completed: a resumed run starts at this step.
     pub step: u64,
     pub world_size: usize,
-    pub strategy: String,
+    /// Written by its serde name (`full_shard`); checkpoints written before that hold the
+    /// Rust name (`FullShard`), read as well.
+    #[serde(deserialize_with = "strategy_either_spelling")]
+    pub strategy: Strategy,
     pub stage: u8,
     pub model: ModelFingerprint,
     pub data_fingerprint: String,
     /// The resolved training config (as JSON) of the run that wrote it.
     pub config: serde_json::Value,
-    /// What a resume must match, by key (`lr`, `seed`, `lm_weights`, ...): see
-    /// `run::run_record`. Empty in format-v1 checkpoints.
+    /// What a resume must match, by key (`lr`, `seed`, `lm_weights`, ...): the knobs marked
+    /// `#[resume]` in `config.rs` and the fingerprints `TrainLoop::run_record` (`run.rs`) adds.
+    /// Empty in format-v1 checkpoints.
     #[serde(default)]
     pub run: BTreeMap<String, String>,
     /// The world size the data plan is laid out for (the first run's); absent before format 3,
     /// where it equals `world_size`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub plan_world_size: Option<usize>,
+}
+
+/// `full_shard` (serde's name, as the config spells it) or `FullShard` (the Rust name that
+/// checkpoints before the run record came from the knob list hold).
+fn strategy_either_spelling<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Strategy, D::Error> {
+    let name = String::deserialize(d)?;
+    let mut snake = String::new();
+    for (i, c) in name.chars().enumerate() {
+        if c.is_ascii_uppercase() && i > 0 {
+            snake.push('_');
+        }
+        snake.push(c.to_ascii_lowercase());
+    }
+    serde_json::from_value(serde_json::Value::String(snake)).map_err(serde::de::Error::custom)
 }
 
 impl CheckpointMeta {
@@ -272,6 +292,9 @@ pub struct Expected<'a> {
     pub run: &'a BTreeMap<String, String>,
     /// Record keys allowed to differ (`--resume-changing`).
     pub allow_changing: &'a [String],
+    /// Every knob a run record can hold (`TrainConfig::resume_knobs`), whether or not this
+    /// run's holds it: `--resume-changing lora_r` is how to drop LoRA from a LoRA run.
+    pub resume_knobs: &'a [&'a str],
 }
 
 /// Fingerprints are long: a message shows their first 12 characters.
@@ -304,7 +327,7 @@ impl Checkpoint {
             return Err(CheckpointError::Corrupt {
                 dir: dir.to_path_buf(),
                 reason: format!(
-                    "format version {} (this tessera reads {FORMAT_VERSION})",
+                    "format version {} (this tessera reads formats 1 to {FORMAT_VERSION})",
                     meta.format_version
                 ),
             });
@@ -326,9 +349,9 @@ impl Checkpoint {
     }
 
     /// Refuses a checkpoint of an old format (or format 2 at another world size), another
-    /// parameter set, or whose run
-    /// record differs from this run's in a key not allowed to change; the refusal names every
-    /// difference (`key: old -> new`).
+    /// parameter set, or whose run record differs from this run's in a key not allowed to
+    /// change; the refusal names every difference (`key: old -> new`, `(none)` for a key one
+    /// record lacks). A `--resume-changing` key must be a run-record key.
     pub fn check_matches(&self, want: &Expected<'_>) -> Result<(), CheckpointError> {
         let dir = self.dir.clone();
         let m = &self.meta;
@@ -351,21 +374,28 @@ impl Checkpoint {
                 what: "the parameter set (names, shapes, LoRA)",
             });
         }
+        let mut keys: Vec<&str> = m
+            .run
+            .keys()
+            .chain(want.run.keys())
+            .map(String::as_str)
+            .collect();
+        keys.sort();
+        keys.dedup();
         if let Some(key) = want
             .allow_changing
             .iter()
-            .find(|k| !want.run.contains_key(k.as_str()))
+            .find(|k| !keys.contains(&k.as_str()) && !want.resume_knobs.contains(&k.as_str()))
         {
-            let known: Vec<&str> = want.run.keys().map(String::as_str).collect();
+            let mut known: Vec<&str> = keys.iter().chain(want.resume_knobs).copied().collect();
+            known.sort();
+            known.dedup();
             return Err(CheckpointError::UnknownKey {
                 key: key.clone(),
                 known: known.join(", "),
             });
         }
         let missing = String::from("(none)");
-        let mut keys: Vec<&String> = m.run.keys().chain(want.run.keys()).collect();
-        keys.sort();
-        keys.dedup();
         let mut changes = Vec::new();
         let mut changed_keys = Vec::new();
         for key in keys {
@@ -374,12 +404,12 @@ impl Checkpoint {
             if old == new {
                 continue;
             }
-            if want.allow_changing.contains(key) {
+            if want.allow_changing.iter().any(|k| k == key) {
                 tracing::warn!("--resume-changing {key}: {} -> {}", shown(old), shown(new));
                 continue;
             }
             changes.push(format!("{key}: {} -> {}", shown(old), shown(new)));
-            changed_keys.push(key.as_str());
+            changed_keys.push(key);
         }
         if !changes.is_empty() {
             return Err(CheckpointError::RunChanged {

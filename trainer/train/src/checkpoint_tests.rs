@@ -36,7 +36,7 @@ fn meta(step: u64, world_size: usize) -> CheckpointMeta {
         format_version: FORMAT_VERSION,
         step,
         world_size,
-        strategy: "full_shard".into(),
+        strategy: tessera_fsdp::Strategy::FullShard,
         stage: 1,
         model: model(),
         data_fingerprint: "d1".into(),
@@ -71,6 +71,7 @@ fn expected<'a>(m: &'a ModelFingerprint, run: &'a BTreeMap<String, String>) -> E
         model: m,
         run,
         allow_changing: &[],
+        resume_knobs: &["lr", "seed", "stage", "lora_r"],
     }
 }
 
@@ -234,6 +235,65 @@ fn a_format_1_checkpoint_opens_but_is_not_resumed() -> anyhow::Result<()> {
         .expect_err("v1 resume")
         .to_string();
     assert!(msg.contains("format version 1"), "{msg}");
+    Ok(())
+}
+
+#[test]
+fn meta_json_names_the_strategy_as_the_config_does_and_reads_the_old_spelling() -> anyhow::Result<()>
+{
+    let run = tempfile::tempdir()?;
+    write(run.path(), 10, 2)?;
+    let meta = RunDir::new(run.path()).checkpoint(10).join("meta.json");
+    let mut value: serde_json::Value = serde_json::from_slice(&std::fs::read(&meta)?)?;
+    assert_eq!(value["strategy"], "full_shard");
+    // Checkpoints written before the run record came from the knob list: the Rust name.
+    for (old, strategy) in [
+        ("FullShard", tessera_fsdp::Strategy::FullShard),
+        ("HybridShardZero2", tessera_fsdp::Strategy::HybridShardZero2),
+    ] {
+        value["strategy"] = old.into();
+        std::fs::write(&meta, serde_json::to_vec(&value)?)?;
+        let ckpt = open(run.path(), 10)?;
+        assert_eq!(ckpt.meta.strategy, strategy);
+        ckpt.check_matches(&expected(&model(), &run_record()))?;
+    }
+    value["strategy"] = "ZeroThree".into();
+    std::fs::write(&meta, serde_json::to_vec(&value)?)?;
+    let msg = open(run.path(), 10)
+        .expect_err("no such strategy")
+        .to_string();
+    assert!(
+        msg.contains("meta.json") && msg.contains("zero_three"),
+        "{msg}"
+    );
+    Ok(())
+}
+
+#[test]
+fn resume_changing_accepts_a_knob_only_one_record_holds() -> anyhow::Result<()> {
+    let run = tempfile::tempdir()?;
+    write(run.path(), 10, 2)?;
+    let ckpt = open(run.path(), 10)?;
+    let mut lora = run_record();
+    lora.insert("lora_r".into(), "128".into());
+    let msg = ckpt
+        .check_matches(&expected(&model(), &lora))
+        .expect_err("LoRA added")
+        .to_string();
+    assert!(
+        msg.contains("lora_r: (none) -> 128") && msg.contains("--resume-changing lora_r"),
+        "{msg}"
+    );
+    let allowed = ["lora_r".to_string()];
+    ckpt.check_matches(&Expected {
+        allow_changing: &allowed,
+        ..expected(&model(), &lora)
+    })?;
+    // A knob of the list that neither record holds is still a key, and changes nothing.
+    ckpt.check_matches(&Expected {
+        allow_changing: &allowed,
+        ..expected(&model(), &run_record())
+    })?;
     Ok(())
 }
 

@@ -10,10 +10,13 @@
 //! [`ConfigError`] naming the field and the reason.
 //!
 //! Adding a knob: one entry in `knobs!` (`/// help` + `name: Type = default(value)`), plus a
-//! check in [`TrainConfig::validate`] if some values are invalid. Enum values parse through
-//! `clap::ValueEnum` (derive it next to serde's, both `snake_case`) or `FromStr`.
+//! check in [`TrainConfig::validate`] if some values are invalid, and `#[resume]` if it changes
+//! the math (a resumed run must then have the checkpoint's value: see
+//! [`TrainConfig::resume_record`]). Enum values parse through `clap::ValueEnum` (derive it next
+//! to serde's, both `snake_case`) or `FromStr`.
 #[macro_use]
 mod knobs;
+use knobs::record_value;
 
 pub use super::train_parts::TrainParts;
 pub use pipeline::loader::{BadImagePolicy, ResizePolicy};
@@ -97,6 +100,16 @@ impl From<Stage> for u8 {
     }
 }
 
+impl Stage {
+    /// What trains unless `--train` says otherwise.
+    pub fn default_parts(self) -> TrainParts {
+        match self {
+            Stage::Align => TrainParts::PROJECTOR,
+            Stage::Finetune => TrainParts::PROJECTOR_LORA,
+        }
+    }
+}
+
 /// Where tensors live.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "snake_case")]
@@ -109,7 +122,13 @@ pub enum Device {
 }
 
 // The training knobs, once: each is a TOML key, a `--flag` (help = its doc comment), a field of
-// `ConfigLayer` (`Option<T>`) and of `TrainConfig`. See `knobs.rs` for the forms of the default.
+// `ConfigLayer` (`Option<T>`) and of `TrainConfig`; `#[resume]` puts it in the run record a
+// resume must match. See `knobs.rs` for the forms of the default and of `#[resume]`.
+//
+// Not `#[resume]`: what the record holds in another form (`shards` by the data's fingerprint,
+// `vision`/`lm` by their files' fingerprints, `steps`/`epochs` as `total_steps`, `image_size`
+// as the size the tower resolved: see `run.rs`), and what leaves the math alone (the world size,
+// the strategy, recomputation, the device, checkpointing, validation, the loader, the cache).
 knobs! {
     /// Shard directory written by `tessera ingest`: a path, or a URL (s3://bucket/prefix,
     /// gs://, az://, https://) read in byte ranges through a local cache.
@@ -120,14 +139,14 @@ knobs! {
     lm: PathBuf = required("a Qwen2 Hugging Face directory"),
     /// 1: alignment (trains the projector); 2: instruction tuning (projector + LoRA unless
     /// --train says otherwise). The preset of --train and the learning rates.
+    #[resume]
     stage: Stage = required("1: projector only, 2: projector + LoRA"),
     /// The parts that learn, comma-separated: projector, lora, lm (the whole LM), vision (the
     /// whole tower) or vision:K (its last K layers). Default: stage 1 `projector`, stage 2
     /// `projector,lora`; LLaVA-1.5's full stage 2 is `projector,lm`.
-    train: TrainParts = default(match stage {
-        Stage::Align => TrainParts::PROJECTOR,
-        Stage::Finetune => TrainParts::PROJECTOR_LORA,
-    }),
+    // Recorded only past the stage's parts, so runs from before `--train` still resume.
+    #[resume(when = |c| c.train != c.stage.default_parts())]
+    train: TrainParts = default(stage.default_parts()),
     /// Run directory: metrics.jsonl, checkpoints/, loss.png, summary.json.
     out: PathBuf = required("the run directory to write"),
     /// Local ranks to launch (ignored when RANK is set, e.g. under torchrun).
@@ -142,36 +161,48 @@ knobs! {
     /// Full passes over the data (instead of --steps).
     epochs: u32 = default(1),
     /// Tokens per rank per micro-batch, padding included (default 4096).
+    #[resume]
     token_budget: usize = default(4096),
     /// Micro-steps (gradient accumulation) per optimizer step (default 1).
+    #[resume]
     micro_steps: usize = default(1),
     /// Peak learning rate (stage 1 default 1e-3; stage 2 default 2e-4 for LoRA).
+    #[resume]
     lr: f64 = default(match stage {
         Stage::Align => 1e-3,
         Stage::Finetune => 2e-4,
     }),
     /// Stage 2: projector learning rate (default 2e-5).
+    #[resume]
     projector_lr: f64 = default(match stage {
         Stage::Align => 1e-3,
         Stage::Finetune => 2e-5,
     }),
     /// Learning rate of the LM's own weights when --train has `lm` (default 2e-5, LLaVA-1.5's
     /// full fine-tune).
+    #[resume(when = |c| c.train.lm)]
     lm_lr: f64 = default(2e-5),
     /// Learning rate of the vision tower when --train has `vision` (default 2e-6,
     /// LLaVA-OneVision's).
+    #[resume(when = |c| c.train.vision != tessera_model::VisionTraining::Frozen)]
     vision_lr: f64 = default(2e-6),
     /// Warmup as a fraction of all steps (default 0.03), then cosine decay to 0.
+    #[resume]
     warmup_ratio: f64 = default(0.03),
     /// AdamW weight decay (default 0).
+    #[resume]
     weight_decay: f64 = default(0.0),
     /// Clip the global gradient norm to this (default 1.0; 0 = off).
+    #[resume]
     grad_clip: f64 = default(1.0),
     /// Stage 2: LoRA rank (default 128).
+    #[resume(when = |c| c.train.lora)]
     lora_r: usize = default(128),
     /// Stage 2: LoRA alpha (default 256).
+    #[resume(when = |c| c.train.lora)]
     lora_alpha: f64 = default(256.0),
     /// Seed of the data order and fresh initialisations (default 42).
+    #[resume]
     seed: u64 = default(42),
     /// Checkpoint every N steps (and always at the end; default 0 = only at the end).
     checkpoint_every: u64 = default(0),
@@ -187,8 +218,10 @@ knobs! {
     /// Vision input size in pixels (default: the vision config's image_size).
     image_size: usize = optional,
     /// How images become square: squash (SigLIP) or pad (LLaVA expand2square).
+    #[resume]
     resize: ResizePolicy = default(ResizePolicy::Squash),
     /// Longest packed row in tokens (default 2048).
+    #[resume]
     seq_len: usize = default(2048),
     /// Loader worker threads per rank (default: $TESSERA_LOADER_THREADS, else the cores, at
     /// most 8).
@@ -219,12 +252,15 @@ knobs! {
     cache_limit: String = default("50GB".to_string()),
     /// Compute dtype: bf16 (mixed precision: f32 master weights, gradients and AdamW moments;
     /// bf16 gathered weights and compute) or f32 (default: bf16 on cuda, f32 on cpu).
+    // Recorded only when not f32, so runs from before the knob existed still resume.
+    #[resume(when = |c| c.precision != Dtype::F32)]
     precision: Dtype = default(match device {
         Device::Cuda => Dtype::Bf16,
         Device::Cpu => Dtype::F32,
     }),
     /// Dtype gradients are reduce-scattered in under bf16 precision (default f32; bf16 halves
     /// the bytes sent).
+    #[resume(when = |c| c.precision != Dtype::F32)]
     reduce_dtype: Dtype = default(Dtype::F32),
 }
 

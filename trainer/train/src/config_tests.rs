@@ -402,3 +402,94 @@ fn precision_defaults_to_bf16_on_cuda_and_f32_on_cpu_and_is_stored_resolved() ->
     );
     Ok(())
 }
+
+/// The record as `run.rs` wrote it by hand before it came from the knob list: the same config
+/// must give the same keys and the same spellings, or older checkpoints would not resume.
+#[test]
+fn the_resume_record_spells_values_as_older_checkpoints_hold_them() -> anyhow::Result<()> {
+    let pairs = |p: &[(&str, &str)]| -> std::collections::BTreeMap<String, String> {
+        p.iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    };
+    let stage1 = base().resolve()?;
+    let common = [
+        ("warmup_ratio", "0.03"),
+        ("weight_decay", "0"),
+        ("grad_clip", "1"),
+        ("token_budget", "4096"),
+        ("seq_len", "2048"),
+        ("micro_steps", "1"),
+        ("seed", "42"),
+    ];
+    let mut want = pairs(&common);
+    want.extend(pairs(&[
+        ("stage", "1"),
+        ("lr", "0.001"),
+        ("projector_lr", "0.001"),
+        ("resize", "squash"),
+    ]));
+    assert_eq!(stage1.resume_record(), want);
+
+    // Stage 2 in bf16 with the LM and 4 vision layers training: the conditional knobs appear.
+    let stage2 = ConfigLayer {
+        stage: Some(Stage::Finetune),
+        train: Some(
+            "projector,lm,vision:4"
+                .parse()
+                .map_err(anyhow::Error::msg)?,
+        ),
+        resize: Some(ResizePolicy::Pad),
+        precision: Some(Dtype::Bf16),
+        ..base()
+    }
+    .resolve()?;
+    let mut want = pairs(&common);
+    want.extend(pairs(&[
+        ("stage", "2"),
+        ("lr", "0.0002"),
+        ("projector_lr", "0.00002"),
+        ("resize", "pad"),
+        ("precision", "bf16"),
+        ("reduce_dtype", "f32"),
+        ("train", "projector,lm,vision:4"),
+        ("lm_lr", "0.00002"),
+        ("vision_lr", "0.000002"),
+    ]));
+    assert_eq!(stage2.resume_record(), want);
+
+    // Stage 2's own parts (projector + LoRA) record LoRA's shape, not `train`.
+    let lora = ConfigLayer {
+        stage: Some(Stage::Finetune),
+        ..base()
+    }
+    .resolve()?;
+    let record = lora.resume_record();
+    assert_eq!(
+        (
+            record.get("lora_r"),
+            record.get("lora_alpha"),
+            record.get("train")
+        ),
+        (Some(&"128".to_string()), Some(&"256".to_string()), None)
+    );
+    let knobs: Vec<&str> = TrainConfig::resume_knobs().collect();
+    assert!(
+        [
+            "stage",
+            "train",
+            "lr",
+            "lora_r",
+            "precision",
+            "reduce_dtype"
+        ]
+        .iter()
+        .all(|k| knobs.contains(k))
+            // `run.rs` records these in another form, under the same names.
+            && ["shards", "image_size", "steps"].iter().all(|k| !knobs.contains(k))
+            && !knobs.contains(&"strategy")
+            && !knobs.contains(&"nproc"),
+        "{knobs:?}"
+    );
+    Ok(())
+}

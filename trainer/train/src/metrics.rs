@@ -1,5 +1,6 @@
-//! Per-step metrics: one JSON object per optimizer step appended to `metrics.jsonl`, a progress
-//! line on stderr, and `summary.json` at the end of the run.
+//! What a run reports: one JSON object per optimizer step appended to `metrics.jsonl`
+//! ([`StepMetrics`]) and to `plan.jsonl` (the step's samples), both through a [`StepLog`]; a
+//! progress line on stderr; `summary.json` at the end of the run.
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::io::{BufRead, Write};
@@ -28,7 +29,9 @@ pub struct StepMetrics {
     pub real_tokens: u64,
     pub supervised_tokens: u64,
     pub images: u64,
-    /// Seconds per unit kind ("vision", "projector", "lm"), forward + backward, this rank.
+    /// Seconds of the step per part, this rank, all micro-steps: each unit component's
+    /// forward, backward and recompute (`vision`, `projector`, `embed`, `lm_layers`, `head`),
+    /// then `gather_wait`, `reduce_wait` and `optimizer`.
     pub unit_time_s: BTreeMap<String, f64>,
     /// Resident memory of this process, MiB.
     pub rss_mib: f64,
@@ -45,15 +48,15 @@ pub struct StepMetrics {
     pub val_loss: Option<f64>,
 }
 
-/// Why a metrics file could not be written or read.
+/// Why a per-step log (`metrics.jsonl`, `plan.jsonl`) could not be written or read.
 #[derive(Debug, thiserror::Error)]
 pub enum MetricsError {
-    #[error("metrics file {path}")]
+    #[error("per-step log {path}")]
     Io {
         path: PathBuf,
         source: std::io::Error,
     },
-    #[error("metrics file {path} line {line}")]
+    #[error("per-step log {path} line {line}")]
     Json {
         path: PathBuf,
         line: usize,
@@ -61,14 +64,16 @@ pub enum MetricsError {
     },
 }
 
-/// Appends one line per step to `metrics.jsonl` (flushed at once, so a killed run keeps its
-/// history).
-pub(super) struct MetricsWriter {
+/// A JSON-lines file with one line per optimizer step, each a `T` that serialises a `step`
+/// field: `StepLog<StepMetrics>` writes `metrics.jsonl`, `StepLog<PlannedStep>` (`run.rs`)
+/// `plan.jsonl`. Each line is flushed at once, so a killed run keeps its history.
+pub(super) struct StepLog<T> {
     path: PathBuf,
     file: std::fs::File,
+    line: std::marker::PhantomData<fn(&T)>,
 }
 
-impl MetricsWriter {
+impl<T: Serialize> StepLog<T> {
     /// Opens `path` for appending. A run resumed at `resume_step` first cuts the file after
     /// the last line of a step < `resume_step` (lines of later steps were written after the
     /// checkpoint it resumes from), so every step appears once.
@@ -99,22 +104,15 @@ impl MetricsWriter {
             }
         }
         file.flush().map_err(io)?;
-        Ok(MetricsWriter {
+        Ok(StepLog {
             path: path.to_path_buf(),
             file,
+            line: std::marker::PhantomData,
         })
     }
 
-    pub(super) fn append(&mut self, m: &StepMetrics) -> Result<(), MetricsError> {
-        self.append_line(&to_line(m))
-    }
-
-    /// Appends one JSON line of another per-step record (`plan.jsonl`); it must carry `step`.
-    pub(super) fn append_json<T: Serialize>(&mut self, value: &T) -> Result<(), MetricsError> {
-        self.append_line(&serde_json::to_string(value).unwrap_or_default())
-    }
-
-    fn append_line(&mut self, line: &str) -> Result<(), MetricsError> {
+    pub(super) fn append(&mut self, value: &T) -> Result<(), MetricsError> {
+        let line = to_line(value);
         writeln!(self.file, "{line}")
             .and_then(|_| self.file.flush())
             .map_err(|source| MetricsError::Io {
@@ -124,7 +122,7 @@ impl MetricsWriter {
     }
 }
 
-/// Bytes of `metrics.jsonl` to keep when resuming at `resume_step`: up to the first line
+/// Bytes of a [`StepLog`] to keep when resuming at `resume_step`: up to the first line
 /// whose step is >= `resume_step` (lines are appended in step order). A torn last line (a
 /// write cut by a kill) is dropped; an unreadable line before the end is an error.
 fn kept_prefix_len(path: &Path, bytes: &[u8], resume_step: u64) -> Result<usize, MetricsError> {
@@ -155,9 +153,9 @@ fn kept_prefix_len(path: &Path, bytes: &[u8], resume_step: u64) -> Result<usize,
     Ok(offset)
 }
 
-fn to_line(m: &StepMetrics) -> String {
-    // Serialising a struct of numbers and a string map cannot fail.
-    serde_json::to_string(m).unwrap_or_default()
+fn to_line<T: Serialize>(value: &T) -> String {
+    // Serialising a struct of numbers, strings and maps with string keys cannot fail.
+    serde_json::to_string(value).unwrap_or_default()
 }
 
 /// Reads every step of a `metrics.jsonl`.
@@ -333,12 +331,12 @@ mod tests {
     fn resume_drops_steps_after_the_checkpoint_and_keeps_earlier_ones() -> anyhow::Result<()> {
         let dir = tempfile::tempdir()?;
         let path = dir.path().join("metrics.jsonl");
-        let mut w = MetricsWriter::open(&path, None)?;
+        let mut w = StepLog::open(&path, None)?;
         for i in 0..5 {
             w.append(&step(i, 5.0 - i as f64))?;
         }
         drop(w);
-        let mut w = MetricsWriter::open(&path, Some(3))?;
+        let mut w = StepLog::open(&path, Some(3))?;
         w.append(&step(3, 1.5))?;
         let steps = read_metrics(&path)?;
         let ids: Vec<u64> = steps.iter().map(|m| m.step).collect();
@@ -361,7 +359,7 @@ mod tests {
         );
         let dropped = "{\"step\":3,\"loss\":2.2,\"lr\":0.001}\n{\"step\":4,\"lo";
         std::fs::write(&path, format!("{kept}{dropped}"))?;
-        let mut w = MetricsWriter::open(&path, Some(3))?;
+        let mut w = StepLog::open(&path, Some(3))?;
         assert_eq!(std::fs::read(&path)?, kept.as_bytes(), "kept lines changed");
         w.append(&step(3, 1.5))?;
         let text = std::fs::read_to_string(&path)?;
@@ -375,7 +373,7 @@ mod tests {
         let dir = tempfile::tempdir()?;
         let path = dir.path().join("metrics.jsonl");
         std::fs::write(&path, "{\"step\":0}\nnot json\n{\"step\":1}\n")?;
-        let err = MetricsWriter::open(&path, Some(1))
+        let err = StepLog::<StepMetrics>::open(&path, Some(1))
             .err()
             .map(|e| e.to_string());
         assert!(

@@ -8,11 +8,11 @@ use super::checkpoint::{
     self, CheckpointMeta, CheckpointWriter, Expected, RankState, FORMAT_VERSION,
 };
 use super::checkpoint_pick::{self, Pick, ResumeRecord};
-use super::config::{Dtype, Stage, TrainConfig, TrainParts};
+use super::config::{Dtype, Stage, TrainConfig};
 use super::error::{io, TrainError};
 use super::export::VlmDescription;
 use super::layout::{step_samples, RankLayout};
-use super::metrics::{self, MetricsWriter, Progress, StepMetrics, Summary};
+use super::metrics::{self, Progress, StepLog, StepMetrics, Summary};
 use super::plot::plot_loss;
 use super::profile::Profiler;
 use super::run_dir::{self, RunDir, RunStart};
@@ -284,53 +284,25 @@ impl<'a> TrainLoop<'a> {
             .build()?)
     }
 
-    /// What a resume must match: everything that changes the math. The frozen weights are
-    /// named by the model directories' fingerprints (a checkpoint does not store them).
+    /// What a resume must match: everything that changes the math. The knobs marked
+    /// `#[resume]` in `config.rs`, plus what no knob holds as is: the frozen weights by the
+    /// model directories' fingerprints (a checkpoint does not store them), the data by its
+    /// fingerprint (`shards`, whatever path it is read from now), the run's length in steps and
+    /// the image size the tower resolved.
     fn run_record(&self) -> BTreeMap<String, String> {
         let (cfg, s) = (self.cfg, self.s);
         let m = &s.model_fingerprint;
-        let mut r = BTreeMap::new();
-        let mut put = |key: &str, value: String| r.insert(key.to_string(), value);
-        put("vision_config", m.vision_config.clone());
-        put("vision_weights", m.vision_weights.clone());
-        put("lm_config", m.lm_config.clone());
-        put("lm_weights", m.lm_weights.clone());
-        put("shards", s.dataset.fingerprint().to_string());
-        put("stage", (cfg.stage as u8).to_string());
-        put("lr", cfg.lr.to_string());
-        put("projector_lr", cfg.projector_lr.to_string());
-        put("warmup_ratio", cfg.warmup_ratio.to_string());
-        put("weight_decay", cfg.weight_decay.to_string());
-        put("grad_clip", cfg.grad_clip.to_string());
-        put("total_steps", self.total_steps.to_string());
-        put("token_budget", cfg.token_budget.to_string());
-        put("seq_len", cfg.seq_len.to_string());
-        put("micro_steps", cfg.micro_steps.to_string());
-        put("seed", cfg.seed.to_string());
-        put("image_size", s.vlm.vision.image_size.to_string());
-        put("resize", format!("{:?}", cfg.resize).to_lowercase());
-        // Recorded only when not f32, so runs from before the knob existed still resume.
-        if cfg.precision != Dtype::F32 {
-            put("precision", cfg.precision.name().into());
-            put("reduce_dtype", cfg.reduce_dtype.name().into());
-        }
-        if cfg.train.lora {
-            put("lora_r", cfg.lora_r.to_string());
-            put("lora_alpha", cfg.lora_alpha.to_string());
-        }
-        // Recorded only past the stage presets, so runs from before `--train` still resume.
-        let preset = match cfg.stage {
-            Stage::Align => TrainParts::PROJECTOR,
-            Stage::Finetune => TrainParts::PROJECTOR_LORA,
-        };
-        if cfg.train != preset {
-            put("train", cfg.train.to_string());
-        }
-        if cfg.train.lm {
-            put("lm_lr", cfg.lm_lr.to_string());
-        }
-        if cfg.train.vision != tessera_model::VisionTraining::Frozen {
-            put("vision_lr", cfg.vision_lr.to_string());
+        let mut r = cfg.resume_record();
+        for (key, value) in [
+            ("vision_config", m.vision_config.clone()),
+            ("vision_weights", m.vision_weights.clone()),
+            ("lm_config", m.lm_config.clone()),
+            ("lm_weights", m.lm_weights.clone()),
+            ("shards", s.dataset.fingerprint().to_string()),
+            ("total_steps", self.total_steps.to_string()),
+            ("image_size", s.vlm.vision.image_size.to_string()),
+        ] {
+            r.insert(key.to_string(), value);
         }
         r
     }
@@ -385,6 +357,7 @@ impl<'a> TrainLoop<'a> {
             model: &self.s.model_fingerprint,
             run: &self.run_record(),
             allow_changing: &start.resume_changing,
+            resume_knobs: &TrainConfig::resume_knobs().collect::<Vec<_>>(),
         })?;
         // Every rank's position is the same (the plan is global): read rank 0's.
         let state = ckpt.rank_state(0)?;
@@ -439,21 +412,16 @@ impl<'a> TrainLoop<'a> {
         progress: bool,
     ) -> Result<(), TrainError> {
         let (cfg, s) = (self.cfg, self.s);
-        let resume_step = (start.step > 0).then_some(start.step);
-        let mut writer = if s.rank == 0 {
-            Some(MetricsWriter::open(
-                &self.run.metrics(),
-                resume_step.or(Some(0)),
-            )?)
+        // Both logs drop any line of a step this run (re)does.
+        let resume_step = Some(start.step);
+        let mut metrics_log: Option<StepLog<StepMetrics>> = if s.rank == 0 {
+            Some(StepLog::open(&self.run.metrics(), resume_step)?)
         } else {
             None
         };
         // The samples each step trains on, for audits (same truncation on resume).
-        let mut plan_log = if s.rank == 0 {
-            Some(MetricsWriter::open(
-                &self.run.plan(),
-                resume_step.or(Some(0)),
-            )?)
+        let mut plan_log: Option<StepLog<PlannedStep>> = if s.rank == 0 {
+            Some(StepLog::open(&self.run.plan(), resume_step)?)
         } else {
             None
         };
@@ -509,12 +477,12 @@ impl<'a> TrainLoop<'a> {
                     );
                     m.val_loss = Some(val_loss);
                 }
-                if let Some(w) = writer.as_mut() {
-                    w.append(&m)?;
+                if let Some(log) = metrics_log.as_mut() {
+                    log.append(&m)?;
                     progress.show(&m);
                 }
-                if let Some(w) = plan_log.as_mut() {
-                    w.append_json(&PlannedStep {
+                if let Some(log) = plan_log.as_mut() {
+                    log.append(&PlannedStep {
                         step,
                         samples: step_samples(plan_step),
                     })?;
@@ -650,7 +618,7 @@ impl<'a> TrainLoop<'a> {
                 format_version: FORMAT_VERSION,
                 step,
                 world_size: s.world_size,
-                strategy: format!("{:?}", cfg.strategy),
+                strategy: cfg.strategy,
                 stage: cfg.stage.into(),
                 model: s.model_fingerprint.clone(),
                 data_fingerprint: s.dataset.fingerprint().to_string(),
