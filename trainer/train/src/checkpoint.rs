@@ -59,6 +59,13 @@ pub enum CheckpointError {
     },
     #[error("checkpoint {dir} is corrupt: {reason}")]
     Corrupt { dir: PathBuf, reason: String },
+    /// One of its files cannot be read or parsed; the cause is the source.
+    #[error("checkpoint {dir} is corrupt: cannot read {file}")]
+    Unreadable {
+        dir: PathBuf,
+        file: PathBuf,
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
     #[error(
         "checkpoint {dir} was written by {found} ranks but this run has {expected}; \
          resume with --nproc {found} (format 2 stores per-rank shards without a layout; formats 3 \
@@ -201,14 +208,14 @@ fn sync(path: &Path) -> Result<(), CheckpointError> {
 }
 
 fn read_json<T: for<'de> Deserialize<'de>>(dir: &Path, path: &Path) -> Result<T, CheckpointError> {
-    let bytes = std::fs::read(path).map_err(|e| CheckpointError::Corrupt {
-        dir: dir.to_path_buf(),
-        reason: format!("cannot read {}: {e}", path.display()),
-    })?;
-    serde_json::from_slice(&bytes).map_err(|e| CheckpointError::Corrupt {
-        dir: dir.to_path_buf(),
-        reason: format!("{} is not valid: {e}", path.display()),
-    })
+    let unreadable =
+        |source: Box<dyn std::error::Error + Send + Sync>| CheckpointError::Unreadable {
+            dir: dir.to_path_buf(),
+            file: path.to_path_buf(),
+            source,
+        };
+    let bytes = std::fs::read(path).map_err(|e| unreadable(e.into()))?;
+    serde_json::from_slice(&bytes).map_err(|e| unreadable(e.into()))
 }
 
 /// One rank's side of writing the checkpoint of `step`.

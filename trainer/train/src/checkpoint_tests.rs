@@ -259,9 +259,8 @@ fn meta_json_names_the_strategy_as_the_config_does_and_reads_the_old_spelling() 
     }
     value["strategy"] = "ZeroThree".into();
     std::fs::write(&meta, serde_json::to_vec(&value)?)?;
-    let msg = open(run.path(), 10)
-        .expect_err("no such strategy")
-        .to_string();
+    let err = open(run.path(), 10).expect_err("no such strategy");
+    let msg = format!("{err:#}");
     assert!(
         msg.contains("meta.json") && msg.contains("zero_three"),
         "{msg}"
@@ -341,11 +340,10 @@ fn corrupt_files_and_metadata_are_refused_naming_the_file() -> anyhow::Result<()
     let msg = ckpt.rank_dir(0).expect_err("deleted file").to_string();
     assert!(msg.contains("params.bin is missing"), "{msg}");
     std::fs::write(dir.join("meta.json"), b"{\"format_version\": 1, \"step\"")?;
-    let msg = open(run.path(), 10)
-        .expect_err("truncated meta")
-        .to_string();
+    let err = open(run.path(), 10).expect_err("truncated meta");
+    let msg = format!("{err:#}");
     assert!(
-        msg.contains("corrupt") && msg.contains("meta.json is not valid"),
+        msg.contains("corrupt: cannot read") && msg.contains("meta.json: EOF while parsing"),
         "{msg}"
     );
     Ok(())
@@ -399,7 +397,9 @@ fn resume_picks_the_newest_complete_checkpoint_and_lists_what_it_skipped() -> an
     assert!(pick.checkpoint.is_none());
     assert_eq!(pick.skipped.len(), 3);
     assert!(
-        pick.skipped[2].reason.contains("meta.json is not valid"),
+        pick.skipped[2]
+            .reason
+            .contains("meta.json: EOF while parsing"),
         "{:?}",
         pick.skipped
     );

@@ -48,6 +48,12 @@ pub enum ConfigError {
     },
     #[error("config field `{field}`: {reason}")]
     Invalid { field: &'static str, reason: String },
+    /// The run folder (`--out`) or an entry of it cannot be listed or cleared.
+    #[error("--out {path}")]
+    OutFolder {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     /// A config stored in a checkpoint that this build cannot read.
     #[error("stored config")]
     Stored(#[source] serde_json::Error),

@@ -288,11 +288,16 @@ pub fn prepare(out: &Path, start: &RunStart) -> Result<(), ConfigError> {
     if start.resume || !out.exists() {
         return Ok(());
     }
-    let io = |e: std::io::Error| invalid(format!("{}: {e}", out.display()));
+    let io = |source| ConfigError::OutFolder {
+        path: out.to_path_buf(),
+        source,
+    };
     let mut names: Vec<String> = std::fs::read_dir(out)
-        .map_err(io)?
-        .map(|e| e.map(|e| e.file_name().to_string_lossy().into_owned()))
-        .collect::<Result<_, _>>()
+        .and_then(|entries| {
+            entries
+                .map(|e| e.map(|e| e.file_name().to_string_lossy().into_owned()))
+                .collect::<Result<_, _>>()
+        })
         .map_err(io)?;
     if names.is_empty() {
         return Ok(());
@@ -328,7 +333,7 @@ pub fn prepare(out: &Path, start: &RunStart) -> Result<(), ConfigError> {
         } else {
             std::fs::remove_file(&path)
         };
-        removed.map_err(|e| invalid(format!("--overwrite: removing {}: {e}", path.display())))?;
+        removed.map_err(|source| ConfigError::OutFolder { path, source })?;
     }
     Ok(())
 }
