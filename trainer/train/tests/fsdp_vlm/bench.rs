@@ -2,7 +2,7 @@
 //! FULL_SHARD at W=2 (two gloo ranks as two threads) against W=1 in the same run, on the same
 //! global batches; bytes each rank sends per step against FSDP's theory (two all-gathers and one
 //! reduce-scatter of every unit's sharded bytes, (W-1) shards each). Prints one JSON line.
-//! Run: cargo test --release -p trainer --test fsdp -- --ignored --exact \
+//! Run: cargo test --release --workspace --test fsdp_vlm -- --ignored --exact \
 //!   bench::fsdp_step_time_and_bytes_tiny_preset --nocapture
 
 use crate::support::{fsdp_step, image_sample, micro_batch, on_thread_ranks, text_sample};
