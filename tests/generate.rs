@@ -225,6 +225,99 @@ fn a_full_finetune_exports_whole_models_that_caption_like_the_run() -> Result<()
     Ok(())
 }
 
+/// The projector tensors of a safetensors file, by LLaVA key.
+fn projector_of(path: &Path) -> Result<tessera_fsdp::ParamMap> {
+    let tensors = tessera_model::load_safetensors(path)?;
+    ensure!(
+        tensors.len() == 4 && tensors.keys().all(|k| k.starts_with("mm_projector.")),
+        "{}: not the four projector tensors: {:?}",
+        path.display(),
+        tensors.keys().collect::<Vec<_>>()
+    );
+    Ok(tensors)
+}
+
+/// A run that trains the LM alone (`--train lm`) keeps no projector in its checkpoints: the
+/// plain export writes the one it started from (`--init-projector`'s file, or else the one its
+/// seed drew, as every rank drew it) and says so; `generate --run` and the llava-hf export run
+/// with that same projector (they caption alike). Once the `--init-projector` file is gone, the
+/// export says why it cannot write a projector instead of writing an empty one.
+#[test]
+fn an_lm_only_run_exports_the_projector_it_started_from() -> Result<()> {
+    let f = fixture(16, 0.0)?;
+    let vlm = tessera_model::Vlm::from_dirs(&f.vision, &f.lm, Default::default())?;
+    let start = f.root.join("start_projector.safetensors");
+    tessera_model::save_safetensors(&start, &vlm.initial_projector(None, 7)?)?;
+    let lm_only = ["--train", "lm", "--steps", "1", "--lm-lr", "1e-2"];
+
+    let run = f.root.join("from_file");
+    let mut train = stage2(&f, &run, &lm_only);
+    run_ok(train.arg("--init-projector").arg(&start))?;
+    let plain = f.root.join("plain");
+    let out = run_ok(
+        tessera()
+            .args(["export", "--dtype", "f32", "--run"])
+            .arg(&run)
+            .arg("--out")
+            .arg(&plain),
+    )?;
+    let said = String::from_utf8_lossy(&out.stdout).into_owned();
+    ensure!(
+        said.contains("not trained by this run") && said.contains("--init-projector"),
+        "export says where the projector came from: {said}"
+    );
+    let exported = projector_of(&plain.join("mm_projector.safetensors"))?;
+    for ((name, t), want) in exported.iter().zip(projector_of(&start)?.values()) {
+        ensure!(t.equal(want), "{name}: not the --init-projector tensor");
+    }
+    let llava = f.root.join("llava");
+    run_ok(
+        tessera_elsewhere()
+            .args([
+                "export", "--quiet", "--format", "llava-hf", "--dtype", "f32",
+            ])
+            .arg("--run")
+            .arg(&run)
+            .arg("--out")
+            .arg(&llava),
+    )?;
+    let from_run = caption(&["--run"], &run, &f.shards, &f.root.join("run.jsonl"))?;
+    let from_export = caption(&["--model"], &llava, &f.shards, &f.root.join("llava.jsonl"))?;
+    assert_eq!(from_export, from_run, "the export captions like the run");
+
+    std::fs::remove_file(&start)?;
+    let err = run_err(
+        tessera()
+            .args(["export", "--run"])
+            .arg(&run)
+            .arg("--out")
+            .arg(f.root.join("gone")),
+    )?;
+    ensure!(
+        err.contains("did not train the projector") && err.contains(&start.display().to_string()),
+        "the export says why it has no projector to write: {err}"
+    );
+
+    let run = f.root.join("from_seed");
+    run_ok(stage2(&f, &run, &lm_only).args(["--seed", "5"]))?;
+    let plain = f.root.join("plain_seed");
+    run_ok(
+        tessera()
+            .args(["export", "--quiet", "--dtype", "f32", "--run"])
+            .arg(&run)
+            .arg("--out")
+            .arg(&plain),
+    )?;
+    let drawn = vlm.initial_projector(None, 5)?;
+    for (name, t) in projector_of(&plain.join("mm_projector.safetensors"))? {
+        ensure!(
+            t.equal(&drawn[&name]),
+            "{name}: not the projector seed 5 draws"
+        );
+    }
+    Ok(())
+}
+
 /// A tokenizer.json that is not the shards' (one more trailing newline: still valid JSON).
 fn other_tokenizer(dir: &Path) -> Result<PathBuf> {
     std::fs::create_dir_all(dir)?;

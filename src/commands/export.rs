@@ -49,6 +49,7 @@ pub(crate) struct Args {
 }
 
 pub(crate) fn run(args: Args) -> anyhow::Result<()> {
+    tessera_train::unmap_freed_tensors();
     if args.format == Format::LlavaHf {
         return run_llava_hf(args);
     }
@@ -60,7 +61,13 @@ pub(crate) fn run(args: Args) -> anyhow::Result<()> {
     let report = tessera_train::export_as(&args.run, &args.out, dtype)
         .with_context(|| format!("exporting run {}", args.run.display()))?;
     println!("exported step {} of {}", report.step, args.run.display());
-    println!("  projector: {}", report.projector.display());
+    match &report.projector_from {
+        Some(from) => println!(
+            "  projector: {} (not trained by this run: the one it started from, {from})",
+            report.projector.display()
+        ),
+        None => println!("  projector: {}", report.projector.display()),
+    }
     if let Some(adapter) = &report.adapter {
         println!("  adapter:   {}", adapter.display());
     }
@@ -89,6 +96,9 @@ fn run_llava_hf(args: Args) -> anyhow::Result<()> {
         report.weight_files.len(),
         args.out.display()
     );
+    if let Some(from) = &report.projector_from {
+        println!("  projector: not trained by this run: the one it started from, {from}");
+    }
     if let Some(adapter) = &report.adapter {
         println!("  adapter (unmerged): {}", adapter.display());
     }

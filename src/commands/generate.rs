@@ -55,6 +55,10 @@ pub(crate) struct Args {
     /// Recompute the whole prefix at every step instead of caching keys and values.
     #[arg(long)]
     no_kv_cache: bool,
+    /// Dtype the weights are held and run in (default: the widest the model's checkpoints
+    /// store, so bf16 for Hub checkpoints and default exports: the model is in memory once).
+    #[arg(long, value_enum)]
+    dtype: Option<tessera_model::Dtype>,
 }
 
 /// The model of `--run` (its tokenizer checked against its shards') or of `--model`.
@@ -62,6 +66,7 @@ fn load_captioner(
     run: Option<&Path>,
     export: Option<&Path>,
     tokenizer: Option<&Path>,
+    dtype: Option<tessera_model::Dtype>,
 ) -> anyhow::Result<Captioner> {
     let (model, path) = match (run, export) {
         (Some(run), _) => {
@@ -69,10 +74,10 @@ fn load_captioner(
             let path = RunDir::new(run)
                 .tokenizer_for(tokenizer)
                 .with_context(context)?;
-            (load_run_model(run).with_context(context)?, path)
+            (load_run_model(run, dtype).with_context(context)?, path)
         }
         (None, Some(dir)) => (
-            load_export_model(dir)
+            load_export_model(dir, dtype)
                 .with_context(|| format!("loading llava-hf export {}", dir.display()))?,
             tokenizer.map_or_else(|| dir.join("tokenizer.json"), Path::to_path_buf),
         ),
@@ -82,10 +87,12 @@ fn load_captioner(
 }
 
 pub(crate) fn run(args: Args) -> anyhow::Result<()> {
+    tessera_train::unmap_freed_tensors();
     let mut captioner = load_captioner(
         args.run.as_deref(),
         args.model.as_deref(),
         args.tokenizer.as_deref(),
+        args.dtype,
     )?;
     captioner.options.max_new_tokens = args.max_new_tokens;
     captioner.options.temperature = args.temperature;

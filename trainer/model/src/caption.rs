@@ -3,7 +3,7 @@
 //! model's chat template ([`shards::chat`]: `plain`, the image alone as LLaVA's stage 1;
 //! `chatml`, a user turn holding the framed image and the instruction, then the assistant
 //! header), and the model generates until `<|endoftext|>`/`<|im_end|>` or `max_new_tokens`.
-use super::generate::{GenerateOptions, Generator};
+use super::generator::{GenerateOptions, Generator};
 use super::ModelError;
 use pipeline::loader::{BadImagePolicy, Loader, LoaderConfig, LoaderError, ResizePolicy};
 use pipeline::{MicroBatch, MicroBatchPlan};

@@ -13,10 +13,12 @@
 //! 4. `vlm.rs`: the unit chain (`vision.embeddings`, `vision.layers.{i}`, `projector`, `embed`,
 //!    `layers.{i}`, `head`; `vlm_units.rs`) that FSDP runs over the per-micro-batch context
 //!    [`VlmCtx`] (`ctx.rs`), and [`Vlm::loss`], the plain composition.
-//! 5. `generate.rs`: inference with a KV cache (greedy or top-p), and beside it `caption.rs`:
-//!    [`Captioner`], the generator with its tokenizer, chat template and image loader (what
-//!    `tessera generate` runs); `llava.rs` and `sharded.rs`: transformers'
-//!    `LlavaForConditionalGeneration` config, keys and sharded checkpoints.
+//! 5. `generator.rs`: [`Generator`], inference with a KV cache (greedy or top-p) over weights
+//!    held in one dtype, and beside it `caption.rs`: [`Captioner`], the generator with its
+//!    tokenizer, chat template and image loader (what `tessera generate` runs; tessera-train's
+//!    `load_for_generation.rs` builds it from a run or an export); `llava.rs` and `sharded.rs`:
+//!    transformers' `LlavaForConditionalGeneration` config, keys and streamed, sharded
+//!    checkpoints.
 //! 6. `init.rs`: random-weight checkpoints for `tessera init-model`; `throughput.rs` (feature
 //!    `bench`): the forward+backward measurement of `benches/model.rs`.
 mod attention;
@@ -25,7 +27,7 @@ mod config;
 mod ctx;
 mod dtype;
 mod gemm;
-mod generate;
+mod generator;
 mod init;
 mod keys;
 mod llava;
@@ -52,23 +54,28 @@ pub use config::{LoraConfig, Qwen2Config, RopeParameters, SiglipVisionConfig};
 pub use ctx::VlmCtx;
 pub use dtype::Dtype;
 pub use gemm::CpuBf16Gemm;
-pub use generate::{GenerateOptions, Generation, Generator};
+pub use generator::{GenerateOptions, Generation, Generator};
 pub use init::{
     lm_checkpoint_specs, random_params, write_checkpoints, write_preset, Preset, INIT_STD,
 };
-pub use llava::{export_specs, llava_config_json, llava_key, load_llava_dir, LLAVA_ADAPTER_DIR};
+pub use llava::{
+    export_specs, llava_config_json, llava_key, load_llava_dir, load_llava_dir_as,
+    LLAVA_ADAPTER_DIR,
+};
 pub use lora::{
-    init_adapters, load_adapter, merge_adapters, save_adapter, save_adapter_as, ADAPTER_CONFIG,
-    ADAPTER_WEIGHTS,
+    adapter_keys, init_adapters, load_adapter, merge_adapters, merge_weight, save_adapter,
+    save_adapter_as, ADAPTER_CONFIG, ADAPTER_WEIGHTS,
 };
 pub use loss::{chunked_cross_entropy_sum, full_cross_entropy_sum};
-pub use sharded::{save_sharded, HUB_SHARD_BYTES};
+pub use sharded::{save_sharded, write_sharded, HUB_SHARD_BYTES};
 pub use source::VlmInit;
 #[cfg(feature = "bench")]
 pub use throughput::{measure_throughput, peak_matmul_flops, ThroughputReport};
 pub use varlen::{attend_varlen, emulate_varlen, Varlen};
 pub use vlm::{VisionTraining, Vlm, VlmOptions};
-pub use weights::{load_safetensors, save_safetensors, save_safetensors_as, HfCheckpoint};
+pub use weights::{
+    load_safetensors, read_exact_into, save_safetensors, save_safetensors_as, HfCheckpoint,
+};
 
 use std::path::PathBuf;
 

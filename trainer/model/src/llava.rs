@@ -16,6 +16,7 @@ use super::config::{read_json, LoraConfig, Qwen2Config, SiglipVisionConfig};
 use super::init::{lm_config_json, vision_config_json};
 use super::{lora, siglip, weights, HfCheckpoint, ModelError, Result, Vlm, VlmOptions};
 use std::path::Path;
+use tch::{Kind, Tensor};
 use tessera_fsdp::{ParamMap, ParamSpec};
 
 /// Subdirectory of an unmerged export holding the PEFT adapter.
@@ -123,6 +124,16 @@ fn overlay(base: &mut serde_json::Value, source: &serde_json::Value) {
 /// config when an unmerged adapter sits in `adapter/`) and its parameters by tessera key (in
 /// their stored dtypes).
 pub fn load_llava_dir(dir: &Path) -> Result<(Vlm, ParamMap)> {
+    load_llava_dir_as(dir, None)
+}
+
+/// [`load_llava_dir`] with every parameter converted to `kind` as it is read (so a bf16 export
+/// loaded as f32, or the reverse, is never in memory in both dtypes).
+pub fn load_llava_dir_as(dir: &Path, kind: Option<Kind>) -> Result<(Vlm, ParamMap)> {
+    let convert = |t: Tensor| match kind {
+        Some(kind) => t.to_kind(kind),
+        None => t,
+    };
     let path = dir.join("config.json");
     let config = read_json(&path)?;
     let field = |name: &str| {
@@ -181,7 +192,7 @@ pub fn load_llava_dir(dir: &Path) -> Result<(Vlm, ParamMap)> {
                     dir: adapter_dir.clone(),
                     name: spec.name.clone(),
                 })?;
-            params.insert(spec.name.clone(), t.shallow_clone());
+            params.insert(spec.name.clone(), convert(t.shallow_clone()));
             continue;
         }
         let candidates = stored_candidates(&spec.name);
@@ -191,7 +202,7 @@ pub fn load_llava_dir(dir: &Path) -> Result<(Vlm, ParamMap)> {
             .unwrap_or(&candidates[0]);
         params.insert(
             spec.name.clone(),
-            checkpoint.tensor_as_stored(stored, &spec.shape)?,
+            convert(checkpoint.tensor_as_stored(stored, &spec.shape)?),
         );
     }
     Ok((vlm, params))

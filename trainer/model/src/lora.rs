@@ -186,8 +186,19 @@ pub fn merge_adapters(cfg: &LoraConfig, params: &ParamMap) -> Result<ParamMap> {
             )))
         };
         let (a, b, w) = (get(LORA_A)?, get(LORA_B)?, get("weight")?);
-        let merged = w.detach() + b.detach().matmul(&a.detach()) * cfg.scaling();
-        out.insert(format!("{module}.weight"), merged);
+        out.insert(format!("{module}.weight"), merge_weight(cfg, w, a, b));
     }
     Ok(out)
+}
+
+/// The keys of `module`'s adapter (`{module}.lora_A.weight`, `{module}.lora_B.weight`).
+pub fn adapter_keys(module: &str) -> [String; 2] {
+    [format!("{module}.{LORA_A}"), format!("{module}.{LORA_B}")]
+}
+
+/// One module's weight with its adapter merged in: W + (alpha/r)·B·A, in the dtype of W
+/// promoted with A and B's (f32 for f32 adapters), for exports that merge one module at a time.
+pub fn merge_weight(cfg: &LoraConfig, weight: &Tensor, a: &Tensor, b: &Tensor) -> Tensor {
+    let delta = b.detach().matmul(&a.detach()) * cfg.scaling();
+    weight.detach().to_kind(delta.kind()) + delta
 }

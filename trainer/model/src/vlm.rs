@@ -238,16 +238,27 @@ impl Vlm {
         projector_file: Option<&Path>,
         seed: u64,
     ) -> Result<ParamMap> {
-        let specs = projector::param_specs(self.vision.hidden_size, self.lm.hidden_size, true);
-        let mut params = match projector_file {
-            Some(path) => load_projector(path, &specs)?,
-            None => projector::init(self.vision.hidden_size, self.lm.hidden_size, seed),
-        };
+        let mut params = self.initial_projector(projector_file, seed)?;
         if self.options.lora.is_some() {
             let specs = self.param_specs();
             params.append(&mut lora::init_adapters(&specs, seed.wrapping_add(1)));
         }
         Ok(params)
+    }
+
+    /// The projector training starts from (f32): `projector_file`'s (`--init-projector`), or
+    /// the fresh one `seed` draws (the same on every rank, and again here for an export of a
+    /// run that never trained it).
+    pub fn initial_projector(&self, projector_file: Option<&Path>, seed: u64) -> Result<ParamMap> {
+        let specs = projector::param_specs(self.vision.hidden_size, self.lm.hidden_size, true);
+        match projector_file {
+            Some(path) => load_projector(path, &specs),
+            None => Ok(projector::init(
+                self.vision.hidden_size,
+                self.lm.hidden_size,
+                seed,
+            )),
+        }
     }
 
     /// Sets `requires_grad` on the trainable parameters (for the single-process reference).

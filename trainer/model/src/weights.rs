@@ -1,9 +1,12 @@
 //! Hugging Face safetensors checkpoints: `model.safetensors` or a sharded
-//! `model.safetensors.index.json`, memory-mapped and read tensor by tensor into f32 tch
-//! tensors (BF16 and F16 are converted). [`HfCheckpoint::read_range_into`] copies one slice of
-//! one tensor with positioned reads (what FSDP's per-rank loading uses: a rank touches only
+//! `model.safetensors.index.json`, read tensor by tensor. Opening maps each file to parse its
+//! header; tensors are then read with positioned reads into tensors of the stored dtype (BF16,
+//! F16 or F32), never through the mapping, so a file's pages never count in the process's
+//! resident memory next to the tensors read from them. [`HfCheckpoint::read_range_into`]
+//! copies one slice of one tensor (what FSDP's per-rank loading uses: a rank touches only
 //! the bytes of its shards). Writing (F32, or BF16 for exports) goes through the same format
-//! with `{"format": "pt"}` metadata, as `save_pretrained` writes it.
+//! with `{"format": "pt"}` metadata, as `save_pretrained` writes it (`sharded.rs` streams one
+//! tensor at a time).
 use super::{ModelError, Result};
 use memmap2::Mmap;
 use safetensors::{Dtype, SafeTensors, View};
@@ -32,10 +35,10 @@ struct TensorLocation {
     shape: Vec<i64>,
 }
 
-/// An opened checkpoint directory: every file memory-mapped, every key located.
+/// An opened checkpoint directory: every file open (its header parsed), every key located.
 pub struct HfCheckpoint {
     dir: PathBuf,
-    files: Vec<(PathBuf, Mmap, File)>,
+    files: Vec<(PathBuf, File)>,
     /// Key -> index into `files`.
     location: HashMap<String, usize>,
     /// Key -> file, byte offset, dtype and shape (from the headers).
@@ -102,8 +105,10 @@ impl HfCheckpoint {
                 );
                 location.insert(name, files.len());
             }
+            // The mapping served the header only: tensors are read with positioned reads.
             drop(tensors);
-            files.push((path, mmap, file));
+            drop(mmap);
+            files.push((path, file));
         }
         Ok(Self {
             dir: dir.into(),
@@ -117,6 +122,16 @@ impl HfCheckpoint {
     /// The stored shape of `name`, if the checkpoint has it.
     pub fn shape(&self, name: &str) -> Option<&[i64]> {
         self.tensors.get(name).map(|t| t.shape.as_slice())
+    }
+
+    /// The dtype `name` is stored in, if the checkpoint has it (BFloat16, Half or Float; other
+    /// dtypes are reported when the tensor is read).
+    pub fn stored_kind(&self, name: &str) -> Option<Kind> {
+        self.tensors.get(name).map(|t| match t.dtype {
+            Dtype::BF16 => Kind::BFloat16,
+            Dtype::F16 => Kind::Half,
+            _ => Kind::Float,
+        })
     }
 
     /// Bytes [`Self::read_range_into`] has copied out of the files so far.
@@ -135,6 +150,14 @@ impl HfCheckpoint {
         start: i64,
         dst: &Tensor,
     ) -> Result<()> {
+        let loc = self.locate(name, expected)?;
+        let bytes = self.copy_range(loc, name, start, dst)?;
+        self.bytes_read.fetch_add(bytes, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Where `name` lies, checking its stored shape against `expected`.
+    fn locate(&self, name: &str, expected: &[i64]) -> Result<&TensorLocation> {
         let loc = self
             .tensors
             .get(name)
@@ -142,15 +165,28 @@ impl HfCheckpoint {
                 dir: self.dir.clone(),
                 name: name.into(),
             })?;
-        let (path, _, file) = &self.files[loc.file];
         if loc.shape != expected {
             return Err(ModelError::ShapeMismatch {
-                path: path.clone(),
+                path: self.files[loc.file].0.clone(),
                 name: name.into(),
                 expected: expected.to_vec(),
                 found: loc.shape.clone(),
             });
         }
+        Ok(loc)
+    }
+
+    /// Copies elements `[start, start + dst.numel())` of the tensor at `loc` into `dst` in
+    /// reads of at most 64 MiB; returns the bytes read. A contiguous CPU `dst` of the stored
+    /// dtype is read into directly; any other goes through one 64 MiB buffer and a conversion.
+    fn copy_range(
+        &self,
+        loc: &TensorLocation,
+        name: &str,
+        start: i64,
+        dst: &Tensor,
+    ) -> Result<u64> {
+        let (path, file) = &self.files[loc.file];
         let kind = float_kind(loc.dtype, path, name)?;
         let numel: i64 = loc.shape.iter().product();
         let len = dst.numel() as i64;
@@ -164,6 +200,18 @@ impl HfCheckpoint {
             });
         }
         let size = kind.elt_size_in_bytes();
+        let read_err = |source| ModelError::Io {
+            path: path.clone(),
+            source,
+        };
+        if len == 0 {
+            return Ok(0);
+        }
+        if dst.kind() == kind && dst.device() == Device::Cpu && dst.is_contiguous() {
+            read_exact_into(file, loc.offset + start as u64 * size as u64, dst)
+                .map_err(read_err)?;
+            return Ok(len as u64 * size as u64);
+        }
         let chunk = (READ_CHUNK_BYTES / size) as i64;
         let mut buf = Vec::new();
         let mut done = 0i64;
@@ -171,18 +219,12 @@ impl HfCheckpoint {
             let take = chunk.min(len - done);
             buf.resize(take as usize * size, 0u8);
             let at = loc.offset + ((start + done) as usize * size) as u64;
-            file.read_exact_at(&mut buf, at)
-                .map_err(|source| ModelError::Io {
-                    path: path.clone(),
-                    source,
-                })?;
+            file.read_exact_at(&mut buf, at).map_err(read_err)?;
             let src = Tensor::f_from_data_size(&buf, &[take], kind)?;
             tch::no_grad(|| dst.narrow(0, done, take).f_copy_(&src))?;
             done += take;
         }
-        self.bytes_read
-            .fetch_add(len as u64 * size as u64, Ordering::Relaxed);
-        Ok(())
+        Ok(len as u64 * size as u64)
     }
 
     pub fn contains(&self, name: &str) -> bool {
@@ -198,35 +240,15 @@ impl HfCheckpoint {
         Ok(self.tensor_as_stored(name, expected)?.to_kind(Kind::Float))
     }
 
-    /// Reads `name` in the dtype the file stores it in (BF16, F16 or F32), on the CPU.
+    /// Reads `name` in the dtype the file stores it in (BF16, F16 or F32), on the CPU: one
+    /// tensor of that size, filled with positioned reads.
     pub fn tensor_as_stored(&self, name: &str, expected: &[i64]) -> Result<Tensor> {
-        let &file = self
-            .location
-            .get(name)
-            .ok_or_else(|| ModelError::MissingTensor {
-                dir: self.dir.clone(),
-                name: name.into(),
-            })?;
-        let (path, mmap, _) = &self.files[file];
-        let st = SafeTensors::deserialize(mmap).map_err(|e| ModelError::Safetensors {
-            path: path.clone(),
-            reason: e.to_string(),
-        })?;
-        let view = st.tensor(name).map_err(|e| ModelError::Safetensors {
-            path: path.clone(),
-            reason: e.to_string(),
-        })?;
-        let found: Vec<i64> = view.shape().iter().map(|&d| d as i64).collect();
-        if found != expected {
-            return Err(ModelError::ShapeMismatch {
-                path: path.clone(),
-                name: name.into(),
-                expected: expected.to_vec(),
-                found,
-            });
-        }
-        let kind = float_kind(view.dtype(), path, name)?;
-        Ok(Tensor::f_from_data_size(view.data(), &found, kind)?)
+        let loc = self.locate(name, expected)?;
+        let kind = float_kind(loc.dtype, &self.files[loc.file].0, name)?;
+        let numel: i64 = expected.iter().product();
+        let out = Tensor::empty([numel], (kind, Device::Cpu));
+        self.copy_range(loc, name, 0, &out)?;
+        Ok(out.view(expected))
     }
 
     /// Loads every spec: the specs are what the model reads, so each must be present with its
@@ -269,9 +291,33 @@ impl HfCheckpoint {
     }
 }
 
+/// Fills `dst` (a contiguous CPU tensor) with the `dst.nbytes()` bytes of `file` from `offset`,
+/// read straight into the tensor's memory in reads of at most 64 MiB: no buffer, no copy (so
+/// loading a model allocates nothing but its tensors). The bytes are taken as they are: the
+/// file must store `dst`'s dtype, little-endian (safetensors' byte order, and this host's).
+pub fn read_exact_into(file: &File, offset: u64, dst: &Tensor) -> std::io::Result<()> {
+    if dst.device() != Device::Cpu || !dst.is_contiguous() {
+        return Err(std::io::Error::other(
+            "read_exact_into needs a contiguous CPU tensor",
+        ));
+    }
+    let len = dst.numel() * dst.kind().elt_size_in_bytes();
+    if len == 0 {
+        return Ok(());
+    }
+    // SAFETY: `dst` is a contiguous CPU tensor of `len` bytes, so its data pointer (storage
+    // offset included) addresses `len` bytes that its storage owns; no tensor operation runs
+    // while this slice lives, so nothing else reads or writes them meanwhile.
+    let bytes = unsafe { std::slice::from_raw_parts_mut(dst.data_ptr().cast::<u8>(), len) };
+    for (i, piece) in bytes.chunks_mut(READ_CHUNK_BYTES).enumerate() {
+        file.read_exact_at(piece, offset + (i * READ_CHUNK_BYTES) as u64)?;
+    }
+    Ok(())
+}
+
 /// Borrowed tensor written as little-endian F32, BF16 or F16 (converted one tensor at a time,
 /// so writing a large checkpoint holds one extra tensor in memory, not a copy of all of them).
-pub(super) struct TensorView<'a> {
+struct TensorView<'a> {
     tensor: &'a Tensor,
     shape: Vec<usize>,
     kind: Kind,
@@ -279,7 +325,7 @@ pub(super) struct TensorView<'a> {
 
 impl<'a> TensorView<'a> {
     /// `tensor` to be written as `kind`: BFloat16 or Half as asked, any other kind as F32.
-    pub(super) fn new(tensor: &'a Tensor, kind: Kind) -> Self {
+    fn new(tensor: &'a Tensor, kind: Kind) -> Self {
         let kind = match kind {
             Kind::BFloat16 | Kind::Half => kind,
             _ => Kind::Float,
@@ -290,11 +336,6 @@ impl<'a> TensorView<'a> {
             shape,
             kind,
         }
-    }
-
-    /// Bytes per element as written.
-    pub(super) fn bytes_per_element(&self) -> u64 {
-        self.kind.elt_size_in_bytes() as u64
     }
 }
 

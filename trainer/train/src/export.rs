@@ -2,22 +2,29 @@
 //!
 //! From the run's newest complete checkpoint (committed, every file as its manifest says; newer
 //! damaged or unfinished ones are passed over and named, as a resume does) it writes
-//! - `mm_projector.safetensors`: the projector with LLaVA's keys (`mm_projector.0.weight`, ...);
+//! - `mm_projector.safetensors`: the projector with LLaVA's keys (`mm_projector.0.weight`, ...):
+//!   the trained one, or for a run that did not train it (`--train lm`) the one it started from
+//!   (see [`initial_projector`]), which the report names;
 //! - `adapter/` (stage 2): `adapter_model.safetensors` + `adapter_config.json` in PEFT's format;
 //!   both in bf16 (as the Hub ships weights) unless `--dtype f32` asks for the masters as they are;
+//! - `lm/`, `vision/` (a full fine-tune): the source Hugging Face directory with every trained
+//!   tensor replaced, written one tensor at a time (`tessera_model::write_sharded`): the source
+//!   tensor or the trained one is read, written and dropped before the next, so the export
+//!   never holds a tower in memory;
 //! - `config.json`: the VLM (vision and LM source directories, projector type, image token
 //!   count and id, template, resize policy), using LLaVA's config key names where LLaVA has one.
 use super::checkpoint::{Checkpoint, CheckpointError};
 use super::config::{Dtype, ResizePolicy, Stage, TrainConfig};
 use super::run_dir::RunDir;
+use super::run_weights::initial_projector;
 use super::sharded_state::ShardedState;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
-use tch::Tensor;
-use tessera_fsdp::{ParamMap, ParamSpec};
+use tch::{Kind, Tensor};
+use tessera_fsdp::ParamMap;
 use tessera_model::{
-    load_safetensors, save_adapter_as, save_safetensors_as, LoraConfig, ModelError, Qwen2Config,
-    SiglipVisionConfig, ADAPTER_CONFIG,
+    load_safetensors, save_adapter_as, save_safetensors_as, write_sharded, LoraConfig, ModelError,
+    Qwen2Config, SiglipVisionConfig, Vlm, VlmOptions, ADAPTER_CONFIG, HUB_SHARD_BYTES,
 };
 
 /// File (in rank 0's checkpoint folder) holding the full trainable tensors, by HF key.
@@ -30,7 +37,8 @@ pub const LM_DIR: &str = "lm";
 pub const VISION_DIR: &str = "vision";
 
 /// Writes `out` as a copy of the Hugging Face directory `src` (its config and other small
-/// files) whose weights are `src`'s with every trained tensor replaced, in `dtype`.
+/// files) whose weights are `src`'s with every trained tensor replaced, in `dtype`, one tensor
+/// at a time (sharded past 5 GB as `save_pretrained` shards).
 fn export_tower(
     src: &Path,
     out: &Path,
@@ -52,18 +60,24 @@ fn export_tower(
         }
     }
     let ckpt = tessera_model::HfCheckpoint::open(src)?;
-    let mut tensors = ParamMap::new();
-    for name in ckpt.names().map(String::from).collect::<Vec<_>>() {
-        let t = match trained.get(&name)? {
-            Some(t) => t,
+    let mut entries: Vec<(String, Vec<i64>)> = ckpt
+        .names()
+        .map(|name| {
+            let shape = ckpt.shape(name).map(<[i64]>::to_vec).unwrap_or_default();
+            (name.to_string(), shape)
+        })
+        .collect();
+    entries.sort();
+    let kind = dtype.kind();
+    write_sharded(out, &entries, kind, HUB_SHARD_BYTES, |name| {
+        match trained.get_as(name, kind)? {
+            Some(t) => Ok(t),
             None => {
-                let shape = ckpt.shape(&name).map(<[i64]>::to_vec).unwrap_or_default();
-                ckpt.tensor_as_stored(&name, &shape)?
+                let shape = ckpt.shape(name).map(<[i64]>::to_vec).unwrap_or_default();
+                Ok::<_, ExportError>(ckpt.tensor_as_stored(name, &shape)?)
             }
-        };
-        tensors.insert(name, t);
-    }
-    save_safetensors_as(&out.join("model.safetensors"), &tensors, dtype.kind())?;
+        }
+    })?;
     Ok(())
 }
 
@@ -212,6 +226,9 @@ impl VlmDescription {
 pub struct ExportReport {
     pub step: u64,
     pub projector: PathBuf,
+    /// Where the projector came from when the run did not train it (`--train lm`): the
+    /// `--init-projector` it started from, or the seed that drew it.
+    pub projector_from: Option<String>,
     pub adapter: Option<PathBuf>,
     pub config: PathBuf,
 }
@@ -245,9 +262,14 @@ impl TrainedTensors {
 
     /// One trained parameter, whole (f32), or `None` when it did not train.
     pub fn get(&self, name: &str) -> Result<Option<Tensor>, ExportError> {
+        self.get_as(name, Kind::Float)
+    }
+
+    /// [`Self::get`] in `kind` (format 4 converts while reading, so no f32 copy is made).
+    pub fn get_as(&self, name: &str, kind: Kind) -> Result<Option<Tensor>, ExportError> {
         match self {
-            TrainedTensors::Full(map) => Ok(map.get(name).map(Tensor::shallow_clone)),
-            TrainedTensors::Sharded(state) => Ok(state.get(name)?),
+            TrainedTensors::Full(map) => Ok(map.get(name).map(|t| t.to_kind(kind))),
+            TrainedTensors::Sharded(state) => Ok(state.get_as(name, kind)?),
         }
     }
 
@@ -261,24 +283,6 @@ impl TrainedTensors {
             }
         }
         Ok(out)
-    }
-
-    /// Replaces every tensor of `params` that trained with its trained value, and fails naming
-    /// a trained tensor the model does not have (a checkpoint of another model).
-    pub fn overlay(&self, params: &mut ParamMap, specs: &[ParamSpec]) -> Result<(), ExportError> {
-        let known: std::collections::HashSet<&str> =
-            specs.iter().map(|s| s.name.as_str()).collect();
-        for name in self.names() {
-            if !known.contains(name.as_str()) {
-                return Err(ExportError::Model(ModelError::InvalidConfig(format!(
-                    "the checkpoint trained `{name}`, which this model does not have"
-                ))));
-            }
-            if let Some(t) = self.get(&name)? {
-                params.insert(name, t);
-            }
-        }
-        Ok(())
     }
 }
 
@@ -317,27 +321,38 @@ pub fn export(run: &Path, out: &Path) -> Result<ExportReport, ExportError> {
     export_as(run, out, Dtype::Bf16)
 }
 
+/// The training config `ckpt` (of `run`) was written under.
+pub(crate) fn stored_config(run: &Path, ckpt: &Checkpoint) -> Result<TrainConfig, ExportError> {
+    TrainConfig::from_stored(ckpt.meta.config.clone()).map_err(|e| ExportError::Unreadable {
+        run: run.to_path_buf(),
+        what: format!(
+            "checkpoint {} holds an unreadable config",
+            ckpt.dir.display()
+        ),
+        source: e.into(),
+    })
+}
+
 /// [`export`] with the projector and adapter weights written in `dtype` (the checkpoint holds
 /// the f32 masters, whatever the run's precision).
 pub fn export_as(run: &Path, out: &Path, dtype: Dtype) -> Result<ExportReport, ExportError> {
     let mut vlm = VlmDescription::load(&RunDir::new(run).vlm())?;
     let (ckpt, params) = newest_complete_trained(run)?;
-    let cfg = TrainConfig::from_stored(ckpt.meta.config.clone()).map_err(|e| {
-        ExportError::Unreadable {
-            run: run.to_path_buf(),
-            what: format!(
-                "checkpoint {} holds an unreadable config",
-                ckpt.dir.display()
-            ),
-            source: e.into(),
-        }
-    })?;
+    let cfg = stored_config(run, &ckpt)?;
     std::fs::create_dir_all(out).map_err(|source| ExportError::Io {
         path: out.to_path_buf(),
         source,
     })?;
-    let projector = params.collect(|k| k.starts_with("mm_projector."))?;
-    if projector.len() != 4 && cfg.train.projector {
+    let model = Vlm::from_dirs(
+        &vlm.mm_vision_tower,
+        &vlm.language_model,
+        VlmOptions::default(),
+    )?;
+    let (projector, projector_from) = match initial_projector(run, &cfg, &model)? {
+        Some((projector, from)) => (projector, Some(from)),
+        None => (params.collect(|k| k.starts_with("mm_projector."))?, None),
+    };
+    if projector.len() != 4 {
         return Err(ExportError::BadRun {
             run: run.to_path_buf(),
             what: format!(
@@ -386,6 +401,7 @@ pub fn export_as(run: &Path, out: &Path, dtype: Dtype) -> Result<ExportReport, E
     Ok(ExportReport {
         step: ckpt.meta.step,
         projector: projector_path,
+        projector_from,
         adapter,
         config,
     })

@@ -2,7 +2,10 @@
 //! the run folder (`run_dir.rs`: what a run keeps where, its checkpoint scan),
 //! metrics (`metrics.jsonl`, progress, summary), plot (`loss.png`), checkpoints (per-rank
 //! shards + metadata, atomic, verified on resume), export (projector + PEFT adapter + VLM
-//! config) and the loop itself (`run.rs`, driving `step.rs`: the model sharded by FSDP).
+//! config; `llava_hf.rs`: one transformers directory, streamed tensor by tensor from
+//! `run_weights.rs`, a run's model one tensor at a time), `load_for_generation.rs` (a run or an
+//! export loaded for `tessera generate`) and the loop itself (`run.rs`, driving `step.rs`: the
+//! model sharded by FSDP).
 //!
 //! The top of the trainer's crates: `tessera-sys` (the C++ shims) <- `tessera-model` and
 //! `tessera-fsdp` <- `tessera-train` <- the `tessera` CLI.
@@ -11,14 +14,15 @@ mod checkpoint_pick;
 mod config;
 mod error;
 mod export;
-mod generation;
 mod layout;
 mod llava_hf;
+mod load_for_generation;
 mod metrics;
 mod plot;
 mod profile;
 mod run;
 mod run_dir;
+mod run_weights;
 mod schedule;
 mod setup;
 mod sharded_state;
@@ -38,17 +42,18 @@ pub use export::{
     TrainedTensors, VlmDescription, ADAPTER_DIR, LM_DIR, PROJECTOR_FILE, TRAINABLE_FILE,
     VISION_DIR,
 };
-pub use generation::{load_export_model, load_run_model, GenerationModel};
 pub use llava_hf::{
     export_llava_hf, lm_target_regex, weight_kind, write_llava_hf, LlavaHfOptions, LlavaHfReport,
     LlavaSources,
 };
+pub use load_for_generation::{load_export_model, load_run_model, GenerationModel};
 pub use metrics::{read_metrics, MetricsError, StepMetrics, Summary};
 pub use plot::PlotError;
 pub use run::train;
 pub use run_dir::{
     prepare as prepare_run_dir, CheckpointFolder, RunDir, RunStart, TOKENIZER_FILE, VLM_FILE,
 };
+pub use run_weights::{initial_projector, unmap_freed_tensors, RunWeights};
 pub use setup::check_model_dirs;
 pub use sharded_state::ShardedState;
 

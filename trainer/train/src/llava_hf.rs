@@ -3,9 +3,13 @@
 //! and `AutoProcessor.from_pretrained` turns into a `LlavaProcessor`:
 //! - `config.json` (`model_type` "llava", see [`tessera_model::llava_config_json`]) and the
 //!   weights in the Hub's layout (`vision_tower.*`, `multi_modal_projector.linear_{1,2}.*`,
-//!   `language_model.model.*`), bf16 by default, sharded past 5 GB with an index;
-//! - the LoRA adapters merged into the LM (W + (alpha/r)·B·A), or with `merge: false` left in
-//!   `adapter/` as a PEFT adapter for the LLaVA model (keys under
+//!   `language_model.model.*`), bf16 by default, sharded past 5 GB with an index, streamed
+//!   one tensor at a time (see [`write_llava_hf`]): the export's memory is one tensor, not the
+//!   model, whatever the checkpoint (format 4's shards are read one parameter at a time);
+//! - for a run that did not train the projector (`--train lm`), the one it started from
+//!   (`run_weights::initial_projector`);
+//! - the LoRA adapters merged into the LM (W + (alpha/r)·B·A, module by module), or with
+//!   `merge: false` left in `adapter/` as a PEFT adapter for the LLaVA model (keys under
 //!   `base_model.model.model.language_model.`, `target_modules` a regex restricted to the LM);
 //! - with a tokenizer: `tokenizer.json`, `tokenizer_config.json`, `chat_template.jinja` (the
 //!   run's template, `plain` or `chatml`, as Jinja that renders what `shards::chat` renders for
@@ -13,16 +17,19 @@
 //!   (`<|image_pad|>` expanded to `image_seq_length` copies, as tessera's loader does),
 //!   `preprocessor_config.json` (SigLIP: bicubic resize to the tower's size, mean/std 0.5) and
 //!   `generation_config.json` (stop at `<|endoftext|>` / `<|im_end|>`).
-use super::export::{newest_complete_trained, ExportError, TrainedTensors, VlmDescription};
+use super::export::{
+    newest_complete_trained, stored_config, ExportError, TrainedTensors, VlmDescription,
+};
 use super::run_dir::RunDir;
+use super::run_weights::{initial_projector, RunWeights};
 use shards::chat::{END_OF_TEXT, IMAGE_PAD, IM_END, STOP_IDS};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use tch::Kind;
 use tessera_fsdp::{ParamMap, ParamSpec};
 use tessera_model::{
-    export_specs, llava_config_json, llava_key, merge_adapters, save_sharded, HfCheckpoint,
-    LoraConfig, Vlm, VlmOptions, LLAVA_ADAPTER_DIR,
+    adapter_keys, export_specs, llava_config_json, llava_key, merge_weight, write_sharded,
+    LoraConfig, ModelError, Vlm, VlmOptions, LLAVA_ADAPTER_DIR,
 };
 
 /// How to write the export.
@@ -64,8 +71,12 @@ pub fn weight_kind(name: &str) -> Option<Kind> {
 pub struct LlavaSources<'a> {
     pub vision_dir: &'a Path,
     pub lm_dir: &'a Path,
-    /// The trained tensors by tessera key: the projector, plus LoRA adapters when `lora` is set.
+    /// The trained tensors by tessera key: the projector (unless `initial_projector` stands
+    /// for it), LoRA adapters when `lora` is set, the LM's and tower's of a full fine-tune.
     pub trainable: &'a TrainedTensors,
+    /// The projector of a run that did not train one: the one it started from
+    /// ([`crate::export::TrainedTensors`] hold none then).
+    pub initial_projector: Option<&'a ParamMap>,
     pub lora: Option<LoraConfig>,
     pub image_token_id: i64,
     /// `plain` or `chatml`.
@@ -78,6 +89,8 @@ pub struct LlavaHfReport {
     pub weight_files: Vec<PathBuf>,
     pub adapter: Option<PathBuf>,
     pub tensors: usize,
+    /// Where the projector came from when the run did not train it.
+    pub projector_from: Option<String>,
 }
 
 fn io(path: &Path) -> impl FnOnce(std::io::Error) -> ExportError + '_ {
@@ -109,6 +122,13 @@ pub fn export_llava_hf(
         ..options.clone()
     };
     let (ckpt, trainable) = newest_complete_trained(run)?;
+    let cfg = stored_config(run, &ckpt)?;
+    let vlm = Vlm::from_dirs(
+        &description.mm_vision_tower,
+        &description.language_model,
+        VlmOptions::default(),
+    )?;
+    let initial = initial_projector(run, &cfg, &vlm)?;
     // Stage 2 (finetune) trains LoRA adapters; stage 1 only the projector.
     let lora = match description.stage {
         2 => description.lora.clone(),
@@ -118,15 +138,20 @@ pub fn export_llava_hf(
         vision_dir: &description.mm_vision_tower,
         lm_dir: &description.language_model,
         trainable: &trainable,
+        initial_projector: initial.as_ref().map(|(p, _)| p),
         lora,
         image_token_id: i64::from(description.image_token_id),
         template: &description.template,
     };
-    let report = write_llava_hf(&sources, out, &options)?;
+    let mut report = write_llava_hf(&sources, out, &options)?;
+    report.projector_from = initial.map(|(_, from)| from);
     Ok((ckpt.meta.step, report))
 }
 
-/// Writes the llava-hf directory `out` (created if missing) from `sources`.
+/// Writes the llava-hf directory `out` (created if missing) from `sources`, one tensor at a
+/// time: every file's header is planned from the shapes, then each tensor is read (trained,
+/// or from the source directories), merged with its adapter when it has one, converted,
+/// written and dropped before the next is read. No map of the model's weights is ever built.
 pub fn write_llava_hf(
     sources: &LlavaSources,
     out: &Path,
@@ -142,61 +167,75 @@ pub fn write_llava_hf(
         },
     )?;
     std::fs::create_dir_all(out).map_err(io(out))?;
-    let specs = export_specs(&vlm);
-    let (vision_specs, other): (Vec<_>, Vec<_>) = specs
-        .iter()
-        .partition(|s| s.name.starts_with("vision_model."));
-    let mut params = HfCheckpoint::open(sources.vision_dir)?
-        .load_specs_as_stored(vision_specs, Some("vision_model."))?;
-    let (projector, lm): (Vec<_>, Vec<_>) = other
+    // Every tensor the export holds (the whole tower, the projector, the LM's base weights),
+    // by its llava-hf key, in key order (as `save_pretrained` sorts them).
+    let specs: BTreeMap<String, ParamSpec> = export_specs(&vlm)
         .into_iter()
-        .partition(|s| s.name.starts_with("mm_projector."));
-    params.append(&mut HfCheckpoint::open(sources.lm_dir)?.load_specs_as_stored(lm, None)?);
-    for spec in projector {
-        let t = sources.trainable.get(&spec.name)?.ok_or_else(|| {
-            ExportError::Model(tessera_model::ModelError::InvalidConfig(format!(
-                "the trained tensors hold no `{}`",
-                spec.name
-            )))
-        })?;
-        params.insert(spec.name.clone(), t);
-    }
+        .map(|s| (llava_key(&s.name), s))
+        .collect();
     // A full fine-tune's LM and vision layers replace the directories' weights.
-    let base: Vec<ParamSpec> = specs
-        .iter()
-        .filter(|s| !s.name.contains(".lora_"))
-        .cloned()
-        .collect();
-    let trained_base = sources.trainable.names();
-    for name in trained_base.iter().filter(|n| !n.contains(".lora_")) {
-        if !base.iter().any(|s| &s.name == name) {
-            return Err(ExportError::Model(
-                tessera_model::ModelError::InvalidConfig(format!(
-                    "the checkpoint trained `{name}`, which the export does not hold"
-                )),
-            ));
-        }
-        if let Some(t) = sources.trainable.get(name)? {
-            params.insert(name.clone(), t);
+    let held: std::collections::HashSet<&str> = specs.values().map(|s| s.name.as_str()).collect();
+    for name in sources.trainable.names() {
+        if !name.contains(".lora_") && !held.contains(name.as_str()) {
+            return Err(ExportError::Model(ModelError::InvalidConfig(format!(
+                "the checkpoint trained `{name}`, which the export does not hold"
+            ))));
         }
     }
+    let weights = RunWeights::open(
+        sources.vision_dir,
+        sources.lm_dir,
+        sources.trainable,
+        sources.initial_projector,
+    )?;
+    let merge = match &sources.lora {
+        Some(lora) if options.merge => Some(lora),
+        _ => None,
+    };
     let mut adapter = None;
-    if let Some(lora) = &sources.lora {
+    if let (Some(lora), None) = (&sources.lora, merge) {
         let adapters = sources.trainable.collect(|k| k.contains(".lora_"))?;
-        if options.merge {
-            params.extend(adapters);
-            params = merge_adapters(lora, &params)?;
-        } else {
-            let dir = out.join(LLAVA_ADAPTER_DIR);
-            write_adapter(&dir, lora, &adapters)?;
-            adapter = Some(dir);
-        }
+        let dir = out.join(LLAVA_ADAPTER_DIR);
+        write_adapter(&dir, lora, &adapters)?;
+        adapter = Some(dir);
     }
-    let renamed: BTreeMap<String, tch::Tensor> = params
+    let entries: Vec<(String, Vec<i64>)> = specs
         .iter()
-        .map(|(k, t)| (llava_key(k), t.shallow_clone()))
+        .map(|(key, s)| (key.clone(), s.shape.clone()))
         .collect();
-    let weight_files = save_sharded(out, &renamed, options.dtype, options.max_shard_bytes)?;
+    let weight_files = write_sharded(
+        out,
+        &entries,
+        options.dtype,
+        options.max_shard_bytes,
+        |key| {
+            let spec = &specs[key];
+            let module = spec.name.strip_suffix(".weight");
+            let adapted = match (merge, module) {
+                (Some(lora), Some(module)) => {
+                    let [a, b] = adapter_keys(module);
+                    match (sources.trainable.get(&a)?, sources.trainable.get(&b)?) {
+                        (Some(a), Some(b)) => Some((lora, a, b)),
+                        (None, None) => None,
+                        (Some(_), None) | (None, Some(_)) => {
+                            return Err(ExportError::Model(ModelError::InvalidConfig(format!(
+                                "cannot merge `{module}`: the checkpoint holds only one of {a} \
+                                 and {b}"
+                            ))))
+                        }
+                    }
+                }
+                _ => None,
+            };
+            match adapted {
+                Some((lora, a, b)) => {
+                    let w = weights.tensor(&spec.name, &spec.shape, None)?;
+                    Ok(merge_weight(lora, &w, &a, &b))
+                }
+                None => weights.tensor(&spec.name, &spec.shape, Some(options.dtype)),
+            }
+        },
+    )?;
     let read = |dir: &Path| tessera_model::read_config_json(&dir.join("config.json"));
     let dtype = match options.dtype {
         Kind::BFloat16 => "bfloat16",
@@ -216,7 +255,8 @@ pub fn write_llava_hf(
     Ok(LlavaHfReport {
         weight_files,
         adapter,
-        tensors: renamed.len(),
+        tensors: entries.len(),
+        projector_from: None,
     })
 }
 

@@ -20,7 +20,7 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use tch::{Kind, Tensor};
 use tessera_fsdp::{BufferLayout, Fsdp, ParamSlice};
-use tessera_model::VlmCtx;
+use tessera_model::{read_exact_into, VlmCtx};
 
 fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> CheckpointError + '_ {
     move |source| CheckpointError::Io {
@@ -36,6 +36,8 @@ pub(crate) const LAYOUT_FILE: &str = "layout.json";
 const STEP_KEY: &str = "optimizer.step";
 /// The tensors each buffer has in a shards file, by suffix.
 const SUFFIXES: [&str; 3] = ["param", "exp_avg", "exp_avg_sq"];
+/// Most elements [`ShardedState::read_range`] reads at once (64 MiB of f32).
+const READ_PIECE: i64 = 16 << 20;
 
 /// `layout.json`.
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -191,22 +193,30 @@ impl ShardedState {
 
     /// One trained parameter, whole, in f32 (read from the writers' shards that hold it).
     pub fn get(&self, name: &str) -> Result<Option<Tensor>, CheckpointError> {
+        self.get_as(name, Kind::Float)
+    }
+
+    /// [`Self::get`] in `kind`: the f32 masters are converted piece by piece as they are read,
+    /// so a bf16 copy never has an f32 one beside it.
+    pub fn get_as(&self, name: &str, kind: Kind) -> Result<Option<Tensor>, CheckpointError> {
         let Some((b, slice)) = self.params.get(name) else {
             return Ok(None);
         };
         let numel: i64 = slice.shape.iter().product();
-        let out = Tensor::zeros([numel], (Kind::Float, tch::Device::Cpu));
+        let out = Tensor::zeros([numel], (kind, tch::Device::Cpu));
         self.read_range(&self.layout.buffers[*b], "param", slice.offset, &out)?;
         Ok(Some(out.view(slice.shape.as_slice())))
     }
 
     fn optimizer_step(&self) -> Result<i64, CheckpointError> {
-        let t = self.files[0].read(STEP_KEY, 0, 1, Kind::Int64)?;
+        let t = Tensor::zeros([1], (Kind::Int64, tch::Device::Cpu));
+        self.files[0].read_into(STEP_KEY, 0, &t)?;
         Ok(t.int64_value(&[0]))
     }
 
     /// Fills `dst` with elements `[start, start + len)` of buffer `buffer`'s `suffix` tensor;
-    /// elements past the buffer's end (padding) become zero.
+    /// elements past the buffer's end (padding) become zero. Reads at most [`READ_PIECE`]
+    /// elements at once, so the read buffer stays small whatever the parameter's size.
     fn read_range(
         &self,
         buffer: &BufferLayout,
@@ -223,17 +233,17 @@ impl ShardedState {
         let mut a = lo;
         while a < hi {
             let writer = (a / per) as usize;
-            let end = hi.min((writer as i64 + 1) * per);
+            let end = hi.min((writer as i64 + 1) * per).min(a + READ_PIECE);
             let file = self.files.get(writer).ok_or_else(|| {
                 self.corrupt(format!(
                     "`{name}` element {a} belongs to rank {writer}, which wrote no shards"
                 ))
             })?;
-            let piece = file.read(&name, a - writer as i64 * per, end - a, dst.kind())?;
-            tch::no_grad(|| {
-                dst.narrow(0, a - lo, end - a)
-                    .copy_(&piece.to_device(dst.device()))
-            });
+            file.read_into(
+                &name,
+                a - writer as i64 * per,
+                &dst.narrow(0, a - lo, end - a),
+            )?;
             a = end;
         }
         Ok(())
@@ -313,31 +323,30 @@ impl ShardFile {
         }
     }
 
-    /// Elements `[start, start + len)` of tensor `name`, as a 1-D tensor of `kind`.
-    fn read(
-        &self,
-        name: &str,
-        start: i64,
-        len: i64,
-        kind: Kind,
-    ) -> Result<Tensor, CheckpointError> {
+    /// Copies elements `[start, start + dst.numel())` of tensor `name` into `dst` (1-D, any
+    /// kind, any device): read straight into `dst` when it is a contiguous CPU tensor of the
+    /// stored dtype, else into one tensor of the stored dtype that the copy converts.
+    fn read_into(&self, name: &str, start: i64, dst: &Tensor) -> Result<(), CheckpointError> {
         let &(stored, begin, numel) = self
             .tensors
             .get(name)
             .ok_or_else(|| self.bad(format!("it has no tensor `{name}`")))?;
+        let len = dst.numel() as i64;
         if start < 0 || start + len > numel {
             return Err(self.bad(format!(
                 "`{name}` has {numel} elements; elements {start}..{} were asked for",
                 start + len
             )));
         }
-        let size = stored.elt_size_in_bytes() as u64;
-        let mut bytes = vec![0u8; (len as u64 * size) as usize];
-        self.file
-            .read_exact_at(&mut bytes, begin + start as u64 * size)
-            .map_err(|e| self.bad(format!("reading `{name}`: {e}")))?;
-        let t = Tensor::f_from_data_size(&bytes, &[len], stored)
+        let at = begin + start as u64 * stored.elt_size_in_bytes() as u64;
+        let read_err = |e: std::io::Error| self.bad(format!("reading `{name}`: {e}"));
+        if dst.kind() == stored && dst.device() == tch::Device::Cpu && dst.is_contiguous() {
+            return read_exact_into(&self.file, at, dst).map_err(read_err);
+        }
+        let piece = Tensor::empty([len], (stored, tch::Device::Cpu));
+        read_exact_into(&self.file, at, &piece).map_err(read_err)?;
+        tch::no_grad(|| dst.shallow_clone().f_copy_(&piece))
             .map_err(|e| self.bad(format!("`{name}`: {e}")))?;
-        Ok(t.to_kind(kind))
+        Ok(())
     }
 }

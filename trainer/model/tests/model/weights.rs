@@ -144,6 +144,78 @@ fn sharded_checkpoint_and_bf16_load_like_a_single_file() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// `write_sharded` asks for each tensor once, in order, only when its bytes are due (the
+/// previous one is written by then); the files it writes read back exactly (f32) or as the
+/// bf16 rounding (bf16), through `HfCheckpoint` and the safetensors crate alike. An earlier
+/// export's `model.safetensors` in the same folder is removed once the shards and their index
+/// exist, no `.tmp` file is left, and a tensor of the wrong shape stops the write naming it.
+#[test]
+fn streamed_shards_ask_for_one_tensor_at_a_time_and_read_back() -> anyhow::Result<()> {
+    let (vlm, _) = tiny_vlm(None);
+    let specs = tessera_model::lm_checkpoint_specs(&vlm.lm);
+    let params = random_params(&specs, 5, 0.1);
+    let entries: Vec<(String, Vec<i64>)> =
+        params.iter().map(|(k, t)| (k.clone(), t.size())).collect();
+    let total: i64 = params.values().map(|t| t.numel() as i64 * 4).sum();
+    for kind in [Kind::Float, Kind::BFloat16] {
+        let dir = tempfile::tempdir()?;
+        std::fs::write(dir.path().join("model.safetensors"), b"an earlier export")?;
+        let mut asked = Vec::new();
+        let files =
+            tessera_model::write_sharded(dir.path(), &entries, kind, (total / 5) as u64, |name| {
+                // The file being written holds every tensor asked for before this one.
+                asked.push(name.to_string());
+                Ok::<_, ModelError>(params[name].shallow_clone())
+            })?;
+        let names: Vec<String> = entries.iter().map(|(k, _)| k.clone()).collect();
+        assert_eq!(asked, names, "each tensor asked for once, in order");
+        assert!(
+            files.len() > 2,
+            "{kind:?}: several shards and an index: {files:?}"
+        );
+        let left: Vec<String> = std::fs::read_dir(dir.path())?
+            .map(|e| e.map(|e| e.file_name().to_string_lossy().into_owned()))
+            .collect::<Result<_, _>>()?;
+        assert!(
+            !left
+                .iter()
+                .any(|n| n == "model.safetensors" || n.ends_with(".tmp")),
+            "{left:?}"
+        );
+        let ckpt = HfCheckpoint::open(dir.path())?;
+        for (name, t) in &params {
+            let back = ckpt.tensor_as_stored(name, &t.size())?;
+            assert_eq!(back.kind(), kind, "{name}");
+            assert!(back.equal(&t.to_kind(kind)), "{name} reads back as written");
+        }
+        for file in files
+            .iter()
+            .filter(|f| f.extension().is_some_and(|e| e == "safetensors"))
+        {
+            let bytes = std::fs::read(file)?;
+            safetensors::SafeTensors::deserialize(&bytes)?;
+        }
+    }
+
+    let dir = tempfile::tempdir()?;
+    let err = tessera_model::write_sharded(dir.path(), &entries, Kind::Float, u64::MAX, |name| {
+        let t = &params[name];
+        Ok::<_, ModelError>(if name == entries[1].0 {
+            t.unsqueeze(0)
+        } else {
+            t.shallow_clone()
+        })
+    })
+    .expect_err("a misshaped tensor");
+    assert!(err.to_string().contains(&entries[1].0), "{err}");
+    assert_eq!(
+        std::fs::read_dir(dir.path())?.count(),
+        0,
+        "nothing left behind"
+    );
+    Ok(())
+}
+
 /// `save_safetensors` always writes f32; bf16 shards are written through tch's own writer.
 fn save_as(path: &std::path::Path, tensors: &BTreeMap<String, Tensor>) -> anyhow::Result<()> {
     let list: Vec<(&str, &Tensor)> = tensors.iter().map(|(k, v)| (k.as_str(), v)).collect();

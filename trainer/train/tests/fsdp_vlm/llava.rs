@@ -31,6 +31,7 @@ fn export(out: &Path, options: &LlavaHfOptions) -> anyhow::Result<()> {
         vision_dir: &golden.join("vision"),
         lm_dir: &golden.join("lm_untied"),
         trainable: &TrainedTensors::Full(projector),
+        initial_projector: None,
         lora: None,
         image_token_id: IMAGE_ID,
         template: "plain",
@@ -228,11 +229,22 @@ fn bf16_sharded_export_reads_back_and_stops_at_a_stop_id() -> anyhow::Result<()>
     };
     assert_eq!(sample(1e-9, 1)?, free.tokens);
     assert_eq!(sample(0.9, 7)?, sample(0.9, 7)?);
+
+    // The same export held and run in bf16 (what `tessera generate` picks for a bf16 export):
+    // its prompt logits stay within bf16's rounding of the f32 run's.
+    let (vlm, params) = load_llava_dir(tmp.path())?;
+    let narrow = Generator::with_kind(&vlm, params, Kind::BFloat16)?;
+    assert_eq!(narrow.kind(), Kind::BFloat16);
+    let wide = generator.prompt_logits(&prompt, image)?;
+    let logits = narrow.prompt_logits(&prompt, image)?;
+    assert_eq!(logits.kind(), Kind::Float);
+    let scale = wide.abs().max().double_value(&[]);
+    assert_close(&logits, &wide, 0.05 * scale, "bf16 prompt logits");
     Ok(())
 }
 
 /// A full fine-tune (projector and the whole untied LM, trained by FSDP for three steps at
-/// lr 1e-2) exported as llava-hf: transformers loads it with no missing, unexpected or
+/// lr 1e-2) exported as llava-hf in shards: transformers loads it with no missing, unexpected or
 /// mismatched weight (`scripts/transformers_greedy.py`, in `.deps/hfvenv` from setup.sh) and
 /// generates greedily the tokens tessera's `Generator` generates from the same export.
 #[test]
@@ -285,11 +297,23 @@ fn a_full_finetune_export_loads_in_transformers_and_generates_the_same_tokens() 
         vision_dir: &vision,
         lm_dir: &lm,
         trainable: &TrainedTensors::Full(trained),
+        initial_projector: None,
         lora: None,
         image_token_id: IMAGE_ID,
         template: "plain",
     };
-    write_llava_hf(&sources, &out, &f32_options())?;
+    // Streamed into 100 KB shards (of a 400 KB f32 model) with an index, as `save_pretrained`
+    // shards a large model: transformers reads the index.
+    let sharded = LlavaHfOptions {
+        max_shard_bytes: 100_000,
+        ..f32_options()
+    };
+    let report = write_llava_hf(&sources, &out, &sharded)?;
+    assert!(
+        report.weight_files.len() > 2 && out.join("model.safetensors.index.json").is_file(),
+        "{:?}",
+        report.weight_files
+    );
     let (export_vlm, params) = load_llava_dir(&out)?;
     let generator = Generator::new(&export_vlm, params)?;
 

@@ -5,6 +5,11 @@
 //! baseline). Greedy by default (argmax, the first maximum on ties); with a temperature, top-p
 //! (nucleus) sampling from a seeded generator. Stops after a stop id (emitted) or
 //! `max_new_tokens`. LoRA adapters run unmerged when the parameters hold them.
+//!
+//! The weights are held in one dtype, f32 or bf16 ([`Generator::with_kind`]), converted one
+//! tensor at a time as they are taken in, so the model is never in memory twice; the
+//! activations run in that dtype (bf16 products as `gemm.rs` computes them), and tokens are
+//! picked from f32 logits.
 use super::config::{LoraConfig, Qwen2Config, SiglipVisionConfig};
 use super::qwen2::{self, DecoderLayer, LayerKv};
 use super::rope::rotary_tables;
@@ -53,7 +58,7 @@ pub struct Generation {
     pub stopped: bool,
 }
 
-/// The model and its parameters (f32, on their device), ready to generate.
+/// The model and its parameters (one dtype, on their device), ready to generate.
 pub struct Generator {
     vision: SiglipVisionConfig,
     lm: Qwen2Config,
@@ -68,10 +73,22 @@ pub struct Generator {
 impl Generator {
     /// `params` must hold every parameter of `vlm` (as [`Vlm::load_params`] returns them);
     /// they are converted to f32. The LoRA adapters of `vlm.options.lora` run unmerged.
-    pub fn new(vlm: &Vlm, mut params: ParamMap) -> Result<Self> {
+    pub fn new(vlm: &Vlm, params: ParamMap) -> Result<Self> {
+        Self::with_kind(vlm, params, Kind::Float)
+    }
+
+    /// [`Self::new`] holding the weights in `kind` (`Float` or `BFloat16`): each parameter is
+    /// converted in place, its source dropped as its converted copy replaces it (a parameter
+    /// already in `kind` is kept as is).
+    pub fn with_kind(vlm: &Vlm, mut params: ParamMap, kind: Kind) -> Result<Self> {
+        if !matches!(kind, Kind::Float | Kind::BFloat16) {
+            return Err(ModelError::InvalidConfig(format!(
+                "generation runs in f32 or bf16, not {kind:?}"
+            )));
+        }
         for spec in vlm.param_specs() {
             match params.get_mut(&spec.name) {
-                Some(t) if t.size() == spec.shape => *t = t.detach().to_kind(Kind::Float),
+                Some(t) if t.size() == spec.shape => *t = t.detach().to_kind(kind),
                 Some(t) => {
                     return Err(ModelError::InvalidConfig(format!(
                         "generation parameter `{}` has shape {:?}, the model needs {:?}",
@@ -112,6 +129,14 @@ impl Generator {
 
     pub fn image_token_id(&self) -> i64 {
         self.image_token_id
+    }
+
+    /// The dtype the weights are held (and the activations computed) in.
+    pub fn kind(&self) -> Kind {
+        self.params
+            .values()
+            .next()
+            .map_or(Kind::Float, Tensor::kind)
     }
 
     fn device(&self) -> Device {
@@ -199,12 +224,14 @@ impl Generator {
         self.layers.iter().map(|_| LayerKv::default()).collect()
     }
 
-    /// Logits `[len, vocab]` of every prompt position (one forward, no cache kept).
+    /// Logits `[len, vocab]` (f32) of every prompt position (one forward, no cache kept).
     pub fn prompt_logits(&self, ids: &[i64], pixels: &[u8]) -> Result<Tensor> {
         tch::no_grad(|| {
             let x = self.prompt_embeds(ids, pixels)?;
             let h = self.decode(&x, &mut self.fresh_cache());
-            Ok(qwen2::logits(&self.lm, &self.params, self.tied, &h).squeeze_dim(0))
+            Ok(qwen2::logits(&self.lm, &self.params, self.tied, &h)
+                .squeeze_dim(0)
+                .to_kind(Kind::Float))
         })
     }
 
