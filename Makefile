@@ -14,15 +14,15 @@ build: setup
 demo: build
 	@bash scripts/demo.sh "$(DEMO_DIR)"
 
-# Lints first (check mode: no binaries), then the no-libtorch CLI as a `cargo check` (it writes
-# no binary, so it cannot replace the train-capable target/release/tessera the tests run), then
-# every test of the workspace, built once in release mode. Tests and lints both build with the
+# The no-libtorch CLI as a `cargo check` (it writes no binary, so it cannot replace the
+# train-capable target/release/tessera the tests run), then every test of the workspace, built
+# once in release mode. Lints are `make lint` (CI runs both). Tests and lints both build with the
 # test hooks (TEST_FEATURES: the crash-safety tests pause a checkpoint write through
 # TESSERA_CHECKPOINT_PAUSE_AT), so neither rebuilds what the other built; `make build` and
 # `make demo` leave the hooks out.
 TEST_FEATURES ?= --features test-hooks
 
-test: setup lint
+test: setup
 	$(CARGO) check --release --no-default-features --bin tessera
 	$(CARGO) test --release --workspace $(TEST_FEATURES)
 

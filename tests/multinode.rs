@@ -264,7 +264,15 @@ fn a_node_without_rank_0s_run_folder_fails_at_once_saying_so() -> Result<()> {
 #[test]
 fn a_frozen_node_is_found_by_its_missing_heartbeats_within_60_s() -> Result<()> {
     let f = fixture(120, 0.0)?;
-    let steps = ["--steps", "400", "--checkpoint-every", "0"];
+    // 10 s instead of the default 30 s: the same path, 20 s less of the suite's time.
+    let steps = [
+        "--steps",
+        "400",
+        "--checkpoint-every",
+        "0",
+        "--heartbeat-timeout",
+        "10",
+    ];
     let run = f.root.join("run");
     let port = free_port()?;
     let (log0, log1) = (f.root.join("node0.log"), f.root.join("node1.log"));
@@ -304,7 +312,7 @@ fn a_frozen_node_is_found_by_its_missing_heartbeats_within_60_s() -> Result<()> 
         "node 0 exited successfully after node 1 froze: {log}"
     );
     ensure!(
-        log.contains("ranks [2, 3] sent no heartbeat for 30s"),
+        log.contains("ranks [2, 3] sent no heartbeat for 10s"),
         "node 0's ranks do not name the frozen ranks 2 and 3: {log}"
     );
     eprintln!(

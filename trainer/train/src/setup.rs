@@ -242,6 +242,18 @@ fn init_projector_file(path: &Path, scratch: &Path) -> Result<PathBuf, TrainErro
         return Ok(ckpt.rank_dir(0)?.join(TRAINABLE_FILE));
     }
     let projector = TrainedTensors::open(&ckpt)?.collect(|k| k.starts_with("mm_projector."))?;
+    if projector.is_empty() {
+        return Err(ConfigError::Invalid {
+            field: "init_projector",
+            reason: format!(
+                "run {} did not train the projector (its checkpoint {} holds none): pass the \
+                 mm_projector.safetensors of its export, or the run it started from",
+                path.display(),
+                ckpt.dir.display()
+            ),
+        }
+        .into());
+    }
     if let Some(dir) = scratch.parent() {
         std::fs::create_dir_all(dir).map_err(io(dir))?;
     }
