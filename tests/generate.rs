@@ -317,7 +317,11 @@ fn an_lm_only_run_exports_the_projector_it_started_from() -> Result<()> {
     }
 
     // A run that did not train the projector has none to hand on: --init-projector refuses it.
-    let err = run_err(stage2(&f, &f.root.join("next"), &lm_only).arg("--init-projector").arg(&run))?;
+    let err = run_err(
+        stage2(&f, &f.root.join("next"), &lm_only)
+            .arg("--init-projector")
+            .arg(&run),
+    )?;
     ensure!(
         err.contains("did not train the projector") && err.contains("mm_projector.safetensors"),
         "--init-projector of an lm-only run says what to pass instead: {err}"
