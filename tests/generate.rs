@@ -199,13 +199,7 @@ fn a_full_finetune_exports_whole_models_that_caption_like_the_run() -> Result<()
     );
 
     let plain = f.root.join("plain");
-    run_ok(
-        tessera()
-            .args(["export", "--quiet", "--dtype", "f32", "--run"])
-            .arg(&run)
-            .arg("--out")
-            .arg(&plain),
-    )?;
+    run_ok(export_f32(&run, &plain).arg("--quiet"))?;
     for file in [
         "lm/config.json",
         "lm/model.safetensors",
@@ -254,13 +248,7 @@ fn an_lm_only_run_exports_the_projector_it_started_from() -> Result<()> {
     let mut train = stage2(&f, &run, &lm_only);
     run_ok(train.arg("--init-projector").arg(&start))?;
     let plain = f.root.join("plain");
-    let out = run_ok(
-        tessera()
-            .args(["export", "--dtype", "f32", "--run"])
-            .arg(&run)
-            .arg("--out")
-            .arg(&plain),
-    )?;
+    let out = run_ok(&mut export_f32(&run, &plain))?;
     let said = String::from_utf8_lossy(&out.stdout).into_owned();
     ensure!(
         said.contains("not trained by this run") && said.contains("--init-projector"),
@@ -301,13 +289,7 @@ fn an_lm_only_run_exports_the_projector_it_started_from() -> Result<()> {
     let run = f.root.join("from_seed");
     run_ok(stage2(&f, &run, &lm_only).args(["--seed", "5"]))?;
     let plain = f.root.join("plain_seed");
-    run_ok(
-        tessera()
-            .args(["export", "--quiet", "--dtype", "f32", "--run"])
-            .arg(&run)
-            .arg("--out")
-            .arg(&plain),
-    )?;
+    run_ok(export_f32(&run, &plain).arg("--quiet"))?;
     let drawn = vlm.initial_projector(None, 5)?;
     for (name, t) in projector_of(&plain.join("mm_projector.safetensors"))? {
         ensure!(
@@ -327,6 +309,16 @@ fn an_lm_only_run_exports_the_projector_it_started_from() -> Result<()> {
         "--init-projector of an lm-only run says what to pass instead: {err}"
     );
     Ok(())
+}
+
+/// `tessera export --dtype f32 --run RUN --out OUT` (the plain format).
+fn export_f32(run: &Path, out: &Path) -> std::process::Command {
+    let mut cmd = tessera();
+    cmd.args(["export", "--dtype", "f32", "--run"])
+        .arg(run)
+        .arg("--out")
+        .arg(out);
+    cmd
 }
 
 /// A tokenizer.json that is not the shards' (one more trailing newline: still valid JSON).
