@@ -10,6 +10,9 @@
 # with a message saying which step and why.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# pip's wheel cache would keep a second copy of torch and its CUDA libraries (about 4 GB) on a
+# machine whose disk the build and tests need.
+export PIP_NO_CACHE_DIR=1
 DEPS="$PWD/.deps"
 TORCH_VERSION=2.11.0
 mkdir -p "$DEPS"
@@ -40,9 +43,11 @@ fi
 
 # 1b. transformers with a torch that imports (tests check llava-hf exports against it) -------
 # .deps/hfvenv sees .deps/venv's torch through a .pth file; pip adds only what that torch
-# imports at run time (its CUDA libraries, about 3 GB) and transformers.
+# imports at run time (its CUDA libraries, about 2.6 GB: `import torch` loads libtorch_cuda.so,
+# which links them) and transformers. Triton (640 MB, torch.compile's GPU kernels) is left out:
+# nothing here compiles.
 TRANSFORMERS_VERSION=5.24.0
-stamp="$DEPS/.hfvenv-$TORCH_VERSION-$TRANSFORMERS_VERSION"
+stamp="$DEPS/.hfvenv-$TORCH_VERSION-$TRANSFORMERS_VERSION-notriton"
 if [ ! -f "$stamp" ]; then
   say "installing transformers==$TRANSFORMERS_VERSION (+ torch's runtime libraries) into $DEPS/hfvenv"
   [ -x "$DEPS/hfvenv/bin/pip" ] || python3 -m venv "$DEPS/hfvenv" \
@@ -50,7 +55,12 @@ if [ ! -f "$stamp" ]; then
   site=$("$DEPS/venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
   hfsite=$("$DEPS/hfvenv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
   echo "$site" > "$hfsite/tessera_torch.pth"
-  "$DEPS/hfvenv/bin/pip" install -q --disable-pip-version-check "torch==$TORCH_VERSION" \
+  mapfile -t torch_needs < <("$DEPS/venv/bin/python" -c '
+import importlib.metadata as m
+for r in m.requires("torch"):
+    if "extra ==" not in r and not r.startswith("triton"):
+        print(r)') || fail "could not read torch's requirements from $DEPS/venv"
+  "$DEPS/hfvenv/bin/pip" install -q --disable-pip-version-check "${torch_needs[@]}" \
       "transformers==$TRANSFORMERS_VERSION" \
     || fail "pip could not install transformers==$TRANSFORMERS_VERSION into $DEPS/hfvenv"
   "$DEPS/hfvenv/bin/python" -c 'import torch, transformers' \
