@@ -14,20 +14,20 @@ build: setup
 demo: build
 	@bash scripts/demo.sh "$(DEMO_DIR)"
 
-# The no-libtorch CLI as a `cargo check` (it writes no binary, so it cannot replace the
-# train-capable target/release/tessera the tests run), then every test of the workspace, built
-# once in release mode. Lints are `make lint` (CI runs both). Tests and lints both build with the
-# test hooks (TEST_FEATURES: the crash-safety tests pause a checkpoint write through
-# TESSERA_CHECKPOINT_PAUSE_AT), so neither rebuilds what the other built; `make build` and
-# `make demo` leave the hooks out.
+# Every test of the workspace, built once in release mode. `make lint` (CI runs both) is the
+# static checks: clippy, and the no-libtorch CLI as a `cargo check` (it writes no binary, so it
+# cannot replace the train-capable target/release/tessera the tests run). Tests and lints both
+# build with the test hooks (TEST_FEATURES: the crash-safety tests pause a checkpoint write
+# through TESSERA_CHECKPOINT_PAUSE_AT), so neither rebuilds what the other built; `make build`
+# and `make demo` leave the hooks out.
 TEST_FEATURES ?= --features test-hooks
 
 test: setup
-	$(CARGO) check --release --no-default-features --bin tessera
 	$(CARGO) test --release --workspace $(TEST_FEATURES)
 
 lint: setup
 	$(CARGO) clippy --release --workspace --all-targets $(TEST_FEATURES) -- -D warnings
+	$(CARGO) check --release --no-default-features --bin tessera
 
 bench: build
 	@bash scripts/bench.sh

@@ -280,8 +280,6 @@ fn assert_same(reference: &Run, other: &Run, what: &str) -> anyhow::Result<()> {
 }
 
 #[test]
-#[ignore = "FLAKY: SIGSEGV in about 1 run of this binary in 8 (thread ranks over in-process gloo \
-            groups; under investigation); fsdp_vlm's tests check the same on the real model"]
 fn every_strategy_at_two_ranks_matches_one_rank() -> anyhow::Result<()> {
     let single = ProcessGroup::single(Duration::from_secs(30))?;
     let reference = train(&single, Strategy::FullShard, 20)?;
@@ -319,8 +317,6 @@ fn every_strategy_at_two_ranks_matches_one_rank() -> anyhow::Result<()> {
 /// trainable state (sharded over its node); only the shard gradients' all-reduce crosses
 /// nodes, fewer bytes than FULL_SHARD's collectives over the whole job.
 #[test]
-#[ignore = "FLAKY: SIGSEGV in about 1 run of this binary in 8 (thread ranks over in-process gloo \
-            groups; under investigation); tests/multinode.rs checks HYBRID_SHARD in processes"]
 fn hybrid_shard_on_two_nodes_of_two_matches_one_rank_and_full_shard() -> anyhow::Result<()> {
     let t = Duration::from_secs(30);
     let single = ProcessGroup::single(t)?;
@@ -379,8 +375,6 @@ fn hybrid_shard_on_two_nodes_of_two_matches_one_rank_and_full_shard() -> anyhow:
 }
 
 #[test]
-#[ignore = "FLAKY: SIGSEGV in about 1 run of this binary in 8 (thread ranks over in-process gloo \
-            groups; under investigation); fsdp_vlm's tests check the same on the real model"]
 fn full_shard_halves_resident_parameter_gradient_and_optimizer_bytes() -> anyhow::Result<()> {
     let single = ProcessGroup::single(Duration::from_secs(30))?;
     let one = train(&single, Strategy::FullShard, 2)?.memory;
@@ -437,8 +431,6 @@ fn misaligned(check_schedule: bool) -> anyhow::Result<(Vec<String>, Duration)> {
 }
 
 #[test]
-#[ignore = "FLAKY: SIGSEGV in about 1 run of this binary in 8 (thread ranks over in-process gloo \
-            groups; under investigation); fsdp_vlm's tests check the same on the real model"]
 fn misaligned_micro_batch_kinds_fail_at_once_naming_the_vision_all_gather() -> anyhow::Result<()> {
     let (errors, elapsed) = misaligned(true)?;
     for (rank, e) in errors.iter().enumerate() {

@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <exception>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -49,6 +50,18 @@ char* start(tc_pg* pg, tc_work** out, c10::intrusive_ptr<c10d::Work> (*issue)(tc
     auto work = issue(pg, args);
     *out = new tc_work{std::move(work)};
   });
+}
+
+// c10d's flight recorder (a process-wide ring of the last 2,000 collectives, on by default)
+// registers each group's status in a std::map before taking its lock (PyTorch 2.11,
+// FlightRecorderDetail.hpp), so two groups of one process whose first collectives run on two
+// threads at once corrupt that map: the in-process thread ranks of the tests crashed with
+// SIGSEGV in _Rb_tree_insert_and_rebalance about once in 8 runs. tessera never dumps the
+// recorder, so it is switched off before the first group exists (the singleton reads
+// TORCH_FR_BUFFER_SIZE once). A TORCH_FR_BUFFER_SIZE the user set is left as it is.
+void quiet_flight_recorder() {
+  static std::once_flag once;
+  std::call_once(once, [] { setenv("TORCH_FR_BUFFER_SIZE", "0", /*overwrite=*/0); });
 }
 
 }  // namespace
@@ -110,6 +123,7 @@ char* tc_pg_gloo_new(tc_store* store, int rank, int world_size, const char* host
                      int64_t timeout_ms, tc_pg** out) {
   return guarded([&] {
     *out = nullptr;
+    quiet_flight_recorder();
     auto timeout = std::chrono::milliseconds(timeout_ms);
     auto opts = c10d::ProcessGroupGloo::Options::create(timeout);
     if (hostname != nullptr && hostname[0] != '\0') {
@@ -134,6 +148,7 @@ char* tc_pg_nccl_new(tc_store* store, int rank, int world_size, int64_t timeout_
 #ifdef TESSERA_CUDA
   return guarded([&] {
     *out = nullptr;
+    quiet_flight_recorder();
     auto timeout = std::chrono::milliseconds(timeout_ms);
     auto opts = c10d::ProcessGroupNCCL::Options::create();
     opts->timeout = timeout;
