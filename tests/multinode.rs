@@ -334,13 +334,13 @@ fn losses_and_bytes(run: &Path) -> Result<(Vec<f64>, u64, u64)> {
 fn hybrid_shard_on_two_nodes_matches_full_shard_on_four_ranks() -> Result<()> {
     let f = fixture(200, 0.0)?;
     for (name, stage, steps) in [
-        ("stage1", 1, vec!["--steps", "20"]),
+        ("stage1", 1, vec!["--steps", "8"]),
         (
             "full",
             2,
             vec![
                 "--steps",
-                "20",
+                "8",
                 "--train",
                 "projector,lm",
                 "--lm-lr",
@@ -368,7 +368,7 @@ fn hybrid_shard_on_two_nodes_matches_full_shard_on_four_ranks() -> Result<()> {
         );
         let (want, full_sent, _) = losses_and_bytes(&full)?;
         let (got, _, across) = losses_and_bytes(&hybrid)?;
-        assert_eq!(got.len(), 20, "{name}: 20 steps");
+        assert_eq!(got.len(), 8, "{name}: 8 steps");
         for (step, (a, b)) in got.iter().zip(&want).enumerate() {
             ensure!(
                 (a - b).abs() <= 1e-4 * b.abs(),

@@ -99,16 +99,16 @@ fn relative_diff(a: f64, b: f64) -> f64 {
 fn a_sharded_w2_full_finetune_checkpoint_resumes_at_w1_and_w3_on_the_same_samples_and_loss(
 ) -> Result<()> {
     let f = fixture(300, 0.0)?;
-    let steps = ["--steps", "40", "--checkpoint-every", "20"];
+    let steps = ["--steps", "16", "--checkpoint-every", "8"];
     let straight = f.root.join("straight");
     run_ok(full_finetune(&f, &straight, &steps).args(["--nproc", "2"]))?;
     let want = planned(&straight)?;
-    assert_eq!(want.len(), 40);
+    assert_eq!(want.len(), 16);
     let all: Vec<u64> = want.iter().flat_map(|(_, s)| s.clone()).collect();
     let distinct: BTreeSet<u64> = all.iter().copied().collect();
     ensure!(
         distinct.len() == all.len(),
-        "40 steps fit one epoch here: no sample may repeat ({} of {})",
+        "16 steps fit one epoch here: no sample may repeat ({} of {})",
         distinct.len(),
         all.len()
     );
@@ -117,13 +117,13 @@ fn a_sharded_w2_full_finetune_checkpoint_resumes_at_w1_and_w3_on_the_same_sample
         .context("metrics")?
         .loss;
 
-    // Its step-20 checkpoint is what a run stopped after step 20 leaves: resume from it.
+    // Its step-8 checkpoint is what a run stopped after step 8 leaves: resume from it.
     let meta: serde_json::Value = serde_json::from_slice(&std::fs::read(
-        straight.join("checkpoints/step-00000020/meta.json"),
+        straight.join("checkpoints/step-00000008/meta.json"),
     )?)?;
     assert_eq!(meta["format_version"], 4);
     // Each rank wrote its own shards; rank 0 also the layout that maps them to parameters.
-    let ckpt = straight.join("checkpoints/step-00000020");
+    let ckpt = straight.join("checkpoints/step-00000008");
     for rank in ["rank-00000", "rank-00001"] {
         ensure!(
             ckpt.join(rank).join("shards.safetensors").is_file(),
@@ -151,7 +151,7 @@ fn a_sharded_w2_full_finetune_checkpoint_resumes_at_w1_and_w3_on_the_same_sample
     }
     let half = f.root.join("half");
     copy_dir(&straight, &half)?;
-    std::fs::remove_dir_all(half.join("checkpoints/step-00000040"))?;
+    std::fs::remove_dir_all(half.join("checkpoints/step-00000016"))?;
 
     for nproc in ["1", "3"] {
         let run = f.root.join(format!("resumed-w{nproc}"));
@@ -160,7 +160,7 @@ fn a_sharded_w2_full_finetune_checkpoint_resumes_at_w1_and_w3_on_the_same_sample
         let got = planned(&run)?;
         assert_eq!(
             got.iter().map(|(s, _)| *s).collect::<Vec<_>>(),
-            (0..40).collect::<Vec<_>>(),
+            (0..16).collect::<Vec<_>>(),
             "W={nproc}: every step once"
         );
         assert_eq!(got, want, "W={nproc}: the steps trained other samples");
@@ -170,12 +170,12 @@ fn a_sharded_w2_full_finetune_checkpoint_resumes_at_w1_and_w3_on_the_same_sample
             .loss;
         ensure!(
             relative_diff(loss, want_loss) < 1e-3,
-            "W={nproc}: loss at step 40 {loss} vs {want_loss} uninterrupted"
+            "W={nproc}: loss at step 16 {loss} vs {want_loss} uninterrupted"
         );
         let record = std::fs::read_to_string(run.join("resumes.jsonl"))?;
         let record: serde_json::Value =
             serde_json::from_str(record.lines().last().context("a resume record")?)?;
-        assert_eq!(record["step"], 20);
+        assert_eq!(record["step"], 8);
         assert_eq!(record["checkpoint_world_size"], 2);
         assert_eq!(record["world_size"], nproc.parse::<u64>()?);
         assert_eq!(record["plan_world_size"], 2);
@@ -184,7 +184,7 @@ fn a_sharded_w2_full_finetune_checkpoint_resumes_at_w1_and_w3_on_the_same_sample
     // One flipped byte in rank 1's shards: the resume names the file instead of training on it.
     let damaged = f.root.join("damaged");
     copy_dir(&half, &damaged)?;
-    let file = damaged.join("checkpoints/step-00000020/rank-00001/shards.safetensors");
+    let file = damaged.join("checkpoints/step-00000008/rank-00001/shards.safetensors");
     let mut bytes = std::fs::read(&file)?;
     let last = bytes.len() - 1;
     bytes[last] ^= 0x40;
