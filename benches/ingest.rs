@@ -21,11 +21,16 @@ use std::time::Instant;
 
 const LLAVA_PRETRAIN_SAMPLES: f64 = 558_128.0;
 
+/// `name`'s value, or `default` when it is unset; a value that does not parse stops the bench
+/// naming the variable (a typo must not measure the default under the wrong label).
 fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
+    match std::env::var(name) {
+        Err(_) => default,
+        Ok(v) => v.parse().unwrap_or_else(|_| {
+            eprintln!("ingest bench: {name}={v:?} is not a valid value");
+            std::process::exit(2)
+        }),
+    }
 }
 
 /// CPU seconds (user + system) used so far by this process (`children == false`) or by its

@@ -93,8 +93,13 @@ pub enum ModelError {
         path: PathBuf,
         source: serde_json::Error,
     },
-    #[error("{path}: not a readable safetensors file: {reason}")]
-    Safetensors { path: PathBuf, reason: String },
+    #[error("{path}: not a readable safetensors file")]
+    Safetensors {
+        path: PathBuf,
+        source: safetensors::SafeTensorError,
+    },
+    #[error("{path}: not a usable safetensors checkpoint: {reason}")]
+    SafetensorsLayout { path: PathBuf, reason: String },
     #[error("{dir}: neither model.safetensors nor model.safetensors.index.json is present")]
     NoWeights { dir: PathBuf },
     #[error("{dir}: tensor `{name}` is missing from the checkpoint")]

@@ -59,7 +59,7 @@ impl HfCheckpoint {
             let map = value
                 .get("weight_map")
                 .and_then(|m| m.as_object())
-                .ok_or_else(|| ModelError::Safetensors {
+                .ok_or_else(|| ModelError::SafetensorsLayout {
                     path: index.clone(),
                     reason: "no `weight_map` object".into(),
                 })?;
@@ -86,9 +86,9 @@ impl HfCheckpoint {
                 path: path.clone(),
                 source,
             })?;
-            let tensors = SafeTensors::deserialize(&mmap).map_err(|e| ModelError::Safetensors {
+            let tensors = SafeTensors::deserialize(&mmap).map_err(|source| ModelError::Safetensors {
                 path: path.clone(),
-                reason: e.to_string(),
+                source,
             })?;
             for (name, view) in tensors.tensors() {
                 // The view's data is a slice of the mapping: its distance from the mapping's
@@ -191,7 +191,7 @@ impl HfCheckpoint {
         let numel: i64 = loc.shape.iter().product();
         let len = dst.numel() as i64;
         if start < 0 || start + len > numel {
-            return Err(ModelError::Safetensors {
+            return Err(ModelError::SafetensorsLayout {
                 path: path.clone(),
                 reason: format!(
                     "elements [{start}, {}) of `{name}` asked for; it has {numel}",
@@ -382,9 +382,9 @@ pub fn save_safetensors_as(path: &Path, tensors: &ParamMap, kind: Kind) -> Resul
         .iter()
         .map(|(name, t)| (name.as_str(), TensorView::new(t, kind)));
     let metadata = Some(HashMap::from([("format".to_string(), "pt".to_string())]));
-    safetensors::serialize_to_file(views, &metadata, path).map_err(|e| ModelError::Safetensors {
+    safetensors::serialize_to_file(views, &metadata, path).map_err(|source| ModelError::Safetensors {
         path: path.into(),
-        reason: e.to_string(),
+        source,
     })
 }
 
@@ -400,9 +400,9 @@ pub fn load_safetensors(path: &Path) -> Result<ParamMap> {
         path: path.into(),
         source,
     })?;
-    let st = SafeTensors::deserialize(&mmap).map_err(|e| ModelError::Safetensors {
+    let st = SafeTensors::deserialize(&mmap).map_err(|source| ModelError::Safetensors {
         path: path.into(),
-        reason: e.to_string(),
+        source,
     })?;
     let mut out = BTreeMap::new();
     for (name, view) in st.tensors() {

@@ -30,6 +30,8 @@ const SUMMARY_FILE: &str = "summary.json";
 const LOSS_PLOT_FILE: &str = "loss.png";
 const CHECKPOINTS_DIR: &str = "checkpoints";
 const SAMPLES_FILE: &str = "samples.jsonl";
+const RANK0_TOKEN_FILE: &str = ".rank0-token";
+const SHARD_CACHE_DIR: &str = "shard-cache";
 
 /// A run folder: where each thing a run writes lives, and its checkpoint folders.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -98,6 +100,16 @@ impl RunDir {
     /// `profile_rank{rank}.json` (`--profile`).
     pub fn profile(&self, rank: usize) -> PathBuf {
         self.root.join(format!("profile_rank{rank}.json"))
+    }
+
+    /// `.rank0-token`: rank 0's proof that a rank sees its run folder (multi-node runs).
+    pub fn rank0_token(&self) -> PathBuf {
+        self.root.join(RANK0_TOKEN_FILE)
+    }
+
+    /// `shard-cache/`: the local cache of remote shards when no cache folder is given.
+    pub fn shard_cache(&self) -> PathBuf {
+        self.root.join(SHARD_CACHE_DIR)
     }
 
     /// `checkpoints/`.

@@ -119,7 +119,7 @@ pub(super) fn check_shared_run_dir(out: &Path, pg: &ProcessGroup) -> Result<(), 
     if pg.world_size() == 1 {
         return Ok(());
     }
-    let path = out.join(".rank0-token");
+    let path = RunDir::new(out).rank0_token();
     let mut token = tch::Tensor::from_slice(&[0i64]);
     if pg.rank() == 0 {
         let nanos = std::time::SystemTime::now()
@@ -272,7 +272,7 @@ fn dataset_location(cfg: &TrainConfig) -> Result<shards::DatasetLocation, TrainE
         .cache_dir
         .clone()
         .or_else(|| tessera_switches::Switches::get().cache_dir.clone())
-        .unwrap_or_else(|| cfg.out.join("shard-cache"));
+        .unwrap_or_else(|| RunDir::new(&cfg.out).shard_cache());
     let cache = remote::CacheConfig { dir, limit };
     let location = remote::open_location(&spec, Some(&cache)).map_err(shards::ShardError::from)?;
     Ok(location)
