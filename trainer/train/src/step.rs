@@ -144,8 +144,10 @@ impl<'a> ShardedVlm<'a> {
         self.fsdp.memory()
     }
 
-    /// Restores what [`ShardedVlm::save_full`] wrote (from rank 0's folder), re-sliced into
-    /// this rank's shards at this run's world size.
+    /// Restores a format-3 checkpoint (rank 0's folder: `trainable.safetensors` with every
+    /// trainable parameter in full, `optimizer.safetensors` with their AdamW moments and step,
+    /// as tessera wrote them before format 4), re-sliced into this rank's shards at this run's
+    /// world size.
     pub(crate) fn load_full(&mut self, dir: &Path) -> Result<(), TrainError> {
         let mut state = BTreeMap::new();
         for file in [TRAINABLE_FILE, OPTIMIZER_FILE] {
