@@ -92,8 +92,7 @@ impl ShardedAdamW {
     /// One update of every shard from `grads` (indexed like the buffers); the learning rates are
     /// the configured ones times `lr_factor` (the schedule). Through ATen's fused kernel on
     /// every device: one pass over parameter, gradient and moments instead of the elementwise
-    /// ops' dozen, which on the CPU cut a full fine-tune's optimizer step (496 M parameters)
-    /// from 3.6 s to about 1 s (BENCHMARKS.md, "Step time against transformers").
+    /// ops' dozen (BENCHMARKS.md, "Where the full-parameter step goes").
     pub(super) fn update(
         &mut self,
         buffers: &[FlatBuffer],
