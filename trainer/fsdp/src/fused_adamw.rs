@@ -1,6 +1,6 @@
 //! ATen's fused AdamW kernel (`_fused_adamw_`, what `torch.optim.AdamW(fused=True)` runs), bound
 //! through `csrc/fused_adamw.cpp` (tch generates no binding for it). [`super::optim`] uses it on
-//! CUDA, where it replaces a dozen elementwise kernels per parameter slice with one.
+//! every device, where it replaces a dozen elementwise kernels per parameter slice with one.
 use tch::{TchError, Tensor};
 use tessera_sys::kernels::tc_fused_adamw;
 

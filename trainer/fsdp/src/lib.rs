@@ -15,7 +15,7 @@
 //!    backward runs through it without gathering or recomputing. At W=1 nothing is gathered:
 //!    units read the shards (the whole buffers) in place.
 //! 3. [`Fsdp::step`]: one all-reduce of (squared grad norm, loss), clipping, and
-//!    `ShardedAdamW` (`optim.rs`) on the shards (on CUDA ATen's fused kernel, `fused_adamw.rs`).
+//!    `ShardedAdamW` (`optim.rs`) on the shards (ATen's fused kernel, `fused_adamw.rs`).
 //! 4. Mixed precision ([`FsdpConfig::compute_kind`] bf16): trainable shards stay f32 masters
 //!    with f32 gradients and moments; they are cast to bf16 before the all-gather, so units
 //!    compute in bf16; their gradients are cast to [`FsdpConfig::reduce_kind`] (f32 by default)
