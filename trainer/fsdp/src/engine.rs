@@ -539,15 +539,19 @@ impl<'a, C> Fsdp<'a, C> {
     /// configured learning rates times `lr_factor`, and zeroed gradients.
     pub fn step(&mut self, lr_factor: f64) -> Result<StepStats, FsdpError> {
         // Each shard's norm counted once: by the rank that would write it to a checkpoint.
+        // Squares summed in f32 (ATen's CPU sum is a cascade sum, exact to f32 rounding; bf16
+        // gradients are widened first), buffers added in f64: a full fine-tune's f64 copy of
+        // every gradient cost 1.6 s of a 21 s bf16 step (BENCHMARKS.md, "Where the
+        // full-parameter step goes").
         let counts_norm = self.writes_shards();
         let mut sq = 0.0;
         if counts_norm {
             for g in self.grads.iter().flatten() {
-                sq += g
-                    .to_kind(Kind::Double)
-                    .square()
-                    .sum(Kind::Double)
-                    .double_value(&[]);
+                let sum = match g.kind() {
+                    Kind::Float | Kind::Double => g.square().sum(g.kind()),
+                    _ => g.to_kind(Kind::Float).square().sum(Kind::Float),
+                };
+                sq += sum.double_value(&[]);
             }
         }
         let mut totals = Tensor::from_slice(&[sq, self.loss_sum]);
