@@ -338,14 +338,7 @@ fn hybrid_shard_on_two_nodes_matches_full_shard_on_four_ranks() -> Result<()> {
         (
             "full",
             2,
-            vec![
-                "--steps",
-                "8",
-                "--train",
-                "projector,lm",
-                "--lm-lr",
-                "1e-3",
-            ],
+            vec!["--steps", "8", "--train", "projector,lm", "--lm-lr", "1e-3"],
         ),
     ] {
         let full = f.root.join(format!("{name}-full"));

@@ -86,10 +86,11 @@ impl HfCheckpoint {
                 path: path.clone(),
                 source,
             })?;
-            let tensors = SafeTensors::deserialize(&mmap).map_err(|source| ModelError::Safetensors {
-                path: path.clone(),
-                source,
-            })?;
+            let tensors =
+                SafeTensors::deserialize(&mmap).map_err(|source| ModelError::Safetensors {
+                    path: path.clone(),
+                    source,
+                })?;
             for (name, view) in tensors.tensors() {
                 // The view's data is a slice of the mapping: its distance from the mapping's
                 // start is its offset in the file (nothing is read to compute it).
@@ -382,9 +383,11 @@ pub fn save_safetensors_as(path: &Path, tensors: &ParamMap, kind: Kind) -> Resul
         .iter()
         .map(|(name, t)| (name.as_str(), TensorView::new(t, kind)));
     let metadata = Some(HashMap::from([("format".to_string(), "pt".to_string())]));
-    safetensors::serialize_to_file(views, &metadata, path).map_err(|source| ModelError::Safetensors {
-        path: path.into(),
-        source,
+    safetensors::serialize_to_file(views, &metadata, path).map_err(|source| {
+        ModelError::Safetensors {
+            path: path.into(),
+            source,
+        }
     })
 }
 
