@@ -55,11 +55,12 @@ if [ ! -f "$stamp" ]; then
   site=$("$DEPS/venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
   hfsite=$("$DEPS/hfvenv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
   echo "$site" > "$hfsite/tessera_torch.pth"
-  mapfile -t torch_needs < <("$DEPS/venv/bin/python" -c '
+  needs=$("$DEPS/venv/bin/python" -c '
 import importlib.metadata as m
 for r in m.requires("torch"):
     if "extra ==" not in r and not r.startswith("triton"):
         print(r)') || fail "could not read torch's requirements from $DEPS/venv"
+  mapfile -t torch_needs <<< "$needs"
   "$DEPS/hfvenv/bin/pip" install -q --disable-pip-version-check "${torch_needs[@]}" \
       "transformers==$TRANSFORMERS_VERSION" \
     || fail "pip could not install transformers==$TRANSFORMERS_VERSION into $DEPS/hfvenv"

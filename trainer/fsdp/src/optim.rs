@@ -99,22 +99,20 @@ impl ShardedAdamW {
         grads: &[Option<Tensor>],
         lr_factor: f64,
     ) -> Result<(), TchError> {
-        self.update_with(buffers, grads, lr_factor, true)
+        self.step += 1;
+        self.update_fused(buffers, grads, lr_factor)
     }
 
-    /// [`Self::update`] with the kernel chosen by `fused` (tests check the fused kernel against
-    /// the elementwise formula).
-    pub(super) fn update_with(
+    /// The same update as elementwise ops, the formula written out: the reference the tests
+    /// check the fused kernel against.
+    #[cfg(test)]
+    pub(super) fn update_elementwise(
         &mut self,
         buffers: &[FlatBuffer],
         grads: &[Option<Tensor>],
         lr_factor: f64,
-        fused: bool,
     ) -> Result<(), TchError> {
         self.step += 1;
-        if fused {
-            return self.update_fused(buffers, grads, lr_factor);
-        }
         let (b1, b2) = self.config.betas;
         let bias1 = 1.0 - b1.powi(self.step as i32);
         let bias2 = 1.0 - b2.powi(self.step as i32);

@@ -53,16 +53,17 @@ fn config() -> AdamWConfig {
 
 /// Parameter and moments after `steps` updates with fresh random gradients, through the chosen
 /// path (`None`: whatever `update` picks on this device).
-fn run(fused: Option<bool>, steps: usize) -> Vec<Tensor> {
+fn run(elementwise: bool, steps: usize) -> Vec<Tensor> {
     let buffers = vec![buffer(1)];
     let mut adamw = ShardedAdamW::new(config(), &buffers);
     tch::manual_seed(2);
     for step in 0..steps {
         let grads = vec![Some(Tensor::randn([10], (Kind::Float, Device::Cpu)))];
         let lr_factor = 1.0 - step as f64 * 0.1;
-        match fused {
-            Some(f) => adamw.update_with(&buffers, &grads, lr_factor, f),
-            None => adamw.update(&buffers, &grads, lr_factor),
+        if elementwise {
+            adamw.update_elementwise(&buffers, &grads, lr_factor)
+        } else {
+            adamw.update(&buffers, &grads, lr_factor)
         }
         .expect("AdamW update");
     }
@@ -75,9 +76,9 @@ fn run(fused: Option<bool>, steps: usize) -> Vec<Tensor> {
 }
 
 #[test]
-fn fused_adamw_matches_the_elementwise_update_and_is_what_update_runs() {
-    let plain = run(Some(false), 5);
-    let fused = run(Some(true), 5);
+fn fused_adamw_update_matches_the_elementwise_formula() {
+    let plain = run(true, 5);
+    let fused = run(false, 5);
     for (what, (a, b)) in ["param", "exp_avg", "exp_avg_sq"]
         .iter()
         .zip(plain.iter().zip(&fused))
@@ -88,9 +89,4 @@ fn fused_adamw_matches_the_elementwise_update_and_is_what_update_runs() {
     // The parameters moved: the comparison is not between two untouched tensors.
     let start = buffer(1).shard;
     assert!((&plain[0] - &start).abs().max().double_value(&[]) > 1e-3);
-    // `update` runs the fused kernel, bit for bit.
-    let auto = run(None, 5);
-    for (a, b) in fused.iter().zip(&auto) {
-        assert!(a.equal(b), "the update is not the fused kernel's");
-    }
 }
