@@ -539,21 +539,12 @@ impl<'a, C> Fsdp<'a, C> {
     /// configured learning rates times `lr_factor`, and zeroed gradients.
     pub fn step(&mut self, lr_factor: f64) -> Result<StepStats, FsdpError> {
         // Each shard's norm counted once: by the rank that would write it to a checkpoint.
-        // Squares summed in f32 (ATen's CPU sum is a cascade sum, exact to f32 rounding; bf16
-        // gradients are widened first), buffers added in f64: a full fine-tune's f64 copy of
-        // every gradient cost 1.6 s of a 21 s bf16 step (BENCHMARKS.md, "Where the
-        // full-parameter step goes").
         let counts_norm = self.writes_shards();
-        let mut sq = 0.0;
-        if counts_norm {
-            for g in self.grads.iter().flatten() {
-                let sum = match g.kind() {
-                    Kind::Float | Kind::Double => g.square().sum(g.kind()),
-                    _ => g.to_kind(Kind::Float).square().sum(Kind::Float),
-                };
-                sq += sum.double_value(&[]);
-            }
-        }
+        let sq = if counts_norm {
+            self.grads.iter().flatten().map(sum_of_squares).sum()
+        } else {
+            0.0
+        };
         let mut totals = Tensor::from_slice(&[sq, self.loss_sum]);
         self.world.all_reduce_sum(&mut totals, "step")?.wait()?;
         let totals = Vec::<f64>::try_from(&totals).map_err(self.torch_err(0))?;
@@ -598,5 +589,53 @@ impl<'a, C> Fsdp<'a, C> {
         self.gathered.peak_bytes = self.gathered.bytes;
         self.loss_sum = 0.0;
         Ok(stats)
+    }
+}
+
+/// Elements per piece of [`sum_of_squares`]: small enough that the squared piece is a reused
+/// 4 MB temporary, large enough that the per-piece overhead is nil.
+const NORM_PIECE: i64 = 1 << 20;
+
+/// Σ g² of one gradient buffer, in f64. Each 1 Mi-element piece is squared and summed in f32
+/// (ATen's CPU sum is a cascade sum; bf16 pieces are widened first), the pieces added in f64:
+/// within 1e-9 of an f64 sum. One squared copy of a whole buffer cost a full fine-tune 0.9 s a
+/// step in page faults (the 545 MB embedding's), an f64 copy of every gradient 1.6 s; BLAS's
+/// `dot` and ATen's `linalg_vector_norm` accumulate in plain f32, 1e-2 off over 136 M elements.
+fn sum_of_squares(g: &Tensor) -> f64 {
+    let n = g.numel() as i64;
+    let flat = g.reshape([n]);
+    let mut sum = 0.0;
+    let mut start = 0;
+    while start < n {
+        let piece = flat.narrow(0, start, NORM_PIECE.min(n - start));
+        let piece = match piece.kind() {
+            Kind::Float | Kind::Double => piece,
+            _ => piece.to_kind(Kind::Float),
+        };
+        sum += piece.square().sum(piece.kind()).double_value(&[]);
+        start += NORM_PIECE;
+    }
+    sum
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Over several pieces (the last a partial one), f32 and bf16: within 1e-7 of an f64 sum.
+    #[test]
+    fn sum_of_squares_matches_an_f64_sum() {
+        tch::manual_seed(3);
+        // [5, 419,431]: 2 Mi + 3 elements, so three pieces, the last of 3 elements.
+        let g = Tensor::randn([5, 419_431], (Kind::Float, Device::Cpu)) * 1e-3;
+        for g in [g.shallow_clone(), g.to_kind(Kind::BFloat16)] {
+            let want = g
+                .to_kind(Kind::Double)
+                .square()
+                .sum(Kind::Double)
+                .double_value(&[]);
+            let got = sum_of_squares(&g);
+            assert!(((got - want) / want).abs() < 1e-7, "{got} vs {want}");
+        }
     }
 }
