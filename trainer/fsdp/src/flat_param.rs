@@ -308,14 +308,14 @@ mod tests {
     /// Each view holds its own elements, and backward through the views puts each parameter's
     /// gradient at its offset, zero in the gap and the padding.
     #[test]
-    fn views_read_and_back_propagate_each_parameter_in_place() {
+    fn views_read_and_back_propagate_each_parameter_in_place() -> Result<(), tch::TchError> {
         // "b" listed first though it sits later; a gap at [6, 8) and padding at [14, 16).
         let buf = buffer(vec![("b", vec![2, 3], 8), ("a", vec![3, 2], 0)], 16);
         let full = Tensor::arange(16, (Kind::Float, Device::Cpu)).set_requires_grad(true);
         let views = buf.views(&full);
         assert_eq!(views[0].0, "b");
         assert_eq!(
-            Vec::<f32>::try_from(&views[0].1.reshape([-1])).unwrap(),
+            Vec::<f32>::try_from(&views[0].1.reshape([-1]))?,
             [8., 9., 10., 11., 12., 13.]
         );
         assert_eq!(views[1].1.size(), [3, 2]);
@@ -324,15 +324,17 @@ mod tests {
         let want = [
             3., 3., 3., 3., 3., 3., 0., 0., 2., 2., 2., 2., 2., 2., 0., 0.,
         ];
-        assert_eq!(Vec::<f32>::try_from(&grad).unwrap(), want);
+        assert_eq!(Vec::<f32>::try_from(&grad)?, want);
+        Ok(())
     }
 
     #[test]
-    fn a_buffer_of_one_parameter_is_viewed_whole() {
+    fn a_buffer_of_one_parameter_is_viewed_whole() -> Result<(), tch::TchError> {
         let buf = buffer(vec![("w", vec![4, 2], 0)], 8);
         let full = Tensor::arange(8, (Kind::Float, Device::Cpu)).set_requires_grad(true);
         let views = buf.views(&full);
         let grad = Tensor::run_backward(&[views[0].1.sum(Kind::Float)], &[&full], false, false);
-        assert_eq!(Vec::<f32>::try_from(&grad[0]).unwrap(), [1.0; 8]);
+        assert_eq!(Vec::<f32>::try_from(&grad[0])?, [1.0; 8]);
+        Ok(())
     }
 }
