@@ -66,41 +66,27 @@ impl FlatBuffer {
 
     /// Views of a full (gathered) buffer as the named parameter tensors.
     ///
-    /// One `split_with_sizes` cuts the buffer into the parameters (and any gap or padding), so
-    /// backward builds the buffer's gradient in one concatenation. A `narrow` per parameter
-    /// made autograd zero-fill and add a whole buffer-sized gradient for every parameter: 24
-    /// passes over a 60 MB Qwen2.5-0.5B layer in each backward, and a zero-filled copy of the
-    /// 545 MB embedding (BENCHMARKS.md, "Where the full-parameter step goes").
+    /// One `split_with_sizes` cuts the buffer into the parameters (laid out back to back from
+    /// offset 0, as [`build_buffer`] places them) and the padding, so backward builds the
+    /// buffer's gradient in one concatenation. A `narrow` per parameter made autograd
+    /// zero-fill and add a whole buffer-sized gradient for every parameter: 24 passes over a
+    /// 60 MB Qwen2.5-0.5B layer in each backward, and a zero-filled copy of the 545 MB
+    /// embedding (BENCHMARKS.md, "Where the full-parameter step goes"). A buffer that is one
+    /// parameter and no padding is a plain `view`: no concatenation at all.
     pub fn views(&self, full: &Tensor) -> Vec<(String, Tensor)> {
-        let total = full.size()[0];
-        if let [e] = self.entries.as_slice() {
-            if e.offset == 0 && e.numel == total {
-                return vec![(e.name.clone(), full.view(e.shape.as_slice()))];
-            }
+        let padding = full.size()[0] - self.numel;
+        if let ([e], 0) = (self.entries.as_slice(), padding) {
+            return vec![(e.name.clone(), full.view(e.shape.as_slice()))];
         }
-        let mut order: Vec<usize> = (0..self.entries.len()).collect();
-        order.sort_by_key(|&i| self.entries[i].offset);
-        // Piece sizes in buffer order; `piece[i]`: entry i's index among the pieces.
-        let mut sizes = Vec::with_capacity(order.len() + 1);
-        let mut piece = vec![0; self.entries.len()];
-        let mut at = 0;
-        for i in order {
-            let e = &self.entries[i];
-            if e.offset > at {
-                sizes.push(e.offset - at);
-            }
-            piece[i] = sizes.len();
-            sizes.push(e.numel);
-            at = e.offset + e.numel;
-        }
-        if total > at {
-            sizes.push(total - at);
+        let mut sizes: Vec<i64> = self.entries.iter().map(|e| e.numel).collect();
+        if padding > 0 {
+            sizes.push(padding);
         }
         let pieces = full.split_with_sizes(sizes.as_slice(), 0);
         self.entries
             .iter()
-            .zip(piece)
-            .map(|(e, k)| (e.name.clone(), pieces[k].view(e.shape.as_slice())))
+            .zip(pieces)
+            .map(|(e, piece)| (e.name.clone(), piece.view(e.shape.as_slice())))
             .collect()
     }
 }
@@ -276,27 +262,29 @@ fn build_buffer(
 mod tests {
     use super::*;
 
-    fn buffer(entries: Vec<(&str, Vec<i64>, i64)>, padded: i64) -> FlatBuffer {
-        let entries: Vec<FlatEntry> = entries
-            .into_iter()
-            .map(|(name, shape, offset)| FlatEntry {
-                name: name.into(),
-                numel: shape.iter().product(),
-                shape,
-                offset,
+    /// A trainable buffer of `shapes` back to back (as `build_buffer` lays them out), padded
+    /// to `padded` elements.
+    fn buffer(shapes: &[(&str, Vec<i64>)], padded: i64) -> FlatBuffer {
+        let mut offset = 0;
+        let entries: Vec<FlatEntry> = shapes
+            .iter()
+            .map(|(name, shape)| {
+                let numel = shape.iter().product();
+                offset += numel;
+                FlatEntry {
+                    name: name.to_string(),
+                    shape: shape.clone(),
+                    offset: offset - numel,
+                    numel,
+                }
             })
             .collect();
-        let numel = entries
-            .iter()
-            .map(|e| e.offset + e.numel)
-            .max()
-            .unwrap_or(0);
         FlatBuffer {
             owner: 0,
             unit_name: "unit".into(),
             trainable: true,
             entries,
-            numel,
+            numel: offset,
             padded,
             shard_len: padded,
             shard_start: 0,
@@ -306,35 +294,43 @@ mod tests {
     }
 
     /// Each view holds its own elements, and backward through the views puts each parameter's
-    /// gradient at its offset, zero in the gap and the padding.
+    /// gradient at its offset, zero in the padding.
     #[test]
     fn views_read_and_back_propagate_each_parameter_in_place() -> Result<(), tch::TchError> {
-        // "b" listed first though it sits later; a gap at [6, 8) and padding at [14, 16).
-        let buf = buffer(vec![("b", vec![2, 3], 8), ("a", vec![3, 2], 0)], 16);
+        // "a" at [0, 6), "b" at [6, 12), padding at [12, 16).
+        let buf = buffer(&[("a", vec![3, 2]), ("b", vec![2, 3])], 16);
         let full = Tensor::arange(16, (Kind::Float, Device::Cpu)).set_requires_grad(true);
         let views = buf.views(&full);
-        assert_eq!(views[0].0, "b");
+        assert_eq!(views[1].0, "b");
         assert_eq!(
-            Vec::<f32>::try_from(&views[0].1.reshape([-1]))?,
-            [8., 9., 10., 11., 12., 13.]
+            Vec::<f32>::try_from(&views[1].1.reshape([-1]))?,
+            [6., 7., 8., 9., 10., 11.]
         );
-        assert_eq!(views[1].1.size(), [3, 2]);
-        let loss = (&views[0].1 * 2.0).sum(Kind::Float) + (&views[1].1 * 3.0).sum(Kind::Float);
+        assert_eq!(views[0].1.size(), [3, 2]);
+        let loss = (&views[1].1 * 2.0).sum(Kind::Float) + (&views[0].1 * 3.0).sum(Kind::Float);
         let grad = Tensor::run_backward(&[loss], &[&full], false, false).remove(0);
         let want = [
-            3., 3., 3., 3., 3., 3., 0., 0., 2., 2., 2., 2., 2., 2., 0., 0.,
+            3., 3., 3., 3., 3., 3., 2., 2., 2., 2., 2., 2., 0., 0., 0., 0.,
         ];
         assert_eq!(Vec::<f32>::try_from(&grad)?, want);
         Ok(())
     }
 
+    /// One parameter: a plain view without padding, a split with it; both back-propagate.
     #[test]
     fn a_buffer_of_one_parameter_is_viewed_whole() -> Result<(), tch::TchError> {
-        let buf = buffer(vec![("w", vec![4, 2], 0)], 8);
-        let full = Tensor::arange(8, (Kind::Float, Device::Cpu)).set_requires_grad(true);
-        let views = buf.views(&full);
-        let grad = Tensor::run_backward(&[views[0].1.sum(Kind::Float)], &[&full], false, false);
-        assert_eq!(Vec::<f32>::try_from(&grad[0])?, [1.0; 8]);
+        for (padded, want) in [
+            (8, vec![1.0; 8]),
+            (10, [vec![1.0; 8], vec![0.0; 2]].concat()),
+        ] {
+            let buf = buffer(&[("w", vec![4, 2])], padded);
+            let full = Tensor::arange(padded, (Kind::Float, Device::Cpu)).set_requires_grad(true);
+            let views = buf.views(&full);
+            assert_eq!(views[0].1.size(), [4, 2]);
+            let loss = views[0].1.sum(Kind::Float);
+            let grad = Tensor::run_backward(&[loss], &[&full], false, false);
+            assert_eq!(Vec::<f32>::try_from(&grad[0])?, want);
+        }
         Ok(())
     }
 }
