@@ -15,11 +15,12 @@ use anyhow::{ensure, Context, Result};
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
 
 mod support;
 use support::metrics::read_metrics;
-use support::{fixture, ingest, run_ok, tessera, train_command, Fixture, TrainArgs};
+use support::{
+    fixture, full_finetune, ingest, run_ok, tessera, train_command, wait_until, Fixture, TrainArgs,
+};
 
 /// Stage 1 on the fixture, small micro-batches (a few samples per rank and step).
 fn train(f: &Fixture, out: &Path, extra: &[&str]) -> Command {
@@ -30,27 +31,6 @@ fn train(f: &Fixture, out: &Path, extra: &[&str]) -> Command {
         token_budget: 256,
     };
     train_command(tessera(), f, args, out, extra)
-}
-
-/// Stage 2 as a full fine-tune of projector, LM and vision tower, at lrs that move the tiny
-/// model visibly.
-fn full_finetune(f: &Fixture, out: &Path, extra: &[&str]) -> Command {
-    let args = TrainArgs {
-        shards: f.shards.as_os_str(),
-        lm: &f.lm,
-        stage: 2,
-        token_budget: 256,
-    };
-    let mut cmd = train_command(tessera(), f, args, out, extra);
-    cmd.args([
-        "--train",
-        "projector,lm,vision",
-        "--lm-lr",
-        "1e-3",
-        "--vision-lr",
-        "1e-4",
-    ]);
-    cmd
 }
 
 /// `plan.jsonl`: the samples of every step, by step.
@@ -72,19 +52,7 @@ fn planned(run: &Path) -> Result<Vec<(u64, Vec<u64>)>> {
 }
 
 fn wait_for(path: &Path, child: &mut std::process::Child) -> Result<()> {
-    let deadline = Instant::now() + Duration::from_secs(300);
-    while !path.exists() {
-        ensure!(
-            Instant::now() < deadline,
-            "no {} within 300 s",
-            path.display()
-        );
-        if let Some(status) = child.try_wait()? {
-            anyhow::bail!("run exited ({status}) before {} appeared", path.display());
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    Ok(())
+    wait_until(child, &path.display().to_string(), || path.exists())
 }
 
 fn copy_dir(from: &Path, to: &Path) -> Result<()> {

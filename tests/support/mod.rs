@@ -5,7 +5,8 @@ pub(crate) mod metrics;
 use anyhow::{ensure, Context, Result};
 use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::{Child, Command, Output};
+use std::time::{Duration, Instant};
 
 /// The `tessera` binary cargo built for these tests (with `train`: the root's default
 /// features). `make test` checks the no-libtorch build with `cargo check`, which writes no
@@ -49,6 +50,26 @@ pub(crate) fn run_err(cmd: &mut Command) -> Result<String> {
     let out = cmd.output().context("spawning tessera")?;
     ensure!(!out.status.success(), "{cmd:?} should have failed");
     Ok(String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+/// Polls `done` every 50 ms until it holds; fails if `child` exits first or 300 s pass (then
+/// killing it).
+/// `what` names the awaited condition in the error.
+pub(crate) fn wait_until(child: &mut Child, what: &str, done: impl Fn() -> bool) -> Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(300);
+    while !done() {
+        if Instant::now() >= deadline {
+            // Not left running after the test: its ranks go with it.
+            child.kill()?;
+            child.wait()?;
+            anyhow::bail!("no {what} within 300 s");
+        }
+        if let Some(status) = child.try_wait()? {
+            anyhow::bail!("run exited ({status}) before {what}");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    Ok(())
 }
 
 /// The Qwen tokenizer `scripts/setup.sh` installs.
@@ -98,6 +119,27 @@ pub(crate) fn train_command(
         .args(["--seq-len", "256", "--seed", "5", "--out"])
         .arg(out)
         .args(extra);
+    cmd
+}
+
+/// Stage 2 as a full fine-tune of projector, LM and vision tower, at lrs that move the tiny
+/// model visibly.
+pub(crate) fn full_finetune(f: &Fixture, out: &Path, extra: &[&str]) -> Command {
+    let args = TrainArgs {
+        shards: f.shards.as_os_str(),
+        lm: &f.lm,
+        stage: 2,
+        token_budget: 256,
+    };
+    let mut cmd = train_command(tessera(), f, args, out, extra);
+    cmd.args([
+        "--train",
+        "projector,lm,vision",
+        "--lm-lr",
+        "1e-3",
+        "--vision-lr",
+        "1e-4",
+    ]);
     cmd
 }
 

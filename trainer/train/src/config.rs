@@ -76,6 +76,19 @@ pub enum Stage {
     Finetune = 2,
 }
 
+/// How checkpoints reach disk (`--checkpoint-write`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "snake_case")]
+#[value(rename_all = "snake_case")]
+pub enum CheckpointWrite {
+    /// Training stops at the checkpoint until every rank's files are written and committed.
+    Sync,
+    /// Training goes on while a thread per rank writes a copy of the rank's state (as torch
+    /// DCP's async save does); the commit waits for all of them. One write is in flight at a
+    /// time: a checkpoint that comes due while the last one is still being written waits.
+    Async,
+}
+
 const STAGES: &str = "1: projector, 2: projector + LoRA";
 
 impl TryFrom<u8> for Stage {
@@ -216,6 +229,10 @@ knobs! {
     keep_checkpoints: usize = default(3),
     /// Also keep every checkpoint whose step is a multiple of M (default 0 = none).
     keep_every: u64 = default(0),
+    /// How checkpoints reach disk: sync (default: training waits until they are committed) or
+    /// async (each rank copies its trained state in host memory and writes it on a thread
+    /// while training goes on; committed at the first step boundary after every rank is done).
+    checkpoint_write: CheckpointWrite = default(CheckpointWrite::Sync),
     /// A sample whose image does not decode or fails its stored crc32c (shard corrupt on
     /// disk): fail (default; names shard, row and sample) or skip (warn and drop it).
     on_bad_image: BadImagePolicy = default(BadImagePolicy::Fail),

@@ -263,6 +263,11 @@ fn every_flag_and_its_toml_key_set_the_same_knob() -> anyhow::Result<()> {
         ("--checkpoint-every", "3", "checkpoint_every = 3"),
         ("--keep-checkpoints", "5", "keep_checkpoints = 5"),
         ("--keep-every", "10", "keep_every = 10"),
+        (
+            "--checkpoint-write",
+            "async",
+            "checkpoint_write = \"async\"",
+        ),
         ("--on-bad-image", "skip", "on_bad_image = \"skip\""),
         ("--device", "cuda", "device = \"cuda\""),
         ("--image-size", "224", "image_size = 224"),

@@ -11,6 +11,7 @@
 //! `tessera-fsdp` <- `tessera-train` <- the `tessera` CLI.
 mod checkpoint;
 mod checkpoint_pick;
+mod checkpoint_save;
 mod config;
 mod error;
 mod export;
@@ -33,8 +34,8 @@ mod validate;
 pub use checkpoint::{Checkpoint, CheckpointError, CheckpointMeta, ModelFingerprint, RankState};
 pub use checkpoint_pick::{Pick, ResumeRecord, Skipped};
 pub use config::{
-    BadImagePolicy, ConfigError, ConfigLayer, Device, Dtype, Recompute, ResizePolicy, Stage,
-    Strategy, TrainConfig, TrainParts,
+    BadImagePolicy, CheckpointWrite, ConfigError, ConfigLayer, Device, Dtype, Recompute,
+    ResizePolicy, Stage, Strategy, TrainConfig, TrainParts,
 };
 pub use error::TrainError;
 pub use export::{

@@ -4,10 +4,9 @@
 //! the plan's ranks onto this run's), scale each micro-batch's summed token loss by
 //! 1 / (supervised tokens of the whole step across ranks), all-reduce, clip, AdamW, log the
 //! step (`metrics.jsonl`) and its samples (`plan.jsonl`), validate (`validate.rs`), checkpoint.
-use super::checkpoint::{
-    self, CheckpointMeta, CheckpointWriter, Expected, RankState, FORMAT_VERSION,
-};
+use super::checkpoint::{CheckpointMeta, Expected, RankState, FORMAT_VERSION};
 use super::checkpoint_pick::{self, Pick, ResumeRecord};
+use super::checkpoint_save::CheckpointSaver;
 use super::config::{Dtype, Stage, TrainConfig};
 use super::error::{io, TrainError};
 use super::export::VlmDescription;
@@ -192,6 +191,7 @@ struct TrainLoop<'a> {
     schedule: CosineSchedule,
     layout: RankLayout,
     validation: Option<Validation>,
+    saver: CheckpointSaver,
 }
 
 /// Stage 1 trains only the projector, which text-only samples never reach: it plans image
@@ -254,6 +254,7 @@ impl<'a> TrainLoop<'a> {
                 rank: s.rank,
             },
             validation,
+            saver: CheckpointSaver::new(cfg),
         };
         train_loop.total_steps = match cfg.steps {
             Some(n) => n,
@@ -491,11 +492,13 @@ impl<'a> TrainLoop<'a> {
                 let due = cfg.checkpoint_every > 0 && step.is_multiple_of(cfg.checkpoint_every);
                 if due || step == self.total_steps {
                     self.checkpoint(model, step, &plan.resume_position(i + 1)?)?;
+                } else {
+                    self.saver.poll(&self.run, s)?;
                 }
             }
             epoch += 1;
         }
-        Ok(())
+        self.saver.finish(&self.run, s)
     }
 
     fn one_step(
@@ -588,33 +591,27 @@ impl<'a> TrainLoop<'a> {
         })
     }
 
-    /// Every rank writes its folder; after a barrier rank 0 commits; a second barrier keeps
-    /// ranks from racing ahead of the commit.
+    /// The checkpoint of `step`, saved as `--checkpoint-write` says (`checkpoint_save.rs`).
     fn checkpoint(
-        &self,
+        &mut self,
         model: &mut ShardedVlm,
         step: u64,
         next: &Position,
     ) -> Result<(), TrainError> {
         let (cfg, s) = (self.cfg, self.s);
-        let writer = CheckpointWriter::begin(&self.run, step, s.rank)?;
-        model.save_sharded(writer.dir(), s.rank, s.world_size)?;
-        checkpoint_pick::pause_mid_write_if_asked(step);
         let json = |what: &str| {
             let what = format!("checkpoint of step {step}: {what}");
             move |source| TrainError::Json { what, source }
         };
         let planner = serde_json::to_value(next).map_err(json("planner position"))?;
-        writer.finish_rank(&RankState {
+        let state = RankState {
             rank: s.rank,
             next_step: step,
             planner,
             seed: cfg.seed,
-        })?;
-        s.pg.barrier("checkpoint write")?;
-        if s.rank == 0 {
-            let config = serde_json::to_value(cfg).map_err(json("config"))?;
-            let dir = writer.commit(&CheckpointMeta {
+        };
+        let meta = if s.rank == 0 {
+            Some(CheckpointMeta {
                 format_version: FORMAT_VERSION,
                 step,
                 world_size: s.world_size,
@@ -622,18 +619,14 @@ impl<'a> TrainLoop<'a> {
                 stage: cfg.stage.into(),
                 model: s.model_fingerprint.clone(),
                 data_fingerprint: s.dataset.fingerprint().to_string(),
-                config,
+                config: serde_json::to_value(cfg).map_err(json("config"))?,
                 run: self.run_record(),
                 plan_world_size: Some(self.layout.plan_world_size),
-            })?;
-            tracing::info!("checkpoint {}", dir.display());
-            let removed = checkpoint::prune(&self.run, cfg.keep_checkpoints, cfg.keep_every)?;
-            if !removed.is_empty() {
-                tracing::debug!("removed the checkpoints of steps {removed:?}");
-            }
-        }
-        s.pg.barrier("checkpoint commit")?;
-        Ok(())
+            })
+        } else {
+            None
+        };
+        self.saver.save(&self.run, s, model, state, meta)
     }
 }
 

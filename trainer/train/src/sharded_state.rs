@@ -49,45 +49,67 @@ pub(crate) struct Layout {
     pub buffers: Vec<BufferLayout>,
 }
 
-/// Writes this rank's shards (and on rank 0 the layout) into its checkpoint folder `dir`.
-/// No collective: every rank writes only what it holds.
-pub(crate) fn save(
+/// What one rank writes into its checkpoint folder: on rank 0 the layout, on a writing rank its
+/// shards, moments and AdamW's step. Taken at a step boundary; [`StateSnapshot::write`] may
+/// run later, on another thread, while training goes on (`--checkpoint-write async`), which is
+/// why a snapshot can own copies of the tensors instead of sharing the live ones.
+pub(crate) struct StateSnapshot {
+    layout: Option<Layout>,
+    tensors: Vec<(String, Tensor)>,
+}
+
+/// Takes this rank's snapshot. No collective: every rank holds what it writes. With `copy`
+/// the tensors are copies in host memory (the rank's 1/W of the trained state, once more),
+/// which later optimizer steps leave untouched; without it they share the live shards, and
+/// the snapshot must be written before the next step.
+pub(crate) fn snapshot(
     fsdp: &Fsdp<'_, VlmCtx>,
-    dir: &Path,
     rank: usize,
     world_size: usize,
-) -> Result<(), CheckpointError> {
-    if rank == 0 {
-        let layout = Layout {
-            world_size,
-            writers: fsdp.shard_writers(),
-            buffers: fsdp.trainable_layout(),
-        };
-        let path = dir.join(LAYOUT_FILE);
-        let text = serde_json::to_vec_pretty(&layout).map_err(|e| CheckpointError::Corrupt {
-            dir: dir.to_path_buf(),
-            reason: format!("{LAYOUT_FILE} could not be serialised: {e}"),
-        })?;
-        std::fs::write(&path, text).map_err(io_err(&path))?;
-    }
-    if !fsdp.writes_shards() {
-        return Ok(());
-    }
+    copy: bool,
+) -> StateSnapshot {
+    let layout = (rank == 0).then(|| Layout {
+        world_size,
+        writers: fsdp.shard_writers(),
+        buffers: fsdp.trainable_layout(),
+    });
     let mut tensors: Vec<(String, Tensor)> = Vec::new();
-    for view in fsdp.shard_views() {
-        for (suffix, t) in view.tensors {
-            tensors.push((
-                format!("{}.{suffix}", view.key),
-                t.to_device(tch::Device::Cpu),
-            ));
+    if fsdp.writes_shards() {
+        for view in fsdp.shard_views() {
+            for (suffix, t) in view.tensors {
+                let host = match (t.device(), copy) {
+                    (tch::Device::Cpu, true) => t.copy(),
+                    (tch::Device::Cpu, false) => t,
+                    _ => t.to_device(tch::Device::Cpu),
+                };
+                tensors.push((format!("{}.{suffix}", view.key), host));
+            }
         }
+        tensors.push((STEP_KEY.into(), Tensor::from(fsdp.optimizer_step())));
     }
-    tensors.push((STEP_KEY.into(), Tensor::from(fsdp.optimizer_step())));
-    let path = dir.join(SHARDS_FILE);
-    Tensor::write_safetensors(&tensors, &path).map_err(|e| CheckpointError::Io {
-        path,
-        source: std::io::Error::other(e.to_string()),
-    })
+    StateSnapshot { layout, tensors }
+}
+
+impl StateSnapshot {
+    /// Writes the snapshot's files into the rank's checkpoint folder `dir`.
+    pub(crate) fn write(&self, dir: &Path) -> Result<(), CheckpointError> {
+        if let Some(layout) = &self.layout {
+            let path = dir.join(LAYOUT_FILE);
+            let text = serde_json::to_vec_pretty(layout).map_err(|e| CheckpointError::Corrupt {
+                dir: dir.to_path_buf(),
+                reason: format!("{LAYOUT_FILE} could not be serialised: {e}"),
+            })?;
+            std::fs::write(&path, text).map_err(io_err(&path))?;
+        }
+        if self.tensors.is_empty() {
+            return Ok(());
+        }
+        let path = dir.join(SHARDS_FILE);
+        Tensor::write_safetensors(&self.tensors, &path).map_err(|e| CheckpointError::Io {
+            path,
+            source: std::io::Error::other(e.to_string()),
+        })
+    }
 }
 
 /// Restores this rank's shards and moments from a format-4 checkpoint written at any world

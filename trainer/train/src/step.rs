@@ -122,15 +122,15 @@ impl<'a> ShardedVlm<'a> {
         Ok(self.fsdp.step(lr_factor)?)
     }
 
-    /// Writes this rank's shards and moments (and on rank 0 the layout) into its checkpoint
-    /// folder `dir`: checkpoint format 4, no gather, every rank in parallel.
-    pub(crate) fn save_sharded(
+    /// This rank's part of a format-4 checkpoint (its shards and moments, on rank 0 the
+    /// layout): no gather, every rank writes its own. `copy`: see [`sharded_state::snapshot`].
+    pub(crate) fn snapshot_sharded(
         &self,
-        dir: &Path,
         rank: usize,
         world_size: usize,
-    ) -> Result<(), TrainError> {
-        Ok(sharded_state::save(&self.fsdp, dir, rank, world_size)?)
+        copy: bool,
+    ) -> sharded_state::StateSnapshot {
+        sharded_state::snapshot(&self.fsdp, rank, world_size, copy)
     }
 
     /// Restores a format-4 checkpoint at this run's world size (each rank reads its slices).
