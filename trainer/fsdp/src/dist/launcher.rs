@@ -92,6 +92,29 @@ pub fn launch(spec: LaunchSpec) -> Result<(), LaunchError> {
         .block_on(run_ranks(spec))
 }
 
+/// A killed launcher (even by SIGKILL, which it cannot trap) takes its ranks with it: each
+/// rank asks the kernel for SIGKILL when the thread that started it ends. That thread is the
+/// caller of [`launch`] (`block_on` runs [`run_ranks`] on it), which lives until the launch
+/// is over. Without this a rank left behind would wait on its peers until a collective timed
+/// out, holding its memory and cores.
+fn die_with_launcher(command: &mut Command) {
+    let launcher = std::process::id() as libc::pid_t;
+    // SAFETY: runs in the child between fork and exec, and calls only async-signal-safe
+    // functions (prctl, getppid, _exit).
+    unsafe {
+        command.pre_exec(move || {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            // The launcher died before the request took effect: nobody would kill this rank.
+            if libc::getppid() != launcher {
+                libc::_exit(1);
+            }
+            Ok(())
+        });
+    }
+}
+
 /// Removes `--nproc N` / `--nproc=N` from a command line so ranks do not launch again.
 pub fn args_without_nproc(args: impl IntoIterator<Item = OsString>) -> Vec<OsString> {
     let mut out = Vec::new();
@@ -122,7 +145,9 @@ async fn run_ranks(spec: LaunchSpec) -> Result<(), LaunchError> {
     let mut stoppers = Vec::new();
     let mut pumps = Vec::new();
     for rank in 0..spec.nproc {
-        let mut child = Command::new(&spec.program)
+        let mut command = Command::new(&spec.program);
+        die_with_launcher(&mut command);
+        let mut child = command
             .args(&spec.args)
             .envs(spec.env.iter().map(|(k, v)| (k, v)))
             .env("RANK", rank.to_string())
