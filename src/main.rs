@@ -36,7 +36,8 @@ enum Command {
     /// Write small random-weight Hugging Face checkpoints (DIR/vision, DIR/lm).
     #[cfg(feature = "train")]
     InitModel(commands::init_model::Args),
-    /// Train stage 1 (projector) or stage 2 (projector + LoRA) off pre-built shards.
+    /// Train stage 1 (projector) or stage 2 (projector + LoRA, or the LM and tower in full) off
+    /// pre-built shards.
     #[cfg(feature = "train")]
     Train(Box<commands::train::Args>),
     /// Export a run: projector safetensors, PEFT adapter, VLM config.json.

@@ -72,7 +72,8 @@ fn invalid(field: &'static str, reason: impl Into<String>) -> ConfigError {
 pub enum Stage {
     /// Feature alignment: only the projector trains.
     Align = 1,
-    /// Instruction tuning: projector + LoRA adapters on the LM's linear layers.
+    /// Instruction tuning: by default projector + LoRA adapters on the LM's linear layers;
+    /// `--train` picks the LM (and the tower) in full instead.
     Finetune = 2,
 }
 
@@ -89,7 +90,7 @@ pub enum CheckpointWrite {
     Async,
 }
 
-const STAGES: &str = "1: projector, 2: projector + LoRA";
+const STAGES: &str = "1: projector, 2: projector + LoRA, or what --train names";
 
 impl TryFrom<u8> for Stage {
     type Error = String;
@@ -159,7 +160,7 @@ knobs! {
     /// 1: alignment (trains the projector); 2: instruction tuning (projector + LoRA unless
     /// --train says otherwise). The preset of --train and the learning rates.
     #[resume]
-    stage: Stage = required("1: projector only, 2: projector + LoRA"),
+    stage: Stage = required("1: projector only, 2: projector + LoRA, or what --train names"),
     /// The parts that learn, comma-separated: projector, lora, lm (the whole LM), vision (the
     /// whole tower) or vision:K (its last K layers). Default: stage 1 `projector`, stage 2
     /// `projector,lora`; LLaVA-1.5's full stage 2 is `projector,lm`.
