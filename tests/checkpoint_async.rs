@@ -9,11 +9,10 @@
 use anyhow::{ensure, Result};
 use std::path::Path;
 use std::process::Stdio;
-use std::time::{Duration, Instant};
 
 mod support;
-use support::metrics::read_metrics;
-use support::{fixture, full_finetune, run_ok, wait_until};
+use support::metrics::{losses, read_metrics};
+use support::{ensure_nothing_left, fixture, full_finetune, run_ok, wait_until};
 
 const STEPS: [&str; 8] = [
     "--steps",
@@ -49,35 +48,6 @@ fn state_files(run: &Path, step: u64) -> Result<Vec<(String, Vec<u8>)>> {
         dir.display()
     );
     Ok(files)
-}
-
-/// Processes whose command line names `path` (the ranks of a run name its folder).
-fn processes_naming(path: &Path) -> Vec<u32> {
-    let Ok(entries) = std::fs::read_dir("/proc") else {
-        return Vec::new();
-    };
-    let needle = path.as_os_str().as_encoded_bytes();
-    entries
-        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
-        .filter(|pid| {
-            std::fs::read(format!("/proc/{pid}/cmdline"))
-                .is_ok_and(|cmd| cmd.windows(needle.len()).any(|w| w == needle))
-        })
-        .collect()
-}
-
-fn wait_until_true(limit: Duration, done: impl Fn() -> bool) {
-    let deadline = Instant::now() + limit;
-    while !done() && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
-fn losses(run: &Path) -> Result<Vec<(u64, f64)>> {
-    Ok(read_metrics(&run.join("metrics.jsonl"))?
-        .iter()
-        .map(|m| (m.step, m.loss))
-        .collect())
 }
 
 #[test]
@@ -132,13 +102,7 @@ fn training_goes_on_during_an_async_write_and_a_kill_in_it_resumes_from_the_last
     // SIGKILL to the launcher: its ranks go too, none is left waiting on its peers.
     child.kill()?;
     child.wait()?;
-    let gone = || processes_naming(&run).is_empty();
-    wait_until_true(Duration::from_secs(10), gone);
-    assert_eq!(
-        processes_naming(&run),
-        Vec::<u32>::new(),
-        "ranks outlived the launcher"
-    );
+    ensure_nothing_left(&run)?;
     let checkpoints = run.join("checkpoints");
     assert!(checkpoints.join("step-00000002/meta.json").is_file());
     assert!(checkpoints.join("step-00000004.tmp").is_dir());

@@ -17,7 +17,9 @@ use std::time::{Duration, Instant};
 
 mod support;
 use support::metrics::read_metrics;
-use support::{binary, fixture, run_ok, tessera, train_command, Fixture, TrainArgs};
+use support::{
+    binary, ensure_nothing_left, fixture, run_ok, tessera, train_command, Fixture, TrainArgs,
+};
 
 /// `python -m torch.distributed.run` is torchrun (the `torchrun` script itself sits beside
 /// .deps/venv's python, which cannot import torch's CUDA libraries).
@@ -170,6 +172,8 @@ fn a_dead_node_stops_the_other_within_60_s_naming_its_ranks_and_the_run_resumes_
         }
         std::thread::sleep(Duration::from_millis(200));
     };
+    // Node 0's agent has exited: none of its ranks, nor node 1's, is still running.
+    ensure_nothing_left(&run)?;
     let log = std::fs::read_to_string(&log0)?;
     ensure!(
         !status.success(),
@@ -306,6 +310,7 @@ fn a_frozen_node_is_found_by_its_missing_heartbeats_within_60_s() -> Result<()> 
     };
     kill_node(&node1)?;
     node1.wait()?;
+    ensure_nothing_left(&run)?;
     let log = std::fs::read_to_string(&log0)?;
     ensure!(
         !status.success(),

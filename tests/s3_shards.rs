@@ -8,9 +8,9 @@ use anyhow::{ensure, Context, Result};
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
-use tessera_train::read_metrics;
 
 mod support;
+use support::metrics::losses;
 use support::{fixture, ingest, run_ok, tessera, tokenizer, train_command, Fixture, TrainArgs};
 #[path = "support/moto.rs"]
 mod moto;
@@ -31,13 +31,6 @@ fn train(f: &Fixture, shards: &str, out: &Path, extra: &[&str]) -> Command {
         token_budget: 512,
     };
     train_command(tessera(), f, args, out, extra)
-}
-
-fn losses(run: &Path) -> Result<Vec<(u64, f64)>> {
-    Ok(read_metrics(&run.join("metrics.jsonl"))?
-        .iter()
-        .map(|m| (m.step, m.loss))
-        .collect())
 }
 
 #[test]

@@ -11,9 +11,9 @@ use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tessera_model::{load_adapter, load_safetensors, Vlm, VlmOptions};
-use tessera_train::read_metrics;
 
 mod support;
+use support::metrics::losses;
 use support::{fixture, run_err, run_ok, tessera, train_command, Fixture, TrainArgs};
 
 /// `tessera train` on the fixture with small, fast settings.
@@ -29,13 +29,6 @@ fn train_with_lm(f: &Fixture, lm: &Path, stage: u8, out: &Path, extra: &[&str]) 
         token_budget: 512,
     };
     train_command(tessera(), f, args, out, extra)
-}
-
-fn losses(run: &Path) -> Result<Vec<(u64, f64)>> {
-    Ok(read_metrics(&run.join("metrics.jsonl"))?
-        .iter()
-        .map(|m| (m.step, m.loss))
-        .collect())
 }
 
 /// Starts a run, waits for its checkpoint of `step`, then interrupts it (Ctrl-C to the launcher).

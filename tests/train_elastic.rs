@@ -19,7 +19,8 @@ use std::process::{Command, Stdio};
 mod support;
 use support::metrics::read_metrics;
 use support::{
-    fixture, full_finetune, ingest, run_ok, tessera, train_command, wait_until, Fixture, TrainArgs,
+    ensure_nothing_left, fixture, full_finetune, ingest, run_ok, tessera, train_command,
+    wait_until, Fixture, TrainArgs,
 };
 
 /// Stage 1 on the fixture, small micro-batches (a few samples per rank and step).
@@ -215,6 +216,7 @@ fn a_kill_during_a_checkpoint_write_resumes_from_the_previous_complete_one() -> 
     )?;
     child.kill()?;
     child.wait()?;
+    ensure_nothing_left(&run)?;
     assert!(run.join("checkpoints/step-00000004/meta.json").is_file());
     assert!(!run.join("checkpoints/step-00000008").exists());
 

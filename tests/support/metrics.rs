@@ -39,3 +39,11 @@ pub(crate) fn read_metrics(path: &Path) -> Result<Vec<Step>> {
     }
     Ok(steps)
 }
+
+/// `(step, loss)` of every line of the run folder `run`'s `metrics.jsonl`.
+pub(crate) fn losses(run: &Path) -> Result<Vec<(u64, f64)>> {
+    Ok(read_metrics(&run.join("metrics.jsonl"))?
+        .iter()
+        .map(|m| (m.step, m.loss))
+        .collect())
+}

@@ -72,6 +72,38 @@ pub(crate) fn wait_until(child: &mut Child, what: &str, done: impl Fn() -> bool)
     Ok(())
 }
 
+/// Processes whose command line names `path`: a run's launcher, torchrun agents and ranks all
+/// name its folder.
+pub(crate) fn processes_naming(path: &Path) -> Vec<u32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    let needle = path.as_os_str().as_encoded_bytes();
+    entries
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/cmdline"))
+                .is_ok_and(|cmd| cmd.windows(needle.len()).any(|w| w == needle))
+        })
+        .collect()
+}
+
+/// After a run was killed or failed: fails, naming them, if processes of the run at `path`
+/// are still there 10 s later (a rank left waiting on its peers, an agent left running).
+pub(crate) fn ensure_nothing_left(path: &Path) -> Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !processes_naming(path).is_empty() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let left = processes_naming(path);
+    ensure!(
+        left.is_empty(),
+        "processes {left:?} of the run in {} outlived it",
+        path.display()
+    );
+    Ok(())
+}
+
 /// The Qwen tokenizer `scripts/setup.sh` installs.
 pub(crate) fn tokenizer() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join(".deps/tokenizer/tokenizer.json")
