@@ -12,6 +12,7 @@
 //!    it to `train`'s run folder) and `index.json` is written last.
 mod error;
 mod images;
+mod jpeg_check;
 mod ordered_writer;
 mod probe;
 mod reason;

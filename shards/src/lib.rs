@@ -17,6 +17,7 @@
 //! through [`write_atomically`]: a temporary sibling, fsync, rename, fsync of the folder.
 mod atomic;
 pub mod chat;
+mod disk_space;
 mod error;
 mod location;
 mod manifest;
@@ -31,6 +32,7 @@ mod writer;
 
 pub use atomic::{temp_path, write_atomically, write_atomically_with};
 pub use chat::IMAGE_PAD_ID;
+pub use disk_space::{caused_by_full_disk, free_bytes, is_out_of_space, shown_bytes, NoSpace};
 pub use error::{with_causes, ShardError};
 pub use location::{DatasetLocation, RemoteFiles};
 pub use manifest::{

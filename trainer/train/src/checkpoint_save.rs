@@ -65,10 +65,18 @@ impl CheckpointSaver {
         let in_background = self.mode == CheckpointWrite::Async;
         let snapshot = model.snapshot_sharded(s.rank, s.world_size, in_background);
         let write = move || {
-            snapshot.write(writer.dir())?;
-            checkpoint_pick::pause_mid_write_if_asked(step);
-            writer.finish_rank(&state)?;
-            Ok(writer)
+            let written = snapshot.write(writer.dir()).and_then(|()| {
+                checkpoint_pick::pause_mid_write_if_asked(step);
+                writer.finish_rank(&state)
+            });
+            match written {
+                Ok(()) => Ok(writer),
+                Err(e) => {
+                    // A full disk is not left fuller; the last committed checkpoint is intact.
+                    writer.abandon();
+                    Err(e)
+                }
+            }
         };
         if !in_background {
             let writer = write()?;

@@ -11,6 +11,7 @@
 //! `tessera-fsdp` <- `tessera-train` <- the `tessera` CLI.
 mod checkpoint;
 mod checkpoint_pick;
+mod checkpoint_room;
 mod checkpoint_save;
 mod config;
 mod error;

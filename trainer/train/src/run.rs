@@ -6,6 +6,7 @@
 //! step (`metrics.jsonl`) and its samples (`plan.jsonl`), validate (`validate.rs`), checkpoint.
 use super::checkpoint::{CheckpointMeta, Expected, RankState, FORMAT_VERSION};
 use super::checkpoint_pick::{self, Pick, ResumeRecord};
+use super::checkpoint_room;
 use super::checkpoint_save::CheckpointSaver;
 use super::config::{Dtype, Stage, TrainConfig};
 use super::error::{io, TrainError};
@@ -163,7 +164,7 @@ fn train_rank(
             what: path.display().to_string(),
             source,
         })?;
-        std::fs::write(&path, text).map_err(io(&path))?;
+        shards::write_atomically(&path, text.as_bytes())?;
         let losses: Vec<(u64, f64)> = steps.iter().map(|m| (m.step, m.loss)).collect();
         let val: Vec<(u64, f64)> = steps
             .iter()
@@ -426,7 +427,18 @@ impl<'a> TrainLoop<'a> {
         } else {
             None
         };
+        if s.rank == 0 && start.step < self.total_steps {
+            // Said now, before the steps up to the first checkpoint are spent.
+            let every = cfg.checkpoint_every;
+            let first = match every {
+                0 => self.total_steps,
+                n => ((start.step / n + 1) * n).min(self.total_steps),
+            };
+            checkpoint_room::warn_if_no_room(&self.run, first, model.checkpoint_bytes());
+        }
         let progress = Progress::new(self.total_steps, progress);
+        let store_failures = || s.store.as_ref().map_or(0, |f| f.attempts().failed());
+        let mut retried = 0;
         let mut step = start.step;
         let mut profiler = None;
         let mut position = start.position;
@@ -456,6 +468,8 @@ impl<'a> TrainLoop<'a> {
                     profiler = Some(Profiler::start(s.device.is_cuda())?);
                 }
                 let mut m = self.one_step(model, &mut loader, plan_step, step)?;
+                m.store_retries = store_failures() - retried;
+                retried += m.store_retries;
                 if step + 1 == start.step + cfg.profile || step + 1 == self.total_steps {
                     if let Some(p) = profiler.take() {
                         let path = self.run.profile(s.rank);
@@ -497,6 +511,16 @@ impl<'a> TrainLoop<'a> {
                 }
             }
             epoch += 1;
+        }
+        if let Some(store) = &s.store {
+            let counts = store.attempts();
+            let url = shards::RemoteFiles::url(store.as_ref());
+            let line = format!("rank {}: {url}: {}", s.rank, counts.describe());
+            if counts.failed() > 0 {
+                tracing::warn!("{line}");
+            } else {
+                tracing::info!("{line}");
+            }
         }
         self.saver.finish(&self.run, s)
     }
@@ -587,6 +611,7 @@ impl<'a> TrainLoop<'a> {
             rss_mib: metrics::rss_mib(),
             bytes_sent: stats.bytes_sent,
             bytes_sent_across_nodes: stats.bytes_sent_across,
+            store_retries: 0,
             val_loss: None,
         })
     }
@@ -626,6 +651,9 @@ impl<'a> TrainLoop<'a> {
         } else {
             None
         };
+        if s.rank == 0 {
+            checkpoint_room::warn_if_no_room(&self.run, step, model.checkpoint_bytes());
+        }
         self.saver.save(&self.run, s, model, state, meta)
     }
 }

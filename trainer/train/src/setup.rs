@@ -21,6 +21,8 @@ pub(super) struct Setup {
     pub rank: usize,
     pub world_size: usize,
     pub dataset: Arc<shards::Dataset>,
+    /// The object store behind a URL `--shards` (its request counts: the run logs retries).
+    pub store: Option<Arc<remote::ObjectFiles>>,
     pub samples: Vec<shards::SampleMeta>,
     pub vlm: Arc<Vlm>,
     pub model_fingerprint: ModelFingerprint,
@@ -261,8 +263,11 @@ fn init_projector_file(path: &Path, scratch: &Path) -> Result<PathBuf, TrainErro
     Ok(scratch.to_path_buf())
 }
 
-/// `--shards` as a local directory or a URL with its cache (`--cache-dir`, `--cache-limit`).
-fn dataset_location(cfg: &TrainConfig) -> Result<shards::DatasetLocation, TrainError> {
+/// `--shards` as a local directory or a URL with its cache (`--cache-dir`, `--cache-limit`);
+/// for a URL also its store, whose requests the run counts.
+fn dataset_location(
+    cfg: &TrainConfig,
+) -> Result<(shards::DatasetLocation, Option<Arc<remote::ObjectFiles>>), TrainError> {
     let spec = cfg.shards.to_string_lossy();
     let limit = remote::parse_size(&cfg.cache_limit).map_err(|e| ConfigError::Invalid {
         field: "cache_limit",
@@ -274,8 +279,13 @@ fn dataset_location(cfg: &TrainConfig) -> Result<shards::DatasetLocation, TrainE
         .or_else(|| tessera_switches::Switches::get().cache_dir.clone())
         .unwrap_or_else(|| RunDir::new(&cfg.out).shard_cache());
     let cache = remote::CacheConfig { dir, limit };
-    let location = remote::open_location(&spec, Some(&cache)).map_err(shards::ShardError::from)?;
-    Ok(location)
+    if spec.starts_with("file://") || !remote::is_remote(&spec) {
+        let location =
+            remote::open_location(&spec, Some(&cache)).map_err(shards::ShardError::from)?;
+        return Ok((location, None));
+    }
+    let files = remote::open_remote(&spec, Some(&cache), &[]).map_err(shards::ShardError::from)?;
+    Ok((shards::DatasetLocation::Remote(files.clone()), Some(files)))
 }
 
 /// The rank, and the source its shards are read from (opened checkpoints: drop it once the
@@ -286,7 +296,8 @@ pub(super) fn build(
     mesh: Option<Mesh>,
 ) -> Result<(Setup, VlmInit), TrainError> {
     let (rank, world_size) = (pg.rank(), pg.world_size());
-    let dataset = shards::Dataset::open_at(&dataset_location(cfg)?)?;
+    let (location, store) = dataset_location(cfg)?;
+    let dataset = shards::Dataset::open_at(&location)?;
     let samples = dataset.metadata()?;
     if samples.is_empty() {
         return Err(ConfigError::Invalid {
@@ -345,6 +356,7 @@ pub(super) fn build(
         rank,
         world_size,
         dataset: Arc::new(dataset),
+        store,
         samples,
         vlm: Arc::new(vlm),
         model_fingerprint,
