@@ -23,7 +23,7 @@
 # carry [DIR], timeout_s 600.
 # Dry run on a CPU: DEVICE=cpu bash scripts/device_round.sh DIR (tiny preset instead of the Hub
 # shapes, f32, small budgets; every cuda-only stage is skipped). PY: a python with torch +
-# transformers (default python3). DEADLINE: seconds after which no stage starts (default 540).
+# transformers (default python3). DEADLINE: seconds after which no stage starts (default 520).
 set -uo pipefail
 DIR="$(cd "${1:?usage: device_round.sh DIR}" && pwd)"
 REPO="$(cd "$(dirname "$0")/.." && pwd)"
@@ -32,7 +32,7 @@ DEVICE="${DEVICE:-cuda}"
 OUT="${OUT:-/tmp/device_round_out}"
 W="${WORK:-/tmp/tessera_device_round}"
 PY="${PY:-python3}"
-DEADLINE="${DEADLINE:-540}"
+DEADLINE="${DEADLINE:-520}"
 T="$DIR/tessera"
 TOK="$DIR/tokenizer.json"
 BENCH="$REPO/scripts/baselines"
@@ -119,6 +119,11 @@ EOF
 if on_cuda; then
   stage "hub-shaped checkpoints" 240 "$PY" "$BENCH/make_hub_shaped_models.py" "$W/hub"
   VISION="$W/hub/siglip" LM="$W/hub/qwen"
+  if [ ! -f "$LM/config.json" ]; then  # the same shapes from tessera's own preset
+    stage "init-model qwen2.5-0.5b-shape" 150 "$T" init-model --quiet --preset qwen2.5-0.5b-shape \
+      --out "$W/hub"
+    VISION="$W/hub/vision" LM="$W/hub/lm"
+  fi
 else
   stage "init-model tiny (as the hub stand-in)" 60 "$T" init-model --quiet --preset tiny --out "$W/hub"
   VISION="$W/hub/vision" LM="$W/hub/lm"
