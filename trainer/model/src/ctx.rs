@@ -7,11 +7,12 @@
 use super::attention::{block_causal_mask, row_spans, Span};
 use super::config::{Qwen2Config, SiglipVisionConfig};
 use super::rope::rotary_tables;
-use super::side_stream::SideUpload;
+use super::side_stream::{pinned, SideUpload};
 use super::siglip;
 use super::varlen::{use_varlen, Varlen};
 use super::{ModelError, Result};
 use pipeline::{MicroBatch, IGNORE_INDEX};
+use std::sync::Mutex;
 use tch::{Device, Kind, Tensor};
 
 pub struct VlmCtx {
@@ -47,6 +48,10 @@ pub struct VlmCtx {
     pub sample_ids: Vec<String>,
     /// Uploads still on the side stream (CUDA, between `prepare` and `ready`).
     uploads: Option<SideUpload>,
+    /// `cos`/`sin` cast to the decoder's compute dtype, made by the first layer that asks
+    /// (every layer and its recompute reads the same pair: one cast per micro-batch instead of
+    /// four per layer).
+    rotary_cast: Mutex<Option<(Kind, Tensor, Tensor)>>,
 }
 
 impl VlmCtx {
@@ -142,7 +147,7 @@ impl VlmCtx {
                 )));
             }
             let shape = [mb.num_images as i64, 3, side, side];
-            let raw = upload(Tensor::from_slice(&mb.pixels).view(shape), device);
+            let raw = upload(Tensor::from_slice(&mb.pixels).view(shape), device)?;
             Some(siglip::normalize_pixels(&raw))
         } else {
             None
@@ -150,8 +155,8 @@ impl VlmCtx {
 
         let shape = [mb.rows as i64, mb.row_len as i64];
         let ids = |v: &[i64]| upload(Tensor::from_slice(v).view(shape), device);
-        let positions = ids(&mb.positions);
-        let segments = upload(Tensor::from_slice(&mb.segment_ids).view(shape), device);
+        let positions = ids(&mb.positions)?;
+        let segments = upload(Tensor::from_slice(&mb.segment_ids).view(shape), device)?;
         let spans = row_spans(&mb.segment_ids, mb.rows, mb.row_len);
         let varlen = use_varlen(device);
         let (cos, sin) = rotary_tables(&positions, lm.head_dim(), lm.rope_theta());
@@ -159,13 +164,15 @@ impl VlmCtx {
             .filter(|&i| mb.labels[i as usize] != IGNORE_INDEX)
             .collect();
         let targets: Vec<i64> = supervised.iter().map(|&i| mb.labels[i as usize]).collect();
-        let input_ids = ids(&mb.input_ids);
-        let labels = ids(&mb.labels);
+        let input_ids = ids(&mb.input_ids)?;
+        let labels = ids(&mb.labels)?;
         let mask = (device != Device::Cpu && !varlen).then(|| block_causal_mask(&segments));
-        let varlen = varlen.then(|| Varlen::from_spans(&spans, shape[1], device));
-        let placeholder_index = upload(Tensor::from_slice(&placeholders), device);
-        let supervised_index = upload(Tensor::from_slice(&supervised), device);
-        let targets = upload(Tensor::from_slice(&targets), device);
+        let varlen = varlen
+            .then(|| Varlen::from_spans(&spans, shape[1], device))
+            .transpose()?;
+        let placeholder_index = upload(Tensor::from_slice(&placeholders), device)?;
+        let supervised_index = upload(Tensor::from_slice(&supervised), device)?;
+        let targets = upload(Tensor::from_slice(&targets), device)?;
         if let Some(u) = uploads.as_mut() {
             u.end()?;
         }
@@ -187,6 +194,7 @@ impl VlmCtx {
             dropout_seed: None,
             sample_ids: mb.sample_ids.clone(),
             uploads,
+            rotary_cast: Mutex::new(None),
         })
     }
 
@@ -209,6 +217,26 @@ impl VlmCtx {
         tensors.extend(self.pixel_values.iter());
         tensors.extend(self.varlen.iter().map(|v| &v.cu_seqlens));
         uploads.wait(&tensors)
+    }
+
+    /// The rotary tables in `kind` (the decoder's compute dtype): `cos` and `sin` themselves
+    /// for f32, else a cast made once and shared by every layer of the micro-batch.
+    pub fn rotary_as(&self, kind: Kind) -> (Tensor, Tensor) {
+        if self.cos.kind() == kind {
+            return (self.cos.shallow_clone(), self.sin.shallow_clone());
+        }
+        let mut cached = self
+            .rotary_cast
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        match cached.as_ref() {
+            Some((k, cos, sin)) if *k == kind => (cos.shallow_clone(), sin.shallow_clone()),
+            _ => {
+                let (cos, sin) = (self.cos.to_kind(kind), self.sin.to_kind(kind));
+                *cached = Some((kind, cos.shallow_clone(), sin.shallow_clone()));
+                (cos, sin)
+            }
+        }
     }
 
     /// Turns on LoRA dropout with masks drawn from `seed` (use a different seed per
@@ -237,12 +265,11 @@ impl VlmCtx {
 /// kernels while the DMA runs, and the stream orders the copy before the kernels that read it
 /// (PyTorch's pinned allocator keeps the host block until the copy is done). Elsewhere a plain
 /// copy (a no-op on the CPU).
-pub(super) fn upload(host: Tensor, device: Device) -> Tensor {
+pub(super) fn upload(host: Tensor, device: Device) -> Result<Tensor> {
     if device.is_cuda() {
         let kind = host.kind();
-        host.pin_memory(device)
-            .to_device_(device, kind, true, false)
+        Ok(pinned(&host)?.to_device_(device, kind, true, false))
     } else {
-        host.to_device(device)
+        Ok(host.to_device(device))
     }
 }

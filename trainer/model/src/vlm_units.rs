@@ -207,12 +207,13 @@ impl Unit<VlmCtx> for LayerUnit {
         true
     }
     fn forward(&self, params: &ParamMap, input: &Tensor, ctx: &VlmCtx) -> Tensor {
+        let (cos, sin) = ctx.rotary_as(input.kind());
         let inputs = LayerInputs {
             mask: ctx.mask.as_ref(),
             spans: &ctx.spans,
             varlen: ctx.varlen.as_ref(),
-            cos: &ctx.cos,
-            sin: &ctx.sin,
+            cos: &cos,
+            sin: &sin,
             dropout_seed: ctx.dropout_seed,
         };
         self.layer
