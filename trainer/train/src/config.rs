@@ -18,7 +18,8 @@
 mod knobs;
 use knobs::record_value;
 
-pub use super::train_parts::TrainParts;
+mod train_parts;
+pub use train_parts::TrainParts;
 pub use pipeline::loader::{BadImagePolicy, ResizePolicy};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
@@ -499,7 +500,7 @@ impl TrainConfig {
             }
         }
         if let Some(p) = &self.init_projector {
-            if !p.is_file() && !super::run_dir::RunDir::new(p).checkpoints().is_dir() {
+            if !p.is_file() && !crate::run_dir::RunDir::new(p).checkpoints().is_dir() {
                 return Err(invalid(
                     "init_projector",
                     format!(
@@ -518,3 +519,6 @@ impl TrainConfig {
             .unwrap_or(steps_per_epoch.saturating_mul(u64::from(self.epochs)))
     }
 }
+
+#[cfg(test)]
+mod tests;

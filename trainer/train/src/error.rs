@@ -1,11 +1,11 @@
 //! `TrainError`: everything `tessera train` can fail with, each message naming what failed.
 //! A wrapped error is either `transparent` (its message is the whole story) or its message
 //! names only what this layer adds (a path): the cause is the `source`, so `{:#}` prints it once.
-use super::checkpoint::CheckpointError;
-use super::config::ConfigError;
-use super::export::ExportError;
-use super::metrics::MetricsError;
-use super::plot::PlotError;
+use crate::checkpoint::format::CheckpointError;
+use crate::config::ConfigError;
+use crate::export::ExportError;
+use crate::report::metrics::MetricsError;
+use crate::report::plot::PlotError;
 use std::path::PathBuf;
 use tessera_fsdp::dist::DistError;
 use tessera_fsdp::FsdpError;

@@ -10,29 +10,17 @@
 //! The top of the trainer's crates: `tessera-sys` (the C++ shims) <- `tessera-model` and
 //! `tessera-fsdp` <- `tessera-train` <- the `tessera` CLI.
 mod checkpoint;
-mod checkpoint_pick;
-mod checkpoint_save;
 mod config;
 mod error;
 mod export;
-mod layout;
-mod llava_hf;
-mod load_for_generation;
-mod metrics;
-mod plot;
-mod profile;
+mod report;
 mod run;
 mod run_dir;
-mod run_weights;
-mod schedule;
-mod setup;
-mod sharded_state;
-mod step;
-mod train_parts;
-mod validate;
+mod run_tokenizer;
 
-pub use checkpoint::{Checkpoint, CheckpointError, CheckpointMeta, ModelFingerprint, RankState};
-pub use checkpoint_pick::{Pick, ResumeRecord, Skipped};
+pub use checkpoint::format::{Checkpoint, CheckpointError, CheckpointMeta, ModelFingerprint, RankState};
+pub use checkpoint::pick::{Pick, Skipped};
+pub use run::restore::ResumeRecord;
 pub use config::{
     BadImagePolicy, CheckpointWrite, ConfigError, ConfigLayer, Device, Dtype, Recompute,
     ResizePolicy, Stage, Strategy, TrainConfig, TrainParts,
@@ -43,24 +31,19 @@ pub use export::{
     TrainedTensors, VlmDescription, ADAPTER_DIR, LM_DIR, PROJECTOR_FILE, TRAINABLE_FILE,
     VISION_DIR,
 };
-pub use llava_hf::{
+pub use export::llava_hf::{
     export_llava_hf, lm_target_regex, weight_kind, write_llava_hf, LlavaHfOptions, LlavaHfReport,
     LlavaSources,
 };
-pub use load_for_generation::{load_export_model, load_run_model, GenerationModel};
-pub use metrics::{read_metrics, MetricsError, StepMetrics, Summary};
-pub use plot::PlotError;
+pub use export::for_generation::{load_export_model, load_run_model, GenerationModel};
+pub use report::metrics::{read_metrics, MetricsError, StepMetrics, Summary};
+pub use report::plot::PlotError;
 pub use run::train;
-pub use run_dir::{
-    prepare as prepare_run_dir, CheckpointFolder, RunDir, RunStart, TOKENIZER_FILE, VLM_FILE,
-};
-pub use run_weights::{initial_projector, unmap_freed_tensors, RunWeights};
-pub use setup::check_model_dirs;
-pub use sharded_state::ShardedState;
+pub use run::start::{prepare as prepare_run_dir, RunStart};
+pub use run_dir::{CheckpointFolder, RunDir, TOKENIZER_FILE, VLM_FILE};
+pub use export::run_weights::{initial_projector, unmap_freed_tensors, RunWeights};
+pub use run::setup::check_model_dirs;
+pub use checkpoint::sharded_state::ShardedState;
 
-#[cfg(test)]
-mod checkpoint_tests;
-#[cfg(test)]
-mod config_tests;
 #[cfg(test)]
 mod error_chain_tests;

@@ -12,7 +12,7 @@
 //! at a time ([`ShardedState::get`]). Under NO_SHARD (or at W=1) every rank holds the whole
 //! state, so rank 0 alone writes it (`writers` = 1); under HYBRID_SHARD the first node's ranks
 //! write (the other nodes hold copies).
-use super::checkpoint::{Checkpoint, CheckpointError};
+use crate::checkpoint::format::{Checkpoint, CheckpointError};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::fs::File;

@@ -8,10 +8,10 @@
 //! micro-step, and evaluated forward only (no autograd, no gradients). The result is the
 //! token-weighted mean, as the training loss is: summed token cross-entropy over all ranks
 //! divided by the set's supervised tokens (a sample with more supervised tokens weighs more).
-use super::config::TrainConfig;
-use super::error::TrainError;
-use super::setup::Setup;
-use super::step::ShardedVlm;
+use crate::config::TrainConfig;
+use crate::error::TrainError;
+use crate::run::setup::Setup;
+use crate::run::step::ShardedVlm;
 use pipeline::loader::{Loader, LoaderConfig, LoaderError, SampleSource};
 use pipeline::plan::Planner;
 use pipeline::MicroBatchPlan;
@@ -61,19 +61,19 @@ fn invalid(dir: &Path, reason: String) -> TrainError {
 }
 
 /// The validation set, planned for this rank.
-pub(super) struct Validation {
+pub(crate) struct Validation {
     source: Arc<dyn SampleSource>,
     /// This rank's micro-batches, in the order every rank runs them.
     mine: Vec<MicroBatchPlan>,
     /// Supervised tokens of the whole set (the divisor).
     supervised_tokens: u64,
-    pub(super) samples: usize,
+    pub(crate) samples: usize,
     loader_cfg: LoaderConfig,
 }
 
 impl Validation {
     /// `None` without `--val-shards`. `only`: the kind the run trains on (stage 1: images).
-    pub(super) fn new(
+    pub(crate) fn new(
         cfg: &TrainConfig,
         s: &Setup,
         loader_cfg: &LoaderConfig,
@@ -147,7 +147,7 @@ impl Validation {
 
     /// The mean token loss over the set, the same on every rank (all-reduced). Every rank
     /// calls it at the same step.
-    pub(super) fn loss(&self, model: &mut ShardedVlm, s: &Setup) -> Result<f64, TrainError> {
+    pub(crate) fn loss(&self, model: &mut ShardedVlm, s: &Setup) -> Result<f64, TrainError> {
         let mut loader = Loader::new(
             self.source.clone(),
             self.mine.clone(),

@@ -32,7 +32,7 @@
 //! [`CheckpointWriter::finish_rank`]; after a barrier rank 0 calls [`CheckpointWriter::commit`],
 //! which checks all W manifests, writes `meta.json` and renames the folder. A `.tmp` folder is
 //! never read; a complete one whose files do not hash as their manifest says is refused.
-use super::run_dir::RunDir;
+use crate::run_dir::RunDir;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -42,7 +42,7 @@ use tessera_fsdp::Strategy;
 /// trainable state per parameter on rank 0 (any world size). v2: per-rank flat shards
 /// (resumes at its own world size only). v1 checkpoints still open (export,
 /// `--init-projector`) but cannot be resumed.
-pub(super) const FORMAT_VERSION: u32 = 4;
+pub(crate) const FORMAT_VERSION: u32 = 4;
 /// The oldest format a run can resume from.
 const RESUMABLE_FORMAT: u32 = 2;
 const META: &str = "meta.json";
@@ -186,7 +186,7 @@ pub struct RankState {
     pub seed: u64,
 }
 
-pub(super) fn rank_dir_name(rank: usize) -> String {
+pub(crate) fn rank_dir_name(rank: usize) -> String {
     format!("rank-{rank:05}")
 }
 
@@ -219,7 +219,7 @@ fn read_json<T: for<'de> Deserialize<'de>>(dir: &Path, path: &Path) -> Result<T,
 }
 
 /// One rank's side of writing the checkpoint of `step`.
-pub(super) struct CheckpointWriter {
+pub(crate) struct CheckpointWriter {
     tmp_root: PathBuf,
     final_root: PathBuf,
     rank_dir: PathBuf,
@@ -227,7 +227,7 @@ pub(super) struct CheckpointWriter {
 
 impl CheckpointWriter {
     /// Creates `checkpoints/step-N.tmp/rank-R/` (empty; a leftover from a crash is replaced).
-    pub(super) fn begin(run: &RunDir, step: u64, rank: usize) -> Result<Self, CheckpointError> {
+    pub(crate) fn begin(run: &RunDir, step: u64, rank: usize) -> Result<Self, CheckpointError> {
         let tmp_root = run.unfinished_checkpoint(step);
         let rank_dir = tmp_root.join(rank_dir_name(rank));
         if rank_dir.exists() {
@@ -242,13 +242,13 @@ impl CheckpointWriter {
     }
 
     /// Where this rank writes its files.
-    pub(super) fn dir(&self) -> &Path {
+    pub(crate) fn dir(&self) -> &Path {
         &self.rank_dir
     }
 
     /// Writes this rank's `state.json`, then its manifest (sha256 of every file in its folder),
     /// each file synced to disk before the manifest vouches for it.
-    pub(super) fn finish_rank(&self, state: &RankState) -> Result<(), CheckpointError> {
+    pub(crate) fn finish_rank(&self, state: &RankState) -> Result<(), CheckpointError> {
         write_json_atomic(&self.rank_dir.join(STATE), state)?;
         let mut manifest = BTreeMap::new();
         for entry in std::fs::read_dir(&self.rank_dir).map_err(io_err(&self.rank_dir))? {
@@ -266,7 +266,7 @@ impl CheckpointWriter {
     /// Rank 0, after every rank finished: checks all `world_size` manifests exist, writes
     /// `meta.json` and renames the folder to its final name (replacing an older one of the same
     /// step). Returns the final folder.
-    pub(super) fn commit(self, meta: &CheckpointMeta) -> Result<PathBuf, CheckpointError> {
+    pub(crate) fn commit(self, meta: &CheckpointMeta) -> Result<PathBuf, CheckpointError> {
         for rank in 0..meta.world_size {
             let manifest = self.tmp_root.join(rank_dir_name(rank)).join(MANIFEST);
             if !manifest.is_file() {
@@ -465,13 +465,17 @@ impl Checkpoint {
 /// whose step is a multiple of `keep_every` (0 = none), and removes the rest, along with
 /// uncommitted `.tmp` folders of earlier steps (a killed write). Returns the removed steps.
 /// Rank 0 calls it after a commit, when no other write is under way.
-pub(super) fn prune(
+pub(crate) fn prune(
     run: &RunDir,
     keep_last: usize,
     keep_every: u64,
 ) -> Result<Vec<u64>, CheckpointError> {
     let (mut committed, unfinished): (Vec<_>, Vec<_>) = run
-        .checkpoint_folders()?
+        .checkpoint_folders()
+        .map_err(|source| CheckpointError::Io {
+            path: run.checkpoints(),
+            source,
+        })?
         .into_iter()
         .partition(|f| f.committed);
     committed.reverse();

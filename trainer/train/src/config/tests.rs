@@ -1,5 +1,5 @@
 //! Config: stage defaults, file + flag layering, and the error messages a user sees.
-use super::config::*;
+use crate::config::*;
 use std::path::PathBuf;
 
 fn base() -> ConfigLayer {

@@ -1,11 +1,12 @@
 //! Everything a rank builds before its first step: the process group, the dataset and its
 //! metadata, the model and its parameters on the device, the fingerprints a checkpoint is
 //! checked against, and the per-parameter peak learning rates.
-use super::checkpoint::ModelFingerprint;
-use super::config::{ConfigError, Device, TrainConfig};
-use super::error::{io, TrainError};
-use super::export::{TrainedTensors, TRAINABLE_FILE};
-use super::run_dir::RunDir;
+use crate::checkpoint::format::ModelFingerprint;
+use crate::checkpoint::save::WriterRanks;
+use crate::config::{ConfigError, Device, TrainConfig};
+use crate::error::{io, TrainError};
+use crate::export::{TrainedTensors, TRAINABLE_FILE};
+use crate::run_dir::RunDir;
 use sha2::{Digest, Sha256};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -14,7 +15,7 @@ use tessera_fsdp::dist::{self, Backend, Mesh, ProcessGroup, RankEnv};
 use tessera_model::{save_safetensors, LoraConfig, Vlm, VlmInit, VlmOptions};
 
 /// A rank, ready to train.
-pub(super) struct Setup {
+pub(crate) struct Setup {
     pub pg: Arc<ProcessGroup>,
     /// HYBRID_SHARD's node and replica groups.
     pub mesh: Option<Mesh>,
@@ -25,6 +26,17 @@ pub(super) struct Setup {
     pub vlm: Arc<Vlm>,
     pub model_fingerprint: ModelFingerprint,
     pub device: tch::Device,
+}
+
+impl Setup {
+    /// This rank and its group, as a checkpoint write needs them.
+    pub(crate) fn writer_ranks(&self) -> WriterRanks<'_> {
+        WriterRanks {
+            pg: &self.pg,
+            rank: self.rank,
+            world_size: self.world_size,
+        }
+    }
 }
 
 /// Splits this machine's cores between its local ranks for torch's intra-op threads (unless
@@ -63,7 +75,7 @@ fn keep_freed_memory() {
 }
 
 /// Joins the job (torchrun variables) or forms a one-rank group.
-pub(super) fn process_group(
+pub(crate) fn process_group(
     cfg: &TrainConfig,
     env: Option<&RankEnv>,
 ) -> Result<ProcessGroup, TrainError> {
@@ -90,7 +102,7 @@ pub(super) fn process_group(
 }
 
 /// HYBRID_SHARD's groups, after checking on every rank that every machine runs as many ranks.
-pub(super) fn hybrid_mesh(
+pub(crate) fn hybrid_mesh(
     cfg: &TrainConfig,
     env: &RankEnv,
     pg: &ProcessGroup,
@@ -115,7 +127,7 @@ pub(super) fn hybrid_mesh(
 /// live there. Rank 0 leaves a token in it and sends the token to all; a rank that finds
 /// another one (or none) is on a machine that does not share the folder, and says so now
 /// instead of writing checkpoints nobody will find.
-pub(super) fn check_shared_run_dir(out: &Path, pg: &ProcessGroup) -> Result<(), TrainError> {
+pub(crate) fn check_shared_run_dir(out: &Path, pg: &ProcessGroup) -> Result<(), TrainError> {
     if pg.world_size() == 1 {
         return Ok(());
     }
@@ -188,7 +200,7 @@ fn weights_fingerprint(dir: &Path) -> Result<String, TrainError> {
 
 /// Configs by bytes, weight files by crc32c, parameters by name, shape and trainability (LoRA
 /// alpha included).
-pub(super) fn model_fingerprint(
+pub(crate) fn model_fingerprint(
     cfg: &TrainConfig,
     vlm: &Vlm,
 ) -> Result<ModelFingerprint, TrainError> {
@@ -280,7 +292,7 @@ fn dataset_location(cfg: &TrainConfig) -> Result<shards::DatasetLocation, TrainE
 
 /// The rank, and the source its shards are read from (opened checkpoints: drop it once the
 /// sharded model exists).
-pub(super) fn build(
+pub(crate) fn build(
     cfg: &TrainConfig,
     pg: ProcessGroup,
     mesh: Option<Mesh>,

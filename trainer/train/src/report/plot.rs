@@ -32,7 +32,7 @@ const VALIDATION: Rgb<u8> = Rgb([230, 120, 20]);
 
 /// Draws `losses` (one per step, x = step) and the validation losses `val` (at the steps they
 /// were measured; may be empty) and writes a PNG to `path`.
-pub(super) fn plot_loss(
+pub(crate) fn plot_loss(
     losses: &[(u64, f64)],
     val: &[(u64, f64)],
     path: &Path,
@@ -47,7 +47,7 @@ pub(super) fn plot_loss(
 }
 
 /// The picture as pixels; `None` when no training loss is finite.
-pub(super) fn draw(losses: &[(u64, f64)], val: &[(u64, f64)]) -> Option<RgbImage> {
+pub(crate) fn draw(losses: &[(u64, f64)], val: &[(u64, f64)]) -> Option<RgbImage> {
     let points: Vec<(u64, f64)> = losses.iter().copied().filter(|p| p.1.is_finite()).collect();
     let val: Vec<(u64, f64)> = val.iter().copied().filter(|p| p.1.is_finite()).collect();
     let x_first = points.first()?.0.min(val.first().map_or(u64::MAX, |p| p.0));
@@ -154,12 +154,12 @@ pub(super) fn draw(losses: &[(u64, f64)], val: &[(u64, f64)]) -> Option<RgbImage
 /// Tick values of an axis: round numbers (the classic "nice numbers" rule) and how many
 /// decimals their labels need.
 #[derive(Clone, Debug, PartialEq)]
-pub(super) struct Ticks {
+pub(crate) struct Ticks {
     /// Increasing multiples of the step inside the range.
-    pub(super) values: Vec<f64>,
+    pub(crate) values: Vec<f64>,
     /// Decimals every label is printed with: none for a step of 1, 2, 5, 10, ...; one for 0.1,
     /// 0.2, 0.5; and so on.
-    pub(super) decimals: usize,
+    pub(crate) decimals: usize,
 }
 
 /// The range a tick count should fall in: a step of 1, 2 or 5 × 10^k is picked to land there.
@@ -174,7 +174,7 @@ impl Ticks {
     /// through (`lo == hi`, or a width below 1e-9 of its size) is widened around its middle to
     /// ±5% of its size (±0.05 near zero); a range with an end that is not finite, or wider than
     /// 1e300, has no ticks.
-    pub(super) fn nice(lo: f64, hi: f64, integers: bool) -> Ticks {
+    pub(crate) fn nice(lo: f64, hi: f64, integers: bool) -> Ticks {
         let none = Ticks {
             values: Vec::new(),
             decimals: 0,
@@ -253,7 +253,7 @@ impl Ticks {
     }
 
     /// The labels: `8`, `10`, `12`; `0.5`, `1.0`; `150`, `200`.
-    pub(super) fn labels(&self) -> Vec<String> {
+    pub(crate) fn labels(&self) -> Vec<String> {
         self.values
             .iter()
             .map(|v| {

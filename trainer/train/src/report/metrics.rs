@@ -67,7 +67,7 @@ pub enum MetricsError {
 /// A JSON-lines file with one line per optimizer step, each a `T` that serialises a `step`
 /// field: `StepLog<StepMetrics>` writes `metrics.jsonl`, `StepLog<PlannedStep>` (`run.rs`)
 /// `plan.jsonl`. Each line is flushed at once, so a killed run keeps its history.
-pub(super) struct StepLog<T> {
+pub(crate) struct StepLog<T> {
     path: PathBuf,
     file: std::fs::File,
     line: std::marker::PhantomData<fn(&T)>,
@@ -83,7 +83,7 @@ impl<T: Serialize> StepLog<T> {
     /// never touches the bytes before the offset, so a kill at any moment leaves either the
     /// whole old file or exactly the kept lines: no moment without the history, and no copy
     /// of a long history (a temp file + rename would rewrite all of it on every resume).
-    pub(super) fn open(path: &Path, resume_step: Option<u64>) -> Result<Self, MetricsError> {
+    pub(crate) fn open(path: &Path, resume_step: Option<u64>) -> Result<Self, MetricsError> {
         let io = |source| MetricsError::Io {
             path: path.to_path_buf(),
             source,
@@ -111,7 +111,7 @@ impl<T: Serialize> StepLog<T> {
         })
     }
 
-    pub(super) fn append(&mut self, value: &T) -> Result<(), MetricsError> {
+    pub(crate) fn append(&mut self, value: &T) -> Result<(), MetricsError> {
         let line = to_line(value);
         writeln!(self.file, "{line}")
             .and_then(|_| self.file.flush())
@@ -186,7 +186,7 @@ pub fn read_metrics(path: &Path) -> Result<Vec<StepMetrics>, MetricsError> {
 
 /// One human line per step: `step 12/300 loss 3.412 lr 1.0e-3 |g| 0.81 tok/s 5120 (real 4410)
 /// img/s 38.2 wait 3% imb 1.04 vision 0.12s projector 0.01s lm 0.30s rss 812MiB`.
-pub(super) fn progress_line(m: &StepMetrics, total_steps: u64) -> String {
+pub(crate) fn progress_line(m: &StepMetrics, total_steps: u64) -> String {
     let mut s = format!(
         "step {}/{} loss {:.4} lr {:.2e} |g| {:.3} tok/s {:.0} (real {:.0}) img/s {:.1} wait {:.0}% imb {:.2}",
         m.step + 1,
@@ -208,19 +208,19 @@ pub(super) fn progress_line(m: &StepMetrics, total_steps: u64) -> String {
 
 /// Prints progress lines: with `live` every step (overwriting one line), else about 50 log
 /// lines a run.
-pub(super) struct Progress {
+pub(crate) struct Progress {
     total_steps: u64,
     live: bool,
 }
 
 impl Progress {
-    /// `live`: the caller's choice ([`super::RunStart::progress`]: a terminal, and no
+    /// `live`: the caller's choice ([`crate::RunStart::progress`]: a terminal, and no
     /// `--quiet` or NO_PROGRESS).
-    pub(super) fn new(total_steps: u64, live: bool) -> Self {
+    pub(crate) fn new(total_steps: u64, live: bool) -> Self {
         Progress { total_steps, live }
     }
 
-    pub(super) fn show(&self, m: &StepMetrics) {
+    pub(crate) fn show(&self, m: &StepMetrics) {
         let line = progress_line(m, self.total_steps);
         let last = m.step + 1 == self.total_steps;
         if self.live {
@@ -233,7 +233,7 @@ impl Progress {
 
 /// Peak resident set size of this process so far in MiB (Linux `VmHWM` of
 /// `/proc/self/status`; 0 elsewhere).
-pub(super) fn peak_rss_mib() -> f64 {
+pub(crate) fn peak_rss_mib() -> f64 {
     let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
     status
         .lines()
@@ -244,7 +244,7 @@ pub(super) fn peak_rss_mib() -> f64 {
 }
 
 /// Resident set size of this process in MiB (Linux `/proc/self/statm`; 0 elsewhere).
-pub(super) fn rss_mib() -> f64 {
+pub(crate) fn rss_mib() -> f64 {
     let pages = std::fs::read_to_string("/proc/self/statm")
         .ok()
         .and_then(|s| {

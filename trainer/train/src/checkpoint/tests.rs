@@ -1,6 +1,6 @@
 //! Checkpoint container: atomic commit, newest-complete selection, refusal messages, pruning.
-use super::checkpoint::*;
-use super::run_dir::RunDir;
+use crate::checkpoint::format::*;
+use crate::run_dir::RunDir;
 use std::collections::BTreeMap;
 use std::path::Path;
 

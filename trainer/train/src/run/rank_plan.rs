@@ -13,7 +13,7 @@ use pipeline::plan::Step;
 use pipeline::MicroBatchPlan;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) struct RankLayout {
+pub(crate) struct RankLayout {
     pub plan_world_size: usize,
     pub world_size: usize,
     pub rank: usize,
@@ -21,12 +21,12 @@ pub(super) struct RankLayout {
 
 impl RankLayout {
     /// Forward/backward passes every rank runs per micro-step of the plan.
-    pub(super) fn per_micro_step(&self) -> usize {
+    pub(crate) fn per_micro_step(&self) -> usize {
         self.plan_world_size.div_ceil(self.world_size)
     }
 
     /// This rank's micro-batches of `step`, in the order it runs them.
-    pub(super) fn batches(&self, step: &Step) -> Vec<MicroBatchPlan> {
+    pub(crate) fn batches(&self, step: &Step) -> Vec<MicroBatchPlan> {
         let mut out = Vec::with_capacity(step.micro_steps.len() * self.per_micro_step());
         for micro_step in &step.micro_steps {
             let mine = (self.rank..self.plan_world_size).step_by(self.world_size);
@@ -45,7 +45,7 @@ impl RankLayout {
 
 /// The samples a step trains on (fillers left out), all ranks: global sample indices in plan
 /// order (what `plan.jsonl` records per step).
-pub(super) fn step_samples(step: &Step) -> Vec<u64> {
+pub(crate) fn step_samples(step: &Step) -> Vec<u64> {
     step.micro_steps
         .iter()
         .flat_map(|m| &m.ranks)

@@ -13,11 +13,15 @@
 //!   never holds a tower in memory;
 //! - `config.json`: the VLM (vision and LM source directories, projector type, image token
 //!   count and id, template, resize policy), using LLaVA's config key names where LLaVA has one.
-use super::checkpoint::{Checkpoint, CheckpointError};
-use super::config::{Dtype, ResizePolicy, Stage, TrainConfig};
-use super::run_dir::RunDir;
-use super::run_weights::initial_projector;
-use super::sharded_state::ShardedState;
+pub(crate) mod for_generation;
+pub(crate) mod llava_hf;
+pub(crate) mod run_weights;
+
+use crate::checkpoint::format::{Checkpoint, CheckpointError};
+use crate::config::{Dtype, ResizePolicy, Stage, TrainConfig};
+use crate::run_dir::RunDir;
+use crate::export::run_weights::initial_projector;
+use crate::checkpoint::sharded_state::ShardedState;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 use tch::{Kind, Tensor};

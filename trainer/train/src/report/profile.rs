@@ -2,7 +2,7 @@
 //! records the first N optimizer steps of a run on each rank, saved as a Chrome trace
 //! (`profile_rank{r}.json` in the run directory: chrome://tracing, Perfetto, TensorBoard).
 //! Reached through `csrc/profiler_shim.cpp`; tch has no binding.
-use super::error::TrainError;
+use crate::error::TrainError;
 use std::ffi::{c_char, c_int, CString};
 use std::path::Path;
 use tessera_sys::profiler::{tc_profiler_start, tc_profiler_stop};
@@ -18,20 +18,20 @@ unsafe fn check(err: *mut c_char) -> Result<(), TrainError> {
 
 /// The profiler while it records; [`Profiler::save`] stops it. Dropped unsaved (a step
 /// failed), it stops without keeping the trace.
-pub(super) struct Profiler {
+pub(crate) struct Profiler {
     recording: bool,
 }
 
 impl Profiler {
     /// Starts recording this thread's ops (and CUDA kernels and copies with `cuda`).
-    pub(super) fn start(cuda: bool) -> Result<Self, TrainError> {
+    pub(crate) fn start(cuda: bool) -> Result<Self, TrainError> {
         // SAFETY: no arguments to keep alive; the result is checked and freed.
         unsafe { check(tc_profiler_start(c_int::from(cuda)))? };
         Ok(Profiler { recording: true })
     }
 
     /// Stops recording and writes the Chrome trace to `path`.
-    pub(super) fn save(mut self, path: &Path) -> Result<(), TrainError> {
+    pub(crate) fn save(mut self, path: &Path) -> Result<(), TrainError> {
         self.recording = false;
         let c_path = CString::new(path.to_string_lossy().as_bytes())
             .map_err(|_| TrainError::Profiler(format!("{}: path holds a NUL", path.display())))?;

@@ -1,25 +1,34 @@
 //! The training loop. Per rank: join the job, load the model, pick up where the run stopped
 //! (`--resume`: the newest complete checkpoint, at any world size), then for every optimizer
-//! step run its G micro-batches (each rank its own, all ranks the same kind; `layout.rs` maps
+//! step run its G micro-batches (each rank its own, all ranks the same kind; `rank_plan.rs` maps
 //! the plan's ranks onto this run's), scale each micro-batch's summed token loss by
 //! 1 / (supervised tokens of the whole step across ranks), all-reduce, clip, AdamW, log the
 //! step (`metrics.jsonl`) and its samples (`plan.jsonl`), validate (`validate.rs`), checkpoint.
-use super::checkpoint::{CheckpointMeta, Expected, RankState, FORMAT_VERSION};
-use super::checkpoint_pick::{self, Pick, ResumeRecord};
-use super::checkpoint_save::CheckpointSaver;
-use super::config::{Dtype, Stage, TrainConfig};
-use super::error::{io, TrainError};
-use super::export::VlmDescription;
-use super::layout::{step_samples, RankLayout};
-use super::metrics::{self, Progress, StepLog, StepMetrics, Summary};
-use super::plot::plot_loss;
-use super::profile::Profiler;
-use super::run_dir::{self, RunDir, RunStart};
-use super::schedule::CosineSchedule;
-use super::setup::{self, Setup};
-use super::sharded_state::ShardedState;
-use super::step::{ShardedVlm, StepTotals, UnitTimes};
-use super::validate::Validation;
+pub(crate) mod rank_plan;
+pub(crate) mod restore;
+pub(crate) mod start;
+pub(crate) mod schedule;
+pub(crate) mod setup;
+pub(crate) mod step;
+pub(crate) mod validate;
+
+use crate::checkpoint::format::{CheckpointMeta, RankState, FORMAT_VERSION};
+use crate::checkpoint::save::CheckpointSaver;
+use crate::config::{Dtype, Stage, TrainConfig};
+use crate::error::{io, TrainError};
+use crate::export::VlmDescription;
+use crate::run::rank_plan::{step_samples, RankLayout};
+use crate::report::metrics::{self, Progress, StepLog, StepMetrics, Summary};
+use crate::report::plot::plot_loss;
+use crate::report::profile::Profiler;
+use crate::run_dir::RunDir;
+use start::RunStart;
+use crate::run::schedule::CosineSchedule;
+use crate::run::setup::{self, Setup};
+use crate::checkpoint::sharded_state::ShardedState;
+use crate::run::step::{ShardedVlm, StepTotals, UnitTimes};
+use crate::run::validate::Validation;
+use restore::Start;
 use pipeline::loader::{Loader, LoaderConfig, SampleSource};
 use pipeline::plan::{Plan, Planner, Position, Step};
 use std::collections::BTreeMap;
@@ -41,7 +50,7 @@ pub fn train(
     }
     // Rank 0 alone, before joining the job: no other rank writes into --out until then.
     if env.as_ref().is_none_or(|e| e.rank == 0) {
-        run_dir::prepare(&cfg.out, start)?;
+        start::prepare(&cfg.out, start)?;
     }
     std::fs::create_dir_all(&cfg.out).map_err(io(&cfg.out))?;
     let pg = setup::process_group(&cfg, env.as_ref())?;
@@ -174,12 +183,6 @@ fn train_rank(
     Ok(summary)
 }
 
-/// Where the run starts: the global step and the planner position (None = epoch 0's start).
-struct Start {
-    step: u64,
-    position: Option<Position>,
-}
-
 /// The loop over optimizer steps: plans each epoch, feeds each step's micro-batches to the
 /// model, logs and checkpoints.
 struct TrainLoop<'a> {
@@ -285,126 +288,6 @@ impl<'a> TrainLoop<'a> {
             .build()?)
     }
 
-    /// What a resume must match: everything that changes the math. The knobs marked
-    /// `#[resume]` in `config.rs`, plus what no knob holds as is: the frozen weights by the
-    /// model directories' fingerprints (a checkpoint does not store them), the data by its
-    /// fingerprint (`shards`, whatever path it is read from now), the run's length in steps and
-    /// the image size the tower resolved.
-    fn run_record(&self) -> BTreeMap<String, String> {
-        let (cfg, s) = (self.cfg, self.s);
-        let m = &s.model_fingerprint;
-        let mut r = cfg.resume_record();
-        for (key, value) in [
-            ("vision_config", m.vision_config.clone()),
-            ("vision_weights", m.vision_weights.clone()),
-            ("lm_config", m.lm_config.clone()),
-            ("lm_weights", m.lm_weights.clone()),
-            ("shards", s.dataset.fingerprint().to_string()),
-            ("total_steps", self.total_steps.to_string()),
-            ("image_size", s.vlm.vision.image_size.to_string()),
-        ] {
-            r.insert(key.to_string(), value);
-        }
-        r
-    }
-
-    /// With `--resume`: loads the newest complete checkpoint (`pick`) after checking it
-    /// belongs to this run (format, parameter set, run record), at this run's world size;
-    /// says which newer folders it skipped and why (log, and `resumes.jsonl`).
-    fn restore(
-        &mut self,
-        pick: Option<Pick>,
-        start: &RunStart,
-        model: &mut ShardedVlm,
-    ) -> Result<Start, TrainError> {
-        let fresh = Start {
-            step: 0,
-            position: None,
-        };
-        let Some(Pick {
-            checkpoint,
-            skipped,
-        }) = pick
-        else {
-            return Ok(fresh);
-        };
-        let (rank, out) = (self.s.rank, self.run.path());
-        if rank == 0 {
-            for s in &skipped {
-                tracing::warn!("--resume: skipped {}: {}", s.checkpoint, s.reason);
-            }
-        }
-        let Some(ckpt) = checkpoint else {
-            let committed = skipped.iter().any(|s| !s.checkpoint.ends_with(".tmp"));
-            if committed {
-                let list: Vec<String> = skipped
-                    .iter()
-                    .map(|s| format!("{} ({})", s.checkpoint, s.reason))
-                    .collect();
-                return Err(TrainError::Invalid(format!(
-                    "--resume: no usable checkpoint under {}/checkpoints: {}",
-                    out.display(),
-                    list.join("; ")
-                )));
-            }
-            tracing::warn!(
-                "--resume: no complete checkpoint under {}/checkpoints; starting at step 0",
-                out.display()
-            );
-            return Ok(fresh);
-        };
-        ckpt.check_matches(&Expected {
-            world_size: self.s.world_size,
-            model: &self.s.model_fingerprint,
-            run: &self.run_record(),
-            allow_changing: &start.resume_changing,
-            resume_knobs: &TrainConfig::resume_knobs().collect::<Vec<_>>(),
-        })?;
-        // Every rank's position is the same (the plan is global): read rank 0's.
-        let state = ckpt.rank_state(0)?;
-        let position: Position =
-            serde_json::from_value(state.planner.clone()).map_err(|source| TrainError::Json {
-                what: format!(
-                    "checkpoint {} rank 0: planner position is unreadable",
-                    ckpt.dir.display()
-                ),
-                source,
-            })?;
-        if ckpt.meta.format_version >= 4 {
-            model.load_sharded(&ShardedState::open(&ckpt)?)?;
-        } else if ckpt.meta.format_version == 3 {
-            model.load_full(&ckpt.rank_dir(0)?)?;
-        } else {
-            model.load(&ckpt.rank_dir(rank)?)?;
-        }
-        let m = &ckpt.meta;
-        if rank == 0 {
-            tracing::info!(
-                "resumed from {} (step {}, written by {} ranks, now {}; data plan laid out for {})",
-                ckpt.dir.display(),
-                m.step,
-                m.world_size,
-                self.s.world_size,
-                m.plan_world_size()
-            );
-            checkpoint_pick::append_resume_record(
-                &self.run,
-                &ResumeRecord {
-                    step: m.step,
-                    checkpoint: self.run.shown(&ckpt.dir),
-                    checkpoint_world_size: m.world_size,
-                    world_size: self.s.world_size,
-                    plan_world_size: m.plan_world_size(),
-                    skipped,
-                },
-            )?;
-        }
-        Ok(Start {
-            step: m.step,
-            position: Some(position),
-        })
-    }
-
     /// `progress`: [`RunStart::progress`].
     fn run(
         &mut self,
@@ -493,12 +376,12 @@ impl<'a> TrainLoop<'a> {
                 if due || step == self.total_steps {
                     self.checkpoint(model, step, &plan.resume_position(i + 1)?)?;
                 } else {
-                    self.saver.poll(&self.run, s)?;
+                    self.saver.poll(&self.run, &s.writer_ranks())?;
                 }
             }
             epoch += 1;
         }
-        self.saver.finish(&self.run, s)
+        self.saver.finish(&self.run, &s.writer_ranks())
     }
 
     fn one_step(
@@ -626,7 +509,14 @@ impl<'a> TrainLoop<'a> {
         } else {
             None
         };
-        self.saver.save(&self.run, s, model, state, meta)
+        let (rank, world_size) = (s.rank, s.world_size);
+        self.saver.save(
+            &self.run,
+            &s.writer_ranks(),
+            |copy| model.snapshot_sharded(rank, world_size, copy),
+            state,
+            meta,
+        )
     }
 }
 

@@ -13,15 +13,22 @@
 //! Crash safety is the same either way: until the commit only the `.tmp` folder exists, which
 //! a resume skips ("never committed"), so a crash mid-write resumes from the last committed
 //! checkpoint.
-use super::checkpoint::{self, CheckpointError, CheckpointMeta, CheckpointWriter, RankState};
-use super::checkpoint_pick;
-use super::config::{CheckpointWrite, TrainConfig};
-use super::error::TrainError;
-use super::run_dir::RunDir;
-use super::setup::Setup;
-use super::step::ShardedVlm;
+use crate::checkpoint::format::{self, CheckpointError, CheckpointMeta, CheckpointWriter, RankState};
+use crate::config::{CheckpointWrite, TrainConfig};
+use crate::error::TrainError;
+use crate::run_dir::RunDir;
+use crate::checkpoint::sharded_state::StateSnapshot;
+use tessera_fsdp::dist::ProcessGroup;
 use std::thread::JoinHandle;
 use tch::Tensor;
+
+/// The ranks that write a checkpoint together: this one, how many, and their group (for the
+/// barriers around the commit and the all-reduce that asks whether every write is done).
+pub(crate) struct WriterRanks<'a> {
+    pub(crate) pg: &'a ProcessGroup,
+    pub(crate) rank: usize,
+    pub(crate) world_size: usize,
+}
 
 /// A checkpoint whose files this rank's thread is still writing.
 struct Pending {
@@ -32,7 +39,7 @@ struct Pending {
 }
 
 /// Saves the loop's checkpoints; holds the one asynchronous write in flight, if any.
-pub(super) struct CheckpointSaver {
+pub(crate) struct CheckpointSaver {
     mode: CheckpointWrite,
     keep_checkpoints: usize,
     keep_every: u64,
@@ -40,7 +47,7 @@ pub(super) struct CheckpointSaver {
 }
 
 impl CheckpointSaver {
-    pub(super) fn new(cfg: &TrainConfig) -> Self {
+    pub(crate) fn new(cfg: &TrainConfig) -> Self {
         CheckpointSaver {
             mode: cfg.checkpoint_write,
             keep_checkpoints: cfg.keep_checkpoints,
@@ -50,12 +57,14 @@ impl CheckpointSaver {
     }
 
     /// The checkpoint of `step` (the state after `step` optimizer steps): written and
-    /// committed now (`sync`), or handed to a thread (`async`). `meta`: rank 0's `meta.json`.
-    pub(super) fn save(
+    /// committed now (`sync`), or handed to a thread (`async`). `snapshot(copy)` takes this
+    /// rank's trained state (`copy`: into host memory, for a write in the background).
+    /// `meta`: rank 0's `meta.json`.
+    pub(crate) fn save(
         &mut self,
         run: &RunDir,
-        s: &Setup,
-        model: &ShardedVlm,
+        s: &WriterRanks<'_>,
+        snapshot: impl FnOnce(bool) -> StateSnapshot,
         state: RankState,
         meta: Option<CheckpointMeta>,
     ) -> Result<(), TrainError> {
@@ -63,10 +72,10 @@ impl CheckpointSaver {
         let step = state.next_step;
         let writer = CheckpointWriter::begin(run, step, s.rank)?;
         let in_background = self.mode == CheckpointWrite::Async;
-        let snapshot = model.snapshot_sharded(s.rank, s.world_size, in_background);
+        let snapshot = snapshot(in_background);
         let write = move || {
             snapshot.write(writer.dir())?;
-            checkpoint_pick::pause_mid_write_if_asked(step);
+            pause_mid_write_if_asked(step);
             writer.finish_rank(&state)?;
             Ok(writer)
         };
@@ -92,7 +101,7 @@ impl CheckpointSaver {
 
     /// At a step boundary: commits the checkpoint in flight once every rank has written its
     /// files (one all-reduce over the ranks while one is in flight; nothing otherwise).
-    pub(super) fn poll(&mut self, run: &RunDir, s: &Setup) -> Result<(), TrainError> {
+    pub(crate) fn poll(&mut self, run: &RunDir, s: &WriterRanks<'_>) -> Result<(), TrainError> {
         let Some(pending) = &self.pending else {
             return Ok(());
         };
@@ -108,7 +117,7 @@ impl CheckpointSaver {
 
     /// Waits for the checkpoint in flight, if any, and commits it (before the next one, and
     /// at the end of the run).
-    pub(super) fn finish(&mut self, run: &RunDir, s: &Setup) -> Result<(), TrainError> {
+    pub(crate) fn finish(&mut self, run: &RunDir, s: &WriterRanks<'_>) -> Result<(), TrainError> {
         let Some(Pending { step, meta, thread }) = self.pending.take() else {
             return Ok(());
         };
@@ -126,7 +135,7 @@ impl CheckpointSaver {
     fn commit(
         &self,
         run: &RunDir,
-        s: &Setup,
+        s: &WriterRanks<'_>,
         writer: CheckpointWriter,
         step: u64,
         meta: Option<CheckpointMeta>,
@@ -145,3 +154,22 @@ impl CheckpointSaver {
         Ok(())
     }
 }
+
+/// Test hook in the real write path, in builds with the `test-hooks` feature: with
+/// `TESSERA_CHECKPOINT_PAUSE_AT=N`, the write of the checkpoint of step N stops after this
+/// rank's tensor files and before its manifest and the commit, and waits there until the
+/// process is killed (the crash-safety tests kill it with SIGKILL). Unset (always, outside
+/// those tests) it does nothing.
+#[cfg(feature = "test-hooks")]
+pub(crate) fn pause_mid_write_if_asked(step: u64) {
+    if tessera_switches::Switches::get().checkpoint_pause_at == Some(step) {
+        tracing::warn!("TESSERA_CHECKPOINT_PAUSE_AT={step}: pausing inside the checkpoint write");
+        loop {
+            std::thread::sleep(std::time::Duration::from_secs(3600));
+        }
+    }
+}
+
+/// Without the `test-hooks` feature (a release build) there is nothing to pause for.
+#[cfg(not(feature = "test-hooks"))]
+pub(crate) fn pause_mid_write_if_asked(_step: u64) {}

@@ -6,14 +6,14 @@
 /// A schedule for one run; `lr(step)` is a pure function of the step, so resume needs only the
 /// step index.
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub(super) struct CosineSchedule {
+pub(crate) struct CosineSchedule {
     pub base_lr: f64,
     pub warmup_steps: u64,
     pub total_steps: u64,
 }
 
 impl CosineSchedule {
-    pub(super) fn new(base_lr: f64, warmup_ratio: f64, total_steps: u64) -> Self {
+    pub(crate) fn new(base_lr: f64, warmup_ratio: f64, total_steps: u64) -> Self {
         let warmup_steps = (warmup_ratio * total_steps as f64).ceil() as u64;
         CosineSchedule {
             base_lr,
@@ -23,12 +23,12 @@ impl CosineSchedule {
     }
 
     /// Learning rate used by the optimizer step with index `step` (0-based).
-    pub(super) fn lr(&self, step: u64) -> f64 {
+    pub(crate) fn lr(&self, step: u64) -> f64 {
         self.base_lr * self.factor(step)
     }
 
     /// Multiplier of the base rate at `step`, in [0, 1].
-    pub(super) fn factor(&self, step: u64) -> f64 {
+    pub(crate) fn factor(&self, step: u64) -> f64 {
         if step < self.warmup_steps {
             return step as f64 / self.warmup_steps.max(1) as f64;
         }
