@@ -343,7 +343,10 @@ mod tests {
         let w = Tensor::randn([64], (Kind::Float, Device::Cpu));
         let eps = 1e-6;
         let fused = x.rms_norm([64], Some(&w), eps);
-        let diff = (&fused - rms_norm(&x, &w, eps)).abs().max().double_value(&[]);
+        let diff = (&fused - rms_norm(&x, &w, eps))
+            .abs()
+            .max()
+            .double_value(&[]);
         assert!(diff < 1e-5, "f32: {diff}");
 
         let (xb, wb) = (x.to_kind(Kind::BFloat16), w.to_kind(Kind::BFloat16));
@@ -351,7 +354,9 @@ mod tests {
         let fused = xb.rms_norm([64], Some(&wb), eps).to_kind(Kind::Float);
         // One bf16 ulp of each value: 2^(exponent - 7).
         let ulp = ours.abs().clamp_min(1e-30).log2().floor().exp2() / 128.0;
-        let excess = ((&fused - &ours).abs() - ulp * 2.01).max().double_value(&[]);
+        let excess = ((&fused - &ours).abs() - ulp * 2.01)
+            .max()
+            .double_value(&[]);
         assert!(excess <= 0.0, "bf16: {excess} past two ulps");
     }
 }

@@ -19,13 +19,13 @@ mod knobs;
 use knobs::record_value;
 
 mod train_parts;
-pub use train_parts::TrainParts;
 pub use pipeline::loader::{BadImagePolicy, ResizePolicy};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
 pub use tessera_fsdp::{Recompute, Strategy};
 pub use tessera_model::Dtype;
+pub use train_parts::TrainParts;
 
 /// Why a configuration was refused; every message names the field (or the file) and the reason.
 #[derive(Debug, thiserror::Error)]

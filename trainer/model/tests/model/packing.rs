@@ -293,7 +293,11 @@ fn rotary_tables_are_cast_once_per_micro_batch() -> anyhow::Result<()> {
     assert!(cos.equal(&ctx.cos.to_kind(Kind::BFloat16)));
     assert!(sin.equal(&ctx.sin.to_kind(Kind::BFloat16)));
     let (again, _) = ctx.rotary_as(Kind::BFloat16);
-    assert_eq!(again.data_ptr(), cos.data_ptr(), "the second layer reuses the cast");
+    assert_eq!(
+        again.data_ptr(),
+        cos.data_ptr(),
+        "the second layer reuses the cast"
+    );
     let (f32_cos, _) = ctx.rotary_as(Kind::Float);
     assert_eq!(f32_cos.data_ptr(), ctx.cos.data_ptr(), "f32 needs no cast");
     Ok(())

@@ -13,14 +13,16 @@
 //! Crash safety is the same either way: until the commit only the `.tmp` folder exists, which
 //! a resume skips ("never committed"), so a crash mid-write resumes from the last committed
 //! checkpoint.
-use crate::checkpoint::format::{self, CheckpointError, CheckpointMeta, CheckpointWriter, RankState};
+use crate::checkpoint::format::{
+    prune, CheckpointError, CheckpointMeta, CheckpointWriter, RankState,
+};
+use crate::checkpoint::sharded_state::StateSnapshot;
 use crate::config::{CheckpointWrite, TrainConfig};
 use crate::error::TrainError;
 use crate::run_dir::RunDir;
-use crate::checkpoint::sharded_state::StateSnapshot;
-use tessera_fsdp::dist::ProcessGroup;
 use std::thread::JoinHandle;
 use tch::Tensor;
+use tessera_fsdp::dist::ProcessGroup;
 
 /// The ranks that write a checkpoint together: this one, how many, and their group (for the
 /// barriers around the commit and the all-reduce that asks whether every write is done).
@@ -144,7 +146,7 @@ impl CheckpointSaver {
         if let Some(meta) = meta {
             let dir = writer.commit(&meta)?;
             tracing::info!("checkpoint {}", dir.display());
-            let removed = checkpoint::prune(run, self.keep_checkpoints, self.keep_every)?;
+            let removed = prune(run, self.keep_checkpoints, self.keep_every)?;
             if !removed.is_empty() {
                 tracing::debug!("removed the checkpoints of steps {removed:?}");
             }

@@ -8,9 +8,9 @@
 //! export generate alike; f32 for f32 checkpoints). Each tensor is read and converted before
 //! the next is read, so the model is in memory once, in that dtype: never an f32 copy beside a
 //! bf16 one, nor the source map beside the converted one.
+use crate::export::run_weights::{initial_projector, RunWeights};
 use crate::export::{newest_complete_trained, stored_config, ExportError, VlmDescription};
 use crate::run_dir::RunDir;
-use crate::export::run_weights::{initial_projector, RunWeights};
 use pipeline::loader::ResizePolicy;
 use std::path::Path;
 use tch::Kind;

@@ -17,11 +17,11 @@
 //!   (`<|image_pad|>` expanded to `image_seq_length` copies, as tessera's loader does),
 //!   `preprocessor_config.json` (SigLIP: bicubic resize to the tower's size, mean/std 0.5) and
 //!   `generation_config.json` (stop at `<|endoftext|>` / `<|im_end|>`).
+use crate::export::run_weights::{initial_projector, RunWeights};
 use crate::export::{
     newest_complete_trained, stored_config, ExportError, TrainedTensors, VlmDescription,
 };
 use crate::run_dir::RunDir;
-use crate::export::run_weights::{initial_projector, RunWeights};
 use shards::chat::{END_OF_TEXT, IMAGE_PAD, IM_END, STOP_IDS};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

@@ -18,10 +18,10 @@ pub(crate) mod llava_hf;
 pub(crate) mod run_weights;
 
 use crate::checkpoint::format::{Checkpoint, CheckpointError};
-use crate::config::{Dtype, ResizePolicy, Stage, TrainConfig};
-use crate::run_dir::RunDir;
-use crate::export::run_weights::initial_projector;
 use crate::checkpoint::sharded_state::ShardedState;
+use crate::config::{Dtype, ResizePolicy, Stage, TrainConfig};
+use crate::export::run_weights::initial_projector;
+use crate::run_dir::RunDir;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 use tch::{Kind, Tensor};

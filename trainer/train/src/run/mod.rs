@@ -6,9 +6,9 @@
 //! step (`metrics.jsonl`) and its samples (`plan.jsonl`), validate (`validate.rs`), checkpoint.
 pub(crate) mod rank_plan;
 pub(crate) mod restore;
-pub(crate) mod start;
 pub(crate) mod schedule;
 pub(crate) mod setup;
+pub(crate) mod start;
 pub(crate) mod step;
 pub(crate) mod validate;
 
@@ -17,21 +17,19 @@ use crate::checkpoint::save::CheckpointSaver;
 use crate::config::{Dtype, Stage, TrainConfig};
 use crate::error::{io, TrainError};
 use crate::export::VlmDescription;
-use crate::run::rank_plan::{step_samples, RankLayout};
 use crate::report::metrics::{self, Progress, StepLog, StepMetrics, Summary};
 use crate::report::plot::plot_loss;
 use crate::report::profile::Profiler;
-use crate::run_dir::RunDir;
-use start::RunStart;
+use crate::run::rank_plan::{step_samples, RankLayout};
 use crate::run::schedule::CosineSchedule;
-use crate::run::setup::{self, Setup};
-use crate::checkpoint::sharded_state::ShardedState;
 use crate::run::step::{ShardedVlm, StepTotals, UnitTimes};
 use crate::run::validate::Validation;
-use restore::Start;
+use crate::run_dir::RunDir;
 use pipeline::loader::{Loader, LoaderConfig, SampleSource};
 use pipeline::plan::{Plan, Planner, Position, Step};
-use std::collections::BTreeMap;
+use restore::Start;
+use setup::Setup;
+use start::RunStart;
 use std::sync::Arc;
 use std::time::Instant;
 use tch::Tensor;

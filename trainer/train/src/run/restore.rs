@@ -1,6 +1,7 @@
 //! `--resume`: where a run continues (the newest complete checkpoint, checked against this
 //! run's record and loaded at this run's world size), and `resumes.jsonl`, one line per resume
 //! naming the checkpoint and the newer folders passed over.
+use super::start::RunStart;
 use super::step::ShardedVlm;
 use super::TrainLoop;
 use crate::checkpoint::format::{CheckpointError, Expected};
@@ -8,7 +9,7 @@ use crate::checkpoint::pick::{Pick, Skipped};
 use crate::checkpoint::sharded_state::ShardedState;
 use crate::config::TrainConfig;
 use crate::error::TrainError;
-use crate::run_dir::{RunDir, RunStart};
+use crate::run_dir::RunDir;
 use pipeline::plan::Position;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -62,7 +63,7 @@ impl TrainLoop<'_> {
     /// model directories' fingerprints (a checkpoint does not store them), the data by its
     /// fingerprint (`shards`, whatever path it is read from now), the run's length in steps and
     /// the image size the tower resolved.
-    fn run_record(&self) -> BTreeMap<String, String> {
+    pub(super) fn run_record(&self) -> BTreeMap<String, String> {
         let (cfg, s) = (self.cfg, self.s);
         let m = &s.model_fingerprint;
         let mut r = cfg.resume_record();

@@ -3,10 +3,10 @@
 //! forward and backward (accumulating gradients), takes the optimizer step across ranks, and
 //! saves / restores the trainable parameters and optimizer moments per parameter (any world
 //! size), and evaluates a micro-batch forward only.
+use crate::checkpoint::sharded_state::{self, ShardedState};
 use crate::config::{Stage, TrainConfig};
 use crate::error::TrainError;
 use crate::export::TRAINABLE_FILE;
-use crate::checkpoint::sharded_state::{self, ShardedState};
 use pipeline::MicroBatch;
 use std::collections::BTreeMap;
 use std::path::Path;
