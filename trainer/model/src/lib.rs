@@ -16,7 +16,7 @@
 //! 5. `generator.rs`: [`Generator`], inference with a KV cache (greedy or top-p) over weights
 //!    held in one dtype, and beside it `caption.rs`: [`Captioner`], the generator with its
 //!    tokenizer, chat template and image loader (what `tessera generate` runs; tessera-train's
-//!    `load_for_generation.rs` builds it from a run or an export); `llava.rs` and `sharded.rs`:
+//!    `export/for_generation.rs` builds it from a run or an export); `llava.rs` and `hub_files.rs`:
 //!    transformers' `LlavaForConditionalGeneration` config, keys and streamed, sharded
 //!    checkpoints.
 //! 6. `init.rs`: random-weight checkpoints for `tessera init-model`; `throughput.rs` (feature
@@ -28,6 +28,7 @@ mod ctx;
 mod dtype;
 mod gemm;
 mod generator;
+mod hub_files;
 mod init;
 mod keys;
 mod llava;
@@ -36,7 +37,6 @@ mod loss;
 mod projector;
 mod qwen2;
 mod rope;
-mod sharded;
 mod side_stream;
 mod siglip;
 mod source;
@@ -55,6 +55,7 @@ pub use ctx::VlmCtx;
 pub use dtype::Dtype;
 pub use gemm::CpuBf16Gemm;
 pub use generator::{GenerateOptions, Generation, Generator};
+pub use hub_files::{save_hub_files, write_hub_files, HUB_SHARD_BYTES};
 pub use init::{
     lm_checkpoint_specs, random_params, write_checkpoints, write_preset, Preset, INIT_STD,
 };
@@ -67,7 +68,6 @@ pub use lora::{
     save_adapter_as, ADAPTER_CONFIG, ADAPTER_WEIGHTS,
 };
 pub use loss::{chunked_cross_entropy_sum, full_cross_entropy_sum};
-pub use sharded::{save_sharded, write_sharded, HUB_SHARD_BYTES};
 pub use source::VlmInit;
 #[cfg(feature = "bench")]
 pub use throughput::{measure_throughput, peak_matmul_flops, ThroughputReport};

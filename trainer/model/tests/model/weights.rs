@@ -144,7 +144,7 @@ fn sharded_checkpoint_and_bf16_load_like_a_single_file() -> anyhow::Result<()> {
     Ok(())
 }
 
-/// `write_sharded` asks for each tensor once, in order, only when its bytes are due (the
+/// `write_hub_files` asks for each tensor once, in order, only when its bytes are due (the
 /// previous one is written by then); the files it writes read back exactly (f32) or as the
 /// bf16 rounding (bf16), through `HfCheckpoint` and the safetensors crate alike. An earlier
 /// export's `model.safetensors` in the same folder is removed once the shards and their index
@@ -161,12 +161,17 @@ fn streamed_shards_ask_for_one_tensor_at_a_time_and_read_back() -> anyhow::Resul
         let dir = tempfile::tempdir()?;
         std::fs::write(dir.path().join("model.safetensors"), b"an earlier export")?;
         let mut asked = Vec::new();
-        let files =
-            tessera_model::write_sharded(dir.path(), &entries, kind, (total / 5) as u64, |name| {
+        let files = tessera_model::write_hub_files(
+            dir.path(),
+            &entries,
+            kind,
+            (total / 5) as u64,
+            |name| {
                 // The file being written holds every tensor asked for before this one.
                 asked.push(name.to_string());
                 Ok::<_, ModelError>(params[name].shallow_clone())
-            })?;
+            },
+        )?;
         let names: Vec<String> = entries.iter().map(|(k, _)| k.clone()).collect();
         assert_eq!(asked, names, "each tensor asked for once, in order");
         assert!(
@@ -198,7 +203,7 @@ fn streamed_shards_ask_for_one_tensor_at_a_time_and_read_back() -> anyhow::Resul
     }
 
     let dir = tempfile::tempdir()?;
-    let err = tessera_model::write_sharded(dir.path(), &entries, Kind::Float, u64::MAX, |name| {
+    let err = tessera_model::write_hub_files(dir.path(), &entries, Kind::Float, u64::MAX, |name| {
         let t = &params[name];
         Ok::<_, ModelError>(if name == entries[1].0 {
             t.unsqueeze(0)

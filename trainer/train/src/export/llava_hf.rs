@@ -28,7 +28,7 @@ use std::path::{Path, PathBuf};
 use tch::Kind;
 use tessera_fsdp::{ParamMap, ParamSpec};
 use tessera_model::{
-    adapter_keys, export_specs, llava_config_json, llava_key, merge_weight, write_sharded,
+    adapter_keys, export_specs, llava_config_json, llava_key, merge_weight, write_hub_files,
     LoraConfig, ModelError, Vlm, VlmOptions, LLAVA_ADAPTER_DIR,
 };
 
@@ -203,7 +203,7 @@ pub fn write_llava_hf(
         .iter()
         .map(|(key, s)| (key.clone(), s.shape.clone()))
         .collect();
-    let weight_files = write_sharded(
+    let weight_files = write_hub_files(
         out,
         &entries,
         options.dtype,
@@ -294,7 +294,7 @@ fn write_adapter(dir: &Path, lora: &LoraConfig, adapters: &ParamMap) -> Result<(
 }
 
 /// PEFT full-matches a string `target_modules` against module names.
-pub fn lm_target_regex(modules: &[String]) -> String {
+pub(crate) fn lm_target_regex(modules: &[String]) -> String {
     format!(
         r"model\.language_model\.layers\.\d+\.(?:self_attn|mlp)\.({})",
         modules.join("|")

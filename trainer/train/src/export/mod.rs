@@ -8,7 +8,7 @@
 //! - `adapter/` (stage 2): `adapter_model.safetensors` + `adapter_config.json` in PEFT's format;
 //!   both in bf16 (as the Hub ships weights) unless `--dtype f32` asks for the masters as they are;
 //! - `lm/`, `vision/` (a full fine-tune): the source Hugging Face directory with every trained
-//!   tensor replaced, written one tensor at a time (`tessera_model::write_sharded`): the source
+//!   tensor replaced, written one tensor at a time (`tessera_model::write_hub_files`): the source
 //!   tensor or the trained one is read, written and dropped before the next, so the export
 //!   never holds a tower in memory;
 //! - `config.json`: the VLM (vision and LM source directories, projector type, image token
@@ -27,18 +27,18 @@ use std::path::{Path, PathBuf};
 use tch::{Kind, Tensor};
 use tessera_fsdp::ParamMap;
 use tessera_model::{
-    load_safetensors, save_adapter_as, save_safetensors_as, write_sharded, LoraConfig, ModelError,
-    Qwen2Config, SiglipVisionConfig, Vlm, VlmOptions, ADAPTER_CONFIG, HUB_SHARD_BYTES,
+    load_safetensors, save_adapter_as, save_safetensors_as, write_hub_files, LoraConfig,
+    ModelError, Qwen2Config, SiglipVisionConfig, Vlm, VlmOptions, ADAPTER_CONFIG, HUB_SHARD_BYTES,
 };
 
 /// File (in rank 0's checkpoint folder) holding the full trainable tensors, by HF key.
-pub const TRAINABLE_FILE: &str = "trainable.safetensors";
-pub const PROJECTOR_FILE: &str = "mm_projector.safetensors";
-pub const ADAPTER_DIR: &str = "adapter";
+pub(crate) const TRAINABLE_FILE: &str = "trainable.safetensors";
+pub(crate) const PROJECTOR_FILE: &str = "mm_projector.safetensors";
+pub(crate) const ADAPTER_DIR: &str = "adapter";
 /// A full fine-tune's LM, as a Hugging Face directory (config.json + model.safetensors).
-pub const LM_DIR: &str = "lm";
+pub(crate) const LM_DIR: &str = "lm";
 /// The vision tower when it trained, likewise.
-pub const VISION_DIR: &str = "vision";
+pub(crate) const VISION_DIR: &str = "vision";
 
 /// Writes `out` as a copy of the Hugging Face directory `src` (its config and other small
 /// files) whose weights are `src`'s with every trained tensor replaced, in `dtype`, one tensor
@@ -73,7 +73,7 @@ fn export_tower(
         .collect();
     entries.sort();
     let kind = dtype.kind();
-    write_sharded(out, &entries, kind, HUB_SHARD_BYTES, |name| {
+    write_hub_files(out, &entries, kind, HUB_SHARD_BYTES, |name| {
         match trained.get_as(name, kind)? {
             Some(t) => Ok(t),
             None => {
@@ -131,7 +131,7 @@ pub enum ExportError {
 
 /// The VLM a run trains, as exported in `config.json` (LLaVA's key names where it has them).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct VlmDescription {
+pub(crate) struct VlmDescription {
     pub model_type: String,
     /// Vision tower source directory (absolute).
     pub mm_vision_tower: PathBuf,
@@ -166,7 +166,7 @@ pub struct VlmDescription {
 }
 
 impl VlmDescription {
-    pub fn new(
+    pub(crate) fn new(
         cfg: &TrainConfig,
         vision: &SiglipVisionConfig,
         lm: &Qwen2Config,
@@ -201,7 +201,7 @@ impl VlmDescription {
         }
     }
 
-    pub fn save(&self, path: &Path) -> Result<(), ExportError> {
+    pub(crate) fn save(&self, path: &Path) -> Result<(), ExportError> {
         let text = serde_json::to_string_pretty(self).map_err(|e| ExportError::Io {
             path: path.to_path_buf(),
             source: std::io::Error::other(e),
@@ -212,7 +212,7 @@ impl VlmDescription {
         })
     }
 
-    pub fn load(path: &Path) -> Result<Self, ExportError> {
+    pub(crate) fn load(path: &Path) -> Result<Self, ExportError> {
         let unreadable = |what: String, source| ExportError::Unreadable {
             run: path.parent().unwrap_or(path).to_path_buf(),
             what,
@@ -293,7 +293,7 @@ impl TrainedTensors {
 /// The run's newest complete checkpoint (see [`RunDir::newest_complete_checkpoint`]); each
 /// newer folder passed over is logged with its reason, and with none usable the error names
 /// them all.
-pub fn newest_complete(run: &Path) -> Result<Checkpoint, ExportError> {
+pub(crate) fn newest_complete(run: &Path) -> Result<Checkpoint, ExportError> {
     let pick = RunDir::new(run).newest_complete_checkpoint()?;
     let Some(checkpoint) = pick.checkpoint else {
         let why = if pick.skipped.is_empty() {
@@ -318,11 +318,6 @@ pub fn newest_complete_trained(run: &Path) -> Result<(Checkpoint, TrainedTensors
     let ckpt = newest_complete(run)?;
     let trained = TrainedTensors::open(&ckpt)?;
     Ok((ckpt, trained))
-}
-
-/// Exports `run` into `out` (created if missing), the weights in bf16 as the Hub ships them.
-pub fn export(run: &Path, out: &Path) -> Result<ExportReport, ExportError> {
-    export_as(run, out, Dtype::Bf16)
 }
 
 /// The training config `ckpt` (of `run`) was written under.

@@ -22,7 +22,7 @@ const VISION_PREFIX: &str = "vision_model.";
 const PROJECTOR_PREFIX: &str = "mm_projector.";
 
 /// Where a run's parameters come from (see the module docs).
-pub struct RunWeights<'a> {
+pub(crate) struct RunWeights<'a> {
     vision: HfCheckpoint,
     lm: HfCheckpoint,
     trained: &'a TrainedTensors,
@@ -31,7 +31,7 @@ pub struct RunWeights<'a> {
 
 impl<'a> RunWeights<'a> {
     /// Opens the source directories (headers only).
-    pub fn open(
+    pub(crate) fn open(
         vision_dir: &Path,
         lm_dir: &Path,
         trained: &'a TrainedTensors,
@@ -58,7 +58,7 @@ impl<'a> RunWeights<'a> {
 
     /// Parameter `name` of shape `shape`, in `kind` (or, with `None`, as trained (f32) or as
     /// stored), on the CPU.
-    pub fn tensor(
+    pub(crate) fn tensor(
         &self,
         name: &str,
         shape: &[i64],
@@ -96,7 +96,7 @@ impl<'a> RunWeights<'a> {
     /// The widest dtype the source directories store `names` in: `Float` if any is F32 or F16,
     /// else `BFloat16` (every Hub Qwen2.5 and SigLIP checkpoint). Trained and projector
     /// tensors do not count: they are f32 masters whatever the sources ship.
-    pub fn source_kind<'n>(&self, names: impl IntoIterator<Item = &'n str>) -> Kind {
+    pub(crate) fn source_kind<'n>(&self, names: impl IntoIterator<Item = &'n str>) -> Kind {
         let mut widest = Kind::BFloat16;
         for name in names {
             let (ckpt, key) = self.source(name);
@@ -129,7 +129,7 @@ pub fn unmap_freed_tensors() {
 /// which its checkpoints do not hold: `--init-projector`'s file, or the newest complete
 /// checkpoint of `--init-projector`'s run (as training read it, if it has not moved on since),
 /// or else the fresh projector the run's seed drew. `None` when the run trained its projector.
-pub fn initial_projector(
+pub(crate) fn initial_projector(
     run: &Path,
     cfg: &TrainConfig,
     vlm: &Vlm,

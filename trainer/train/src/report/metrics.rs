@@ -159,7 +159,7 @@ fn to_line<T: Serialize>(value: &T) -> String {
 }
 
 /// Reads every step of a `metrics.jsonl`.
-pub fn read_metrics(path: &Path) -> Result<Vec<StepMetrics>, MetricsError> {
+pub(crate) fn read_metrics(path: &Path) -> Result<Vec<StepMetrics>, MetricsError> {
     let file = std::fs::File::open(path).map_err(|source| MetricsError::Io {
         path: path.to_path_buf(),
         source,

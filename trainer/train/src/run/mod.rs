@@ -8,8 +8,8 @@ pub(crate) mod rank_plan;
 pub(crate) mod restore;
 pub(crate) mod schedule;
 pub(crate) mod setup;
+pub(crate) mod sharded_vlm;
 pub(crate) mod start;
-pub(crate) mod step;
 pub(crate) mod validate;
 
 use crate::checkpoint::format::{CheckpointMeta, RankState, FORMAT_VERSION};
@@ -22,7 +22,7 @@ use crate::report::plot::plot_loss;
 use crate::report::profile::Profiler;
 use crate::run::rank_plan::{step_samples, RankLayout};
 use crate::run::schedule::CosineSchedule;
-use crate::run::step::{ShardedVlm, StepTotals, UnitTimes};
+use crate::run::sharded_vlm::{ShardedVlm, StepTotals, UnitTimes};
 use crate::run::validate::Validation;
 use crate::run_dir::RunDir;
 use pipeline::loader::{Loader, LoaderConfig, SampleSource};
@@ -472,7 +472,7 @@ impl<'a> TrainLoop<'a> {
         })
     }
 
-    /// The checkpoint of `step`, saved as `--checkpoint-write` says (`checkpoint_save.rs`).
+    /// The checkpoint of `step`, saved as `--checkpoint-write` says (`checkpoint/save.rs`).
     fn checkpoint(
         &mut self,
         model: &mut ShardedVlm,

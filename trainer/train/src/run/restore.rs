@@ -1,8 +1,8 @@
 //! `--resume`: where a run continues (the newest complete checkpoint, checked against this
 //! run's record and loaded at this run's world size), and `resumes.jsonl`, one line per resume
 //! naming the checkpoint and the newer folders passed over.
+use super::sharded_vlm::ShardedVlm;
 use super::start::RunStart;
-use super::step::ShardedVlm;
 use super::TrainLoop;
 use crate::checkpoint::format::{CheckpointError, Expected};
 use crate::checkpoint::pick::{Pick, Skipped};
@@ -23,7 +23,7 @@ pub(super) struct Start {
 
 /// What `resumes.jsonl` says of one resume.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ResumeRecord {
+pub(crate) struct ResumeRecord {
     /// The step the run continued at.
     pub step: u64,
     /// The folder it continued from.

@@ -11,7 +11,7 @@
 use crate::config::TrainConfig;
 use crate::error::TrainError;
 use crate::run::setup::Setup;
-use crate::run::step::ShardedVlm;
+use crate::run::sharded_vlm::ShardedVlm;
 use pipeline::loader::{Loader, LoaderConfig, LoaderError, SampleSource};
 use pipeline::plan::Planner;
 use pipeline::MicroBatchPlan;

@@ -1,9 +1,10 @@
-//! Writing a checkpoint as `save_pretrained` does: one `model.safetensors`, or past
-//! `max_shard_bytes` shards `model-00001-of-0000N.safetensors` plus
+//! Writing a Hugging Face checkpoint as `save_pretrained` does (the Hub's "sharded"
+//! checkpoints; elsewhere in tessera a shard is a parquet data file or a rank's slice): one
+//! `model.safetensors`, or past `max_shard_bytes` files `model-00001-of-0000N.safetensors` plus
 //! `model.safetensors.index.json` (`{"metadata": {"total_size": bytes}, "weight_map": {key:
 //! file}}`), in a chosen float dtype (BF16 by default for exports).
 //!
-//! [`write_sharded`] streams: the shard plan and every file's header come from the tensors'
+//! [`write_hub_files`] streams: the shard plan and every file's header come from the tensors'
 //! names and shapes alone, then each tensor is asked for, written in 16 MiB pieces converted
 //! to the file's dtype, and dropped before the next one is asked for. Writing a model never
 //! holds more than one of its tensors (plus one piece). Each file is written as `NAME.tmp` and
@@ -41,8 +42,8 @@ fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> ModelError + '_ {
 
 /// Writes `tensors` into `dir` in `kind` (BFloat16, Half or Float), split into shards of at
 /// most `max_shard_bytes` (a tensor larger than that gets a shard of its own); returns the
-/// files written. The map's tensors are written as they are (see [`write_sharded`]).
-pub fn save_sharded(
+/// files written. The map's tensors are written as they are (see [`write_hub_files`]).
+pub fn save_hub_files(
     dir: &Path,
     tensors: &BTreeMap<String, Tensor>,
     kind: Kind,
@@ -52,16 +53,16 @@ pub fn save_sharded(
         .iter()
         .map(|(name, t)| (name.clone(), t.size()))
         .collect();
-    write_sharded(dir, &entries, kind, max_shard_bytes, |name| {
+    write_hub_files(dir, &entries, kind, max_shard_bytes, |name| {
         Ok::<_, ModelError>(tensors[name].shallow_clone())
     })
 }
 
 /// Writes the tensors `entries` names (key, shape; in this order) into `dir` in `kind`, shards
-/// as [`save_sharded`] plans them, asking `tensor(key)` for each one only when its bytes are
+/// as [`save_hub_files`] plans them, asking `tensor(key)` for each one only when its bytes are
 /// due (any float dtype, any device; its shape must be the entry's). Returns the files
 /// written: the weight files, then the index when there are several.
-pub fn write_sharded<E: From<ModelError>>(
+pub fn write_hub_files<E: From<ModelError>>(
     dir: &Path,
     entries: &[(String, Vec<i64>)],
     kind: Kind,
