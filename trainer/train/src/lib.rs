@@ -30,6 +30,7 @@ mod sharded_state;
 mod step;
 mod train_parts;
 mod validate;
+mod vocabulary;
 
 pub use checkpoint::{Checkpoint, CheckpointError, CheckpointMeta, ModelFingerprint, RankState};
 pub use checkpoint_pick::{Pick, ResumeRecord, Skipped};
