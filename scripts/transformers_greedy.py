@@ -7,7 +7,8 @@ INPUTS holds `prompt_ids` [P] (the image placeholder already expanded to image_s
 copies) and `pixel_values` [images, 3, S, S] (normalised as the SigLIP processor does). The
 export is loaded with `LlavaForConditionalGeneration.from_pretrained` in f32; any missing,
 unexpected or mismatched weight fails (exit 1, naming the keys). For each image, N tokens are
-generated greedily (KV cache) after the prompt; prints one JSON line {"tokens": [[...], ...]}.
+generated greedily (KV cache) after the prompt, whatever they are (no end token stops or is
+masked); prints one JSON line {"tokens": [[...], ...]}.
 trainer/train/tests/fsdp_vlm/llava.rs compares them with tessera's `Generator` on a full
 fine-tune's export. `.deps/hfvenv` is made by scripts/setup.sh.
 """
@@ -30,6 +31,8 @@ def main():
     if problems:
         sys.exit(f"{export}: transformers loads it with {problems}")
     model.eval()
+    # N tokens whatever they are: tessera's side generates without stop ids too.
+    model.generation_config.eos_token_id = None
     tensors = load_file(inputs)
     prompt = tensors["prompt_ids"].long().unsqueeze(0)
     out = []
@@ -40,7 +43,6 @@ def main():
                 attention_mask=torch.ones_like(prompt),
                 pixel_values=pixels.unsqueeze(0),
                 max_new_tokens=new_tokens,
-                min_new_tokens=new_tokens,
                 do_sample=False,
                 pad_token_id=0,
             )
