@@ -6,8 +6,10 @@
 //! tokenizer; stage 1 and stage 2 (`--train projector,lm`) train at W=2; FULL_SHARD and
 //! NO_SHARD give the same losses; the W=2 checkpoint resumes at W=1 to the same loss; the
 //! llava-hf export holds a `LlavaConfig` whose `text_config` is the family's; transformers loads
-//! it with no missing or unexpected weight and generates greedily the tokens tessera generates.
-//! And shards made with another tokenizer are refused before training, naming both.
+//! it with no missing or unexpected weight and generates greedily the tokens tessera generates,
+//! and its `LlavaProcessor` makes the prompt ids `tessera generate --image` makes (the image
+//! token, `<image>` for SmolLM2, expanded). And shards made with another tokenizer are refused
+//! before training, naming both.
 #![cfg(feature = "train")]
 use anyhow::{ensure, Context, Result};
 use std::path::Path;
@@ -31,7 +33,15 @@ fn train(f: &Fixture, stage: u8, out: &Path, extra: &[&str]) -> Command {
         .arg("--lm")
         .arg(&f.lm)
         .args(["--stage", &stage.to_string(), "--token-budget", "128"])
-        .args(["--seq-len", "128", "--recompute", "none", "--seed", "5", "--out"])
+        .args([
+            "--seq-len",
+            "128",
+            "--recompute",
+            "none",
+            "--seed",
+            "5",
+            "--out",
+        ])
         .arg(out)
         .args(extra);
     cmd
@@ -47,8 +57,16 @@ fn relative_diff(a: f64, b: f64) -> f64 {
 }
 
 /// Stage 2, the LM trained in full from stage 1's projector, on `nproc` ranks under
-/// `strategy`: two steps, a checkpoint after the first.
-fn stage2(f: &Fixture, stage1: &Path, out: &Path, strategy: &str, nproc: &str) -> Command {
+/// `strategy`: two steps, a checkpoint every `every` (0: at the end only; a full fine-tune of
+/// SmolLM2 checkpoints 1.6 GB of masters and moments).
+fn stage2(
+    f: &Fixture,
+    stage1: &Path,
+    out: &Path,
+    strategy: &str,
+    nproc: &str,
+    every: &str,
+) -> Command {
     let mut cmd = train(
         f,
         2,
@@ -63,7 +81,7 @@ fn stage2(f: &Fixture, stage1: &Path, out: &Path, strategy: &str, nproc: &str) -
             "--steps",
             "2",
             "--checkpoint-every",
-            "1",
+            every,
             "--strategy",
             strategy,
         ],
@@ -72,10 +90,19 @@ fn stage2(f: &Fixture, stage1: &Path, out: &Path, strategy: &str, nproc: &str) -
     cmd
 }
 
-/// Greedy tokens of the llava-hf export `export` for the first image sample's prompt of `f`'s
-/// shards: tessera's (the export read back, as `generate --model` reads it) and transformers'
-/// (`scripts/transformers_greedy.py`, which fails on any missing or unexpected weight).
-fn greedy_both(f: &Fixture, export: &Path, tokens: usize) -> Result<(Vec<i64>, Vec<i64>)> {
+/// What tessera and transformers make of the llava-hf export `export`, for the first image of
+/// `f`'s shards and the prompt `tessera generate --image` writes: tessera's greedy tokens (the
+/// export read back, as `generate --model` reads it) and its expanded prompt ids; transformers'
+/// greedy tokens (`scripts/transformers_greedy.py`, which fails on any missing or unexpected
+/// weight) and the prompt ids the export's own `LlavaProcessor` and chat template make.
+struct Greedy {
+    ours: Vec<i64>,
+    theirs: Vec<i64>,
+    prompt: Vec<i64>,
+    processor_prompt: Vec<i64>,
+}
+
+fn greedy_both(f: &Fixture, export: &Path, tokens: usize) -> Result<Greedy> {
     let model = tessera_train::load_export_model(export, Some(tessera_model::Dtype::F32))?;
     let captioner = model.into_captioner(&export.join("tokenizer.json"))?;
     let dataset = shards::Dataset::open(&f.shards)?;
@@ -85,8 +112,10 @@ fn greedy_both(f: &Fixture, export: &Path, tokens: usize) -> Result<(Vec<i64>, V
         .position(|m| m.kind == shards::Kind::Image)
         .context("an image sample")?;
     let sample = dataset.read(&[first as u64])?.remove(0);
-    let (prompt, _) = tessera_model::held_out_prompt(sample)?;
-    let mb = captioner.batches(vec![prompt])?.remove(0);
+    let image = sample.image.context("the image sample's bytes")?;
+    let prompt = captioner.prompt_ids(Some(tessera_model::DEFAULT_INSTRUCTION))?;
+    let sample = tessera_model::image_sample("first".into(), image, prompt);
+    let mb = captioner.batches(vec![sample])?.remove(0);
     let options = tessera_model::GenerateOptions {
         max_new_tokens: tokens,
         ..Default::default()
@@ -114,7 +143,12 @@ fn greedy_both(f: &Fixture, export: &Path, tokens: usize) -> Result<(Vec<i64>, V
     )?;
     let line: serde_json::Value = serde_json::from_slice(&out.stdout)?;
     let theirs: Vec<Vec<i64>> = serde_json::from_value(line["tokens"].clone())?;
-    Ok((ours, theirs.into_iter().next().context("one image")?))
+    Ok(Greedy {
+        ours,
+        theirs: theirs.into_iter().next().context("one image")?,
+        prompt: mb.input_ids.clone(),
+        processor_prompt: serde_json::from_value(line["processor_prompt_ids"].clone())?,
+    })
 }
 
 /// The whole job on `f` (see the module docs); `model_type` and `vocab_rows` are what the
@@ -124,9 +158,9 @@ fn whole_job(f: &Fixture, model_type: &str, vocab_rows: i64) -> Result<()> {
     run_ok(&mut train(f, 1, &stage1, &["--nproc", "2", "--steps", "1"]))?;
 
     let full = f.root.join("full_shard");
-    run_ok(&mut stage2(f, &stage1, &full, "full_shard", "2"))?;
+    run_ok(&mut stage2(f, &stage1, &full, "full_shard", "2", "1"))?;
     let ddp = f.root.join("no_shard");
-    run_ok(&mut stage2(f, &stage1, &ddp, "no_shard", "2"))?;
+    run_ok(&mut stage2(f, &stage1, &ddp, "no_shard", "2", "0"))?;
     let (a, b) = (losses(&full)?, losses(&ddp)?);
     ensure!(a.len() == 2 && b.len() == 2, "two steps each: {a:?} {b:?}");
     for ((step, x), (_, y)) in a.iter().zip(&b) {
@@ -136,11 +170,26 @@ fn whole_job(f: &Fixture, model_type: &str, vocab_rows: i64) -> Result<()> {
         );
     }
 
-    // The W=2 checkpoint of step 1, resumed at W=1: the same second step.
+    // The W=2 checkpoint of step 1, resumed at W=1: the same second step. The run's files are
+    // copied, the checkpoint linked (a resume only reads it).
     let resumed = f.root.join("resumed");
-    run_ok(Command::new("cp").arg("-r").arg(&full).arg(&resumed))?;
-    std::fs::remove_dir_all(resumed.join("checkpoints/step-00000002"))?;
-    let mut resume = stage2(f, &stage1, &resumed, "full_shard", "1");
+    std::fs::create_dir_all(resumed.join("checkpoints"))?;
+    for entry in std::fs::read_dir(&full)? {
+        let path = entry?.path();
+        if path.is_file() {
+            std::fs::copy(
+                &path,
+                resumed.join(path.file_name().context("a file name")?),
+            )?;
+        }
+    }
+    run_ok(
+        Command::new("cp")
+            .arg("-al")
+            .arg(full.join("checkpoints/step-00000001"))
+            .arg(resumed.join("checkpoints")),
+    )?;
+    let mut resume = stage2(f, &stage1, &resumed, "full_shard", "1", "1");
     run_ok(resume.arg("--resume"))?;
     let resumed_losses = losses(&resumed)?;
     let (want, got) = (a[1].1, resumed_losses.get(1).context("a second step")?.1);
@@ -178,10 +227,14 @@ fn whole_job(f: &Fixture, model_type: &str, vocab_rows: i64) -> Result<()> {
         config["image_token_index"],
         index["special_tokens"]["image"]
     );
-    let (ours, theirs) = greedy_both(f, &export, 6)?;
+    let greedy = greedy_both(f, &export, 6)?;
     assert_eq!(
-        ours, theirs,
+        greedy.ours, greedy.theirs,
         "{model_type}: greedy tokens, tessera vs transformers, on the export"
+    );
+    assert_eq!(
+        greedy.prompt, greedy.processor_prompt,
+        "{model_type}: the prompt of `generate --image` vs the export's LlavaProcessor"
     );
     Ok(())
 }
