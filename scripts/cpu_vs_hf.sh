@@ -30,8 +30,9 @@
 #                           with the older name hf_reference_step.py works too (e.g.
 #                           BENCH=../shared/bench, the reference the repo's were compared with)
 # Last line: "RATIO tessera/transformers median step <r> (<t> s / <h> s) ..." .
-# Needs: target/release/tessera (cargo build --release), python3, network to PyPI the first
-# time (a venv with torch 2.11 + transformers under data/hfvenv, git-ignored).
+# Needs: target/release/tessera (cargo build --release) and a Python with torch 2.11 +
+# transformers: .deps/hfvenv (scripts/setup.sh makes it), else one made under data/hfvenv
+# (git-ignored; network to PyPI the first time).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROUNDS=${1:-2}
@@ -63,6 +64,7 @@ HF_STEP=$BENCH/hf_train_step.py
 T=target/release/tessera
 W=data/cpu_vs_hf
 PY=data/hfvenv/bin/python
+[ -x .deps/hfvenv/bin/python ] && PY=.deps/hfvenv/bin/python
 mkdir -p "$W"
 say() { echo "cpu_vs_hf: $*" >&2; }
 [ -x "$T" ] || { say "build first: cargo build --release"; exit 1; }
@@ -88,20 +90,23 @@ if [ ! -f data/hub/qwen/model.safetensors ] || [ ! -f data/hub/siglip/model.safe
 fi
 MODELS=data/hub
 if [ "$SHAPE" = small ]; then
+  # The first 4 layers of each tower: configs and weights (tessera refuses a checkpoint holding
+  # tensors its config does not describe, so the weights are cut too, not linked whole).
   MODELS=data/hub_small
-  for m in siglip "$LM"; do
-    mkdir -p "$MODELS/$m"
-    ln -sf "../../hub/$m/model.safetensors" "$MODELS/$m/model.safetensors"
-  done
-  python3 - "$MODELS" "$LM" <<'PY'
-import json, sys
-out = sys.argv[1]
-s = json.load(open('data/hub/siglip/config.json'))
-s['vision_config']['num_hidden_layers'] = 4; s['text_config']['num_hidden_layers'] = 4
-json.dump(s, open(f'{out}/siglip/config.json', 'w'), indent=2)
-lm = sys.argv[2]
-q = json.load(open(f'data/hub/{lm}/config.json')); q['num_hidden_layers'] = 4
-json.dump(q, open(f'{out}/{lm}/config.json', 'w'), indent=2)
+  "$PY" - "$MODELS" "$LM" <<'PY'
+import json, os, re, sys
+from safetensors.torch import load_file, save_file
+out, lm = sys.argv[1], sys.argv[2]
+for name in ("siglip", lm):
+    os.makedirs(f"{out}/{name}", exist_ok=True)
+    config = json.load(open(f"data/hub/{name}/config.json"))
+    for tower in ([config["vision_config"], config["text_config"]] if name == "siglip" else [config]):
+        tower["num_hidden_layers"] = 4
+    json.dump(config, open(f"{out}/{name}/config.json", "w"), indent=2)
+    layer = re.compile(r"\.layers\.(\d+)\.")
+    kept = {k: v for k, v in load_file(f"data/hub/{name}/model.safetensors").items()
+            if not (m := layer.search(k)) or int(m.group(1)) < 4}
+    save_file(kept, f"{out}/{name}/model.safetensors", metadata={"format": "pt"})
 PY
 fi
 

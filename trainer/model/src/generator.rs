@@ -31,7 +31,7 @@ pub struct GenerateOptions {
     /// Nucleus: sample among the most likely tokens whose probabilities sum to `top_p`.
     pub top_p: f64,
     pub seed: u64,
-    /// Generation ends after emitting one of these (e.g. `<|endoftext|>`, `<|im_end|>`).
+    /// Generation ends after emitting one of these (the tokenizer's end of sequence, `<|im_end|>`).
     pub stop_ids: Vec<i64>,
     /// Cache keys and values (the default) or recompute the prefix at every step.
     pub kv_cache: bool,

@@ -361,11 +361,9 @@ fn write_processor(
     let im_end_id = (template == Template::Chatml)
         .then(|| loaded.token_to_id(IM_END))
         .flatten();
+    // The run's end of sequence, as the shards spell it (so `generate --model` resolves the
+    // same tokens as `generate --run`); generation_config.json lists every stop.
     let stop_ids = template.stop_ids(tokens, im_end_id);
-    let eos = match (template, im_end_id) {
-        (Template::Chatml, Some(_)) => IM_END,
-        _ => tokens.eos.text.as_str(),
-    };
     let pad = loaded
         .id_to_token(tokens.pad_id)
         .unwrap_or_else(|| tokens.eos.text.clone());
@@ -375,7 +373,7 @@ fn write_processor(
             "tokenizer_class": tokenizer_class(sources.lm_dir),
             "processor_class": "LlavaProcessor",
             "bos_token": null,
-            "eos_token": eos,
+            "eos_token": tokens.eos.text,
             "pad_token": pad,
             "unk_token": null,
             "extra_special_tokens": {"image_token": tokens.image.text},
