@@ -42,7 +42,7 @@ step "3/7 loader bench (300 images, 64 px, as the tiny vision tower reads them)"
 "$T" bench loader --quiet --shards "$RUN/shards" --limit 300 --image-size 64 --threads 2 | tail -n 1
 
 step "4/7 init-model tiny -> $RUN/model"
-"$T" init-model --quiet --preset tiny --out "$RUN/model"
+"$T" init-model --quiet --preset tiny --tokenizer "$TOKENIZER" --out "$RUN/model"
 
 common=(--shards "$RUN/shards" --vision "$RUN/model/vision" --lm "$RUN/model/lm" --nproc 2
   --token-budget 512 --seq-len 512 --loader-threads 1 --quiet

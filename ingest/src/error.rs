@@ -44,6 +44,10 @@ pub enum IngestError {
         token: String,
         template: String,
     },
+    #[error("{path}: chat template: {detail}")]
+    ChatTemplate { path: PathBuf, detail: String },
+    #[error("{dir}: {detail}")]
+    ModelFolder { dir: PathBuf, detail: String },
     #[error("record {id}: tokenizer failed")]
     Tokenize {
         id: String,

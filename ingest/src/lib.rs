@@ -9,9 +9,15 @@
 //! 3. one writer puts outcomes back in json order: samples go to `shard-NNNNN.parquet`,
 //!    rejections (id + reason) to `rejected.jsonl`; after each shard a journal makes the run
 //!    resumable; the tokenizer is copied beside them (`tokenizer.json`, so the shards carry
-//!    it to `train`'s run folder) and `index.json` is written last.
+//!    it to `train`'s run folder) and `index.json` is written last, recording the special
+//!    tokens the ids were made with (the tokenizer's own, `special_tokens.rs`).
+//!
+//! [`ModelTokenizer`] reads a language model folder's text side (tokenizer, its own chat
+//! template through [`ChatTemplate`], stop ids) for `tessera generate --lm`.
+mod chat_template;
 mod error;
 mod images;
+mod model_tokenizer;
 mod ordered_writer;
 mod probe;
 mod reason;
@@ -19,10 +25,13 @@ mod record;
 mod report;
 mod resume;
 mod run;
+mod special_tokens;
 mod template;
 mod workers;
 
+pub use chat_template::ChatTemplate;
 pub use error::IngestError;
+pub use model_tokenizer::ModelTokenizer;
 pub use reason::{Reason, Rejection};
 pub use report::Summary;
 pub use run::{run, IngestConfig};

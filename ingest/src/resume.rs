@@ -173,7 +173,7 @@ pub(crate) fn check_finished(
         return refuse_changes(dir, recorded, now, "the finished run");
     }
     let recorded = Settings {
-        tokenizer_fingerprint: manifest.tokenizer_fingerprint.clone(),
+        tokenizer_fingerprint: manifest.source_tokenizer_fingerprint().to_string(),
         template: manifest.template.clone(),
         json_records: manifest.ingest.records_read,
         verify: manifest.ingest.images_verified,

@@ -260,12 +260,15 @@ fn finalize(
         })?;
     shards::write_atomically(&dir.join(REPORT_FILE), &report_json)?;
     if summary.complete {
-        keep_tokenizer(config, encoder)?;
+        let kept = keep_tokenizer(config, encoder)?;
+        let added = !encoder.tokens.added.is_empty();
         let manifest = Manifest {
             format_version: FORMAT_VERSION,
-            tokenizer_fingerprint: encoder.fingerprint.clone(),
+            tokenizer_fingerprint: kept,
+            source_tokenizer_fingerprint: added.then(|| encoder.fingerprint.clone()),
             template: config.template.name().to_string(),
-            image_placeholder_id: encoder.image_pad_id,
+            image_placeholder_id: encoder.tokens.image.id,
+            special_tokens: Some(encoder.tokens.clone()),
             num_samples: state.shards.iter().map(|s| s.rows).sum(),
             shards: state.shards,
             ingest: state.report,
@@ -281,8 +284,9 @@ fn finalize(
 
 /// Copies the tokenizer the ids were made with beside index.json (before it is written), so the
 /// shards carry it: `train` keeps it in the run folder for export and generate. Refused if the
-/// file changed since the encoder loaded it (its sha256 is index.json's fingerprint).
-fn keep_tokenizer(config: &IngestConfig, encoder: &Encoder) -> Result<(), IngestError> {
+/// file changed since the encoder loaded it. With tokens added (`<image>`), the copy is the
+/// tokenizer with them. Returns the copy's sha256 (index.json's `tokenizer_fingerprint`).
+fn keep_tokenizer(config: &IngestConfig, encoder: &Encoder) -> Result<String, IngestError> {
     let bytes =
         std::fs::read(&config.tokenizer).map_err(|e| IngestError::io(&config.tokenizer, e))?;
     let found = hex::encode(Sha256::digest(&bytes));
@@ -295,8 +299,9 @@ fn keep_tokenizer(config: &IngestConfig, encoder: &Encoder) -> Result<(), Ingest
             ),
         });
     }
+    let bytes = encoder.tokenizer_json(bytes)?;
     shards::write_atomically(&config.out.join(TOKENIZER_FILE), &bytes)?;
-    Ok(())
+    Ok(hex::encode(Sha256::digest(&bytes)))
 }
 
 fn progress_bar(show: bool, total: u64) -> ProgressBar {

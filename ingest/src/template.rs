@@ -5,12 +5,16 @@
 //! a fresh tokenization of the rendered text) and a token is supervised when its first byte
 //! lies in such a range.
 //!
-//! Every image record holds exactly one `<image>` (in a human turn) and so exactly one
-//! `<|image_pad|>` id; text-only records hold none.
+//! Every image record holds exactly one `<image>` (in a human turn) and so exactly one image
+//! token id; text-only records hold none. The special tokens are the tokenizer's own
+//! (`special_tokens.rs`), and its post-processor decides whether a BOS leads the ids, as
+//! transformers' `tokenizer(text)` does.
 use crate::error::IngestError;
 use crate::reason::Reason;
 use crate::record::Record;
-use shards::chat::{Rendered, Role, IMAGE_PAD, IMAGE_TAG};
+use crate::special_tokens;
+use shards::chat::{Rendered, Role, IMAGE_TAG};
+use shards::SpecialTokens;
 use std::path::Path;
 
 pub use shards::chat::Template;
@@ -67,8 +71,12 @@ fn check_turns(record: &Record) -> Result<Vec<Role>, TemplateError> {
     }
 }
 
-/// Renders `record` with `template`, or says why it is rejected.
-pub(crate) fn render(template: Template, record: &Record) -> Result<Rendered, TemplateError> {
+/// Renders `record` with `template` and `tokens`, or says why it is rejected.
+pub(crate) fn render(
+    template: Template,
+    tokens: &SpecialTokens,
+    record: &Record,
+) -> Result<Rendered, TemplateError> {
     let roles = check_turns(record)?;
     let image = record.image.is_some();
     if template == Template::Plain && image && roles != [Role::User, Role::Assistant] {
@@ -82,7 +90,7 @@ pub(crate) fn render(template: Template, record: &Record) -> Result<Rendered, Te
         .zip(&record.conversations)
         .map(|(role, turn)| (role, turn.text.as_str()))
         .collect();
-    Ok(template.render(&turns, image))
+    Ok(template.render(&turns, image, tokens))
 }
 
 /// Token ids and label mask of a rendered record.
@@ -92,7 +100,7 @@ pub struct Tokenized {
     pub label_mask: Vec<bool>,
 }
 
-/// The tokenizer plus the ids the templates need; shared by all workers.
+/// The tokenizer plus the special tokens the templates write; shared by all workers.
 pub struct Encoder {
     tokenizer: tokenizers::Tokenizer,
     /// The same tokenizer without its normalizer, for all-ASCII text: Qwen's normalizer is
@@ -100,21 +108,59 @@ pub struct Encoder {
     /// Unicode composition pass (a tenth of the tokenizing time on captions) is skipped.
     ascii: tokenizers::Tokenizer,
     pub template: Template,
-    pub image_pad_id: u32,
-    /// Hex sha256 of tokenizer.json.
+    /// The tokenizer's special tokens (`<image>` added to it when it had no image token).
+    pub tokens: SpecialTokens,
+    /// Hex sha256 of the tokenizer.json given (before any token was added).
     pub fingerprint: String,
 }
 
 impl Encoder {
+    /// Loads the tokenizer at `path` (and the tokenizer_config.json beside it, when there is
+    /// one), resolves its special tokens, and checks it knows the template's markers.
     pub fn load(path: &Path, template: Template) -> Result<Self, IngestError> {
-        let (fingerprint, _) = shards::sha256_file(path)?;
-        let tokenizer = tokenizers::Tokenizer::from_file(path).map_err(|source| {
-            IngestError::LoadTokenizer {
-                path: path.to_path_buf(),
-                source,
+        let mut tokenizer = load_tokenizer(path)?;
+        let config = special_tokens::tokenizer_config(path)?;
+        let tokens = special_tokens::resolve(&mut tokenizer, config.as_ref(), path)?;
+        Self::new(path, tokenizer, template, tokens)
+    }
+
+    /// The tokenizer at `path` with the special tokens a dataset recorded (index.json's, a
+    /// run's): each must be the tokenizer's token of that id, so a tokenizer other than the
+    /// dataset's is refused.
+    pub fn with_tokens(
+        path: &Path,
+        template: Template,
+        tokens: SpecialTokens,
+    ) -> Result<Self, IngestError> {
+        let tokenizer = load_tokenizer(path)?;
+        let mut recorded = vec![&tokens.image, &tokens.eos];
+        if let Some((start, end)) = &tokens.image_frame {
+            recorded.extend([start, end]);
+        }
+        for token in recorded {
+            let found = tokenizer.token_to_id(&token.text);
+            if found != Some(token.id) {
+                return Err(IngestError::Tokenizer {
+                    path: path.to_path_buf(),
+                    detail: format!(
+                        "{} is {found:?} in it, but the dataset's ids say {}: not the \
+                         tokenizer the ids were made with",
+                        token.text, token.id
+                    ),
+                });
             }
-        })?;
-        for token in template.special_tokens() {
+        }
+        Self::new(path, tokenizer, template, tokens)
+    }
+
+    fn new(
+        path: &Path,
+        tokenizer: tokenizers::Tokenizer,
+        template: Template,
+        tokens: SpecialTokens,
+    ) -> Result<Self, IngestError> {
+        let (fingerprint, _) = shards::sha256_file(path)?;
+        for token in template.markers() {
             if tokenizer.token_to_id(token).is_none() {
                 return Err(IngestError::MissingToken {
                     path: path.to_path_buf(),
@@ -123,7 +169,6 @@ impl Encoder {
                 });
             }
         }
-        let image_pad_id = tokenizer.token_to_id(IMAGE_PAD).unwrap_or_default();
         let mut ascii = tokenizer.clone();
         if is_identity_on_ascii(tokenizer.get_normalizer()) {
             ascii.with_normalizer(None::<tokenizers::NormalizerWrapper>);
@@ -132,13 +177,37 @@ impl Encoder {
             tokenizer,
             ascii,
             template,
-            image_pad_id,
+            tokens,
             fingerprint,
         })
     }
 
-    /// Tokenizes rendered text; `Ok(Err(..))` rejects a record whose own text smuggles in a
-    /// `<|image_pad|>` (the placeholder count must equal the image count).
+    /// The tokenizer.json the ids are made with: `source` (the bytes of the file given) as
+    /// is, or, when tokens were added to it, the tokenizer with them, serialized.
+    pub fn tokenizer_json(&self, source: Vec<u8>) -> Result<Vec<u8>, IngestError> {
+        if self.tokens.added.is_empty() {
+            return Ok(source);
+        }
+        self.tokenizer
+            .to_string(true)
+            .map(String::into_bytes)
+            .map_err(|e| IngestError::Tokenizer {
+                path: "tokenizer.json".into(),
+                detail: format!(
+                    "cannot serialize it with {:?} added: {e}",
+                    self.tokens.added
+                ),
+            })
+    }
+
+    /// The ids of `text` as the tokenizer makes them (its post-processor adds a BOS when it
+    /// has one), without a label mask: a generation prompt.
+    pub fn encode_text(&self, text: &str) -> Result<Vec<u32>, tokenizers::Error> {
+        Ok(self.tokenizer.encode(text, true)?.get_ids().to_vec())
+    }
+
+    /// Tokenizes rendered text; `Ok(Err(..))` rejects a record whose own text smuggles in an
+    /// image token (the placeholder count must equal the image count).
     pub fn encode(
         &self,
         id: &str,
@@ -151,16 +220,14 @@ impl Encoder {
             &self.tokenizer
         };
         let encoding = tokenizer
-            .encode(rendered.text.as_str(), false)
+            .encode(rendered.text.as_str(), true)
             .map_err(|source| IngestError::Tokenize {
                 id: id.to_string(),
                 source,
             })?;
         let input_ids = encoding.get_ids().to_vec();
-        let pads = input_ids
-            .iter()
-            .filter(|&&t| t == self.image_pad_id)
-            .count();
+        let image = &self.tokens.image;
+        let pads = input_ids.iter().filter(|&&t| t == image.id).count();
         if pads != images {
             let reason = if images == 0 {
                 Reason::PlaceholderWithoutImage
@@ -169,7 +236,7 @@ impl Encoder {
             };
             return Ok(Err((
                 reason,
-                format!("{pads} {IMAGE_PAD} tokens for {images} images"),
+                format!("{pads} {} tokens for {images} images", image.text),
             )));
         }
         let label_mask = encoding
@@ -186,6 +253,13 @@ impl Encoder {
     pub fn tokenizer(&self) -> &tokenizers::Tokenizer {
         &self.tokenizer
     }
+}
+
+fn load_tokenizer(path: &Path) -> Result<tokenizers::Tokenizer, IngestError> {
+    tokenizers::Tokenizer::from_file(path).map_err(|source| IngestError::LoadTokenizer {
+        path: path.to_path_buf(),
+        source,
+    })
 }
 
 /// Whether a normalizer leaves ASCII text unchanged (none, or one of the Unicode normal

@@ -54,7 +54,7 @@ impl Worker {
                 format!("id {} appeared earlier in the json", record.id),
             );
         }
-        let rendered = match render(self.encoder.template, &record) {
+        let rendered = match render(self.encoder.template, &self.encoder.tokens, &record) {
             Ok(r) => r,
             Err((reason, detail)) => return reject(reason, detail),
         };

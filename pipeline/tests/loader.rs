@@ -6,8 +6,8 @@ use pipeline::{MicroBatch, MicroBatchPlan, IGNORE_INDEX};
 use shards::{Kind, Sample};
 use std::sync::Arc;
 
-const PH: u32 = shards::IMAGE_PAD_ID;
-const PAD: i64 = pipeline::loader::DEFAULT_PAD_ID as i64;
+const PH: u32 = 151_655;
+const PAD: i64 = 151_643;
 const N: i64 = IGNORE_INDEX;
 
 fn text_sample(id: &str, ids: &[u32], mask: &[bool]) -> Sample {

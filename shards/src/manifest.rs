@@ -4,6 +4,7 @@ use crate::atomic::write_atomically;
 use crate::error::ShardError;
 use crate::location::DatasetLocation;
 use crate::schema::{FORMAT_VERSION, OLDEST_READABLE_VERSION};
+use crate::special_tokens::SpecialTokens;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -97,8 +98,17 @@ pub struct Manifest {
     pub tokenizer_fingerprint: String,
     /// Chat template name (`plain` or `chatml`).
     pub template: String,
-    /// The `<|image_pad|>` id standing for one image in `input_ids`.
+    /// The image token's id standing for one image in `input_ids` (`special_tokens.image`).
     pub image_placeholder_id: u32,
+    /// The special tokens the ids were made with; `None` in index.json written before they
+    /// were recorded (see [`Manifest::special_tokens`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub special_tokens: Option<SpecialTokens>,
+    /// sha256 of the tokenizer.json ingest was given, when ingest added tokens to it (then the
+    /// copy beside index.json, whose sha256 is `tokenizer_fingerprint`, is that tokenizer
+    /// with the tokens added).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source_tokenizer_fingerprint: Option<String>,
     pub num_samples: u64,
     pub shards: Vec<ShardInfo>,
     pub ingest: IngestReport,
@@ -144,6 +154,22 @@ impl Manifest {
         Ok(manifest)
     }
 
+    /// The special tokens the ids were made with: those recorded, or for an index.json from
+    /// before they were, the Qwen tokens ingest then required.
+    pub fn special_tokens(&self) -> SpecialTokens {
+        self.special_tokens
+            .clone()
+            .unwrap_or_else(SpecialTokens::qwen_before_recorded)
+    }
+
+    /// sha256 of the tokenizer.json ingest was given (the language model's own, for a check
+    /// that shards and model share a vocabulary).
+    pub fn source_tokenizer_fingerprint(&self) -> &str {
+        self.source_tokenizer_fingerprint
+            .as_deref()
+            .unwrap_or(&self.tokenizer_fingerprint)
+    }
+
     /// Writes `DIR/index.json` atomically.
     pub fn save(&self, dir: &Path) -> Result<(), ShardError> {
         let text = serde_json::to_vec_pretty(self).map_err(|source| ShardError::Manifest {
@@ -164,6 +190,8 @@ mod tests {
             tokenizer_fingerprint: "t".into(),
             template: "plain".into(),
             image_placeholder_id: 7,
+            special_tokens: None,
+            source_tokenizer_fingerprint: None,
             num_samples: 0,
             shards: Vec::new(),
             ingest: IngestReport::default(),

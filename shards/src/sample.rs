@@ -9,7 +9,7 @@
 pub enum Kind {
     /// No image: `image` is null, `input_ids` holds no placeholder.
     Text = 0,
-    /// One image: `input_ids` holds exactly one `<|image_pad|>` placeholder.
+    /// One image: `input_ids` holds exactly one image token (the placeholder).
     Image = 1,
 }
 

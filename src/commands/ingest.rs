@@ -12,7 +12,9 @@ pub(crate) struct Args {
     /// Images root: a folder, or a .zip read in place (never extracted).
     #[arg(long)]
     images: PathBuf,
-    /// Qwen tokenizer.json.
+    /// The language model's tokenizer.json (its tokenizer_config.json beside it, when there is
+    /// one, names the end of sequence); the special tokens come from it, and a tokenizer
+    /// without an image token gets <image> added.
     #[arg(long)]
     tokenizer: PathBuf,
     /// Output directory (must be empty unless --resume), or a URL (s3://bucket/prefix, gs://,
@@ -23,7 +25,8 @@ pub(crate) struct Args {
     /// system temp dir, named after the URL, so --resume finds it; removed after the upload).
     #[arg(long)]
     staging: Option<PathBuf>,
-    /// Chat template: plain (LLaVA-Pretrain: <image> + caption) or chatml (Qwen2.5 multi-turn).
+    /// Chat template: plain (LLaVA-Pretrain: <image> + caption) or chatml (multi-turn ChatML,
+    /// for tokenizers with <|im_start|> and <|im_end|>).
     #[arg(long, default_value = "plain")]
     template: Template,
     /// Close a shard once it holds about this many bytes.

@@ -36,7 +36,7 @@ mod source;
 mod stats;
 mod worker;
 
-pub use config::{BadImagePolicy, LoaderConfig, LoaderConfigBuilder, ResizePolicy, DEFAULT_PAD_ID};
+pub use config::{BadImagePolicy, LoaderConfig, LoaderConfigBuilder, ResizePolicy};
 pub use error::LoaderError;
 pub use pool::Loader;
 pub use source::SampleSource;

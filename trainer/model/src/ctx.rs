@@ -5,11 +5,11 @@
 //! [`VlmCtx::ready`] joins them to the compute stream, so the trainer prepares micro-batch k+1
 //! while k computes; [`VlmCtx::new`] does both at once.
 use super::attention::{block_causal_mask, row_spans, Span};
-use super::config::{Qwen2Config, SiglipVisionConfig};
 use super::rope::rotary_tables;
 use super::side_stream::{pinned, SideUpload};
 use super::siglip;
 use super::varlen::{use_varlen, Varlen};
+use super::vlm::Vlm;
 use super::{ModelError, Result};
 use pipeline::{MicroBatch, IGNORE_INDEX};
 use std::sync::Mutex;
@@ -55,29 +55,19 @@ pub struct VlmCtx {
 }
 
 impl VlmCtx {
-    /// Validates `mb` against the model's configs and placeholder id (lengths, token ids,
-    /// image size, placeholder count) and builds the context on `device`, ready to use.
-    pub fn new(
-        mb: &MicroBatch,
-        vision: &SiglipVisionConfig,
-        lm: &Qwen2Config,
-        image_token_id: i64,
-        device: Device,
-    ) -> Result<Self> {
-        let mut ctx = Self::prepare(mb, vision, lm, image_token_id, device)?;
+    /// Validates `mb` against `vlm`'s configs and placeholder id (lengths, token ids, image
+    /// size, placeholder count) and builds the context on `device`, ready to use.
+    pub fn new(mb: &MicroBatch, vlm: &Vlm, device: Device) -> Result<Self> {
+        let mut ctx = Self::prepare(mb, vlm, device)?;
         ctx.ready()?;
         Ok(ctx)
     }
 
     /// [`Self::new`] with the uploads left in flight on a CUDA side stream: call
     /// [`Self::ready`] before the first unit runs on it. Same as `new` on the CPU.
-    pub fn prepare(
-        mb: &MicroBatch,
-        vision: &SiglipVisionConfig,
-        lm: &Qwen2Config,
-        image_token_id: i64,
-        device: Device,
-    ) -> Result<Self> {
+    pub fn prepare(mb: &MicroBatch, vlm: &Vlm, device: Device) -> Result<Self> {
+        let (vision, lm) = (&vlm.vision, &vlm.lm);
+        let image_token_id = vlm.options.image_token_id;
         let bad = |reason: String| ModelError::BadBatch {
             samples: mb.sample_ids.clone(),
             reason,
@@ -95,7 +85,8 @@ impl VlmCtx {
                 )));
             }
         }
-        let vocab = lm.vocab_size;
+        // The checkpoint's vocabulary and the tokens ingest added past it.
+        let vocab = lm.vocab_size + vlm.options.added_tokens;
         if let Some(id) = mb.input_ids.iter().find(|&&id| id < 0 || id >= vocab) {
             return Err(bad(format!(
                 "token id {id} is outside the vocabulary of {vocab}"

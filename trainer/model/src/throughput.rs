@@ -5,7 +5,7 @@
 //! f32 or in bf16 (every parameter bf16, the compute FSDP's bf16 precision runs), each next to
 //! the peak matmul rate of its own dtype.
 use super::init::{random_params, Preset, INIT_STD};
-use super::{Result, Vlm, VlmOptions};
+use super::{LmFamily, Result, Vlm, VlmOptions};
 use crate::Dtype;
 use pipeline::{MicroBatch, IGNORE_INDEX};
 use std::time::Instant;
@@ -111,7 +111,7 @@ pub fn measure_throughput(
 ) -> Result<ThroughputReport> {
     let kind = dtype.kind();
     tch::set_num_threads(threads);
-    let (vision, lm) = preset.configs();
+    let (vision, lm) = preset.configs(LmFamily::Qwen2);
     let vlm = Vlm::new(vision, lm, true, VlmOptions::default())?;
     let mut params = random_params(&vlm.param_specs(), 0, INIT_STD);
     for (name, t) in params.iter_mut() {

@@ -156,8 +156,9 @@ knobs! {
     shards: PathBuf = required("a directory written by `tessera ingest`"),
     /// SigLIP vision tower: a Hugging Face directory (config.json + safetensors).
     vision: PathBuf = required("a SigLIP Hugging Face directory"),
-    /// Qwen2 language model: a Hugging Face directory (config.json + safetensors).
-    lm: PathBuf = required("a Qwen2 Hugging Face directory"),
+    /// Language model: a Hugging Face directory (config.json + safetensors + tokenizer.json)
+    /// of model_type qwen2, qwen3 or llama.
+    lm: PathBuf = required("a Qwen2, Qwen3 or Llama Hugging Face directory"),
     /// 1: alignment (trains the projector); 2: instruction tuning (projector + LoRA unless
     /// --train says otherwise). The preset of --train and the learning rates.
     #[resume]

@@ -23,6 +23,7 @@ mod report;
 mod run;
 mod run_dir;
 mod run_tokenizer;
+mod vocabulary;
 
 // The CLI's and the tests' entry points, and the types their signatures name.
 pub use checkpoint::format::{Checkpoint, CheckpointError};

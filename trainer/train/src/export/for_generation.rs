@@ -29,6 +29,9 @@ pub struct GenerationModel {
     pub image_aspect_ratio: String,
     /// Hex sha256 of the tokenizer.json the run's shards were tokenized with (runs only).
     pub tokenizer_fingerprint: Option<String>,
+    /// The special tokens the run's shards were tokenized with (runs only; an export's
+    /// tokenizer folder says them itself).
+    pub special_tokens: Option<shards::SpecialTokens>,
     /// Checkpoint step (runs only).
     pub step: Option<u64>,
 }
@@ -42,7 +45,13 @@ impl GenerationModel {
             "pad" => ResizePolicy::Pad,
             _ => ResizePolicy::Squash,
         };
-        Captioner::new(self.generator, template, resize, tokenizer)
+        Captioner::new(
+            self.generator,
+            template,
+            resize,
+            tokenizer,
+            self.special_tokens,
+        )
     }
 }
 
@@ -67,6 +76,7 @@ pub fn load_run_model(run: &Path, dtype: Option<Dtype>) -> Result<GenerationMode
             train_lm: cfg.train.lm,
             train_vision: cfg.train.vision,
             loss_chunk: None,
+            added_tokens: description.added_tokens,
         },
     )?;
     let specs = vlm.param_specs();
@@ -97,12 +107,11 @@ pub fn load_run_model(run: &Path, dtype: Option<Dtype>) -> Result<GenerationMode
     )?;
     let kind = match dtype {
         Some(dtype) => dtype.kind(),
-        None => weights.source_kind(
-            specs
-                .iter()
-                .map(|s| s.name.as_str())
-                .filter(|n| !n.starts_with("mm_projector.") && !n.contains(".lora_")),
-        ),
+        None => weights.source_kind(specs.iter().map(|s| s.name.as_str()).filter(|n| {
+            !n.starts_with("mm_projector.")
+                && !n.starts_with("added_tokens.")
+                && !n.contains(".lora_")
+        })),
     };
     let mut params = ParamMap::new();
     for spec in &specs {
@@ -114,6 +123,7 @@ pub fn load_run_model(run: &Path, dtype: Option<Dtype>) -> Result<GenerationMode
         template: description.template.clone(),
         image_aspect_ratio: description.image_aspect_ratio.clone(),
         tokenizer_fingerprint: Some(description.tokenizer_fingerprint.clone()),
+        special_tokens: Some(description.special_tokens()),
         step: Some(ckpt.meta.step),
     })
 }
@@ -146,6 +156,7 @@ pub fn load_export_model(dir: &Path, dtype: Option<Dtype>) -> Result<GenerationM
         },
         image_aspect_ratio: "square".into(),
         tokenizer_fingerprint: None,
+        special_tokens: None,
         step: None,
     })
 }

@@ -11,25 +11,30 @@
 //! - the LoRA adapters merged into the LM (W + (alpha/r)·B·A, module by module), or with
 //!   `merge: false` left in `adapter/` as a PEFT adapter for the LLaVA model (keys under
 //!   `base_model.model.model.language_model.`, `target_modules` a regex restricted to the LM);
-//! - with a tokenizer: `tokenizer.json`, `tokenizer_config.json`, `chat_template.jinja` (the
-//!   run's template, `plain` or `chatml`, as Jinja that renders what `shards::chat` renders for
-//!   ingest and `tessera generate`), `processor_config.json`
-//!   (`<|image_pad|>` expanded to `image_seq_length` copies, as tessera's loader does),
+//! - the rows the LM appended for tokens ingest added (`<image>` past its vocabulary) written
+//!   after the embedding's (and an untied head's) own, `text_config.vocab_size` counting them;
+//! - with a tokenizer: `tokenizer.json` (the run's, `<image>` included when ingest added it),
+//!   `tokenizer_config.json` (the run's special tokens: end of sequence, padding; the LM's
+//!   own tokenizer class when its folder names one), `chat_template.jinja` (the run's
+//!   template, `plain` or `chatml`, as Jinja that renders what `shards::chat` renders for
+//!   ingest and `tessera generate`, with the same tokens), `processor_config.json` (the image
+//!   token, expanded to `image_seq_length` copies, as tessera's loader does),
 //!   `preprocessor_config.json` (SigLIP: bicubic resize to the tower's size, mean/std 0.5) and
-//!   `generation_config.json` (stop at `<|endoftext|>` / `<|im_end|>`).
+//!   `generation_config.json` (stop where `tessera generate` stops).
 use crate::export::run_weights::{initial_projector, RunWeights};
 use crate::export::{
     newest_complete_trained, stored_config, ExportError, TrainedTensors, VlmDescription,
 };
 use crate::run_dir::RunDir;
-use shards::chat::{END_OF_TEXT, IMAGE_PAD, IM_END, STOP_IDS};
+use shards::chat::{Template, IM_END};
+use shards::SpecialTokens;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use tch::Kind;
 use tessera_fsdp::{ParamMap, ParamSpec};
 use tessera_model::{
-    adapter_keys, export_specs, llava_config_json, llava_key, merge_weight, write_hub_files,
-    LoraConfig, ModelError, Vlm, VlmOptions, LLAVA_ADAPTER_DIR,
+    adapter_keys, added_rows_of, export_specs, llava_config_json, llava_key, merge_weight,
+    write_hub_files, LoraConfig, ModelError, Vlm, VlmOptions, LLAVA_ADAPTER_DIR,
 };
 
 /// How to write the export.
@@ -78,7 +83,11 @@ pub struct LlavaSources<'a> {
     /// ([`crate::export::TrainedTensors`] hold none then).
     pub initial_projector: Option<&'a ParamMap>,
     pub lora: Option<LoraConfig>,
-    pub image_token_id: i64,
+    /// The special tokens the run's shards were tokenized with (the image token's id is the
+    /// export's `image_token_index`).
+    pub tokens: &'a SpecialTokens,
+    /// Rows the LM appended for tokens ingest added (their tensors are among `trainable`).
+    pub added_tokens: i64,
     /// `plain` or `chatml`.
     pub template: &'a str,
 }
@@ -134,13 +143,15 @@ pub fn export_llava_hf(
         2 => description.lora.clone(),
         _ => None,
     };
+    let tokens = description.special_tokens();
     let sources = LlavaSources {
         vision_dir: &description.mm_vision_tower,
         lm_dir: &description.language_model,
         trainable: &trainable,
         initial_projector: initial.as_ref().map(|(p, _)| p),
         lora,
-        image_token_id: i64::from(description.image_token_id),
+        tokens: &tokens,
+        added_tokens: description.added_tokens,
         template: &description.template,
     };
     let mut report = write_llava_hf(&sources, out, &options)?;
@@ -161,8 +172,9 @@ pub fn write_llava_hf(
         sources.vision_dir,
         sources.lm_dir,
         VlmOptions {
-            image_token_id: sources.image_token_id,
+            image_token_id: i64::from(sources.tokens.image.id),
             lora: sources.lora.clone(),
+            added_tokens: sources.added_tokens,
             ..Default::default()
         },
     )?;
@@ -176,7 +188,8 @@ pub fn write_llava_hf(
     // A full fine-tune's LM and vision layers replace the directories' weights.
     let held: std::collections::HashSet<&str> = specs.values().map(|s| s.name.as_str()).collect();
     for name in sources.trainable.names() {
-        if !name.contains(".lora_") && !held.contains(name.as_str()) {
+        let appended = name.starts_with("added_tokens.");
+        if !name.contains(".lora_") && !appended && !held.contains(name.as_str()) {
             return Err(ExportError::Model(ModelError::InvalidConfig(format!(
                 "the checkpoint trained `{name}`, which the export does not hold"
             ))));
@@ -227,6 +240,21 @@ pub fn write_llava_hf(
                 }
                 _ => None,
             };
+            if let Some(rows) = added_rows_of(&vlm, &spec.name) {
+                // The checkpoint's rows, then the added tokens' (trained beside the projector).
+                let mut base = spec.shape.clone();
+                base[0] -= sources.added_tokens;
+                let w = weights.tensor(&spec.name, &base, Some(options.dtype))?;
+                let added = sources
+                    .trainable
+                    .get_as(rows, options.dtype)?
+                    .ok_or_else(|| {
+                        ExportError::Model(ModelError::InvalidConfig(format!(
+                            "the checkpoint holds no `{rows}`, the rows of the tokens ingest added"
+                        )))
+                    })?;
+                return Ok(tch::Tensor::cat(&[w, added], 0));
+            }
             match adapted {
                 Some((lora, a, b)) => {
                     let w = weights.tensor(&spec.name, &spec.shape, None)?;
@@ -250,7 +278,7 @@ pub fn write_llava_hf(
     );
     write_json(&out.join("config.json"), &config)?;
     if let Some(tokenizer) = &options.tokenizer {
-        write_processor(out, tokenizer, &vlm, sources.template)?;
+        write_processor(out, tokenizer, &vlm, sources)?;
     }
     Ok(LlavaHfReport {
         weight_files,
@@ -301,25 +329,54 @@ pub(crate) fn lm_target_regex(modules: &[String]) -> String {
     )
 }
 
+/// The LM folder's own tokenizer class (its tokenizer_config.json's `tokenizer_class`), else
+/// the class that reads any tokenizer.json.
+fn tokenizer_class(lm_dir: &Path) -> String {
+    let path = lm_dir.join("tokenizer_config.json");
+    std::fs::read_to_string(path)
+        .ok()
+        .and_then(|text| serde_json::from_str::<serde_json::Value>(&text).ok())
+        .and_then(|c| c.get("tokenizer_class")?.as_str().map(str::to_string))
+        .unwrap_or_else(|| "PreTrainedTokenizerFast".into())
+}
+
 fn write_processor(
     out: &Path,
     tokenizer: &Path,
     vlm: &Vlm,
-    template: &str,
+    sources: &LlavaSources,
 ) -> Result<(), ExportError> {
     let target = out.join("tokenizer.json");
     std::fs::copy(tokenizer, &target).map_err(io(tokenizer))?;
-    let chatml = template == "chatml";
-    let eos = if chatml { IM_END } else { END_OF_TEXT };
+    let tokens = sources.tokens;
+    let template: Template = sources
+        .template
+        .parse()
+        .map_err(|e: String| ExportError::Model(ModelError::InvalidConfig(e)))?;
+    let loaded = tokenizers::Tokenizer::from_file(tokenizer).map_err(|e| ExportError::Io {
+        path: tokenizer.to_path_buf(),
+        source: std::io::Error::other(e),
+    })?;
+    // What `tessera generate` stops at: a chatml turn ends with <|im_end|>.
+    let im_end_id = (template == Template::Chatml)
+        .then(|| loaded.token_to_id(IM_END))
+        .flatten();
+    // The run's end of sequence, as the shards spell it (so `generate --model` resolves the
+    // same tokens as `generate --run`); generation_config.json lists every stop.
+    let stop_ids = template.stop_ids(tokens, im_end_id);
+    let pad = loaded
+        .id_to_token(tokens.pad_id)
+        .unwrap_or_else(|| tokens.eos.text.clone());
     write_json(
         &out.join("tokenizer_config.json"),
         &serde_json::json!({
-            "tokenizer_class": "Qwen2Tokenizer",
+            "tokenizer_class": tokenizer_class(sources.lm_dir),
             "processor_class": "LlavaProcessor",
             "bos_token": null,
-            "eos_token": eos,
-            "pad_token": END_OF_TEXT,
+            "eos_token": tokens.eos.text,
+            "pad_token": pad,
             "unk_token": null,
+            "extra_special_tokens": {"image_token": tokens.image.text},
             "model_max_length": vlm.lm.max_position_embeddings,
             "add_prefix_space": false,
             "clean_up_tokenization_spaces": false,
@@ -328,17 +385,12 @@ fn write_processor(
         }),
     )?;
     let jinja = out.join("chat_template.jinja");
-    let text = if chatml {
-        CHATML_TEMPLATE
-    } else {
-        PLAIN_TEMPLATE
-    };
-    std::fs::write(&jinja, text).map_err(io(&jinja))?;
+    std::fs::write(&jinja, chat_template(template, tokens)).map_err(io(&jinja))?;
     write_json(
         &out.join("processor_config.json"),
         &serde_json::json!({
             "processor_class": "LlavaProcessor",
-            "image_token": IMAGE_PAD,
+            "image_token": tokens.image.text,
             "patch_size": vlm.vision.patch_size,
             "vision_feature_select_strategy": "full",
             "num_additional_image_tokens": 0,
@@ -364,32 +416,44 @@ fn write_processor(
     write_json(
         &out.join("generation_config.json"),
         &serde_json::json!({
-            "bos_token_id": STOP_IDS[0],
-            "eos_token_id": STOP_IDS,
-            "pad_token_id": STOP_IDS[0],
+            "bos_token_id": null,
+            "eos_token_id": stop_ids,
+            "pad_token_id": tokens.pad_id,
             "do_sample": false,
         }),
     )
 }
 
+/// The run's template as Jinja for transformers: [`PLAIN_TEMPLATE`] or [`CHATML_TEMPLATE`]
+/// with the run's tokens written in.
+fn chat_template(template: Template, tokens: &SpecialTokens) -> String {
+    match template {
+        Template::Plain => PLAIN_TEMPLATE
+            .replace("@IMAGE@", &tokens.image.text)
+            .replace("@EOS@", &tokens.eos.text),
+        Template::Chatml => CHATML_TEMPLATE.replace("@IMAGE@", &shards::chat::framed_image(tokens)),
+    }
+}
+
 /// LLaVA's `plain` template as `shards::chat::Template::Plain` renders it (ingest, generate): a
-/// user turn with an image becomes `<|image_pad|>` alone (its text dropped), other turns their
-/// text and `\n`; a finished conversation ends with `<|endoftext|>`. Jinja for transformers, so
-/// written out here; `tests::the_jinja_templates_render_what_shards_chat_renders` pins it.
+/// user turn with an image becomes the image token (`@IMAGE@`) alone (its text dropped), other
+/// turns their text and `\n`; a finished conversation ends with the end of sequence (`@EOS@`).
+/// Jinja for transformers, so written out here; `tests::the_jinja_templates_render_what_shards_chat_renders`
+/// renders it and compares.
 const PLAIN_TEMPLATE: &str = r#"{%- for message in messages -%}
 {%- if message['content'] is string -%}{%- set parts = [{'type': 'text', 'text': message['content']}] -%}{%- else -%}{%- set parts = message['content'] -%}{%- endif -%}
 {%- set images = parts | selectattr('type', 'equalto', 'image') | list -%}
-{%- if message['role'] != 'assistant' and images -%}{%- for _ in images -%}<|image_pad|>{%- endfor -%}
+{%- if message['role'] != 'assistant' and images -%}{%- for _ in images -%}@IMAGE@{%- endfor -%}
 {%- else -%}{%- for part in parts -%}{%- if part['type'] == 'text' -%}{{ part['text'] }}{%- endif -%}{%- endfor -%}{{ '\n' }}{%- endif -%}
 {%- endfor -%}
-{%- if not add_generation_prompt and messages and messages[-1]['role'] == 'assistant' -%}<|endoftext|>{%- endif -%}
+{%- if not add_generation_prompt and messages and messages[-1]['role'] == 'assistant' -%}@EOS@{%- endif -%}
 "#;
 
-/// ChatML as `shards::chat::Template::Chatml` renders it: an image is
-/// `<|vision_start|><|image_pad|><|vision_end|>`. See [`PLAIN_TEMPLATE`] on how it is checked.
+/// ChatML as `shards::chat::Template::Chatml` renders it: an image is the image token, framed
+/// when the tokenizer has Qwen's frame (`@IMAGE@`). See [`PLAIN_TEMPLATE`] on how it is checked.
 const CHATML_TEMPLATE: &str = r#"{%- for message in messages -%}
 {{- '<|im_start|>' + message['role'] + '\n' -}}
-{%- if message['content'] is string -%}{{- message['content'] -}}{%- else -%}{%- for part in message['content'] -%}{%- if part['type'] == 'image' -%}<|vision_start|><|image_pad|><|vision_end|>{%- elif part['type'] == 'text' -%}{{- part['text'] -}}{%- endif -%}{%- endfor -%}{%- endif -%}
+{%- if message['content'] is string -%}{{- message['content'] -}}{%- else -%}{%- for part in message['content'] -%}{%- if part['type'] == 'image' -%}@IMAGE@{%- elif part['type'] == 'text' -%}{{- part['text'] -}}{%- endif -%}{%- endfor -%}{%- endif -%}
 {{- '<|im_end|>\n' -}}
 {%- endfor -%}
 {%- if add_generation_prompt -%}{{- '<|im_start|>assistant\n' -}}{%- endif -%}
@@ -397,50 +461,51 @@ const CHATML_TEMPLATE: &str = r#"{%- for message in messages -%}
 
 #[cfg(test)]
 mod tests {
-    use super::{CHATML_TEMPLATE, PLAIN_TEMPLATE};
-    use shards::chat::{Role, Template, IMAGE_PAD, IM_END, IM_START, VISION_END, VISION_START};
+    use super::chat_template;
+    use shards::chat::{Role, Template};
+    use shards::{SpecialTokens, Token};
 
-    /// The canonical conversation: a user turn `[image, "\nWhat is shown?"]` (LLaVA's
-    /// `<image>\nWhat is shown?`) and the answer "A gradient.", and what each Jinja template
-    /// renders for it in transformers (jinja2 with transformers' `trim_blocks` and
-    /// `lstrip_blocks`; checked by hand): whole, and as a prompt (`add_generation_prompt`).
-    const JINJA_RENDERS: [(Template, &str, &str); 2] = [
-        (
-            Template::Plain,
-            "<|image_pad|>A gradient.\n<|endoftext|>",
-            "<|image_pad|>",
-        ),
-        (
-            Template::Chatml,
-            "<|im_start|>user\n<|vision_start|><|image_pad|><|vision_end|>\nWhat is shown?\
-             <|im_end|>\n<|im_start|>assistant\nA gradient.<|im_end|>\n",
-            "<|im_start|>user\n<|vision_start|><|image_pad|><|vision_end|>\nWhat is shown?\
-             <|im_end|>\n<|im_start|>assistant\n",
-        ),
-    ];
+    /// SmolLM2-Instruct's tokenizer with `<image>` added by ingest (no frame, `<|im_end|>` ends).
+    fn smollm2() -> SpecialTokens {
+        SpecialTokens {
+            image: Token::new("<image>", 49_152),
+            image_frame: None,
+            eos: Token::new("<|im_end|>", 2),
+            pad_id: 2,
+            added: vec!["<image>".into()],
+        }
+    }
 
+    /// Each exported Jinja template, rendered as transformers renders it (minijinja with
+    /// `trim_blocks` and `lstrip_blocks`, through ingest's `ChatTemplate`), gives what
+    /// `shards::chat` renders for ingest and generation: the whole conversation and the prompt,
+    /// with Qwen's tokens and with SmolLM2's.
     #[test]
-    fn the_jinja_templates_render_what_shards_chat_renders() {
+    fn the_jinja_templates_render_what_shards_chat_renders() -> anyhow::Result<()> {
         let question = (Role::User, "<image>\nWhat is shown?");
         let answered = [question, (Role::Assistant, "A gradient.")];
-        for (template, whole, prompt) in JINJA_RENDERS {
-            assert_eq!(template.render(&answered, true).text, whole, "{template:?}");
-            assert_eq!(template.generation_prompt(&[question], true), prompt);
+        // The same conversation as transformers' messages: the image as a content part.
+        let messages = serde_json::json!([
+            {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "\nWhat is shown?"}]},
+            {"role": "assistant", "content": [{"type": "text", "text": "A gradient."}]},
+        ]);
+        for tokens in [SpecialTokens::qwen_before_recorded(), smollm2()] {
+            for template in [Template::Plain, Template::Chatml] {
+                let jinja = ingest::ChatTemplate::new(
+                    chat_template(template, &tokens),
+                    None,
+                    None,
+                    std::path::Path::new("chat_template.jinja"),
+                )?;
+                let whole = jinja.render_json(&messages, false)?;
+                assert_eq!(whole, template.render(&answered, true, &tokens).text);
+                let prompt = jinja.render_json(&serde_json::json!([messages[0]]), true)?;
+                assert_eq!(
+                    prompt,
+                    template.generation_prompt(&[question], true, &tokens)
+                );
+            }
         }
-        // The Jinja spells the tokens `shards::chat` defines, in the same places.
-        for piece in [
-            format!("'{IM_START}' + message['role'] + '\\n'"),
-            format!("{VISION_START}{IMAGE_PAD}{VISION_END}"),
-            format!("'{IM_END}\\n'"),
-            format!("'{IM_START}{}\\n'", Role::Assistant.name()),
-        ] {
-            assert!(
-                CHATML_TEMPLATE.contains(&piece),
-                "chatml Jinja lacks {piece}"
-            );
-        }
-        for piece in Template::Plain.special_tokens() {
-            assert!(PLAIN_TEMPLATE.contains(piece), "plain Jinja lacks {piece}");
-        }
+        Ok(())
     }
 }

@@ -4,7 +4,8 @@
 //! damaged or unfinished ones are passed over and named, as a resume does) it writes
 //! - `mm_projector.safetensors`: the projector with LLaVA's keys (`mm_projector.0.weight`, ...):
 //!   the trained one, or for a run that did not train it (`--train lm`) the one it started from
-//!   (see [`initial_projector`]), which the report names;
+//!   (see [`initial_projector`]), which the report names; with it the rows the LM appended for
+//!   tokens ingest added (`added_tokens.*`), as LLaVA keeps new embeddings in mm_projector.bin;
 //! - `adapter/` (stage 2): `adapter_model.safetensors` + `adapter_config.json` in PEFT's format;
 //!   both in bf16 (as the Hub ships weights) unless `--dtype f32` asks for the masters as they are;
 //! - `lm/`, `vision/` (a full fine-tune): the source Hugging Face directory with every trained
@@ -28,7 +29,7 @@ use tch::{Kind, Tensor};
 use tessera_fsdp::ParamMap;
 use tessera_model::{
     load_safetensors, save_adapter_as, save_safetensors_as, write_hub_files, LoraConfig,
-    ModelError, Qwen2Config, SiglipVisionConfig, Vlm, VlmOptions, ADAPTER_CONFIG, HUB_SHARD_BYTES,
+    ModelError, Vlm, VlmOptions, ADAPTER_CONFIG, HUB_SHARD_BYTES,
 };
 
 /// File (in rank 0's checkpoint folder) holding the full trainable tensors, by HF key.
@@ -163,19 +164,23 @@ pub(crate) struct VlmDescription {
     pub projector_file: Option<String>,
     #[serde(default)]
     pub adapter_dir: Option<String>,
+    /// The special tokens the shards were tokenized with (`None` in runs from before they
+    /// were recorded, which used Qwen's: see [`VlmDescription::special_tokens`]).
+    #[serde(default)]
+    pub special_tokens: Option<shards::SpecialTokens>,
+    /// Rows the LM appended for tokens ingest added (`<image>`), trained with the projector.
+    #[serde(default)]
+    pub added_tokens: i64,
 }
 
 impl VlmDescription {
-    pub(crate) fn new(
-        cfg: &TrainConfig,
-        vision: &SiglipVisionConfig,
-        lm: &Qwen2Config,
-        manifest: &shards::Manifest,
-        lora: Option<LoraConfig>,
-    ) -> Self {
+    /// The run of `cfg` training `vlm` on the shards of `manifest`.
+    pub(crate) fn new(cfg: &TrainConfig, vlm: &Vlm, manifest: &shards::Manifest) -> Self {
         let abs = |p: &Path| std::fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf());
+        let (vision, lm) = (&vlm.vision, &vlm.lm);
+        let tokens = manifest.special_tokens();
         VlmDescription {
-            model_type: "llava_qwen2".into(),
+            model_type: format!("llava_{}", lm.family().model_type()),
             mm_vision_tower: abs(&cfg.vision),
             language_model: abs(&cfg.lm),
             mm_projector_type: "mlp2x_gelu".into(),
@@ -186,7 +191,7 @@ impl VlmDescription {
             image_size: vision.image_size,
             image_token_count: vision.num_patches(),
             image_token_id: manifest.image_placeholder_id,
-            image_token: shards::chat::IMAGE_PAD.into(),
+            image_token: tokens.image.text.clone(),
             image_aspect_ratio: match cfg.resize {
                 ResizePolicy::Squash => "square".into(),
                 ResizePolicy::Pad => "pad".into(),
@@ -194,11 +199,20 @@ impl VlmDescription {
             template: manifest.template.clone(),
             tokenizer_fingerprint: manifest.tokenizer_fingerprint.clone(),
             stage: cfg.stage.into(),
-            lora,
+            lora: vlm.options.lora.clone(),
             step: None,
             projector_file: None,
             adapter_dir: None,
+            special_tokens: Some(tokens),
+            added_tokens: vlm.options.added_tokens,
         }
+    }
+
+    /// The special tokens the run's shards were tokenized with.
+    pub(crate) fn special_tokens(&self) -> shards::SpecialTokens {
+        self.special_tokens
+            .clone()
+            .unwrap_or_else(shards::SpecialTokens::qwen_before_recorded)
     }
 
     pub(crate) fn save(&self, path: &Path) -> Result<(), ExportError> {
@@ -361,6 +375,10 @@ pub fn export_as(run: &Path, out: &Path, dtype: Dtype) -> Result<ExportReport, E
             ),
         });
     }
+    // The added tokens' rows (`<image>` past the LM's vocabulary) trained beside the
+    // projector: kept in the same file, as LLaVA keeps new embeddings in mm_projector.bin.
+    let mut projector = projector;
+    projector.append(&mut params.collect(|k| k.starts_with("added_tokens."))?);
     let projector_path = out.join(PROJECTOR_FILE);
     save_safetensors_as(&projector_path, &projector, dtype.kind())?;
     let adapter = match (cfg.stage, &vlm.lora) {

@@ -107,13 +107,7 @@ fn train_rank(
     let (s, init) = setup::build(&cfg, pg, mesh)?;
     let run = RunDir::new(&cfg.out);
     if s.rank == 0 {
-        let vlm_desc = VlmDescription::new(
-            &cfg,
-            &s.vlm.vision,
-            &s.vlm.lm,
-            s.dataset.manifest(),
-            s.vlm.options.lora.clone(),
-        );
+        let vlm_desc = VlmDescription::new(&cfg, &s.vlm, s.dataset.manifest());
         vlm_desc.save(&run.vlm())?;
         run.keep_tokenizer(&s.dataset)?;
     }
@@ -225,7 +219,7 @@ impl<'a> TrainLoop<'a> {
         let loader_cfg = LoaderConfig::builder()
             .image_size(s.vlm.vision.image_size as usize)
             .image_tokens(s.vlm.vision.num_patches() as usize)
-            .placeholder_id(s.dataset.manifest().image_placeholder_id)
+            .tokens(&s.dataset.manifest().special_tokens())
             .resize(cfg.resize)
             .threads(cfg.loader_threads)
             .on_bad_image(cfg.on_bad_image)

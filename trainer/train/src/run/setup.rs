@@ -7,12 +7,13 @@ use crate::config::{ConfigError, Device, TrainConfig};
 use crate::error::{io, TrainError};
 use crate::export::{TrainedTensors, TRAINABLE_FILE};
 use crate::run_dir::RunDir;
+use crate::vocabulary;
 use sha2::{Digest, Sha256};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 use tessera_fsdp::dist::{self, Backend, Mesh, ProcessGroup, RankEnv};
-use tessera_model::{save_safetensors, LoraConfig, Vlm, VlmInit, VlmOptions};
+use tessera_model::{save_safetensors, LmConfig, LoraConfig, Vlm, VlmInit, VlmOptions};
 
 /// A rank, ready to train.
 pub(crate) struct Setup {
@@ -253,8 +254,10 @@ fn init_projector_file(path: &Path, scratch: &Path) -> Result<PathBuf, TrainErro
     if ckpt.meta.format_version < 4 {
         return Ok(ckpt.rank_dir(0)?.join(TRAINABLE_FILE));
     }
-    let projector = TrainedTensors::open(&ckpt)?.collect(|k| k.starts_with("mm_projector."))?;
-    if projector.is_empty() {
+    // The projector, and the added tokens' rows (trained beside it) when the run had any.
+    let projector = TrainedTensors::open(&ckpt)?
+        .collect(|k| k.starts_with("mm_projector.") || k.starts_with("added_tokens."))?;
+    if !projector.keys().any(|k| k.starts_with("mm_projector.")) {
         return Err(ConfigError::Invalid {
             field: "init_projector",
             reason: format!(
@@ -312,13 +315,17 @@ pub(crate) fn build(
         lora_alpha: cfg.lora_alpha,
         ..LoraConfig::default()
     });
+    let manifest = dataset.manifest();
+    vocabulary::check_tokenizer(manifest, &cfg.shards, &cfg.lm, rank)?;
+    let lm = LmConfig::from_dir(&cfg.lm)?;
     let options = VlmOptions {
-        image_token_id: i64::from(dataset.manifest().image_placeholder_id),
+        image_token_id: i64::from(manifest.special_tokens().image.id),
         train_projector: cfg.train.projector,
         lora,
         train_lm: cfg.train.lm,
         train_vision: cfg.train.vision,
         loss_chunk: None,
+        added_tokens: vocabulary::added_rows(manifest, &cfg.shards, &lm)?,
     };
     let vlm = Vlm::from_dirs(&cfg.vision, &cfg.lm, options)?;
     if let Some(size) = cfg.image_size {

@@ -85,13 +85,7 @@ impl<'a> ShardedVlm<'a> {
     /// until [`Self::forward_backward`] uses the context, so the trainer prepares micro-batch
     /// k+1 before it runs k and the copies overlap k's compute.
     pub(crate) fn prepare(&self, mb: &MicroBatch) -> Result<VlmCtx, TrainError> {
-        Ok(VlmCtx::prepare(
-            mb,
-            &self.vlm.vision,
-            &self.vlm.lm,
-            self.vlm.options.image_token_id,
-            self.device,
-        )?)
+        Ok(VlmCtx::prepare(mb, self.vlm, self.device)?)
     }
 
     /// Forward and backward of one prepared micro-batch; gradients of `loss_sum * loss_scale`
@@ -164,13 +158,7 @@ impl<'a> ShardedVlm<'a> {
     /// The summed token loss of one micro-batch, forward only (no autograd, no gradients):
     /// validation. Every rank calls it with a micro-batch of the same kind.
     pub(crate) fn eval_loss(&mut self, mb: &MicroBatch) -> Result<f64, TrainError> {
-        let ctx = VlmCtx::new(
-            mb,
-            &self.vlm.vision,
-            &self.vlm.lm,
-            self.vlm.options.image_token_id,
-            self.device,
-        )?;
+        let ctx = VlmCtx::new(mb, self.vlm, self.device)?;
         let loss = self.fsdp.forward_loss(&ctx, &ctx.first_input())?;
         self.fsdp.take_times();
         Ok(loss)

@@ -1,12 +1,17 @@
-//! Qwen2 / Qwen2.5 causal LM (transformers `Qwen2ForCausalLM`): token embedding, decoder
+//! The decoder-only causal LM of every family tessera trains (transformers'
+//! `Qwen2ForCausalLM`, `Qwen3ForCausalLM` and `LlamaForCausalLM`): token embedding, decoder
 //! layers h = x + attn(rms(x)), out = h + down(silu(gate(rms(h))) · up(rms(h))) with RMSNorm in
-//! f32, RoPE (rotate_half), grouped-query attention, q/k/v bias and no o_proj bias; final
-//! RMSNorm and `lm_head` (tied to `model.embed_tokens.weight` when the checkpoint has no
-//! `lm_head.weight`). LoRA adapters (see [`super::lora`]) add to the seven linear layers.
+//! f32, RoPE (rotate_half), grouped-query attention; final RMSNorm and `lm_head` (tied to
+//! `model.embed_tokens.weight` when the config says so). The families differ only in the
+//! switches `LmConfig` reads from config.json (see `lm_config.rs`): which linear layers have a
+//! bias, and whether queries and keys go through a per-head RMSNorm (`q_norm`, `k_norm`,
+//! Qwen3) before RoPE; `head_dim` and the RoPE base come from the config too. LoRA adapters
+//! (see [`super::lora`]) add to the seven linear layers.
 use super::attention::{attend, attend_spans, Span};
-use super::config::{LoraConfig, Qwen2Config};
+use super::config::LoraConfig;
 use super::gemm;
 use super::keys::{KeyPath, LinearKeys};
+use super::lm_config::LmConfig;
 use super::lora;
 use super::param;
 use super::rope::apply_rotary;
@@ -14,39 +19,11 @@ use super::varlen::{attend_varlen, Varlen};
 use tch::{Kind, Tensor};
 use tessera_fsdp::{ParamMap, ParamSpec};
 
-pub(super) const EMBED: &str = "model.embed_tokens.weight";
-pub(super) const NORM: &str = "model.norm.weight";
-pub(super) const LM_HEAD: &str = "lm_head.weight";
-
 fn frozen(name: String, shape: Vec<i64>) -> ParamSpec {
     ParamSpec {
         name,
         shape,
         trainable: false,
-    }
-}
-
-pub(super) fn embed_specs(cfg: &Qwen2Config) -> Vec<ParamSpec> {
-    vec![frozen(EMBED.into(), vec![cfg.vocab_size, cfg.hidden_size])]
-}
-
-/// Final norm + output projection; with tied embeddings the projection is `EMBED` itself.
-pub(super) fn head_specs(cfg: &Qwen2Config, tied: bool) -> Vec<ParamSpec> {
-    vec![
-        frozen(NORM.into(), vec![cfg.hidden_size]),
-        frozen(
-            output_weight(tied).into(),
-            vec![cfg.vocab_size, cfg.hidden_size],
-        ),
-    ]
-}
-
-/// Name of the output projection the head reads.
-pub(super) fn output_weight(tied: bool) -> &'static str {
-    if tied {
-        EMBED
-    } else {
-        LM_HEAD
     }
 }
 
@@ -58,16 +35,19 @@ pub(crate) struct DecoderLayer {
     post_attention_layernorm: String,
     q_proj: LinearKeys,
     k_proj: LinearKeys,
+    /// Qwen3's per-head norms of queries and keys (`[head_dim]` each), applied before RoPE.
+    qk_norm: Option<(String, String)>,
     v_proj: LinearKeys,
     o_proj: LinearKeys,
     gate_proj: LinearKeys,
     up_proj: LinearKeys,
     down_proj: LinearKeys,
     hidden_size: i64,
+    head_dim: i64,
 }
 
 impl DecoderLayer {
-    pub(crate) fn new(cfg: &Qwen2Config, i: i64) -> Self {
+    pub(crate) fn new(cfg: &LmConfig, i: i64) -> Self {
         let d = cfg.hidden_size;
         let q = cfg.num_attention_heads * cfg.head_dim();
         let kv = cfg.kv_heads() * cfg.head_dim();
@@ -79,14 +59,21 @@ impl DecoderLayer {
             index: i,
             input_layernorm: (&p / "input_layernorm").key("weight"),
             post_attention_layernorm: (&p / "post_attention_layernorm").key("weight"),
-            q_proj: LinearKeys::new(&attn / "q_proj", q, d, true),
-            k_proj: LinearKeys::new(&attn / "k_proj", kv, d, true),
-            v_proj: LinearKeys::new(&attn / "v_proj", kv, d, true),
-            o_proj: LinearKeys::new(&attn / "o_proj", d, q, false),
-            gate_proj: LinearKeys::new(&mlp / "gate_proj", ff, d, false),
-            up_proj: LinearKeys::new(&mlp / "up_proj", ff, d, false),
-            down_proj: LinearKeys::new(&mlp / "down_proj", d, ff, false),
+            q_proj: LinearKeys::new(&attn / "q_proj", q, d, cfg.qkv_bias()),
+            k_proj: LinearKeys::new(&attn / "k_proj", kv, d, cfg.qkv_bias()),
+            qk_norm: cfg.qk_norm().then(|| {
+                (
+                    (&attn / "q_norm").key("weight"),
+                    (&attn / "k_norm").key("weight"),
+                )
+            }),
+            v_proj: LinearKeys::new(&attn / "v_proj", kv, d, cfg.qkv_bias()),
+            o_proj: LinearKeys::new(&attn / "o_proj", d, q, cfg.o_bias()),
+            gate_proj: LinearKeys::new(&mlp / "gate_proj", ff, d, cfg.mlp_bias()),
+            up_proj: LinearKeys::new(&mlp / "up_proj", ff, d, cfg.mlp_bias()),
+            down_proj: LinearKeys::new(&mlp / "down_proj", d, ff, cfg.mlp_bias()),
             hidden_size: d,
+            head_dim: cfg.head_dim(),
         }
     }
 
@@ -113,6 +100,10 @@ impl DecoderLayer {
         for linear in self.linears() {
             specs.extend(linear.specs(false));
         }
+        if let Some((q_norm, k_norm)) = &self.qk_norm {
+            specs.push(frozen(q_norm.clone(), vec![self.head_dim]));
+            specs.push(frozen(k_norm.clone(), vec![self.head_dim]));
+        }
         if let Some(lora) = lora {
             specs.extend(self.adapter_specs(lora));
         }
@@ -127,14 +118,14 @@ impl DecoderLayer {
     /// The layer over `x` `[rows, len, D]`.
     pub(crate) fn forward(
         &self,
-        cfg: &Qwen2Config,
+        cfg: &LmConfig,
         lora: Option<&LoraConfig>,
         params: &ParamMap,
         x: &Tensor,
         inputs: &LayerInputs,
     ) -> Tensor {
         let (rows, len, d) = x.size3().expect("decoder hidden is [rows, len, D]");
-        let (heads, kv_heads, hd) = (cfg.num_attention_heads, cfg.kv_heads(), cfg.head_dim());
+        let (heads, hd) = (cfg.num_attention_heads, cfg.head_dim());
         let i = self.index;
         let salt = |k: u64| ((i as u64) << 8 | k).wrapping_mul(0x9E37_79B9_7F4A_7C15);
         let lin = Linear {
@@ -145,18 +136,7 @@ impl DecoderLayer {
 
         let residual = x;
         let h = rms_norm(x, param(params, &self.input_layernorm), cfg.rms_norm_eps);
-        let q = lin
-            .apply(&h, &self.q_proj, salt(0))
-            .view([rows, len, heads, hd])
-            .transpose(1, 2);
-        let k = lin
-            .apply(&h, &self.k_proj, salt(1))
-            .view([rows, len, kv_heads, hd])
-            .transpose(1, 2);
-        let v = lin
-            .apply(&h, &self.v_proj, salt(2))
-            .view([rows, len, kv_heads, hd])
-            .transpose(1, 2);
+        let (q, k, v) = self.qkv(cfg, &lin, &h, salt);
         let q = apply_rotary(&q, inputs.cos, inputs.sin);
         let k = apply_rotary(&k, inputs.cos, inputs.sin);
         let attn = match (inputs.varlen, inputs.mask) {
@@ -182,13 +162,43 @@ impl DecoderLayer {
 }
 
 impl DecoderLayer {
+    /// Queries, keys and values `[rows, heads, len, head_dim]` of the normed hidden `h`
+    /// `[rows, len, D]`, before RoPE: each projected and split into heads, queries and keys
+    /// then through their per-head RMSNorm when the family has one (Qwen3). `salt(k)` seeds
+    /// the LoRA dropout of projection k (0 q, 1 k, 2 v).
+    fn qkv(
+        &self,
+        cfg: &LmConfig,
+        lin: &Linear,
+        h: &Tensor,
+        salt: impl Fn(u64) -> u64,
+    ) -> (Tensor, Tensor, Tensor) {
+        let (rows, len, _) = h.size3().expect("decoder hidden is [rows, len, D]");
+        let (heads, kv_heads, hd) = (cfg.num_attention_heads, cfg.kv_heads(), cfg.head_dim());
+        let split = |t: Tensor, n: i64| t.view([rows, len, n, hd]);
+        let q = split(lin.apply(h, &self.q_proj, salt(0)), heads);
+        let k = split(lin.apply(h, &self.k_proj, salt(1)), kv_heads);
+        let v = split(lin.apply(h, &self.v_proj, salt(2)), kv_heads);
+        let (q, k) = match &self.qk_norm {
+            Some((q_norm, k_norm)) => {
+                let eps = cfg.rms_norm_eps;
+                let q = rms_norm(&q, param(lin.params, q_norm), eps);
+                (q, rms_norm(&k, param(lin.params, k_norm), eps))
+            }
+            None => (q, k),
+        };
+        (q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
+    }
+}
+
+impl DecoderLayer {
     /// Inference over new tokens `x` `[1, len, D]` that follow the `kv.len()` tokens already
     /// cached (positions `kv.len()..kv.len() + len`, `(cos, sin)` built for those): the same
     /// computation as [`Self::forward`] on one unpacked sample, attending causally over the
     /// cached keys and values plus the new ones, which it appends to `kv`. No dropout.
     pub(crate) fn forward_cached(
         &self,
-        cfg: &Qwen2Config,
+        cfg: &LmConfig,
         lora: Option<&LoraConfig>,
         params: &ParamMap,
         x: &Tensor,
@@ -196,7 +206,7 @@ impl DecoderLayer {
         kv: &mut LayerKv,
     ) -> Tensor {
         let (rows, len, _) = x.size3().expect("decoder hidden is [1, len, D]");
-        let (heads, kv_heads, hd) = (cfg.num_attention_heads, cfg.kv_heads(), cfg.head_dim());
+        let (heads, hd) = (cfg.num_attention_heads, cfg.head_dim());
         let lin = Linear {
             params,
             lora,
@@ -204,10 +214,7 @@ impl DecoderLayer {
         };
         let residual = x;
         let h = rms_norm(x, param(params, &self.input_layernorm), cfg.rms_norm_eps);
-        let split = |t: Tensor, n: i64| t.view([rows, len, n, hd]).transpose(1, 2);
-        let q = split(lin.apply(&h, &self.q_proj, 0), heads);
-        let k = split(lin.apply(&h, &self.k_proj, 0), kv_heads);
-        let v = split(lin.apply(&h, &self.v_proj, 0), kv_heads);
+        let (q, k, v) = self.qkv(cfg, &lin, &h, |_| 0);
         let q = apply_rotary(&q, cos, sin);
         let k = apply_rotary(&k, cos, sin);
         let past = kv.len();
@@ -263,7 +270,7 @@ impl LayerKv {
 /// product is rounded to x's dtype once instead of twice, under one bf16 ulp apart): the
 /// unfused form's casts and elementwise kernels took about a tenth of a stage-1 step on an
 /// H100 (BENCHMARKS.md, GPU). The CPU keeps transformers' exact order of operations.
-pub(super) fn rms_norm(x: &Tensor, weight: &Tensor, eps: f64) -> Tensor {
+pub(crate) fn rms_norm(x: &Tensor, weight: &Tensor, eps: f64) -> Tensor {
     if x.device().is_cuda() {
         let last = x.size().last().copied().unwrap_or(1);
         return x.rms_norm([last], Some(weight), eps);
@@ -313,18 +320,6 @@ impl Linear<'_> {
             _ => base,
         }
     }
-}
-
-/// Token embeddings `[rows, len, D]` for `input_ids` `[rows, len]`.
-pub(super) fn embed(params: &ParamMap, input_ids: &Tensor) -> Tensor {
-    Tensor::embedding(param(params, EMBED), input_ids, -1, false, false)
-}
-
-/// Full logits `[.., vocab]` of final hidden states (for evaluation and tests; training uses
-/// the chunked loss in [`super::loss`]).
-pub(super) fn logits(cfg: &Qwen2Config, params: &ParamMap, tied: bool, hidden: &Tensor) -> Tensor {
-    let h = rms_norm(hidden, param(params, NORM), cfg.rms_norm_eps);
-    gemm::matmul(&h, &param(params, output_weight(tied)).tr())
 }
 
 #[cfg(test)]
