@@ -4,9 +4,9 @@
 //! as Jinja for transformers (`tessera-train`'s `llava_hf.rs`, checked against this file), and
 //! the loader pads rows with [`END_OF_TEXT_ID`].
 //!
-//! * `plain` (LLaVA-Pretrain, stage 1). An image conversation becomes `<|image_pad|>`, then
-//!   each assistant turn's text and `\n`; the user turns' text (the instruction) is dropped, as
-//!   in LLaVA. A text-only conversation is every turn's text followed by `\n`. Qwen's tokenizer
+//! * `plain` (LLaVA-Pretrain, stage 1). An image conversation becomes one `<|image_pad|>` per
+//!   image, then each assistant turn's text and `\n`; the user turns' text (the instruction)
+//!   is dropped, as in LLaVA. A text-only conversation is every turn's text followed by `\n`. Qwen's tokenizer
 //!   adds no BOS/EOS, so a finished conversation ends with `<|endoftext|>` (151643), which
 //!   teaches the model to stop. Supervised: the assistant turns (with their `\n`) and the
 //!   `<|endoftext|>`.
@@ -116,10 +116,11 @@ impl Template {
         }
     }
 
-    /// A whole conversation, as training sees it. `image`: the conversation comes with an
-    /// image (which `plain` renders as `<|image_pad|>` in place of the user turns).
-    pub fn render(self, turns: &[(Role, &str)], image: bool) -> Rendered {
-        let mut out = self.turns(turns, image);
+    /// A whole conversation, as training sees it. `images`: how many images come with it
+    /// (`plain` renders them as that many `<|image_pad|>` in place of the user turns; `chatml`
+    /// frames each `<image>` of the turns where it stands).
+    pub fn render(self, turns: &[(Role, &str)], images: usize) -> Rendered {
+        let mut out = self.turns(turns, images);
         if self == Template::Plain {
             out.push(END_OF_TEXT, true);
         }
@@ -129,22 +130,22 @@ impl Template {
     /// What the model continues from to answer `turns` (which end with a user turn): the
     /// turns as [`Template::render`] writes them, without the end of the conversation, then
     /// (`chatml`) the assistant's header. transformers' `add_generation_prompt`.
-    pub fn generation_prompt(self, turns: &[(Role, &str)], image: bool) -> String {
-        let mut out = self.turns(turns, image);
+    pub fn generation_prompt(self, turns: &[(Role, &str)], images: usize) -> String {
+        let mut out = self.turns(turns, images);
         if self == Template::Chatml {
             out.push(&chatml_header(Role::Assistant), false);
         }
         out.text
     }
 
-    fn turns(self, turns: &[(Role, &str)], image: bool) -> Rendered {
+    fn turns(self, turns: &[(Role, &str)], images: usize) -> Rendered {
         let mut out = Rendered {
             text: String::new(),
             supervised: Vec::new(),
         };
         match self {
-            Template::Plain if image => {
-                out.push(IMAGE_PAD, false);
+            Template::Plain if images > 0 => {
+                out.push(&IMAGE_PAD.repeat(images), false);
                 for (_, text) in turns.iter().filter(|(r, _)| *r == Role::Assistant) {
                     out.push(text, true);
                     out.push("\n", true);
@@ -208,7 +209,7 @@ mod tests {
             (Role::User, "<image>\nWhat is shown?"),
             (Role::Assistant, "A gradient."),
         ];
-        let r = Template::Chatml.render(&turns, true);
+        let r = Template::Chatml.render(&turns, 1);
         assert_eq!(
             r.text,
             "<|im_start|>user\n<|vision_start|><|image_pad|><|vision_end|>\nWhat is shown?\
@@ -222,15 +223,12 @@ mod tests {
         let question = [(Role::User, "<image>\nDescribe the image.")];
         let answered = [question[0], (Role::Assistant, "A red square.")];
         for template in [Template::Plain, Template::Chatml] {
-            let prompt = template.generation_prompt(&question, true);
-            let trained = template.render(&answered, true);
+            let prompt = template.generation_prompt(&question, 1);
+            let trained = template.render(&answered, 1);
             let answer_starts = trained.supervised[0].start;
             assert_eq!(prompt, trained.text[..answer_starts], "{template:?}");
         }
-        assert_eq!(
-            Template::Plain.generation_prompt(&question, true),
-            IMAGE_PAD
-        );
+        assert_eq!(Template::Plain.generation_prompt(&question, 1), IMAGE_PAD);
     }
 
     #[test]
@@ -239,12 +237,35 @@ mod tests {
             (Role::User, "<image>\nignored"),
             (Role::Assistant, "A cat."),
         ];
-        let r = Template::Plain.render(&turns, true);
+        let r = Template::Plain.render(&turns, 1);
         assert_eq!(r.text, "<|image_pad|>A cat.\n<|endoftext|>");
         assert_eq!(supervised(&r), "A cat.\n<|endoftext|>");
-        let text = Template::Plain.render(&[(Role::User, "Hi"), (Role::Assistant, "Yo")], false);
+        let text = Template::Plain.render(&[(Role::User, "Hi"), (Role::Assistant, "Yo")], 0);
         assert_eq!(text.text, "Hi\nYo\n<|endoftext|>");
         assert_eq!(supervised(&text), "Yo\n<|endoftext|>");
+    }
+
+    #[test]
+    fn plain_puts_one_placeholder_per_image_and_chatml_frames_each_tag_in_place() {
+        let turns = [
+            (Role::User, "<image>Left.<image>Right. Which is brighter?"),
+            (Role::Assistant, "The left."),
+        ];
+        let plain = Template::Plain.render(&turns, 2);
+        assert_eq!(
+            plain.text,
+            "<|image_pad|><|image_pad|>The left.\n<|endoftext|>"
+        );
+        assert_eq!(
+            Template::Plain.generation_prompt(&turns[..1], 2),
+            "<|image_pad|><|image_pad|>"
+        );
+        let framed = "<|vision_start|><|image_pad|><|vision_end|>";
+        let chatml = Template::Chatml.render(&turns, 2);
+        assert!(chatml.text.starts_with(&format!(
+            "<|im_start|>user\n{framed}Left.{framed}Right. Which is brighter?<|im_end|>\n"
+        )));
+        assert_eq!(supervised(&chatml), "The left.<|im_end|>");
     }
 
     #[test]

@@ -424,8 +424,8 @@ mod tests {
         let question = (Role::User, "<image>\nWhat is shown?");
         let answered = [question, (Role::Assistant, "A gradient.")];
         for (template, whole, prompt) in JINJA_RENDERS {
-            assert_eq!(template.render(&answered, true).text, whole, "{template:?}");
-            assert_eq!(template.generation_prompt(&[question], true), prompt);
+            assert_eq!(template.render(&answered, 1).text, whole, "{template:?}");
+            assert_eq!(template.generation_prompt(&[question], 1), prompt);
         }
         // The Jinja spells the tokens `shards::chat` defines, in the same places.
         for piece in [
