@@ -24,17 +24,22 @@ pub enum LoaderError {
         asked: usize,
         got: usize,
     },
-    /// An image could not be decoded (bad bytes, unsupported format).
-    #[error("sample {sample_id}: decoding its image")]
+    /// An image could not be decoded (bad bytes, unsupported format). `image` is its index
+    /// among the sample's `images`.
+    #[error("sample {sample_id}: decoding {}", which_image(*image, *images))]
     Decode {
         sample_id: String,
+        image: u32,
+        images: u32,
         #[source]
         source: DecodeError,
     },
     /// A decoded image could not be resized into its output.
-    #[error("sample {sample_id}: resizing its image")]
+    #[error("sample {sample_id}: resizing {}", which_image(*image, *images))]
     Resize {
         sample_id: String,
+        image: u32,
+        images: u32,
         #[source]
         source: ResizeError,
     },
@@ -63,6 +68,15 @@ pub enum LoaderError {
     Worker(String),
 }
 
+/// "its image" for a sample of one image, else "image 2 of 3" (counted from 1).
+fn which_image(image: u32, images: u32) -> String {
+    if images <= 1 {
+        "its image".into()
+    } else {
+        format!("image {} of {images}", image + 1)
+    }
+}
+
 impl LoaderError {
     /// The sample id this error is about, when there is one.
     pub fn sample_id(&self) -> Option<&str> {
@@ -83,7 +97,7 @@ impl LoaderError {
             LoaderError::Decode { .. }
                 | LoaderError::Resize { .. }
                 | LoaderError::Checksum {
-                    column: shards::col::IMAGE,
+                    column: shards::col::IMAGES,
                     ..
                 }
         )
@@ -113,6 +127,8 @@ mod tests {
         assert_cause_printed_once(read, "disk on fire");
         let decode = LoaderError::Decode {
             sample_id: "s-1".into(),
+            image: 0,
+            images: 1,
             source: DecodeError::TooManyPixels {
                 width: 20_000,
                 height: 20_000,
@@ -121,6 +137,8 @@ mod tests {
         assert_cause_printed_once(decode, "decompression bomb guard");
         let resize = LoaderError::Resize {
             sample_id: "s-2".into(),
+            image: 1,
+            images: 2,
             source: ResizeError::OutputLength { len: 7, size: 4 },
         };
         assert_cause_printed_once(resize, "output holds 7 bytes");
@@ -130,11 +148,25 @@ mod tests {
     fn with_causes_names_the_sample_and_the_cause() {
         let error = LoaderError::Decode {
             sample_id: "s-3".into(),
+            image: 0,
+            images: 1,
             source: DecodeError::UnknownFormat,
         };
         assert_eq!(
             shards::with_causes(&error),
             "sample s-3: decoding its image: not a JPEG, PNG or WebP (unknown magic bytes)"
+        );
+        let second = LoaderError::Decode {
+            sample_id: "s-4".into(),
+            image: 1,
+            images: 3,
+            source: DecodeError::UnknownFormat,
+        };
+        assert!(
+            second
+                .to_string()
+                .starts_with("sample s-4: decoding image 2 of 3"),
+            "{second}"
         );
         assert!(error.is_bad_image());
         assert_eq!(error.sample_id(), Some("s-3"));
