@@ -5,9 +5,13 @@
 //! a fresh tokenization of the rendered text) and a token is supervised when its first byte
 //! lies in such a range.
 //!
-//! Every image record holds exactly one `<image>` (in a human turn) and so exactly one
-//! `<|image_pad|>` id; text-only records hold none.
+//! A record holds one `<image>` (in a user or system turn) per image, taken by the images in
+//! order, and so one `<|image_pad|>` id per image; text-only records hold none. A count that
+//! differs is rejected as `image_placeholder_mismatch`; the `llava` layout keeps the names its
+//! one-image records were always rejected under (`missing_image_placeholder`,
+//! `multiple_image_placeholders`, `placeholder_without_image`).
 use crate::error::IngestError;
+use crate::layout::Format;
 use crate::reason::Reason;
 use crate::record::Record;
 use shards::chat::{Rendered, Role, IMAGE_PAD, IMAGE_TAG};
@@ -27,8 +31,26 @@ fn role_of(from: &str) -> Result<Role, TemplateError> {
     })
 }
 
+/// The reason for `tags` `<image>` tags against `images` images (they differ).
+fn mismatch(format: Format, images: usize, tags: usize) -> TemplateError {
+    let detail = format!("{tags} <image> tags for {images} images");
+    let reason = match (format, images, tags) {
+        (Format::Llava, 1, 0) => Reason::MissingImagePlaceholder,
+        (Format::Llava, 1, _) => Reason::MultipleImagePlaceholders,
+        (Format::Llava, 0, _) => Reason::PlaceholderWithoutImage,
+        _ => Reason::ImagePlaceholderMismatch,
+    };
+    let detail = match reason {
+        Reason::MissingImagePlaceholder => "image record without <image> in its turns".into(),
+        Reason::MultipleImagePlaceholders => format!("{tags} <image> tags for one image"),
+        Reason::PlaceholderWithoutImage => format!("{tags} <image> tags but no image"),
+        _ => detail,
+    };
+    (reason, detail)
+}
+
 /// Checks the turns: known roles, a non-empty gpt turn, and the `<image>` count.
-fn check_turns(record: &Record) -> Result<Vec<Role>, TemplateError> {
+fn check_turns(record: &Record, format: Format) -> Result<Vec<Role>, TemplateError> {
     let roles = record
         .conversations
         .iter()
@@ -50,39 +72,34 @@ fn check_turns(record: &Record) -> Result<Vec<Role>, TemplateError> {
         }
         tags += n;
     }
-    match (record.image.is_some(), tags) {
-        (true, 0) => Err((
-            Reason::MissingImagePlaceholder,
-            "image record without <image> in its turns".into(),
-        )),
-        (true, 1) | (false, 0) => Ok(roles),
-        (true, n) => Err((
-            Reason::MultipleImagePlaceholders,
-            format!("{n} <image> tags for one image"),
-        )),
-        (false, n) => Err((
-            Reason::PlaceholderWithoutImage,
-            format!("{n} <image> tags but no image"),
-        )),
+    let images = record.images.len();
+    if tags != images {
+        return Err(mismatch(format, images, tags));
     }
+    Ok(roles)
 }
 
-/// Renders `record` with `template`, or says why it is rejected.
-pub(crate) fn render(template: Template, record: &Record) -> Result<Rendered, TemplateError> {
-    let roles = check_turns(record)?;
-    let image = record.image.is_some();
-    if template == Template::Plain && image && roles != [Role::User, Role::Assistant] {
+/// Renders `record` with `template`, or says why it is rejected. Also returns each turn's
+/// role, which the shard stores by its canonical name (`user`, `assistant`, `system`).
+pub(crate) fn render(
+    template: Template,
+    record: &Record,
+    format: Format,
+) -> Result<(Rendered, Vec<Role>), TemplateError> {
+    let roles = check_turns(record, format)?;
+    let images = record.images.len();
+    if template == Template::Plain && images > 0 && roles != [Role::User, Role::Assistant] {
         return Err((
             Reason::BadConversation,
             "plain template needs one human turn and one gpt turn".into(),
         ));
     }
     let turns: Vec<(Role, &str)> = roles
-        .into_iter()
+        .iter()
         .zip(&record.conversations)
-        .map(|(role, turn)| (role, turn.text.as_str()))
+        .map(|(&role, turn)| (role, turn.text.as_str()))
         .collect();
-    Ok(template.render(&turns, image))
+    Ok((template.render(&turns, images), roles))
 }
 
 /// Token ids and label mask of a rendered record.
@@ -145,6 +162,17 @@ impl Encoder {
         rendered: &Rendered,
         images: usize,
     ) -> Result<Result<Tokenized, TemplateError>, IngestError> {
+        self.encode_as(id, rendered, images, Format::Llava)
+    }
+
+    /// [`Self::encode`], naming a placeholder mismatch as `format` does.
+    pub(crate) fn encode_as(
+        &self,
+        id: &str,
+        rendered: &Rendered,
+        images: usize,
+        format: Format,
+    ) -> Result<Result<Tokenized, TemplateError>, IngestError> {
         let tokenizer = if rendered.text.is_ascii() {
             &self.ascii
         } else {
@@ -162,10 +190,10 @@ impl Encoder {
             .filter(|&&t| t == self.image_pad_id)
             .count();
         if pads != images {
-            let reason = if images == 0 {
-                Reason::PlaceholderWithoutImage
-            } else {
-                Reason::MultipleImagePlaceholders
+            let reason = match (format, images) {
+                (Format::Llava, 0) => Reason::PlaceholderWithoutImage,
+                (Format::Llava, 1) => Reason::MultipleImagePlaceholders,
+                _ => Reason::ImagePlaceholderMismatch,
             };
             return Ok(Err((
                 reason,
