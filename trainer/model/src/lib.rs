@@ -66,7 +66,7 @@ pub use lora::{
     adapter_keys, init_adapters, load_adapter, merge_adapters, merge_weight, save_adapter,
     save_adapter_as, ADAPTER_CONFIG, ADAPTER_WEIGHTS,
 };
-pub use loss::{chunked_cross_entropy_sum, full_cross_entropy_sum};
+pub use loss::{chunked_cross_entropy, chunked_cross_entropy_sum, full_cross_entropy_sum};
 pub use sharded::{save_sharded, write_sharded, HUB_SHARD_BYTES};
 pub use source::VlmInit;
 #[cfg(feature = "bench")]
