@@ -13,6 +13,7 @@ mod checkpoint;
 mod checkpoint_pick;
 mod checkpoint_save;
 mod config;
+mod data;
 mod error;
 mod export;
 mod layout;

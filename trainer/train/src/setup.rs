@@ -3,6 +3,7 @@
 //! checked against, and the per-parameter peak learning rates.
 use super::checkpoint::ModelFingerprint;
 use super::config::{ConfigError, Device, TrainConfig};
+use super::data::TrainData;
 use super::error::{io, TrainError};
 use super::export::{TrainedTensors, TRAINABLE_FILE};
 use super::run_dir::RunDir;
@@ -20,7 +21,7 @@ pub(super) struct Setup {
     pub mesh: Option<Mesh>,
     pub rank: usize,
     pub world_size: usize,
-    pub dataset: Arc<shards::Dataset>,
+    pub data: TrainData,
     pub samples: Vec<shards::SampleMeta>,
     pub vlm: Arc<Vlm>,
     pub model_fingerprint: ModelFingerprint,
@@ -261,9 +262,9 @@ fn init_projector_file(path: &Path, scratch: &Path) -> Result<PathBuf, TrainErro
     Ok(scratch.to_path_buf())
 }
 
-/// `--shards` as a local directory or a URL with its cache (`--cache-dir`, `--cache-limit`).
-fn dataset_location(cfg: &TrainConfig) -> Result<shards::DatasetLocation, TrainError> {
-    let spec = cfg.shards.to_string_lossy();
+/// A shard set of `--shards` (the folder or URL itself, or a mixture file's source) as a
+/// location, a URL with its cache (`--cache-dir`, `--cache-limit`).
+fn dataset_location(cfg: &TrainConfig, spec: &str) -> Result<shards::DatasetLocation, TrainError> {
     let limit = remote::parse_size(&cfg.cache_limit).map_err(|e| ConfigError::Invalid {
         field: "cache_limit",
         reason: e.to_string(),
@@ -274,7 +275,7 @@ fn dataset_location(cfg: &TrainConfig) -> Result<shards::DatasetLocation, TrainE
         .or_else(|| tessera_switches::Switches::get().cache_dir.clone())
         .unwrap_or_else(|| RunDir::new(&cfg.out).shard_cache());
     let cache = remote::CacheConfig { dir, limit };
-    let location = remote::open_location(&spec, Some(&cache)).map_err(shards::ShardError::from)?;
+    let location = remote::open_location(spec, Some(&cache)).map_err(shards::ShardError::from)?;
     Ok(location)
 }
 
@@ -286,8 +287,10 @@ pub(super) fn build(
     mesh: Option<Mesh>,
 ) -> Result<(Setup, VlmInit), TrainError> {
     let (rank, world_size) = (pg.rank(), pg.world_size());
-    let dataset = shards::Dataset::open_at(&dataset_location(cfg)?)?;
-    let samples = dataset.metadata()?;
+    let data = TrainData::open(&cfg.shards.to_string_lossy(), &|spec| {
+        dataset_location(cfg, spec)
+    })?;
+    let samples = data.metadata()?;
     if samples.is_empty() {
         return Err(ConfigError::Invalid {
             field: "shards",
@@ -301,7 +304,7 @@ pub(super) fn build(
         ..LoraConfig::default()
     });
     let options = VlmOptions {
-        image_token_id: i64::from(dataset.manifest().image_placeholder_id),
+        image_token_id: i64::from(data.manifest().image_placeholder_id),
         train_projector: cfg.train.projector,
         lora,
         train_lm: cfg.train.lm,
@@ -344,7 +347,7 @@ pub(super) fn build(
         mesh,
         rank,
         world_size,
-        dataset: Arc::new(dataset),
+        data,
         samples,
         vlm: Arc::new(vlm),
         model_fingerprint,
