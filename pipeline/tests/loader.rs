@@ -434,10 +434,7 @@ fn with_corrupt_samples() -> Result<Vec<Sample>> {
 
 #[test]
 fn a_checksum_mismatch_fails_under_fail_naming_the_sample_and_column() -> Result<()> {
-    for (index, id, column) in [
-        (1, "flipped-img", "images"),
-        (2, "flipped-ids", "input_ids"),
-    ] {
+    for (index, id, column) in [(1, "flipped-img", "image"), (2, "flipped-ids", "input_ids")] {
         let source: Arc<dyn SampleSource> = Arc::new(with_corrupt_samples()?);
         let cfg = LoaderConfig::builder()
             .threads(1)

@@ -78,8 +78,21 @@ pub struct Sample {
 pub struct ChecksumMismatch {
     /// The checked column: [`crate::col::INPUT_IDS`] or [`crate::col::IMAGES`].
     pub column: &'static str,
+    /// For an image: which of the sample's images (from 0), and how many it holds.
+    pub image: Option<(u32, u32)>,
     pub stored: u32,
     pub computed: u32,
+}
+
+impl ChecksumMismatch {
+    /// What failed, for messages: `input_ids`, `image` (a sample of one), `image 2 of 3`.
+    pub fn what(&self) -> String {
+        match self.image {
+            Some((k, n)) if n > 1 => format!("image {} of {n}", k + 1),
+            Some(_) => "image".into(),
+            None => self.column.into(),
+        }
+    }
 }
 
 impl Sample {
@@ -87,21 +100,23 @@ impl Sample {
     /// mismatch always comes with sound tokens), then each image's bytes in order. A checksum
     /// that is absent (format-1 shards' token ids) is not checked.
     pub fn checksum_mismatch(&self) -> Option<ChecksumMismatch> {
-        let check = |column, stored: Option<u32>, computed: &dyn Fn() -> u32| {
+        let check = |column, image, stored: Option<u32>, computed: &dyn Fn() -> u32| {
             let stored = stored?;
             let computed = computed();
             (computed != stored).then_some(ChecksumMismatch {
                 column,
+                image,
                 stored,
                 computed,
             })
         };
-        check(crate::col::INPUT_IDS, self.input_ids_crc32c, &|| {
+        check(crate::col::INPUT_IDS, None, self.input_ids_crc32c, &|| {
             crate::input_ids_crc32c(&self.input_ids)
         })
         .or_else(|| {
-            self.images.iter().find_map(|image| {
-                check(crate::col::IMAGES, image.crc32c, &|| {
+            let n = self.num_images();
+            self.images.iter().zip(0..).find_map(|(image, k)| {
+                check(crate::col::IMAGES, Some((k, n)), image.crc32c, &|| {
                     crc32c::crc32c(&image.bytes)
                 })
             })

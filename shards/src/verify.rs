@@ -234,7 +234,7 @@ pub(crate) fn check_row(s: &Sample) -> Option<String> {
         ));
     }
     if let Some(m) = s.checksum_mismatch() {
-        let (column, stored, computed) = (m.column, m.stored, m.computed);
+        let (column, stored, computed) = (m.what(), m.stored, m.computed);
         return Some(format!("{column} crc32c {stored} != {computed} computed"));
     }
     match (s.kind, s.images.len()) {

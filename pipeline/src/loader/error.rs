@@ -46,14 +46,17 @@ pub enum LoaderError {
     /// A sample's image bytes or token ids do not match the crc32c written at ingest: the
     /// shard changed on disk. Handled like an undecodable image (the bad-image policy).
     #[error(
-        "{at} (sample {sample_id}): {column} fails its crc32c (stored {stored:08x}, computed \
-         {computed:08x}): the shard is corrupt on disk; `tessera shards verify` checks every row"
+        "{at} (sample {sample_id}): {} fails its crc32c (stored {stored:08x}, computed \
+         {computed:08x}): the shard is corrupt on disk; `tessera shards verify` checks every row",
+        checked(column, *image)
     )]
     Checksum {
         /// Shard file and row (`shard-00003.parquet row 17`), or the global index.
         at: String,
         sample_id: String,
         column: &'static str,
+        /// For an image: which (from 0) of how many.
+        image: Option<(u32, u32)>,
         stored: u32,
         computed: u32,
     },
@@ -66,6 +69,17 @@ pub enum LoaderError {
     /// A worker thread died (a bug: workers do not panic on input data).
     #[error("loader worker thread stopped unexpectedly: {0}")]
     Worker(String),
+}
+
+/// What a checksum covers: `input_ids`, `image` (a sample of one), `image 2 of 3`.
+fn checked(column: &'static str, image: Option<(u32, u32)>) -> String {
+    let mismatch = shards::ChecksumMismatch {
+        column,
+        image,
+        stored: 0,
+        computed: 0,
+    };
+    mismatch.what()
 }
 
 /// "its image" for a sample of one image, else "image 2 of 3" (counted from 1).

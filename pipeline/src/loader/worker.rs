@@ -145,6 +145,7 @@ impl Worker {
             at: self.source.locate(index),
             sample_id: sample.id.clone(),
             column: m.column,
+            image: m.image,
             stored: m.stored,
             computed: m.computed,
         })
