@@ -112,9 +112,13 @@ fn greedy_both(f: &Fixture, export: &Path, tokens: usize) -> Result<Greedy> {
         .position(|m| m.kind == shards::Kind::Image)
         .context("an image sample")?;
     let sample = dataset.read(&[first as u64])?.remove(0);
-    let image = sample.image.context("the image sample's bytes")?;
-    let prompt = captioner.prompt_ids(Some(tessera_model::DEFAULT_INSTRUCTION))?;
-    let sample = tessera_model::image_sample("first".into(), image, prompt);
+    let image = sample
+        .images
+        .into_iter()
+        .next()
+        .context("the image sample's bytes")?;
+    let prompt = captioner.prompt_ids(Some(tessera_model::DEFAULT_INSTRUCTION), 1)?;
+    let sample = tessera_model::image_sample("first".into(), vec![image.bytes], prompt);
     let mb = captioner.batches(vec![sample])?.remove(0);
     let options = tessera_model::GenerateOptions {
         max_new_tokens: tokens,

@@ -54,7 +54,7 @@ fn a_flipped_image_bit_in_a_shard_stops_training_naming_shard_row_and_sample() -
             shard.to_string(),
             row,
             sample.id,
-            sample.image.context("an image")?,
+            sample.images.into_iter().next().context("an image")?.bytes,
         )
     };
     // One bit in the middle of the stored JPEG: it still decodes, only the checksum can tell.

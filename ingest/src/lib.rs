@@ -1,11 +1,16 @@
-//! LLaVA json + images (folder or zip) -> tessera shards.
+//! LLaVA / LLaVA-OneVision json + images (folder or zip), or Hugging Face `datasets` parquet
+//! with the images inside (the_cauldron and FineVision's `images` + `texts`, TRL's `messages`)
+//! -> tessera shards.
 //!
 //! An ingest run ([`run`]):
-//! 1. maps the json and splits it into records (a syntax error stops the run, naming the byte
-//!    offset); a reader thread parses them in order and marks repeated ids;
-//! 2. worker threads check each record's conversation, render the chat template, refuse unsafe
-//!    image paths, fetch the image (folder or zip, read in place), probe its header (format,
-//!    size, pixel limit), decode it unless `verify` is off, and tokenize;
+//! 1. opens the input in its layout ([`Format`], detected or given: `layout/`): a json is
+//!    mapped and split into records (a syntax error stops the run, naming the byte offset),
+//!    parquet files are read a row group at a time; a reader thread turns rows into records in
+//!    order and marks repeated ids;
+//! 2. worker threads check each record's conversation (one `<image>` per image), render the
+//!    chat template, refuse unsafe image paths, fetch each image (folder or zip read in place,
+//!    or the bytes embedded in the parquet), probe its header (format, size, pixel limit),
+//!    decode it unless `verify` is off, and tokenize;
 //! 3. one writer puts outcomes back in json order: samples go to `shard-NNNNN.parquet`,
 //!    rejections (id + reason) to `rejected.jsonl`; after each shard a journal makes the run
 //!    resumable; the tokenizer is copied beside them (`tokenizer.json`, so the shards carry
@@ -17,6 +22,7 @@
 mod chat_template;
 mod error;
 mod images;
+mod layout;
 mod model_tokenizer;
 mod ordered_writer;
 mod probe;
@@ -31,6 +37,7 @@ mod workers;
 
 pub use chat_template::ChatTemplate;
 pub use error::IngestError;
+pub use layout::Format;
 pub use model_tokenizer::ModelTokenizer;
 pub use reason::{Reason, Rejection};
 pub use report::Summary;

@@ -5,11 +5,15 @@
 //! a fresh tokenization of the rendered text) and a token is supervised when its first byte
 //! lies in such a range.
 //!
-//! Every image record holds exactly one `<image>` (in a human turn) and so exactly one image
-//! token id; text-only records hold none. The special tokens are the tokenizer's own
-//! (`special_tokens.rs`), and its post-processor decides whether a BOS leads the ids, as
-//! transformers' `tokenizer(text)` does.
+//! A record holds one `<image>` (in a user or system turn) per image, taken by the images in
+//! order, and so one image token id per image; text-only records hold none. A count that
+//! differs is rejected as `image_placeholder_mismatch`; the `llava` layout keeps the names its
+//! one-image records were always rejected under (`missing_image_placeholder`,
+//! `multiple_image_placeholders`, `placeholder_without_image`). The special tokens are the
+//! tokenizer's own (`special_tokens.rs`), and its post-processor decides whether a BOS leads
+//! the ids, as transformers' `tokenizer(text)` does.
 use crate::error::IngestError;
+use crate::layout::Format;
 use crate::reason::Reason;
 use crate::record::Record;
 use crate::special_tokens;
@@ -31,8 +35,26 @@ fn role_of(from: &str) -> Result<Role, TemplateError> {
     })
 }
 
+/// The reason for `tags` `<image>` tags against `images` images (they differ).
+fn mismatch(format: Format, images: usize, tags: usize) -> TemplateError {
+    let detail = format!("{tags} <image> tags for {images} images");
+    let reason = match (format, images, tags) {
+        (Format::Llava, 1, 0) => Reason::MissingImagePlaceholder,
+        (Format::Llava, 1, _) => Reason::MultipleImagePlaceholders,
+        (Format::Llava, 0, _) => Reason::PlaceholderWithoutImage,
+        _ => Reason::ImagePlaceholderMismatch,
+    };
+    let detail = match reason {
+        Reason::MissingImagePlaceholder => "image record without <image> in its turns".into(),
+        Reason::MultipleImagePlaceholders => format!("{tags} <image> tags for one image"),
+        Reason::PlaceholderWithoutImage => format!("{tags} <image> tags but no image"),
+        _ => detail,
+    };
+    (reason, detail)
+}
+
 /// Checks the turns: known roles, a non-empty gpt turn, and the `<image>` count.
-fn check_turns(record: &Record) -> Result<Vec<Role>, TemplateError> {
+fn check_turns(record: &Record, format: Format) -> Result<Vec<Role>, TemplateError> {
     let roles = record
         .conversations
         .iter()
@@ -54,43 +76,35 @@ fn check_turns(record: &Record) -> Result<Vec<Role>, TemplateError> {
         }
         tags += n;
     }
-    match (record.image.is_some(), tags) {
-        (true, 0) => Err((
-            Reason::MissingImagePlaceholder,
-            "image record without <image> in its turns".into(),
-        )),
-        (true, 1) | (false, 0) => Ok(roles),
-        (true, n) => Err((
-            Reason::MultipleImagePlaceholders,
-            format!("{n} <image> tags for one image"),
-        )),
-        (false, n) => Err((
-            Reason::PlaceholderWithoutImage,
-            format!("{n} <image> tags but no image"),
-        )),
+    let images = record.images.len();
+    if tags != images {
+        return Err(mismatch(format, images, tags));
     }
+    Ok(roles)
 }
 
-/// Renders `record` with `template` and `tokens`, or says why it is rejected.
+/// Renders `record` with `template` and `tokens`, or says why it is rejected. Also returns each turn's
+/// role, which the shard stores by its canonical name (`user`, `assistant`, `system`).
 pub(crate) fn render(
     template: Template,
     tokens: &SpecialTokens,
     record: &Record,
-) -> Result<Rendered, TemplateError> {
-    let roles = check_turns(record)?;
-    let image = record.image.is_some();
-    if template == Template::Plain && image && roles != [Role::User, Role::Assistant] {
+    format: Format,
+) -> Result<(Rendered, Vec<Role>), TemplateError> {
+    let roles = check_turns(record, format)?;
+    let images = record.images.len();
+    if template == Template::Plain && images > 0 && roles != [Role::User, Role::Assistant] {
         return Err((
             Reason::BadConversation,
             "plain template needs one human turn and one gpt turn".into(),
         ));
     }
     let turns: Vec<(Role, &str)> = roles
-        .into_iter()
+        .iter()
         .zip(&record.conversations)
-        .map(|(role, turn)| (role, turn.text.as_str()))
+        .map(|(&role, turn)| (role, turn.text.as_str()))
         .collect();
-    Ok(template.render(&turns, image, tokens))
+    Ok((template.render(&turns, images, tokens), roles))
 }
 
 /// Token ids and label mask of a rendered record.
@@ -214,6 +228,17 @@ impl Encoder {
         rendered: &Rendered,
         images: usize,
     ) -> Result<Result<Tokenized, TemplateError>, IngestError> {
+        self.encode_as(id, rendered, images, Format::Llava)
+    }
+
+    /// [`Self::encode`], naming a placeholder mismatch as `format` does.
+    pub(crate) fn encode_as(
+        &self,
+        id: &str,
+        rendered: &Rendered,
+        images: usize,
+        format: Format,
+    ) -> Result<Result<Tokenized, TemplateError>, IngestError> {
         let tokenizer = if rendered.text.is_ascii() {
             &self.ascii
         } else {
@@ -229,10 +254,10 @@ impl Encoder {
         let image = &self.tokens.image;
         let pads = input_ids.iter().filter(|&&t| t == image.id).count();
         if pads != images {
-            let reason = if images == 0 {
-                Reason::PlaceholderWithoutImage
-            } else {
-                Reason::MultipleImagePlaceholders
+            let reason = match (format, images) {
+                (Format::Llava, 0) => Reason::PlaceholderWithoutImage,
+                (Format::Llava, 1) => Reason::MultipleImagePlaceholders,
+                _ => Reason::ImagePlaceholderMismatch,
             };
             return Ok(Err((
                 reason,

@@ -329,6 +329,17 @@ impl RemoteFiles for ObjectFiles {
         Ok(read?)
     }
 
+    fn size(&self, name: &str) -> Result<u64, ShardError> {
+        match self.stored_size(name)? {
+            Some(size) => Ok(size),
+            None => Err(RemoteError::Invalid {
+                url: self.url_of(name),
+                detail: "no such object".into(),
+            }
+            .into()),
+        }
+    }
+
     fn list(&self) -> Result<Vec<String>, ShardError> {
         if !self.can_list {
             tracing::warn!(url = %self.url, "plain HTTP cannot list a directory; not checked for unlisted shards");

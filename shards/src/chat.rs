@@ -5,9 +5,9 @@
 //! tokens they write are the dataset's own ([`SpecialTokens`], resolved from its tokenizer by
 //! ingest and kept in index.json), never one model's constants.
 //!
-//! * `plain` (LLaVA-Pretrain, stage 1). An image conversation becomes the image token, then
-//!   each assistant turn's text and `\n`; the user turns' text (the instruction) is dropped, as
-//!   in LLaVA. A text-only conversation is every turn's text followed by `\n`. A finished
+//! * `plain` (LLaVA-Pretrain, stage 1). An image conversation becomes one image token per
+//!   image, then each assistant turn's text and `\n`; the user turns' text (the instruction)
+//!   is dropped, as in LLaVA. A text-only conversation is every turn's text followed by `\n`. A finished
 //!   conversation ends with the tokenizer's end of sequence (`eos`: Qwen2.5's
 //!   `<|endoftext|>`, SmolLM2-Instruct's `<|im_end|>`), which teaches the model to stop.
 //!   Supervised: the assistant turns (with their `\n`) and the end token.
@@ -107,10 +107,11 @@ impl Template {
         ids
     }
 
-    /// A whole conversation, as training sees it. `image`: the conversation comes with an
-    /// image (which `plain` renders as the image token in place of the user turns).
-    pub fn render(self, turns: &[(Role, &str)], image: bool, tokens: &SpecialTokens) -> Rendered {
-        let mut out = self.turns(turns, image, tokens);
+    /// A whole conversation, as training sees it. `images`: how many images come with it
+    /// (`plain` renders them as that many image tokens in place of the user turns; `chatml`
+    /// frames each `<image>` of the turns where it stands).
+    pub fn render(self, turns: &[(Role, &str)], images: usize, tokens: &SpecialTokens) -> Rendered {
+        let mut out = self.turns(turns, images, tokens);
         if self == Template::Plain {
             out.push(&tokens.eos.text, true);
         }
@@ -123,24 +124,24 @@ impl Template {
     pub fn generation_prompt(
         self,
         turns: &[(Role, &str)],
-        image: bool,
+        images: usize,
         tokens: &SpecialTokens,
     ) -> String {
-        let mut out = self.turns(turns, image, tokens);
+        let mut out = self.turns(turns, images, tokens);
         if self == Template::Chatml {
             out.push(&chatml_header(Role::Assistant), false);
         }
         out.text
     }
 
-    fn turns(self, turns: &[(Role, &str)], image: bool, tokens: &SpecialTokens) -> Rendered {
+    fn turns(self, turns: &[(Role, &str)], images: usize, tokens: &SpecialTokens) -> Rendered {
         let mut out = Rendered {
             text: String::new(),
             supervised: Vec::new(),
         };
         match self {
-            Template::Plain if image => {
-                out.push(&tokens.image.text, false);
+            Template::Plain if images > 0 => {
+                out.push(&tokens.image.text.repeat(images), false);
                 for (_, text) in turns.iter().filter(|(r, _)| *r == Role::Assistant) {
                     out.push(text, true);
                     out.push("\n", true);
@@ -229,7 +230,7 @@ mod tests {
             (Role::User, "<image>\nWhat is shown?"),
             (Role::Assistant, "A gradient."),
         ];
-        let r = Template::Chatml.render(&turns, true, &qwen());
+        let r = Template::Chatml.render(&turns, 1, &qwen());
         assert_eq!(
             r.text,
             "<|im_start|>user\n<|vision_start|><|image_pad|><|vision_end|>\nWhat is shown?\
@@ -237,7 +238,7 @@ mod tests {
         );
         assert_eq!(supervised(&r), "A gradient.<|im_end|>");
         // A tokenizer without Qwen's frame: the image token alone.
-        let r = Template::Chatml.render(&turns, true, &smollm2());
+        let r = Template::Chatml.render(&turns, 1, &smollm2());
         assert_eq!(
             r.text,
             "<|im_start|>user\n<image>\nWhat is shown?<|im_end|>\n<|im_start|>assistant\n\
@@ -251,13 +252,13 @@ mod tests {
         let answered = [question[0], (Role::Assistant, "A red square.")];
         for tokens in [qwen(), smollm2()] {
             for template in [Template::Plain, Template::Chatml] {
-                let prompt = template.generation_prompt(&question, true, &tokens);
-                let trained = template.render(&answered, true, &tokens);
+                let prompt = template.generation_prompt(&question, 1, &tokens);
+                let trained = template.render(&answered, 1, &tokens);
                 let answer_starts = trained.supervised[0].start;
                 assert_eq!(prompt, trained.text[..answer_starts], "{template:?}");
             }
             assert_eq!(
-                Template::Plain.generation_prompt(&question, true, &tokens),
+                Template::Plain.generation_prompt(&question, 1, &tokens),
                 tokens.image.text
             );
         }
@@ -269,17 +270,14 @@ mod tests {
             (Role::User, "<image>\nignored"),
             (Role::Assistant, "A cat."),
         ];
-        let r = Template::Plain.render(&turns, true, &qwen());
+        let r = Template::Plain.render(&turns, 1, &qwen());
         assert_eq!(r.text, "<|image_pad|>A cat.\n<|endoftext|>");
         assert_eq!(supervised(&r), "A cat.\n<|endoftext|>");
-        let text = Template::Plain.render(
-            &[(Role::User, "Hi"), (Role::Assistant, "Yo")],
-            false,
-            &qwen(),
-        );
+        let text =
+            Template::Plain.render(&[(Role::User, "Hi"), (Role::Assistant, "Yo")], 0, &qwen());
         assert_eq!(text.text, "Hi\nYo\n<|endoftext|>");
         assert_eq!(supervised(&text), "Yo\n<|endoftext|>");
-        let r = Template::Plain.render(&turns, true, &smollm2());
+        let r = Template::Plain.render(&turns, 1, &smollm2());
         assert_eq!(r.text, "<image>A cat.\n<|im_end|>");
     }
 
@@ -292,6 +290,29 @@ mod tests {
         );
         // SmolLM2's eos is <|im_end|> itself: listed once.
         assert_eq!(Template::Chatml.stop_ids(&smollm2(), Some(2)), [2]);
+    }
+
+    #[test]
+    fn plain_puts_one_placeholder_per_image_and_chatml_frames_each_tag_in_place() {
+        let turns = [
+            (Role::User, "<image>Left.<image>Right. Which is brighter?"),
+            (Role::Assistant, "The left."),
+        ];
+        let plain = Template::Plain.render(&turns, 2, &qwen());
+        assert_eq!(
+            plain.text,
+            "<|image_pad|><|image_pad|>The left.\n<|endoftext|>"
+        );
+        assert_eq!(
+            Template::Plain.generation_prompt(&turns[..1], 2, &qwen()),
+            "<|image_pad|><|image_pad|>"
+        );
+        let framed = "<|vision_start|><|image_pad|><|vision_end|>";
+        let chatml = Template::Chatml.render(&turns, 2, &qwen());
+        assert!(chatml.text.starts_with(&format!(
+            "<|im_start|>user\n{framed}Left.{framed}Right. Which is brighter?<|im_end|>\n"
+        )));
+        assert_eq!(supervised(&chatml), "The left.<|im_end|>");
     }
 
     #[test]

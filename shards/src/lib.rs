@@ -1,4 +1,4 @@
-//! tessera's shard format (schema v2): parquet files `shard-00000.parquet`, ... one row per
+//! tessera's shard format (schema v3, any number of images per sample; v1 and v2 still read): parquet files `shard-00000.parquet`, ... one row per
 //! sample, plus `index.json` written last (its presence means every listed shard is complete).
 //!
 //! 1. [`ShardWriter`] writes one shard: row groups bounded by rows and bytes, a temporary name,
@@ -33,16 +33,16 @@ mod writer;
 
 pub use atomic::{temp_path, write_atomically, write_atomically_with};
 pub use error::{with_causes, ShardError};
-pub use location::{DatasetLocation, RemoteFiles};
+pub use location::{DatasetLocation, FetchedRanges, RemoteFiles};
 pub use manifest::{
     shard_file_name, IngestReport, IngestSettings, Manifest, RowGroupInfo, ShardInfo, INDEX_FILE,
     TOKENIZER_FILE,
 };
 pub use reader::{fingerprint_of, Dataset};
-pub use sample::{ChecksumMismatch, Kind, Sample, SampleMeta, Turn};
+pub use sample::{ChecksumMismatch, Image, Kind, Sample, SampleMeta, Turn};
 pub use schema::{
-    col, input_ids_crc32c, samples_to_batch, schema_for, schema_v1, schema_v2, FORMAT_VERSION,
-    OLDEST_READABLE_VERSION,
+    col, input_ids_crc32c, samples_to_batch, samples_to_batch_v2, schema_for, schema_v1, schema_v2,
+    schema_v3, FORMAT_VERSION, OLDEST_READABLE_VERSION,
 };
 pub use special_tokens::{SpecialTokens, Token};
 pub use stats::{stats, DatasetStats, Percentiles, EXTREME_ASPECT, TINY_SIDE};

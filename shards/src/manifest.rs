@@ -56,7 +56,7 @@ pub struct IngestReport {
     pub rejected: BTreeMap<String, u64>,
     /// Kept-but-notable inputs (e.g. `tiny_image`, `extreme_aspect`, `png_named_jpg`).
     pub notes: BTreeMap<String, u64>,
-    /// Image samples by detected format.
+    /// Images by detected format (a sample of several images counts each).
     pub image_formats: BTreeMap<String, u64>,
     /// Whether every image was fully decoded (false with `--no-verify`).
     pub images_verified: bool,
@@ -71,12 +71,20 @@ impl IngestReport {
 /// What an ingest's output bytes depend on: its inputs' fingerprints and the settings that
 /// change the shards. Ingest records it in its resume journal while it runs and in index.json
 /// when it finishes; `ingest --resume` refuses to go on (or to call a finished directory
-/// complete) when the inputs or settings it is given now differ.
+/// complete) when the inputs or settings it is given now differ. The `json_*` fields describe
+/// whatever `--input` is (their names predate parquet inputs).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct IngestSettings {
+    /// The input layout (`llava`, `onevision`, `cauldron`, `messages`; `llava` in journals
+    /// and index.json written before layouts existed).
+    #[serde(default = "llava_format")]
+    pub format: String,
+    /// Bytes of the input (the json, or all parquet files).
     pub json_bytes: u64,
+    /// Records (json elements, parquet rows) of the input.
     pub json_records: u64,
-    /// Hex sha256 of the json (empty in journals written before it was recorded).
+    /// Hex sha256 of the json, or of the parquet files' names, sizes, modification times and
+    /// footers (empty in journals written before it was recorded).
     #[serde(default)]
     pub json_sha256: String,
     /// Hex sha256 of the images' zip central directory, or of the folder's names, sizes and
@@ -88,6 +96,10 @@ pub struct IngestSettings {
     pub shard_size: u64,
     pub verify: bool,
     pub max_pixels: u64,
+}
+
+fn llava_format() -> String {
+    "llava".into()
 }
 
 /// The parsed `index.json`.
@@ -215,6 +227,7 @@ mod tests {
     #[test]
     fn ingest_settings_round_trip_and_are_left_out_when_absent() -> anyhow::Result<()> {
         let settings = IngestSettings {
+            format: "cauldron".into(),
             json_bytes: 10,
             json_records: 2,
             json_sha256: "j".into(),

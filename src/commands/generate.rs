@@ -1,4 +1,5 @@
-//! `tessera generate`: captions an image (`--image`) or held-out shard samples (`--shards`)
+//! `tessera generate`: captions images (`--image`, once per image) or held-out shard samples
+//! (`--shards`)
 //! with a run's newest complete checkpoint and its tokenizer (`--run`) or a llava-hf export
 //! (`--model`), through `tessera_model::Captioner` (the training loader for the image, the
 //! run's template for the prompt, generation with a KV cache, greedily unless `--temperature`
@@ -29,13 +30,15 @@ pub(crate) struct Args {
     /// and its chat template): answers --prompt as one chat turn, text only.
     #[arg(long, requires = "prompt", conflicts_with_all = ["image", "shards"])]
     lm: Option<PathBuf>,
-    /// Image (JPEG, PNG or WebP) to caption.
+    /// Image (JPEG, PNG or WebP) to caption. Give it more than once for several images: they
+    /// take the prompt's placeholders in the order given (`plain`: the placeholders alone;
+    /// `chatml`: one `<image>` each before the instruction).
     #[arg(
         long,
         required_unless_present_any = ["shards", "lm"],
         conflicts_with = "shards"
     )]
-    image: Option<PathBuf>,
+    image: Vec<PathBuf>,
     /// Instruction for chatml models (default "Describe the image."); the plain template
     /// (stage 1) takes none: the caption follows the image. With --lm: the user's turn.
     #[arg(long)]
@@ -145,10 +148,17 @@ pub(crate) fn run(args: Args) -> anyhow::Result<()> {
     captioner.options.top_p = args.top_p;
     captioner.options.seed = args.seed;
     captioner.options.kv_cache = !args.no_kv_cache;
-    if let Some(image) = &args.image {
-        let bytes = std::fs::read(image).with_context(|| format!("reading {}", image.display()))?;
-        let prompt = captioner.prompt_ids(args.prompt.as_deref())?;
-        let sample = image_sample(image.display().to_string(), bytes, prompt);
+    if !args.image.is_empty() {
+        let images = args
+            .image
+            .iter()
+            .map(|image| {
+                std::fs::read(image).with_context(|| format!("reading {}", image.display()))
+            })
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        let prompt = captioner.prompt_ids(args.prompt.as_deref(), images.len())?;
+        let names: Vec<String> = args.image.iter().map(|i| i.display().to_string()).collect();
+        let sample = image_sample(names.join(" + "), images, prompt);
         let mb = captioner.batches(vec![sample])?.remove(0);
         println!("{}", captioner.caption(&mb)?.0);
         return Ok(());

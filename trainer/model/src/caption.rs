@@ -9,7 +9,7 @@ use super::ModelError;
 use pipeline::loader::{BadImagePolicy, Loader, LoaderConfig, LoaderError, ResizePolicy};
 use pipeline::{MicroBatch, MicroBatchPlan};
 use shards::chat::{Role, Template, IMAGE_TAG, IM_END};
-use shards::{Kind, Sample, SpecialTokens};
+use shards::{Image, Kind, Sample, SpecialTokens};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -39,8 +39,12 @@ pub enum CaptionError {
     Prompt {
         source: Box<dyn std::error::Error + Send + Sync>,
     },
+    /// Boxed, as `Generate`'s source: a loader error beside the sample id is large.
     #[error("preparing {sample}")]
-    Prepare { sample: String, source: LoaderError },
+    Prepare {
+        sample: String,
+        source: Box<LoaderError>,
+    },
     /// Boxed: a `ModelError` beside the sample ids would make every `Result` here large.
     #[error("generating for {samples}")]
     Generate {
@@ -129,21 +133,28 @@ impl Captioner {
         })
     }
 
-    /// Prompt token ids (one image token) for an image and an instruction (`chatml`
-    /// only; [`DEFAULT_INSTRUCTION`] when `None`): the text training saw before the answer.
-    pub fn prompt_ids(&self, instruction: Option<&str>) -> Result<Vec<u32>, CaptionError> {
+    /// Prompt token ids (one image token per image) for `images` images and an
+    /// instruction (`chatml` only; [`DEFAULT_INSTRUCTION`] when `None`): the text training saw
+    /// before the answer. `plain` puts the images' placeholders first and nothing else;
+    /// `chatml` a user turn of one `<image>` per image, a newline and the instruction.
+    pub fn prompt_ids(
+        &self,
+        instruction: Option<&str>,
+        images: usize,
+    ) -> Result<Vec<u32>, CaptionError> {
         if self.template == Template::Plain && instruction.is_some() {
             tracing::warn!(
                 "the plain template (stage 1) takes no instruction; --prompt is ignored"
             );
         }
         let turn = format!(
-            "{IMAGE_TAG}\n{}",
+            "{}\n{}",
+            IMAGE_TAG.repeat(images),
             instruction.unwrap_or(DEFAULT_INSTRUCTION)
         );
         let text = self.template.generation_prompt(
             &[(Role::User, turn.as_str())],
-            true,
+            images,
             &self.encoder.tokens,
         );
         self.encoder
@@ -164,7 +175,12 @@ impl Captioner {
         let loader = Loader::new(Arc::new(samples), plans, self.loader.clone());
         loader
             .zip(ids)
-            .map(|(mb, sample)| mb.map_err(|source| CaptionError::Prepare { sample, source }))
+            .map(|(mb, sample)| {
+                mb.map_err(|source| CaptionError::Prepare {
+                    sample,
+                    source: Box::new(source),
+                })
+            })
             .collect()
     }
 
@@ -190,22 +206,18 @@ impl Captioner {
     }
 }
 
-/// A prompt-only image sample (the shape the loader reads).
-pub fn image_sample(id: String, bytes: Vec<u8>, prompt: Vec<u32>) -> Sample {
+/// A prompt-only sample of `images` (in placeholder order; the shape the loader reads).
+pub fn image_sample(id: String, images: Vec<Vec<u8>>, prompt: Vec<u32>) -> Sample {
     let n = prompt.len();
     Sample {
         id,
         kind: Kind::Image,
-        image: Some(bytes),
-        image_format: None,
-        width: 0,
-        height: 0,
+        images: images.into_iter().map(Image::unchecked).collect(),
         conversation: Vec::new(),
         label_mask: vec![false; n],
         input_ids: prompt,
         num_text_tokens: n as u32,
         num_supervised_tokens: 0,
-        image_crc32c: None,
         input_ids_crc32c: None,
     }
 }
@@ -224,9 +236,10 @@ pub fn held_out_prompt(sample: Sample) -> Result<(Sample, String), CaptionError>
         .find(|t| Role::from_llava(&t.role) == Some(Role::Assistant))
         .map(|t| t.text.clone())
         .unwrap_or_default();
-    let Some(bytes) = sample.image else {
+    if sample.images.is_empty() {
         return Err(CaptionError::NoImage(sample.id));
-    };
+    }
     let prompt = sample.input_ids[..cut].to_vec();
-    Ok((image_sample(sample.id, bytes, prompt), reference))
+    let images = sample.images.into_iter().map(|i| i.bytes).collect();
+    Ok((image_sample(sample.id, images, prompt), reference))
 }

@@ -46,6 +46,11 @@ pub struct VlmCtx {
     /// LoRA dropout seed for this micro-batch; `None` (the default) runs without dropout.
     pub dropout_seed: Option<u64>,
     pub sample_ids: Vec<String>,
+    /// Set by [`Self::set_loss_groups`] (a mixture's sources): each supervised position's group
+    /// `[supervised]` i64 and the number of groups. The head then sums the token loss per
+    /// group into [`Self::take_group_loss`].
+    pub loss_groups: Option<(Tensor, i64)>,
+    group_loss: std::sync::Mutex<Option<Tensor>>,
     /// Uploads still on the side stream (CUDA, between `prepare` and `ready`).
     uploads: Option<SideUpload>,
     /// `cos`/`sin` cast to the decoder's compute dtype, made by the first layer that asks
@@ -184,6 +189,8 @@ impl VlmCtx {
             pixel_values,
             dropout_seed: None,
             sample_ids: mb.sample_ids.clone(),
+            loss_groups: None,
+            group_loss: std::sync::Mutex::new(None),
             uploads,
             rotary_cast: Mutex::new(None),
         })
@@ -228,6 +235,38 @@ impl VlmCtx {
                 (cos, sin)
             }
         }
+    }
+
+    /// Asks the head to sum the token loss per group: `groups[k]` is the group of the k-th
+    /// supervised position (row-major, as `supervised_index`), in `0..count`.
+    pub fn set_loss_groups(&mut self, groups: &[i64], count: i64) -> Result<()> {
+        if groups.len() as i64 != self.supervised || groups.iter().any(|&g| g < 0 || g >= count) {
+            return Err(ModelError::BadBatch {
+                samples: self.sample_ids.clone(),
+                reason: format!(
+                    "{} loss groups (each in 0..{count}) for {} supervised positions",
+                    groups.len(),
+                    self.supervised
+                ),
+            });
+        }
+        let device = self.input_ids.device();
+        self.loss_groups = Some((upload(Tensor::from_slice(groups), device)?, count));
+        Ok(())
+    }
+
+    /// The head's per-group loss sums (see [`Self::set_loss_groups`]).
+    pub(crate) fn put_group_loss(&self, sums: Tensor) {
+        if let Ok(mut slot) = self.group_loss.lock() {
+            *slot = Some(sums);
+        }
+    }
+
+    /// The summed token loss of each loss group of the last forward (`None` without groups,
+    /// or when no supervised token ran through the head).
+    pub fn take_group_loss(&self) -> Option<Vec<f64>> {
+        let sums = self.group_loss.lock().ok()?.take()?;
+        Vec::<f64>::try_from(sums.to_kind(Kind::Double).to_device(Device::Cpu)).ok()
     }
 
     /// Turns on LoRA dropout with masks drawn from `seed` (use a different seed per

@@ -41,6 +41,7 @@ fn packed_text_batch(rows: usize, row_len: usize, vocab: i64) -> MicroBatch {
         image_size: 0,
         image_tokens: 0,
         sample_ids: Vec::new(),
+        sample_indices: Vec::new(),
         real_tokens: rows * row_len,
         pad_tokens: 0,
         supervised_tokens: 0,
@@ -57,6 +58,7 @@ fn packed_text_batch(rows: usize, row_len: usize, vocab: i64) -> MicroBatch {
             mb.positions.extend(0..len as i64);
             mb.segment_ids.extend(std::iter::repeat_n(seg, len));
             mb.sample_ids.push(format!("bench-{r}-{seg}"));
+            mb.sample_indices.push(mb.sample_indices.len() as u64);
         }
     }
     mb.supervised_tokens = mb.labels.iter().filter(|&&l| l != IGNORE_INDEX).count();

@@ -261,6 +261,13 @@ impl Unit<VlmCtx> for HeadUnit {
             .index_select(0, &ctx.supervised_index);
         let h = decoder::rms_norm(&h, param(params, vocab::NORM), self.cfg.rms_norm_eps);
         let w = vocab::output_matrix(params, self.tied);
-        loss::chunked_cross_entropy_sum(&h, &w, &ctx.targets, self.chunk)
+        let groups = ctx.loss_groups.as_ref();
+        let (sum, tokens) =
+            loss::chunked_cross_entropy(&h, &w, &ctx.targets, self.chunk, groups.is_some());
+        if let (Some((group, count)), Some(tokens)) = (groups, tokens) {
+            let sums = Tensor::zeros([*count], (Kind::Float, tokens.device()));
+            ctx.put_group_loss(sums.index_add(0, group, &tokens.to_kind(Kind::Float)));
+        }
+        sum
     }
 }

@@ -152,8 +152,9 @@ pub enum Device {
 // the strategy, recomputation, the device, checkpointing, validation, the loader, the cache).
 knobs! {
     /// Shard directory written by `tessera ingest`: a path, or a URL (s3://bucket/prefix,
-    /// gs://, az://, https://) read in byte ranges through a local cache.
-    shards: PathBuf = required("a directory written by `tessera ingest`"),
+    /// gs://, az://, https://) read in byte ranges through a local cache; or a mixture file
+    /// (`mix.toml`: shard sets with a `weight` or a `repeat` each, see the README).
+    shards: PathBuf = required("a directory written by `tessera ingest`, or a mixture file"),
     /// SigLIP vision tower: a Hugging Face directory (config.json + safetensors).
     vision: PathBuf = required("a SigLIP Hugging Face directory"),
     /// Language model: a Hugging Face directory (config.json + safetensors + tokenizer.json)
@@ -467,8 +468,20 @@ impl TrainConfig {
 
     /// Checks the inputs exist and look like what they claim to be, before any work starts.
     pub fn check_paths(&self) -> Result<(), ConfigError> {
-        let remote_shards = remote::is_remote(&self.shards.to_string_lossy());
-        if !remote_shards && !self.shards.join("index.json").is_file() {
+        let spec = self.shards.to_string_lossy();
+        let remote_shards = remote::is_remote(&spec);
+        if pipeline::mix::is_mixture(&spec) {
+            // A mixture file: its sources are checked as they are opened.
+            if !self.shards.is_file() {
+                return Err(invalid(
+                    "shards",
+                    format!(
+                        "{} is not a file (a mixture file, mix.toml)",
+                        self.shards.display()
+                    ),
+                ));
+            }
+        } else if !remote_shards && !self.shards.join("index.json").is_file() {
             return Err(invalid(
                 "shards",
                 format!(

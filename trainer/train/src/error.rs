@@ -28,6 +28,8 @@ pub enum TrainError {
     #[error(transparent)]
     Plan(#[from] pipeline::plan::PlanError),
     #[error(transparent)]
+    Mix(#[from] pipeline::mix::MixError),
+    #[error(transparent)]
     Loader(#[from] pipeline::loader::LoaderError),
     #[error(transparent)]
     Metrics(#[from] MetricsError),

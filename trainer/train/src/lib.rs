@@ -17,6 +17,7 @@
 //! `tessera-fsdp` <- `tessera-train` <- the `tessera` CLI.
 mod checkpoint;
 mod config;
+mod data;
 mod error;
 mod export;
 mod report;

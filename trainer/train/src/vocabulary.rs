@@ -4,15 +4,15 @@
 //! language model folder that holds a tokenizer.json of another sha256 is refused, naming both.
 //! A tokenizer with an `<image>` ingest added past the checkpoint's `vocab_size` makes the LM
 //! append rows for it ([`added_rows`]).
-use super::config::ConfigError;
-use super::error::TrainError;
+use crate::config::ConfigError;
+use crate::error::TrainError;
 use std::path::Path;
 use tessera_model::LmConfig;
 
 /// Refuses shards tokenized with another tokenizer than the one in `lm_dir` (when the folder
 /// holds one; a folder without tokenizer.json, as `init-model` writes without `--tokenizer`,
 /// cannot be checked, which rank 0 logs).
-pub(super) fn check_tokenizer(
+pub(crate) fn check_tokenizer(
     manifest: &shards::Manifest,
     shards: &Path,
     lm_dir: &Path,
@@ -52,7 +52,7 @@ pub(super) fn check_tokenizer(
 /// Rows the LM appends for the tokens ingest added past its checkpoint's vocabulary (0 when
 /// every id of the shards' tokenizer has a row). An image or end token past the rows that
 /// ingest did not add means the shards' tokenizer is not this LM's, and is refused.
-pub(super) fn added_rows(
+pub(crate) fn added_rows(
     manifest: &shards::Manifest,
     shards: &Path,
     lm: &LmConfig,

@@ -129,6 +129,7 @@ pub(crate) fn micro_batch(
         image_size,
         image_tokens,
         sample_ids: vec![],
+        sample_indices: vec![],
         real_tokens: 0,
         pad_tokens: 0,
         supervised_tokens: 0,
@@ -147,6 +148,7 @@ pub(crate) fn micro_batch(
                 mb.num_images += 1;
                 mb.kind = SampleKind::Image;
             }
+            mb.sample_indices.push(mb.sample_ids.len() as u64);
             mb.sample_ids.push(format!("s{}", mb.sample_ids.len()));
             used += s.ids.len();
         }
@@ -248,6 +250,7 @@ pub(crate) fn raw_text_batch(
         image_size: 0,
         image_tokens: 0,
         sample_ids: (0..rows).map(|r| format!("row{r}")).collect(),
+        sample_indices: (0..rows as u64).collect(),
         real_tokens: rows * row_len,
         pad_tokens: 0,
         supervised_tokens: supervised,

@@ -498,12 +498,9 @@ mod tests {
                     std::path::Path::new("chat_template.jinja"),
                 )?;
                 let whole = jinja.render_json(&messages, false)?;
-                assert_eq!(whole, template.render(&answered, true, &tokens).text);
+                assert_eq!(whole, template.render(&answered, 1, &tokens).text);
                 let prompt = jinja.render_json(&serde_json::json!([messages[0]]), true)?;
-                assert_eq!(
-                    prompt,
-                    template.generation_prompt(&[question], true, &tokens)
-                );
+                assert_eq!(prompt, template.generation_prompt(&[question], 1, &tokens));
             }
         }
         Ok(())

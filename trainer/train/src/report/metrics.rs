@@ -46,6 +46,10 @@ pub struct StepMetrics {
     /// steps `--val-every` picks, and the last).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub val_loss: Option<f64>,
+    /// With a mixture (`--shards mix.toml`): the mean token loss of each source's supervised
+    /// tokens in the step, all ranks (sources with none in the step are left out).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub loss_by_source: BTreeMap<String, f64>,
 }
 
 /// Why a per-step log (`metrics.jsonl`, `plan.jsonl`) could not be written or read.

@@ -22,7 +22,7 @@ use crate::report::plot::plot_loss;
 use crate::report::profile::Profiler;
 use crate::run::rank_plan::{step_samples, RankLayout};
 use crate::run::schedule::CosineSchedule;
-use crate::run::sharded_vlm::{ShardedVlm, StepTotals, UnitTimes};
+use crate::run::sharded_vlm::{loss_groups, ShardedVlm, StepTotals, UnitTimes};
 use crate::run::validate::Validation;
 use crate::run_dir::RunDir;
 use pipeline::loader::{Loader, LoaderConfig, SampleSource};
@@ -107,9 +107,10 @@ fn train_rank(
     let (s, init) = setup::build(&cfg, pg, mesh)?;
     let run = RunDir::new(&cfg.out);
     if s.rank == 0 {
-        let vlm_desc = VlmDescription::new(&cfg, &s.vlm, s.dataset.manifest());
+        let vlm_desc = VlmDescription::new(&cfg, &s.vlm, s.data.manifest());
         vlm_desc.save(&run.vlm())?;
-        run.keep_tokenizer(&s.dataset)?;
+        run.keep_tokenizer(s.data.first())?;
+        s.data.log_mixture();
     }
     let mut model = ShardedVlm::new(&cfg, &s.vlm, &s.pg, s.mesh.as_ref(), &init, s.device)?;
     tracing::info!(
@@ -219,7 +220,7 @@ impl<'a> TrainLoop<'a> {
         let loader_cfg = LoaderConfig::builder()
             .image_size(s.vlm.vision.image_size as usize)
             .image_tokens(s.vlm.vision.num_patches() as usize)
-            .tokens(&s.dataset.manifest().special_tokens())
+            .tokens(&s.data.manifest().special_tokens())
             .resize(cfg.resize)
             .threads(cfg.loader_threads)
             .on_bad_image(cfg.on_bad_image)
@@ -266,7 +267,11 @@ impl<'a> TrainLoop<'a> {
     }
 
     fn planner(&self, epoch: u64) -> Result<Planner, TrainError> {
-        Ok(Planner::builder()
+        let builder = match self.s.data.draw(self.cfg.seed, epoch) {
+            Some(draw) => Planner::builder().draws(draw.items, &draw.key),
+            None => Planner::builder(),
+        };
+        Ok(builder
             .samples(&self.s.samples)
             .image_tokens(self.s.vlm.vision.num_patches() as u32)
             .world_size(self.layout.plan_world_size)
@@ -275,7 +280,7 @@ impl<'a> TrainLoop<'a> {
             .micro_steps(self.cfg.micro_steps)
             .seed(self.cfg.seed)
             .epoch(epoch)
-            .fingerprint(self.s.dataset.fingerprint())
+            .fingerprint(self.s.data.fingerprint())
             .only(planned_kind(self.cfg.stage))
             .build()?)
     }
@@ -324,7 +329,7 @@ impl<'a> TrainLoop<'a> {
                 .iter()
                 .flat_map(|st| self.layout.batches(st))
                 .collect();
-            let source: Arc<dyn SampleSource> = s.dataset.clone();
+            let source: Arc<dyn SampleSource> = s.data.source();
             let mut loader = Loader::new(source, mine, self.loader_cfg.clone());
             for (i, plan_step) in plan.steps[..todo].iter().enumerate() {
                 if step == start.step && cfg.profile > 0 {
@@ -390,6 +395,9 @@ impl<'a> TrainLoop<'a> {
         let mut times = UnitTimes::new();
         let mut wait = 0.0;
         let mut local = StepTotals::default();
+        // A mixture's loss by source: each source's summed token loss, then its token count.
+        let sources = s.data.source_names();
+        let mut by_source = vec![0.0f64; 2 * sources.len()];
         let mut fetch = |model: &ShardedVlm, wait: &mut f64| -> Result<_, TrainError> {
             let t = Instant::now();
             let mb = loader.next().ok_or_else(|| {
@@ -402,7 +410,7 @@ impl<'a> TrainLoop<'a> {
         let micro_batches = plan_step.micro_steps.len() * self.layout.per_micro_step();
         let mut next = None;
         for i in 0..micro_batches {
-            let (mb, ctx) = match next.take() {
+            let (mb, mut ctx) = match next.take() {
                 Some(prepared) => prepared,
                 None => fetch(model, &mut wait)?,
             };
@@ -410,7 +418,18 @@ impl<'a> TrainLoop<'a> {
             if i + 1 < micro_batches {
                 next = Some(fetch(model, &mut wait)?);
             }
-            local.loss_sum += model.forward_backward(ctx, 1.0 / divisor, &mut times)?;
+            if !sources.is_empty() {
+                let groups = loss_groups(&mb, &|index| s.data.source_of(index));
+                for &g in &groups {
+                    by_source[sources.len() + g as usize] += 1.0;
+                }
+                ctx.set_loss_groups(&groups, sources.len() as i64)?;
+            }
+            let (loss, split) = model.forward_backward(ctx, 1.0 / divisor, &mut times)?;
+            local.loss_sum += loss;
+            for (sum, part) in by_source.iter_mut().zip(split.unwrap_or_default()) {
+                *sum += part;
+            }
             local.add_batch(&mb);
         }
         let compute = started.elapsed().as_secs_f64() - wait;
@@ -419,7 +438,7 @@ impl<'a> TrainLoop<'a> {
         let stats = model.optimizer_step(lr_factor)?;
         let grad_norm = stats.grad_norm;
         times.insert("optimizer".into(), t.elapsed().as_secs_f64());
-        let mut totals = Tensor::from_slice(&local.to_array());
+        let mut totals = Tensor::from_slice(&[&local.to_array()[..], &by_source].concat());
         let mut computes =
             Tensor::zeros([s.world_size as i64], (tch::Kind::Double, tch::Device::Cpu));
         if s.world_size > 1 {
@@ -434,6 +453,15 @@ impl<'a> TrainLoop<'a> {
             computes = Tensor::from_slice(&[compute]);
         }
         let totals: Vec<f64> = Vec::try_from(&totals)?;
+        let split = totals.get(5..).unwrap_or_default();
+        let loss_by_source = sources
+            .iter()
+            .enumerate()
+            .filter_map(|(k, name)| {
+                let (sum, count) = (split.get(k)?, split.get(sources.len() + k)?);
+                (*count > 0.0).then(|| (name.clone(), sum / count))
+            })
+            .collect();
         let totals = StepTotals::from_slice(&totals);
         let computes: Vec<f64> = Vec::try_from(&computes)?;
         let mean_compute = computes.iter().sum::<f64>() / computes.len() as f64;
@@ -463,6 +491,7 @@ impl<'a> TrainLoop<'a> {
             bytes_sent: stats.bytes_sent,
             bytes_sent_across_nodes: stats.bytes_sent_across,
             val_loss: None,
+            loss_by_source,
         })
     }
 
@@ -493,7 +522,7 @@ impl<'a> TrainLoop<'a> {
                 strategy: cfg.strategy,
                 stage: cfg.stage.into(),
                 model: s.model_fingerprint.clone(),
-                data_fingerprint: s.dataset.fingerprint().to_string(),
+                data_fingerprint: s.data.fingerprint().to_string(),
                 config: serde_json::to_value(cfg).map_err(json("config"))?,
                 run: self.run_record(),
                 plan_world_size: Some(self.layout.plan_world_size),

@@ -72,7 +72,7 @@ impl TrainLoop<'_> {
             ("vision_weights", m.vision_weights.clone()),
             ("lm_config", m.lm_config.clone()),
             ("lm_weights", m.lm_weights.clone()),
-            ("shards", s.dataset.fingerprint().to_string()),
+            ("shards", s.data.fingerprint().to_string()),
             ("total_steps", self.total_steps.to_string()),
             ("image_size", s.vlm.vision.image_size.to_string()),
         ] {

@@ -4,6 +4,7 @@
 use crate::checkpoint::format::ModelFingerprint;
 use crate::checkpoint::save::WriterRanks;
 use crate::config::{ConfigError, Device, TrainConfig};
+use crate::data::TrainData;
 use crate::error::{io, TrainError};
 use crate::export::{TrainedTensors, TRAINABLE_FILE};
 use crate::run_dir::RunDir;
@@ -22,7 +23,7 @@ pub(crate) struct Setup {
     pub mesh: Option<Mesh>,
     pub rank: usize,
     pub world_size: usize,
-    pub dataset: Arc<shards::Dataset>,
+    pub data: TrainData,
     pub samples: Vec<shards::SampleMeta>,
     pub vlm: Arc<Vlm>,
     pub model_fingerprint: ModelFingerprint,
@@ -276,9 +277,9 @@ fn init_projector_file(path: &Path, scratch: &Path) -> Result<PathBuf, TrainErro
     Ok(scratch.to_path_buf())
 }
 
-/// `--shards` as a local directory or a URL with its cache (`--cache-dir`, `--cache-limit`).
-fn dataset_location(cfg: &TrainConfig) -> Result<shards::DatasetLocation, TrainError> {
-    let spec = cfg.shards.to_string_lossy();
+/// A shard set of `--shards` (the folder or URL itself, or a mixture file's source) as a
+/// location, a URL with its cache (`--cache-dir`, `--cache-limit`).
+fn dataset_location(cfg: &TrainConfig, spec: &str) -> Result<shards::DatasetLocation, TrainError> {
     let limit = remote::parse_size(&cfg.cache_limit).map_err(|e| ConfigError::Invalid {
         field: "cache_limit",
         reason: e.to_string(),
@@ -289,7 +290,7 @@ fn dataset_location(cfg: &TrainConfig) -> Result<shards::DatasetLocation, TrainE
         .or_else(|| tessera_switches::Switches::get().cache_dir.clone())
         .unwrap_or_else(|| RunDir::new(&cfg.out).shard_cache());
     let cache = remote::CacheConfig { dir, limit };
-    let location = remote::open_location(&spec, Some(&cache)).map_err(shards::ShardError::from)?;
+    let location = remote::open_location(spec, Some(&cache)).map_err(shards::ShardError::from)?;
     Ok(location)
 }
 
@@ -301,8 +302,10 @@ pub(crate) fn build(
     mesh: Option<Mesh>,
 ) -> Result<(Setup, VlmInit), TrainError> {
     let (rank, world_size) = (pg.rank(), pg.world_size());
-    let dataset = shards::Dataset::open_at(&dataset_location(cfg)?)?;
-    let samples = dataset.metadata()?;
+    let data = TrainData::open(&cfg.shards.to_string_lossy(), &|spec| {
+        dataset_location(cfg, spec)
+    })?;
+    let samples = data.metadata()?;
     if samples.is_empty() {
         return Err(ConfigError::Invalid {
             field: "shards",
@@ -315,7 +318,7 @@ pub(crate) fn build(
         lora_alpha: cfg.lora_alpha,
         ..LoraConfig::default()
     });
-    let manifest = dataset.manifest();
+    let manifest = data.manifest();
     vocabulary::check_tokenizer(manifest, &cfg.shards, &cfg.lm, rank)?;
     let lm = LmConfig::from_dir(&cfg.lm)?;
     let options = VlmOptions {
@@ -363,7 +366,7 @@ pub(crate) fn build(
         mesh,
         rank,
         world_size,
-        dataset: Arc::new(dataset),
+        data,
         samples,
         vlm: Arc::new(vlm),
         model_fingerprint,

@@ -89,13 +89,14 @@ impl<'a> ShardedVlm<'a> {
     }
 
     /// Forward and backward of one prepared micro-batch; gradients of `loss_sum * loss_scale`
-    /// accumulate. Returns the micro-batch's summed token loss (unscaled).
+    /// accumulate. Returns the micro-batch's summed token loss (unscaled) and, when the
+    /// context has loss groups (a mixture's sources), that sum split by group.
     pub(crate) fn forward_backward(
         &mut self,
         mut ctx: VlmCtx,
         loss_scale: f64,
         times: &mut UnitTimes,
-    ) -> Result<f64, TrainError> {
+    ) -> Result<(f64, Option<Vec<f64>>), TrainError> {
         ctx.ready()?;
         let loss = self
             .fsdp
@@ -103,7 +104,7 @@ impl<'a> ShardedVlm<'a> {
         for (component, secs) in self.fsdp.take_times() {
             *times.entry(component).or_default() += secs;
         }
-        Ok(loss)
+        Ok((loss, ctx.take_group_loss()))
     }
 
     /// Reduces gradients across ranks, clips the global norm to the run's `grad_clip`, updates
@@ -175,6 +176,34 @@ impl<'a> ShardedVlm<'a> {
         self.fsdp.load_shard_state(&state)?;
         Ok(())
     }
+}
+
+/// The supervised positions of `mb`, in row-major order (as the model's loss reads them), each
+/// given the group of its sample: `group_of(global sample index)`.
+pub(crate) fn loss_groups(mb: &MicroBatch, group_of: &dyn Fn(u64) -> usize) -> Vec<i64> {
+    let mut out = Vec::with_capacity(mb.supervised_tokens);
+    let mut sample = 0usize;
+    for row in 0..mb.rows {
+        let segments = &mb.segment_ids[row * mb.row_len..(row + 1) * mb.row_len];
+        let labels = &mb.labels[row * mb.row_len..(row + 1) * mb.row_len];
+        let first = sample;
+        let mut last_segment = -1;
+        for (&segment, &label) in segments.iter().zip(labels) {
+            if segment < 0 {
+                continue;
+            }
+            if segment != last_segment {
+                sample = first + segment as usize;
+                last_segment = segment;
+            }
+            if label != pipeline::IGNORE_INDEX {
+                let index = mb.sample_indices.get(sample).copied().unwrap_or(0);
+                out.push(group_of(index) as i64);
+            }
+        }
+        sample = first + (last_segment + 1).max(0) as usize;
+    }
+    out
 }
 
 /// What one step's micro-batches add up to on a rank (then, all-reduced, over all ranks).

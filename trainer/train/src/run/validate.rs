@@ -84,7 +84,7 @@ impl Validation {
         };
         let dataset = shards::Dataset::open(dir)?;
         let (want, have) = (
-            s.dataset.manifest().image_placeholder_id,
+            s.data.manifest().image_placeholder_id,
             dataset.manifest().image_placeholder_id,
         );
         if want != have {
