@@ -66,17 +66,31 @@ impl Losses {
         out
     }
 
-    /// The training series to draw: name, points, colours.
-    fn series(&self) -> Vec<(&'static str, &[(u64, f64)], (Rgb<u8>, Rgb<u8>))> {
+    /// The training series to draw, each with its finite points.
+    fn series(&self) -> Vec<Series> {
         [
-            ("image", self.image.as_slice(), IMAGE_COLOURS),
-            ("text-only", self.text_only.as_slice(), TEXT_COLOURS),
-            ("train", self.untyped.as_slice(), IMAGE_COLOURS),
+            ("image", &self.image, IMAGE_COLOURS),
+            ("text-only", &self.text_only, TEXT_COLOURS),
+            ("train", &self.untyped, IMAGE_COLOURS),
         ]
         .into_iter()
-        .filter(|(_, points, _)| points.iter().any(|p| p.1.is_finite()))
+        .map(|(name, points, (raw, average))| Series {
+            name,
+            points: points.iter().copied().filter(|p| p.1.is_finite()).collect(),
+            raw,
+            average,
+        })
+        .filter(|s| !s.points.is_empty())
         .collect()
     }
+}
+
+/// One training series as drawn: raw points in a light colour, their average in a dark one.
+struct Series {
+    name: &'static str,
+    points: Vec<(u64, f64)>,
+    raw: Rgb<u8>,
+    average: Rgb<u8>,
 }
 
 /// Draws `losses` and writes a PNG to `path`.
@@ -92,21 +106,14 @@ pub(crate) fn plot_loss(losses: &Losses, path: &Path) -> Result<(), PlotError> {
 
 /// The picture as pixels; `None` when no training loss is finite.
 pub(crate) fn draw(losses: &Losses) -> Option<RgbImage> {
-    let finite = |points: &[(u64, f64)]| -> Vec<(u64, f64)> {
-        points.iter().copied().filter(|p| p.1.is_finite()).collect()
-    };
-    let series: Vec<_> = losses
-        .series()
-        .into_iter()
-        .map(|(name, points, colours)| (name, finite(points), colours))
+    let series = losses.series();
+    let val: Vec<(u64, f64)> = losses
+        .validation
+        .iter()
+        .copied()
+        .filter(|p| p.1.is_finite())
         .collect();
-    let val = finite(&losses.validation);
-    let every = || {
-        series
-            .iter()
-            .flat_map(|(_, points, _)| points.iter())
-            .chain(&val)
-    };
+    let every = || series.iter().flat_map(|s| s.points.iter()).chain(&val);
     if series.is_empty() {
         return None;
     }
@@ -161,16 +168,16 @@ pub(crate) fn draw(losses: &Losses) -> Option<RgbImage> {
 
     // Every series' raw points first, then the averages over them, so no light line hides a
     // dark one.
-    for (_, points, (raw, _)) in &series {
-        let px: Vec<(i64, i64)> = points.iter().map(|&(x, y)| to_px(x as f64, y)).collect();
-        polyline(&mut img, &px, *raw);
+    for s in &series {
+        let px: Vec<(i64, i64)> = s.points.iter().map(|&(x, y)| to_px(x as f64, y)).collect();
+        polyline(&mut img, &px, s.raw);
     }
-    for (_, points, (_, average)) in &series {
-        let smooth: Vec<(i64, i64)> = moving_average(points)
+    for s in &series {
+        let smooth: Vec<(i64, i64)> = moving_average(&s.points)
             .into_iter()
             .map(|(x, y)| to_px(x as f64, y))
             .collect();
-        polyline(&mut img, &smooth, *average);
+        polyline(&mut img, &smooth, s.average);
     }
     let val_px: Vec<(i64, i64)> = val.iter().map(|&(x, y)| to_px(x as f64, y)).collect();
     polyline(&mut img, &val_px, VALIDATION);
@@ -192,10 +199,7 @@ pub(crate) fn draw(losses: &Losses) -> Option<RgbImage> {
     );
     text(&mut img, "loss", 8, 4, black);
     // Legend, top right: a colour swatch and the curve's name per line.
-    let mut entries: Vec<(&str, Rgb<u8>)> = series
-        .iter()
-        .map(|(name, _, (_, average))| (*name, *average))
-        .collect();
+    let mut entries: Vec<(&str, Rgb<u8>)> = series.iter().map(|s| (s.name, s.average)).collect();
     if !val.is_empty() {
         entries.push(("validation", VALIDATION));
     }
