@@ -43,7 +43,7 @@ def main():
     held = tower["held_out"]
     tower_seeds, lm_seeds = seeds(tower["args"]), seeds(lm["args"])
     scenes = len(tower_seeds) * int(flag(tower["args"], "--scenes")) - int(flag(tower["args"], "--held-out"))
-    captions = len(lm_seeds) * int(flag(lm["args"], "--captions")) - int(flag(lm["args"], "--held-out"))
+    texts = len(lm_seeds) * int(flag(lm["args"], "--records")) - int(flag(lm["args"], "--held-out"))
     parts = {
         "vision": {
             "folder": "vision", "made_by": "scripts/pretrain_tower.py", "args": tower["args"],
@@ -53,8 +53,9 @@ def main():
                 f"{v['image_size']} px, patch {v['patch_size']}) pretrained by "
                 f"scripts/pretrain_tower.py on {scenes:,} drawn scenes (synth seeds "
                 f"{', '.join(map(str, tower_seeds))}), a supervised head on each scene's "
-                f"objects and background; on held-out scenes it finds "
-                f"{held['objects_found']:.0%} of the objects"),
+                f"objects and background; on held-out scenes its head finds "
+                f"{held['objects_found']:.0%} of the objects, but {held['false_objects']:.0%} of "
+                f"the objects it names are not there"),
             "reduced": {"args": tower_r["args"], "sha256": tower_r["sha256"]},
         },
         "lm": {
@@ -64,8 +65,9 @@ def main():
             "provenance": (
                 f"Qwen2 LM (hidden {m['hidden_size']}, {m['num_hidden_layers']} layers, Qwen's "
                 f"{m['vocab_size']:,}-id vocabulary) pretrained by scripts/pretrain_lm.py on "
-                f"{captions:,} captions (synth seeds {', '.join(map(str, lm_seeds))}), text "
-                f"only: it has never seen an image"),
+                f"{texts:,} synth captions and conversations (seeds "
+                f"{', '.join(map(str, lm_seeds))}), each caption read off word slots in its "
+                f"context; text only: it has never seen an image"),
             "reduced": {"args": lm_r["args"], "sha256": lm_r["sha256"]},
         },
     }
