@@ -68,8 +68,8 @@ caption() { # RUN_DIR OUT.jsonl: captions of the first $SCORED held-out images
     --max-new-tokens 32 --out "$2"
 }
 
-# The model stage 1 starts from, as a run `generate` reads: one step at lr 1e-30 moves no
-# weight (every update is below the f32 resolution of the projector's weights), so its
+# The model stage 1 starts from, as a run `generate` reads: one AdamW step at lr 1e-30 moves
+# each projector weight by at most 1e-30 (below f32's resolution of any weight not 0), so its
 # checkpoint holds the random projector of seed 0, which stage 1 draws too.
 step "5/9 captions before training (pretrained tower and LM, random projector)"
 "$T" train "${common[@]}" --stage 1 --steps 1 --lr 1e-30 --warmup-ratio 0 \
