@@ -12,14 +12,14 @@
 #   images, and the caption score before and after: the share of held-out images whose
 #   generated caption has the reference's (first) shape word and both its colour words.
 # Usage: bash scripts/demo.sh [RUN_DIR]   (default runs/demo; the folder is recreated)
-# Knobs (environment): DEMO_SAMPLES (2000), DEMO_STAGE1_STEPS (80),
-# DEMO_STAGE2_STEPS (60), DEMO_SCORED (64 held-out images captioned for the score).
+# Knobs (environment): DEMO_SAMPLES (2000), DEMO_STAGE1_STEPS (120),
+# DEMO_STAGE2_STEPS (40), DEMO_SCORED (64 held-out images captioned for the score).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 RUN="${1:-runs/demo}"
 SAMPLES="${DEMO_SAMPLES:-2000}"
-STAGE1_STEPS="${DEMO_STAGE1_STEPS:-80}"
-STAGE2_STEPS="${DEMO_STAGE2_STEPS:-60}"
+STAGE1_STEPS="${DEMO_STAGE1_STEPS:-120}"
+STAGE2_STEPS="${DEMO_STAGE2_STEPS:-40}"
 SCORED="${DEMO_SCORED:-64}"
 # Scene seeds: the demo trains on TRAIN_SEED's records and is scored on VAL_SEED's; the
 # pretrained parts saw only their own seeds (demo-models/MANIFEST.json; tests/demo_parts.rs
