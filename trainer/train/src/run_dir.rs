@@ -9,6 +9,7 @@
 //! R/tokenizer.json      the tokenizer the shards were made with (copied from beside their
 //!                       index.json), so export and generate need no --tokenizer
 //! R/metrics.jsonl       one line per step;   R/plan.jsonl: each step's samples
+//! R/events.out.tfevents.*  the same scalars for TensorBoard, one file per (re)start
 //! R/resumes.jsonl       one line per resume; R/summary.json, R/loss.png: at the end
 //! R/checkpoints/step-N  a committed checkpoint; step-N.tmp: a write not (yet) committed
 //! ```

@@ -12,6 +12,12 @@ pub struct StepMetrics {
     pub step: u64,
     /// Mean token cross-entropy over the step's supervised tokens, all ranks.
     pub loss: f64,
+    /// The same over the step's image micro-batches alone (absent when it ran none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub loss_image: Option<f64>,
+    /// The same over the step's text-only micro-batches alone (absent when it ran none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub loss_text: Option<f64>,
     pub lr: f64,
     /// Global gradient norm before clipping.
     pub grad_norm: f64,
@@ -50,6 +56,21 @@ pub struct StepMetrics {
     /// tokens in the step, all ranks (sources with none in the step are left out).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub loss_by_source: BTreeMap<String, f64>,
+    /// What differs between ranks, one value per rank in rank order.
+    #[serde(default)]
+    pub per_rank: PerRank,
+}
+
+/// Per-rank values of one step (each list has one entry per rank).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct PerRank {
+    /// Seconds the rank waited for its loader, over the step's wall time.
+    pub loader_wait_frac: Vec<f64>,
+    /// Seconds the rank computed (the step less its loader wait): `imbalance` is their max
+    /// over their mean.
+    pub compute_s: Vec<f64>,
+    /// The rank's peak resident memory so far, MiB (Linux `VmHWM`).
+    pub peak_rss_mib: Vec<f64>,
 }
 
 /// Why a per-step log (`metrics.jsonl`, `plan.jsonl`) could not be written or read.

@@ -1,7 +1,9 @@
 //! `loss.png`: the loss curves drawn straight onto an RGB image (axes titled `step` and `loss`,
-//! ticks with numeric labels from a built-in 3x5 font, the raw training loss in light blue and
-//! its moving average in dark blue, the validation loss in orange with a dot per evaluation,
-//! and a legend). No plotting crate: the `image` crate encodes the PNG.
+//! ticks with numeric labels from a built-in 3x5 font, and a legend). The training loss is one
+//! series per sample type, each raw in a light shade and as a moving average in a dark one:
+//! image steps in blue, text-only steps in green (a run alternating between the two types
+//! draws two clean curves instead of a saw-tooth); the validation loss is orange with a dot
+//! per evaluation. No plotting crate: the `image` crate encodes the PNG.
 use image::{Rgb, RgbImage};
 use std::path::Path;
 
@@ -25,19 +27,75 @@ pub enum PlotError {
     },
 }
 
-/// The curves' colours.
-const TRAIN_RAW: Rgb<u8> = Rgb([160, 190, 235]);
-const TRAIN: Rgb<u8> = Rgb([20, 60, 170]);
+/// The curves' colours: (raw, moving average) per training series.
+const IMAGE_COLOURS: (Rgb<u8>, Rgb<u8>) = (Rgb([160, 190, 235]), Rgb([20, 60, 170]));
+const TEXT_COLOURS: (Rgb<u8>, Rgb<u8>) = (Rgb([165, 215, 165]), Rgb([25, 125, 45]));
 const VALIDATION: Rgb<u8> = Rgb([230, 120, 20]);
 
-/// Draws `losses` (one per step, x = step) and the validation losses `val` (at the steps they
-/// were measured; may be empty) and writes a PNG to `path`.
-pub(crate) fn plot_loss(
-    losses: &[(u64, f64)],
-    val: &[(u64, f64)],
-    path: &Path,
-) -> Result<(), PlotError> {
-    let img = draw(losses, val).ok_or_else(|| PlotError::Empty {
+/// A run's losses as `loss.png` draws them, each `(step, loss)` in step order.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub(crate) struct Losses {
+    /// Mean token loss of each step's image micro-batches (steps that had some).
+    pub(crate) image: Vec<(u64, f64)>,
+    /// The same over text-only micro-batches.
+    pub(crate) text_only: Vec<(u64, f64)>,
+    /// Steps logged without a loss by type (a run resumed from an older tessera's log):
+    /// drawn as one `train` series in the image colours.
+    pub(crate) untyped: Vec<(u64, f64)>,
+    pub(crate) validation: Vec<(u64, f64)>,
+}
+
+impl Losses {
+    /// From `metrics.jsonl`'s steps.
+    pub(crate) fn from_steps(steps: &[crate::report::metrics::StepMetrics]) -> Losses {
+        let mut out = Losses::default();
+        for m in steps {
+            if m.loss_image.is_none() && m.loss_text.is_none() {
+                out.untyped.push((m.step, m.loss));
+            }
+            if let Some(l) = m.loss_image {
+                out.image.push((m.step, l));
+            }
+            if let Some(l) = m.loss_text {
+                out.text_only.push((m.step, l));
+            }
+            if let Some(v) = m.val_loss {
+                out.validation.push((m.step, v));
+            }
+        }
+        out
+    }
+
+    /// The training series to draw, each with its finite points.
+    fn series(&self) -> Vec<Series> {
+        [
+            ("image", &self.image, IMAGE_COLOURS),
+            ("text-only", &self.text_only, TEXT_COLOURS),
+            ("train", &self.untyped, IMAGE_COLOURS),
+        ]
+        .into_iter()
+        .map(|(name, points, (raw, average))| Series {
+            name,
+            points: points.iter().copied().filter(|p| p.1.is_finite()).collect(),
+            raw,
+            average,
+        })
+        .filter(|s| !s.points.is_empty())
+        .collect()
+    }
+}
+
+/// One training series as drawn: raw points in a light colour, their average in a dark one.
+struct Series {
+    name: &'static str,
+    points: Vec<(u64, f64)>,
+    raw: Rgb<u8>,
+    average: Rgb<u8>,
+}
+
+/// Draws `losses` and writes a PNG to `path`.
+pub(crate) fn plot_loss(losses: &Losses, path: &Path) -> Result<(), PlotError> {
+    let img = draw(losses).ok_or_else(|| PlotError::Empty {
         path: path.display().to_string(),
     })?;
     img.save(path).map_err(|source| PlotError::Write {
@@ -47,15 +105,23 @@ pub(crate) fn plot_loss(
 }
 
 /// The picture as pixels; `None` when no training loss is finite.
-pub(crate) fn draw(losses: &[(u64, f64)], val: &[(u64, f64)]) -> Option<RgbImage> {
-    let points: Vec<(u64, f64)> = losses.iter().copied().filter(|p| p.1.is_finite()).collect();
-    let val: Vec<(u64, f64)> = val.iter().copied().filter(|p| p.1.is_finite()).collect();
-    let x_first = points.first()?.0.min(val.first().map_or(u64::MAX, |p| p.0));
-    let x_last = points.last()?.0.max(val.last().map_or(0, |p| p.0));
+pub(crate) fn draw(losses: &Losses) -> Option<RgbImage> {
+    let series = losses.series();
+    let val: Vec<(u64, f64)> = losses
+        .validation
+        .iter()
+        .copied()
+        .filter(|p| p.1.is_finite())
+        .collect();
+    let every = || series.iter().flat_map(|s| s.points.iter()).chain(&val);
+    if series.is_empty() {
+        return None;
+    }
+    let x_first = every().map(|p| p.0).min()?;
+    let x_last = every().map(|p| p.0).max()?;
     let (x_min, x_max) = (x_first, x_last.max(x_first + 1));
-    let all = || points.iter().chain(&val).map(|p| p.1);
-    let y_lo = all().fold(f64::INFINITY, f64::min);
-    let y_hi = all().fold(f64::NEG_INFINITY, f64::max);
+    let y_lo = every().map(|p| p.1).fold(f64::INFINITY, f64::min);
+    let y_hi = every().map(|p| p.1).fold(f64::NEG_INFINITY, f64::max);
     let pad = ((y_hi - y_lo) * 0.05).max(1e-3);
     let (y_min, y_max) = ((y_lo - pad).max(0.0).min(y_lo), y_hi + pad);
 
@@ -100,17 +166,19 @@ pub(crate) fn draw(losses: &[(u64, f64)], val: &[(u64, f64)]) -> Option<RgbImage
     line(&mut img, (LEFT, TOP), (LEFT, h - BOTTOM), black);
     line(&mut img, (LEFT, h - BOTTOM), (w - RIGHT, h - BOTTOM), black);
 
-    let raw: Vec<(i64, i64)> = points.iter().map(|&(x, y)| to_px(x as f64, y)).collect();
-    polyline(&mut img, &raw, TRAIN_RAW);
-    let window = (points.len() / 25).max(1);
-    let smooth: Vec<(i64, i64)> = (0..points.len())
-        .map(|i| {
-            let lo = i.saturating_sub(window - 1);
-            let mean = points[lo..=i].iter().map(|p| p.1).sum::<f64>() / (i - lo + 1) as f64;
-            to_px(points[i].0 as f64, mean)
-        })
-        .collect();
-    polyline(&mut img, &smooth, TRAIN);
+    // Every series' raw points first, then the averages over them, so no light line hides a
+    // dark one.
+    for s in &series {
+        let px: Vec<(i64, i64)> = s.points.iter().map(|&(x, y)| to_px(x as f64, y)).collect();
+        polyline(&mut img, &px, s.raw);
+    }
+    for s in &series {
+        let smooth: Vec<(i64, i64)> = moving_average(&s.points)
+            .into_iter()
+            .map(|(x, y)| to_px(x as f64, y))
+            .collect();
+        polyline(&mut img, &smooth, s.average);
+    }
     let val_px: Vec<(i64, i64)> = val.iter().map(|&(x, y)| to_px(x as f64, y)).collect();
     polyline(&mut img, &val_px, VALIDATION);
     for &(x, y) in &val_px {
@@ -131,7 +199,7 @@ pub(crate) fn draw(losses: &[(u64, f64)], val: &[(u64, f64)]) -> Option<RgbImage
     );
     text(&mut img, "loss", 8, 4, black);
     // Legend, top right: a colour swatch and the curve's name per line.
-    let mut entries = vec![("train", TRAIN)];
+    let mut entries: Vec<(&str, Rgb<u8>)> = series.iter().map(|s| (s.name, s.average)).collect();
     if !val.is_empty() {
         entries.push(("validation", VALIDATION));
     }
@@ -149,6 +217,18 @@ pub(crate) fn draw(losses: &[(u64, f64)], val: &[(u64, f64)]) -> Option<RgbImage
         text(&mut img, name, legend_x + 24, y, black);
     }
     Some(img)
+}
+
+/// The trailing mean over a window of about a 25th of the series (at least 1 point).
+fn moving_average(points: &[(u64, f64)]) -> Vec<(u64, f64)> {
+    let window = (points.len() / 25).max(1);
+    (0..points.len())
+        .map(|i| {
+            let lo = i.saturating_sub(window - 1);
+            let mean = points[lo..=i].iter().map(|p| p.1).sum::<f64>() / (i - lo + 1) as f64;
+            (points[i].0, mean)
+        })
+        .collect()
 }
 
 /// Tick values of an axis: round numbers (the classic "nice numbers" rule) and how many
@@ -321,6 +401,10 @@ fn glyph(c: char) -> [u8; 5] {
         '.' => [0, 0, 0, 0, 2],
         '-' => [0, 0, 7, 0, 0],
         'e' => [0, 7, 7, 4, 7],
+        'g' => [0, 3, 5, 3, 6],
+        'm' => [0, 6, 7, 5, 5],
+        'x' => [0, 5, 2, 2, 5],
+        'y' => [0, 5, 5, 3, 6],
         'a' => [0, 3, 5, 5, 3],
         'd' => [1, 3, 5, 5, 3],
         'i' => [2, 0, 2, 2, 2],
@@ -359,6 +443,15 @@ fn text(img: &mut RgbImage, s: &str, x: i64, y: i64, color: Rgb<u8>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Losses of one untyped training series and the validation points.
+    fn untyped(train: &[(u64, f64)], validation: &[(u64, f64)]) -> Losses {
+        Losses {
+            untyped: train.to_vec(),
+            validation: validation.to_vec(),
+            ..Losses::default()
+        }
+    }
 
     fn labels(lo: f64, hi: f64, integers: bool) -> Vec<String> {
         Ticks::nice(lo, hi, integers).labels()
@@ -494,17 +587,26 @@ mod tests {
         let val: Vec<(u64, f64)> = (1..=4)
             .map(|j| (j * 50, 7.3 + 5.0 * (-(j as f64) * 50.0 / 60.0).exp()))
             .collect();
-        plot_loss(&losses, &val, path)?;
+        // Every fourth step is text-only, with a lower loss (shorter, easier answers).
+        let (text_only, image): (Vec<_>, Vec<_>) = losses.iter().partition(|p| p.0 % 4 == 0);
+        let text_only = text_only.iter().map(|&(s, l)| (s, l - 1.5)).collect();
+        let losses = Losses {
+            image,
+            text_only,
+            validation: val,
+            ..Losses::default()
+        };
+        plot_loss(&losses, path)?;
         Ok(())
     }
 
     #[test]
     fn a_falling_loss_is_drawn_high_on_the_left_and_low_on_the_right() {
         let losses: Vec<(u64, f64)> = (0..100).map(|i| (i, 5.0 - 0.04 * i as f64)).collect();
-        let img = draw(&losses, &[]).expect("finite losses");
+        let img = draw(&untyped(&losses, &[])).expect("finite losses");
         let curve_rows = |x: u32| -> Vec<u32> {
             (0..HEIGHT)
-                .filter(|&y| img.get_pixel(x, y) == &Rgb([20, 60, 170]))
+                .filter(|&y| img.get_pixel(x, y) == &IMAGE_COLOURS.1)
                 .collect()
         };
         let left = curve_rows(LEFT as u32 + 1);
@@ -523,10 +625,10 @@ mod tests {
     fn writes_a_png_that_decodes_and_refuses_an_all_nan_curve() -> anyhow::Result<()> {
         let dir = tempfile::tempdir()?;
         let path = dir.path().join("loss.png");
-        plot_loss(&[(0, 3.0), (1, 2.5), (2, 2.4)], &[], &path)?;
+        plot_loss(&untyped(&[(0, 3.0), (1, 2.5), (2, 2.4)], &[]), &path)?;
         let back = image::open(&path)?;
         assert_eq!((back.width(), back.height()), (WIDTH, HEIGHT));
-        let err = plot_loss(&[(0, f64::NAN)], &[], &path).expect_err("nan only");
+        let err = plot_loss(&untyped(&[(0, f64::NAN)], &[(0, 1.0)]), &path).expect_err("nan only");
         assert!(err.to_string().contains("no finite loss"), "{err}");
         Ok(())
     }
@@ -536,8 +638,8 @@ mod tests {
         let losses: Vec<(u64, f64)> = (0..40).map(|i| (i, 5.0 - 0.05 * i as f64)).collect();
         let val = [(9, 4.8), (19, 4.4), (29, 4.1), (39, 3.9)];
         let count = |img: &RgbImage, c: Rgb<u8>| img.pixels().filter(|p| **p == c).count();
-        let with = draw(&losses, &val).expect("finite losses");
-        let without = draw(&losses, &[]).expect("finite losses");
+        let with = draw(&untyped(&losses, &val)).expect("finite losses");
+        let without = draw(&untyped(&losses, &[])).expect("finite losses");
         assert!(
             count(&with, VALIDATION) > 4 * 25,
             "a dot per evaluation and the line"
@@ -554,5 +656,75 @@ mod tests {
             .filter(|&y| (0..WIDTH).any(|x| with.get_pixel(x, y) == &VALIDATION))
             .collect();
         assert!(rows.len() > 10, "validation curve spans several rows");
+    }
+
+    #[test]
+    fn image_and_text_only_steps_are_two_series_in_their_colours() {
+        // Alternating types: image steps at 4 ± 0.2, text-only steps at 1 ± 0.2 (the moving
+        // average over 4 points of either is flat).
+        let zigzag = |i: u64| if i % 4 < 2 { 0.2 } else { -0.2 };
+        let image: Vec<(u64, f64)> = (0..200).step_by(2).map(|i| (i, 4.0 + zigzag(i))).collect();
+        let text_only: Vec<(u64, f64)> = (1..200)
+            .step_by(2)
+            .map(|i| (i, 1.0 + zigzag(i - 1)))
+            .collect();
+        let losses = Losses {
+            image,
+            text_only,
+            ..Losses::default()
+        };
+        let img = draw(&losses).expect("finite losses");
+        let rows_of = |c: Rgb<u8>| -> Vec<u32> {
+            let x = WIDTH / 2;
+            (0..HEIGHT).filter(|&y| img.get_pixel(x, y) == &c).collect()
+        };
+        let (image_rows, text_rows) = (rows_of(IMAGE_COLOURS.1), rows_of(TEXT_COLOURS.1));
+        assert!(
+            !image_rows.is_empty() && !text_rows.is_empty(),
+            "both drawn"
+        );
+        // Each average is flat: a few rows thick at mid-plot, the image one above.
+        assert!(
+            image_rows.len() <= 3 && text_rows.len() <= 3,
+            "{image_rows:?} {text_rows:?}"
+        );
+        assert!(
+            image_rows[0] + 100 < text_rows[0],
+            "image loss drawn higher"
+        );
+        // No saw-tooth: the raw image series never dips to the text-only level.
+        let raw_rows: Vec<u32> = img
+            .enumerate_pixels()
+            .filter(|(_, _, p)| **p == IMAGE_COLOURS.0)
+            .map(|(_, y, _)| y)
+            .collect();
+        assert!(
+            !raw_rows.is_empty() && raw_rows.iter().all(|&y| y < text_rows[0]),
+            "raw image points stay high"
+        );
+    }
+
+    #[test]
+    fn losses_by_type_come_from_the_steps_metrics() {
+        use crate::report::metrics::StepMetrics;
+        let step = |i: u64, image: Option<f64>, text: Option<f64>, val: Option<f64>| StepMetrics {
+            step: i,
+            loss: 9.0,
+            loss_image: image,
+            loss_text: text,
+            val_loss: val,
+            ..StepMetrics::default()
+        };
+        let steps = [
+            step(0, Some(3.0), None, None),
+            step(1, None, Some(1.0), Some(2.5)),
+            step(2, Some(2.8), Some(0.9), None),
+            step(3, None, None, None),
+        ];
+        let l = Losses::from_steps(&steps);
+        assert_eq!(l.image, [(0, 3.0), (2, 2.8)]);
+        assert_eq!(l.text_only, [(1, 1.0), (2, 0.9)]);
+        assert_eq!(l.validation, [(1, 2.5)]);
+        assert_eq!(l.untyped, [(3, 9.0)]);
     }
 }

@@ -17,9 +17,11 @@ use crate::checkpoint::save::CheckpointSaver;
 use crate::config::{Dtype, Stage, TrainConfig};
 use crate::error::{io, TrainError};
 use crate::export::VlmDescription;
-use crate::report::metrics::{self, Progress, StepLog, StepMetrics, Summary};
-use crate::report::plot::plot_loss;
+use crate::report::event_file::EventFile;
+use crate::report::metrics::{self, PerRank, Progress, StepLog, StepMetrics, Summary};
+use crate::report::plot::{plot_loss, Losses};
 use crate::report::profile::Profiler;
+use crate::report::tensorboard;
 use crate::run::rank_plan::{step_samples, RankLayout};
 use crate::run::schedule::CosineSchedule;
 use crate::run::sharded_vlm::{loss_groups, ShardedVlm, StepTotals, UnitTimes};
@@ -166,12 +168,7 @@ fn train_rank(
             source,
         })?;
         std::fs::write(&path, text).map_err(io(&path))?;
-        let losses: Vec<(u64, f64)> = steps.iter().map(|m| (m.step, m.loss)).collect();
-        let val: Vec<(u64, f64)> = steps
-            .iter()
-            .filter_map(|m| m.val_loss.map(|v| (m.step, v)))
-            .collect();
-        plot_loss(&losses, &val, &run.loss_plot())?;
+        plot_loss(&Losses::from_steps(&steps), &run.loss_plot())?;
     }
     Ok(summary)
 }
@@ -300,6 +297,15 @@ impl<'a> TrainLoop<'a> {
         } else {
             None
         };
+        // The same scalars for TensorBoard: a new event file per (re)start, which tells
+        // readers to drop an earlier file's steps from its first step on.
+        let mut events = if s.rank == 0 {
+            let file = EventFile::create(self.run.path(), start.step)?;
+            tracing::debug!("TensorBoard events: {}", file.path().display());
+            Some(file)
+        } else {
+            None
+        };
         // The samples each step trains on, for audits (same truncation on resume).
         let mut plan_log: Option<StepLog<PlannedStep>> = if s.rank == 0 {
             Some(StepLog::open(&self.run.plan(), resume_step)?)
@@ -361,6 +367,9 @@ impl<'a> TrainLoop<'a> {
                 if let Some(log) = metrics_log.as_mut() {
                     log.append(&m)?;
                     progress.show(&m);
+                }
+                if let Some(events) = events.as_mut() {
+                    events.scalars(step, &tensorboard::scalars(&m))?;
                 }
                 if let Some(log) = plan_log.as_mut() {
                     log.append(&PlannedStep {
@@ -425,12 +434,11 @@ impl<'a> TrainLoop<'a> {
                 }
                 ctx.set_loss_groups(&groups, sources.len() as i64)?;
             }
-            let (loss, split) = model.forward_backward(ctx, 1.0 / divisor, &mut times)?;
-            local.loss_sum += loss;
+            let (loss_sum, split) = model.forward_backward(ctx, 1.0 / divisor, &mut times)?;
             for (sum, part) in by_source.iter_mut().zip(split.unwrap_or_default()) {
                 *sum += part;
             }
-            local.add_batch(&mb);
+            local.add_batch(&mb, loss_sum);
         }
         let compute = started.elapsed().as_secs_f64() - wait;
         let lr_factor = self.schedule.factor(step);
@@ -439,21 +447,21 @@ impl<'a> TrainLoop<'a> {
         let grad_norm = stats.grad_norm;
         times.insert("optimizer".into(), t.elapsed().as_secs_f64());
         let mut totals = Tensor::from_slice(&[&local.to_array()[..], &by_source].concat());
-        let mut computes =
-            Tensor::zeros([s.world_size as i64], (tch::Kind::Double, tch::Device::Cpu));
+        // Per rank, in rank order: compute seconds, loader wait seconds, peak RSS (MiB).
+        let mine = [compute, wait, metrics::peak_rss_mib()];
+        let mut ranks = Tensor::zeros(
+            [(mine.len() * s.world_size) as i64],
+            (tch::Kind::Double, tch::Device::Cpu),
+        );
         if s.world_size > 1 {
             s.pg.all_reduce_sum(&mut totals, "step metrics")?.wait()?;
-            s.pg.all_gather_into(
-                &mut computes,
-                &Tensor::from_slice(&[compute]),
-                "step metrics",
-            )?
-            .wait()?;
+            s.pg.all_gather_into(&mut ranks, &Tensor::from_slice(&mine), "step metrics")?
+                .wait()?;
         } else {
-            computes = Tensor::from_slice(&[compute]);
+            ranks = Tensor::from_slice(&mine);
         }
         let totals: Vec<f64> = Vec::try_from(&totals)?;
-        let split = totals.get(5..).unwrap_or_default();
+        let split = totals.get(StepTotals::LEN..).unwrap_or_default();
         let loss_by_source = sources
             .iter()
             .enumerate()
@@ -463,13 +471,19 @@ impl<'a> TrainLoop<'a> {
             })
             .collect();
         let totals = StepTotals::from_slice(&totals);
-        let computes: Vec<f64> = Vec::try_from(&computes)?;
+        let ranks: Vec<f64> = Vec::try_from(&ranks)?;
+        let column =
+            |i: usize| -> Vec<f64> { ranks.iter().skip(i).step_by(mine.len()).copied().collect() };
+        let (computes, waits, peak_rss_mib) = (column(0), column(1), column(2));
         let mean_compute = computes.iter().sum::<f64>() / computes.len() as f64;
         let max_compute = computes.iter().copied().fold(0.0, f64::max);
         let secs = started.elapsed().as_secs_f64().max(1e-9);
+        let (loss_image, loss_text) = totals.loss_by_kind();
         Ok(StepMetrics {
             step,
             loss: totals.loss_sum / divisor,
+            loss_image,
+            loss_text,
             lr: self.schedule.lr(step),
             grad_norm,
             tokens_per_s: totals.tokens / secs,
@@ -492,6 +506,11 @@ impl<'a> TrainLoop<'a> {
             bytes_sent_across_nodes: stats.bytes_sent_across,
             val_loss: None,
             loss_by_source,
+            per_rank: PerRank {
+                loader_wait_frac: waits.iter().map(|w| w / secs).collect(),
+                compute_s: computes,
+                peak_rss_mib,
+            },
         })
     }
 

@@ -218,24 +218,52 @@ pub(crate) struct StepTotals {
     pub(crate) real_tokens: f64,
     pub(crate) images: f64,
     pub(crate) supervised_tokens: f64,
+    /// The part of `loss_sum` and `supervised_tokens` from image micro-batches (the rest is
+    /// from text-only ones).
+    pub(crate) image_loss_sum: f64,
+    pub(crate) image_supervised_tokens: f64,
 }
 
 impl StepTotals {
-    pub(crate) fn add_batch(&mut self, mb: &MicroBatch) {
+    /// Adds micro-batch `mb`, whose summed token loss was `loss_sum`.
+    pub(crate) fn add_batch(&mut self, mb: &MicroBatch, loss_sum: f64) {
+        self.loss_sum += loss_sum;
         self.tokens += (mb.rows * mb.row_len) as f64;
         self.real_tokens += mb.real_tokens as f64;
         self.images += mb.num_images as f64;
         self.supervised_tokens += mb.supervised_tokens as f64;
+        if mb.kind == shards::Kind::Image {
+            self.image_loss_sum += loss_sum;
+            self.image_supervised_tokens += mb.supervised_tokens as f64;
+        }
     }
 
+    /// Mean token loss of the image micro-batches and of the text-only ones; `None` for a
+    /// type without supervised tokens.
+    pub(crate) fn loss_by_kind(&self) -> (Option<f64>, Option<f64>) {
+        let mean = |sum: f64, tokens: f64| (tokens > 0.0).then(|| sum / tokens);
+        (
+            mean(self.image_loss_sum, self.image_supervised_tokens),
+            mean(
+                self.loss_sum - self.image_loss_sum,
+                self.supervised_tokens - self.image_supervised_tokens,
+            ),
+        )
+    }
+
+    /// How many values [`StepTotals::to_array`] gives.
+    pub(crate) const LEN: usize = 7;
+
     /// The order the all-reduce carries them in; [`StepTotals::from_slice`] reads it back.
-    pub(crate) fn to_array(self) -> [f64; 5] {
+    pub(crate) fn to_array(self) -> [f64; Self::LEN] {
         [
             self.loss_sum,
             self.tokens,
             self.real_tokens,
             self.images,
             self.supervised_tokens,
+            self.image_loss_sum,
+            self.image_supervised_tokens,
         ]
     }
 
@@ -247,6 +275,8 @@ impl StepTotals {
             real_tokens: at(2),
             images: at(3),
             supervised_tokens: at(4),
+            image_loss_sum: at(5),
+            image_supervised_tokens: at(6),
         }
     }
 }
