@@ -2,7 +2,9 @@
 """The demo's caption score: the share of captioned held-out images whose generated caption
 names the reference's shape and both its colours.
 
-Usage: python3 scripts/caption_score.py SAMPLES.jsonl   (written by `tessera generate --shards`)
+Usage: python3 scripts/caption_score.py SAMPLES.jsonl [--before BEFORE.jsonl]
+(files written by `tessera generate --shards`; BEFORE: the same images captioned before
+training, whose score is printed beside)
 
 A synth reference reads "a {large|small} COLOUR SHAPE ... on a BACKGROUND background": the
 first object's colour and shape and the background's colour are what a caption must name (as
@@ -26,12 +28,11 @@ def background(caption):
     return words[-2] if len(words) >= 2 and words[-1] == "background" else None
 
 
-def main():
-    if len(sys.argv) != 2:
-        sys.exit(__doc__)
+def score(path):
+    """(hits, total, hits per part) of a samples file."""
     hits = total = 0
     parts = {"background": 0, "object colour": 0, "shape": 0}
-    with open(sys.argv[1]) as f:
+    with open(path) as f:
         for line in f:
             sample = json.loads(line)
             want = keys(sample["reference"])
@@ -45,10 +46,24 @@ def main():
             parts["object colour"] += colour in said
             parts["shape"] += shape in said
     if total == 0:
-        sys.exit(f"{sys.argv[1]}: no synth caption to score")
+        sys.exit(f"{path}: no synth caption to score")
+    return hits, total, parts
+
+
+def main():
+    args = sys.argv[1:]
+    if len(args) not in (1, 3) or (len(args) == 3 and args[1] != "--before"):
+        sys.exit(__doc__)
+    hits, total, parts = score(args[0])
+    before = ""
+    if len(args) == 3:
+        b_hits, b_total, b_parts = score(args[2])
+        before = f"; before training {b_hits / b_total:.0%} ({b_hits} of {b_total})"
     print(f"caption score: {hits / total:.0%} ({hits} of {total} held-out images name the "
-          f"reference's shape and both its colours)")
+          f"reference's shape and both its colours){before}")
     print("  by part: " + ", ".join(f"{k} {v / total:.0%}" for k, v in parts.items()))
+    if len(args) == 3:
+        print("  before:  " + ", ".join(f"{k} {v / b_total:.0%}" for k, v in b_parts.items()))
 
 
 if __name__ == "__main__":

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Reads every shard of a tessera shard directory with pyarrow.parquet and checks it against
 index.json: row counts, row groups, schema columns, token totals, and per-row invariants
-(input_ids / label_mask lengths, image magic bytes vs image_format). Exit 0 when all agree.
+(input_ids / label_mask lengths, image magic bytes vs each image's format, one placeholder
+per image). Exit 0 when all agree.
 
 usage: check_pyarrow.py SHARD_DIR
 """
@@ -13,8 +14,11 @@ import pyarrow.parquet as pq
 
 COLUMNS_V1 = ["id", "kind", "image", "image_format", "width", "height", "conversation",
               "input_ids", "label_mask", "num_text_tokens", "num_supervised_tokens", "image_crc32c"]
-# Format 2 added the crc32c of the token ids' little-endian bytes.
-COLUMNS = {1: COLUMNS_V1, 2: COLUMNS_V1 + ["input_ids_crc32c"]}
+# Format 2 added the crc32c of the token ids' little-endian bytes; format 3 holds a list of
+# images per sample ({bytes, format, width, height, crc32c}) and their count.
+COLUMNS_V3 = ["id", "kind", "images", "num_images", "conversation", "input_ids", "label_mask",
+              "num_text_tokens", "num_supervised_tokens", "input_ids_crc32c"]
+COLUMNS = {1: COLUMNS_V1, 2: COLUMNS_V1 + ["input_ids_crc32c"], 3: COLUMNS_V3}
 MAGIC = {"jpeg": b"\xff\xd8\xff", "png": b"\x89PNG", "webp": b"RIFF"}
 
 
@@ -41,11 +45,15 @@ def check(directory):
             assert r["kind"] in (0, 1), where
             assert len(r["input_ids"]) == r["num_text_tokens"] == len(r["label_mask"]), where
             assert sum(r["label_mask"][1:]) == r["num_supervised_tokens"], where
-            if r["kind"] == 1:
-                assert r["image"][:4].startswith(MAGIC[r["image_format"]]), where
-                assert r["input_ids"].count(index["image_placeholder_id"]) == 1, where
+            if index["format_version"] >= 3:
+                images = [(i["bytes"], i["format"]) for i in r["images"]]
+                assert len(images) == r["num_images"], where
             else:
-                assert r["image"] is None, where
+                images = [] if r["image"] is None else [(r["image"], r["image_format"])]
+            assert (r["kind"] == 1) == (len(images) > 0), where
+            for data, fmt in images:
+                assert data[:4].startswith(MAGIC[fmt]), where
+            assert r["input_ids"].count(index["image_placeholder_id"]) == len(images), where
             assert all(isinstance(t["role"], str) and isinstance(t["text"], str) for t in r["conversation"]), where
         total += meta.num_rows
     assert total == index["num_samples"], f"{total} rows, index says {index['num_samples']}"

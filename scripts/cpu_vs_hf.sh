@@ -21,13 +21,18 @@
 #                           projector,lm[,vision], the baseline --train lm[,vision]
 #        NPROC=1|2          tessera's ranks (peak RSS is per rank: /usr/bin/time on the launcher
 #                           reports the largest child)
+#        LM=qwen|qwen3|smollm2  the language model (Hub-shaped): Qwen2.5-0.5B (default),
+#                           Qwen3-0.6B-Base or SmolLM2-360M (make_hub_shaped_models.py's options;
+#                           SmolLM2's shards are made with its family's tokenizer, the one of
+#                           .deps/smollm2-135m-instruct, which gets <image> added)
 #        BENCH=dir          where the baseline scripts are (default scripts/baselines, the
 #                           repo's own: hf_train_step.py, make_hub_shaped_models.py); a folder
 #                           with the older name hf_reference_step.py works too (e.g.
 #                           BENCH=../shared/bench, the reference the repo's were compared with)
 # Last line: "RATIO tessera/transformers median step <r> (<t> s / <h> s) ..." .
-# Needs: target/release/tessera (cargo build --release), python3, network to PyPI the first
-# time (a venv with torch 2.11 + transformers under data/hfvenv, git-ignored).
+# Needs: target/release/tessera (cargo build --release) and a Python with torch 2.11 +
+# transformers: .deps/hfvenv (scripts/setup.sh makes it), else one made under data/hfvenv
+# (git-ignored; network to PyPI the first time).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROUNDS=${1:-2}
@@ -42,6 +47,11 @@ case "$PRECISION" in
 esac
 TRAIN=${TRAIN:-}
 NPROC=${NPROC:-1}
+LM=${LM:-qwen}
+case "$LM" in
+  qwen|qwen3|smollm2) ;;
+  *) echo "cpu_vs_hf: LM must be qwen, qwen3 or smollm2, not $LM" >&2; exit 1 ;;
+esac
 STAGE_ARGS=(--stage 1)
 if [ -n "$TRAIN" ]; then
   STAGE_ARGS=(--stage 2 --train "projector,$TRAIN")
@@ -54,6 +64,7 @@ HF_STEP=$BENCH/hf_train_step.py
 T=target/release/tessera
 W=data/cpu_vs_hf
 PY=data/hfvenv/bin/python
+[ -x .deps/hfvenv/bin/python ] && PY=.deps/hfvenv/bin/python
 mkdir -p "$W"
 say() { echo "cpu_vs_hf: $*" >&2; }
 [ -x "$T" ] || { say "build first: cargo build --release"; exit 1; }
@@ -70,40 +81,50 @@ if ! "$PY" -c 'import torch, transformers' 2>/dev/null; then
 fi
 
 # 2. Hub-shaped checkpoints (2.6 GB) and, for SHAPE=small, 4-layer configs over the same files
-if [ ! -f data/hub/qwen/model.safetensors ] || [ ! -f data/hub/siglip/model.safetensors ]; then
+if [ ! -f data/hub/qwen/model.safetensors ] || [ ! -f data/hub/siglip/model.safetensors ] \
+    || [ ! -f "data/hub/$LM/model.safetensors" ]; then
   say "writing Hub-shaped checkpoints to data/hub"
-  "$PY" "$BENCH/make_hub_shaped_models.py" data/hub
+  extra=()
+  [ "$LM" = qwen ] || extra=("$LM")
+  "$PY" "$BENCH/make_hub_shaped_models.py" data/hub "${extra[@]}"
 fi
 MODELS=data/hub
 if [ "$SHAPE" = small ]; then
+  # The first 4 layers of each tower: configs and weights (tessera refuses a checkpoint holding
+  # tensors its config does not describe, so the weights are cut too, not linked whole).
   MODELS=data/hub_small
-  for m in siglip qwen; do
-    mkdir -p "$MODELS/$m"
-    ln -sf "../../hub/$m/model.safetensors" "$MODELS/$m/model.safetensors"
-  done
-  python3 - "$MODELS" <<'PY'
-import json, sys
-out = sys.argv[1]
-s = json.load(open('data/hub/siglip/config.json'))
-s['vision_config']['num_hidden_layers'] = 4; s['text_config']['num_hidden_layers'] = 4
-json.dump(s, open(f'{out}/siglip/config.json', 'w'), indent=2)
-q = json.load(open('data/hub/qwen/config.json')); q['num_hidden_layers'] = 4
-json.dump(q, open(f'{out}/qwen/config.json', 'w'), indent=2)
+  "$PY" - "$MODELS" "$LM" <<'PY'
+import json, os, re, sys
+from safetensors.torch import load_file, save_file
+out, lm = sys.argv[1], sys.argv[2]
+for name in ("siglip", lm):
+    os.makedirs(f"{out}/{name}", exist_ok=True)
+    config = json.load(open(f"data/hub/{name}/config.json"))
+    for tower in ([config["vision_config"], config["text_config"]] if name == "siglip" else [config]):
+        tower["num_hidden_layers"] = 4
+    json.dump(config, open(f"{out}/{name}/config.json", "w"), indent=2)
+    layer = re.compile(r"\.layers\.(\d+)\.")
+    kept = {k: v for k, v in load_file(f"data/hub/{name}/model.safetensors").items()
+            if not (m := layer.search(k)) or int(m.group(1)) < 4}
+    save_file(kept, f"{out}/{name}/model.safetensors", metadata={"format": "pt"})
 PY
 fi
 
 # 3. shards: 64 LLaVA-Pretrain-shaped image samples (~16 caption tokens + 729 image tokens)
-if [ ! -f "$W/shards/index.json" ]; then
-  "$T" synth --out "$W/llava" --samples 64 --text-only-fraction 0 --seed 1 >/dev/null 2>&1
+SHARDS=$W/shards TOKENIZER=.deps/tokenizer/tokenizer.json
+if [ "$LM" = smollm2 ]; then SHARDS=$W/shards-smollm2 TOKENIZER=.deps/smollm2-135m-instruct/tokenizer.json; fi
+if [ ! -f "$SHARDS/index.json" ]; then
+  [ -f "$W/llava/blip_laion_cc_sbu_558k.json" ] \
+    || "$T" synth --out "$W/llava" --samples 64 --text-only-fraction 0 --seed 1 >/dev/null 2>&1
   "$T" ingest --json "$W/llava/blip_laion_cc_sbu_558k.json" --images "$W/llava/images" \
-    --tokenizer .deps/tokenizer/tokenizer.json --out "$W/shards" >/dev/null 2>&1
+    --tokenizer "$TOKENIZER" --out "$SHARDS" >/dev/null 2>&1
 fi
 
 export OMP_NUM_THREADS=2
 tessera_run() { # BIN NAME ARGS... -> $W/NAME/{metrics.jsonl,rss}
   rm -rf "${W:?}/$2"
-  /usr/bin/time -f %M -o "$W/$2.rss" "$1" train --quiet "${STAGE_ARGS[@]}" --shards "$W/shards" \
-    --vision "$MODELS/siglip" --lm "$MODELS/qwen" --nproc "$NPROC" --steps "$STEPS" \
+  /usr/bin/time -f %M -o "$W/$2.rss" "$1" train --quiet "${STAGE_ARGS[@]}" --shards "$SHARDS" \
+    --vision "$MODELS/siglip" --lm "$MODELS/$LM" --nproc "$NPROC" --steps "$STEPS" \
     --token-budget 1536 --seq-len 1536 --loader-threads 1 --out "$W/$2" "${@:3}" >/dev/null
 }
 stat_of() { # NAME -> "median_step_s tokens supervised rss_mib" from metrics.jsonl
@@ -117,7 +138,7 @@ PY
 }
 baseline_run() { # TOKENS SUPERVISED -> "median_step_s rss_mib"
   local log="$W/baseline.log"
-  "$PY" "$HF_STEP" "$MODELS/siglip" "$MODELS/qwen" --images 2 \
+  "$PY" "$HF_STEP" "$MODELS/siglip" "$MODELS/$LM" --images 2 \
     --tokens "$1" --supervised "$2" --steps "$STEPS" --threads 2 $BASELINE_ARGS >"$log" 2>&1 \
     || { tail -5 "$log" >&2; exit 1; }
   python3 - "$log" <<'PY'
@@ -144,10 +165,11 @@ for r in $(seq 1 "$ROUNDS"); do
   fi
   echo "$line"
 done
-python3 - "${TS[*]}" "${HS[*]}" "${XS[*]:-}" "$(lscpu | sed -n 's/^Model name: *//p')" "$TESSERA_ARGS" "$BASELINE_ARGS" "$PRECISION" <<'PY'
+python3 - "${TS[*]}" "${HS[*]}" "${XS[*]:-}" "$(lscpu | sed -n 's/^Model name: *//p')" "$TESSERA_ARGS" "$BASELINE_ARGS" "$PRECISION" "$LM" <<'PY'
 import statistics as st, sys
 t = st.median(map(float, sys.argv[1].split())); h = st.median(map(float, sys.argv[2].split()))
 extra = f"; extra binary {st.median(map(float, sys.argv[3].split())) / h:.2f}" if sys.argv[3].strip() else ""
 print(f"RATIO tessera/transformers median step {t / h:.2f} ({t:.2f} s / {h:.2f} s){extra}; "
-      f"tessera [{sys.argv[5]}] baseline [{sys.argv[6]}]; {sys.argv[4]}, 2 threads, {sys.argv[7]}")
+      f"tessera [{sys.argv[5]}] baseline [{sys.argv[6]}]; {sys.argv[4]}, 2 threads, {sys.argv[7]}, "
+      f"LM {sys.argv[8]}")
 PY

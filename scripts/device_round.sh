@@ -23,7 +23,9 @@
 # carry [DIR], timeout_s 600.
 # Dry run on a CPU: DEVICE=cpu bash scripts/device_round.sh DIR (tiny preset instead of the Hub
 # shapes, f32, small budgets; every cuda-only stage is skipped). PY: a python with torch +
-# transformers (default python3). DEADLINE: seconds after which no stage starts (default 540).
+# transformers (default python3). DEADLINE: seconds after which no stage starts (default 520).
+# ONLY: a comma list of the parts to run (s1, hf, s2, tiny, loader, switches, profile, peak;
+# default all), e.g. ONLY=s1,hf,switches for a before/after pair of one change.
 set -uo pipefail
 DIR="$(cd "${1:?usage: device_round.sh DIR}" && pwd)"
 REPO="$(cd "$(dirname "$0")/.." && pwd)"
@@ -32,7 +34,7 @@ DEVICE="${DEVICE:-cuda}"
 OUT="${OUT:-/tmp/device_round_out}"
 W="${WORK:-/tmp/tessera_device_round}"
 PY="${PY:-python3}"
-DEADLINE="${DEADLINE:-540}"
+DEADLINE="${DEADLINE:-520}"
 T="$DIR/tessera"
 TOK="$DIR/tokenizer.json"
 BENCH="$REPO/scripts/baselines"
@@ -105,6 +107,8 @@ stage() {
   fi
 }
 on_cuda() { [ "$DEVICE" = cuda ]; }
+ONLY="${ONLY:-s1,hf,s2,tiny,loader,switches,profile,peak}"
+want() { case ",$ONLY," in *",$1,"*) return 0 ;; *) return 1 ;; esac; }
 # per_step RUN: the medians of images, real tokens and supervised tokens per step of RUN.
 per_step() {
   "$PY" - "$W/$1/metrics.jsonl" "$FROM" <<'EOF' 2>/dev/null
@@ -119,6 +123,11 @@ EOF
 if on_cuda; then
   stage "hub-shaped checkpoints" 240 "$PY" "$BENCH/make_hub_shaped_models.py" "$W/hub"
   VISION="$W/hub/siglip" LM="$W/hub/qwen"
+  if [ ! -f "$LM/config.json" ]; then  # the same shapes from tessera's own preset
+    stage "init-model qwen2.5-0.5b-shape" 150 "$T" init-model --quiet --preset qwen2.5-0.5b-shape \
+      --out "$W/hub"
+    VISION="$W/hub/vision" LM="$W/hub/lm"
+  fi
 else
   stage "init-model tiny (as the hub stand-in)" 60 "$T" init-model --quiet --preset tiny --out "$W/hub"
   VISION="$W/hub/vision" LM="$W/hub/lm"
@@ -132,23 +141,24 @@ common=(--shards "$W/shards" --vision "$VISION" --lm "$LM" --device "$DEVICE" --
   --token-budget "$BUDGET" --seq-len "$BUDGET" --loader-threads 8 --collective-timeout 300 --quiet)
 
 # 1. stage 1 and the transformers step
-stage "tessera stage 1" 150 --gpu s1 "$T" train "${common[@]}" --stage 1 --steps "$S1_STEPS" \
+want s1 && stage "tessera stage 1" 150 --gpu s1 "$T" train "${common[@]}" --stage 1 --steps "$S1_STEPS" \
   --out "$W/s1"
 read -r IMAGES TOKENS SUPERVISED <<<"$(per_step s1)"
-if [ -n "${IMAGES:-}" ]; then
+if [ -n "${IMAGES:-}" ] && want hf; then
   stage "transformers stage 1" 150 --gpu hf_s1 --log "$W/hf_s1.log" "$PY" "$BENCH/hf_train_step.py" \
     "$VISION" "$LM" --device "$DEVICE" --dtype "$HF_DTYPE" --images "$IMAGES" --tokens "$TOKENS" \
     --supervised "$SUPERVISED" --steps $((S1_STEPS - FROM + 1)) --threads "$(nproc)"
 fi
 
 # 2. stage 2: LoRA r 64 and full-parameter; the transformers full-parameter step
-stage "tessera stage 2 LoRA r 64" 120 --gpu s2_lora "$T" train "${common[@]}" --stage 2 \
+want s2 && stage "tessera stage 2 LoRA r 64" 120 --gpu s2_lora "$T" train "${common[@]}" --stage 2 \
   --lora-r 64 --lora-alpha 128 --init-projector "$W/s1" --steps "$SHORT" --out "$W/s2_lora"
-stage "tessera stage 2 full (projector,lm)" 150 --gpu s2_full "$T" train "${common[@]}" --stage 2 \
+want s2 && stage "tessera stage 2 full (projector,lm)" 150 --gpu s2_full "$T" train "${common[@]}" --stage 2 \
   --train projector,lm --strategy full_shard --init-projector "$W/s1" --steps "$SHORT" \
   --out "$W/s2_full"
-read -r IMAGES TOKENS SUPERVISED <<<"$(per_step s2_full)"
-if [ -n "${IMAGES:-}" ]; then
+IMAGES=""
+want s2 && read -r IMAGES TOKENS SUPERVISED <<<"$(per_step s2_full)"
+if [ -n "${IMAGES:-}" ] && want hf; then
   stage "transformers full (--train lm)" 120 --gpu hf_full --log "$W/hf_full.log" "$PY" \
     "$BENCH/hf_train_step.py" "$VISION" "$LM" --device "$DEVICE" --dtype "$HF_DTYPE" \
     --images "$IMAGES" --tokens "$TOKENS" --supervised "$SUPERVISED" --train lm \
@@ -158,17 +168,19 @@ fi
 # 3. tiny: cuda bf16 vs cpu f32 losses; the launcher's one-rank NCCL group
 tiny=(--shards "$W/shards" --vision "$W/tiny/vision" --lm "$W/tiny/lm" --token-budget 512
   --seq-len 512 --loader-threads 2 --collective-timeout 60 --quiet --stage 1 --lr 3e-2)
-if on_cuda; then
+if on_cuda && want tiny; then
   stage "tiny cuda bf16" 90 "$T" train "${tiny[@]}" --steps 30 --device cuda --precision bf16 \
     --out "$W/tiny_cuda"
   stage "tiny cuda --nproc 1" 90 "$T" train "${tiny[@]}" --steps 5 --device cuda --nproc 1 \
     --precision bf16 --out "$W/tiny_launch"
 fi
-stage "tiny cpu f32" 120 "$T" train "${tiny[@]}" --steps 30 --device cpu --precision f32 \
+want tiny && stage "tiny cpu f32" 120 "$T" train "${tiny[@]}" --steps 30 --device cpu --precision f32 \
   --out "$W/tiny_cpu"
 
 # 4. the loader on real photos, 8 and 16 threads, the PIL reference in the same run
-if [ -d "$DIR/photos" ]; then
+if ! want loader; then
+  :
+elif [ -d "$DIR/photos" ]; then
   stage "synth photos" 90 "$T" synth --quiet --out "$W/photos" --samples 2200 \
     --text-only-fraction 0.1 --photos "$DIR/photos"
   stage "ingest photos" 90 "$T" ingest --quiet --json "$W/photos/blip_laion_cc_sbu_558k.json" \
@@ -182,19 +194,19 @@ else
 fi
 
 # 5. what each switch is worth (short stage-1 runs against the main one's steady steps)
-stage "stage 1 dense attention" 100 --gpu v_dense env TESSERA_DENSE_ATTENTION=1 "$T" train \
+want switches && [ -z "${NO_DENSE:-}" ] && stage "stage 1 dense attention" 100 --gpu v_dense env TESSERA_DENSE_ATTENTION=1 "$T" train \
   "${common[@]}" --stage 1 --steps "$SHORT" --out "$W/v_dense"
-if on_cuda; then
+if on_cuda && want switches; then
   stage "stage 1 side stream off" 100 --gpu v_noside env TESSERA_SIDE_STREAM=0 "$T" train \
     "${common[@]}" --stage 1 --steps "$SHORT" --out "$W/v_noside"
 fi
-stage "stage 1 recompute none" 100 --gpu v_norecompute "$T" train "${common[@]}" --stage 1 \
+want switches && stage "stage 1 recompute none" 100 --gpu v_norecompute "$T" train "${common[@]}" --stage 1 \
   --recompute none --steps "$SHORT" --out "$W/v_norecompute"
-stage "stage 1 profiled (3 steps)" 100 "$T" train "${common[@]}" --stage 1 --steps 4 --profile 3 \
+want profile && stage "stage 1 profiled (3 steps)" 100 "$T" train "${common[@]}" --stage 1 --steps 4 --profile 3 \
   --out "$W/v_profile"
 
 # 6. same-run matmul peak of the compute dtype
-stage "matmul peak" 60 --log "$W/peak.log" "$PY" - "$DEVICE" "$HF_DTYPE" <<'EOF'
+want peak && stage "matmul peak" 60 --log "$W/peak.log" "$PY" - "$DEVICE" "$HF_DTYPE" <<'EOF'
 import sys, time, torch
 dev, dt = sys.argv[1], getattr(torch, sys.argv[2])
 n = 8192 if dev == "cuda" else 1024

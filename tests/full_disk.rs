@@ -94,8 +94,14 @@ fn a_checkpoint_that_does_not_fit_stops_the_run_plainly_and_resume_continues_onc
     };
     let run = disk.path.join("run");
     let stderr = run_err(&mut full_finetune(&f, &run, &STEPS))?;
-    says_disk_full(&stderr, "checkpoints/step-00000004.tmp/rank-00000/shards.safetensors")?;
-    let file = std::fs::metadata(straight.join("checkpoints/step-00000004/rank-00000/shards.safetensors"))?.len();
+    says_disk_full(
+        &stderr,
+        "checkpoints/step-00000004.tmp/rank-00000/shards.safetensors",
+    )?;
+    let file = std::fs::metadata(
+        straight.join("checkpoints/step-00000004/rank-00000/shards.safetensors"),
+    )?
+    .len();
     let needed = needed_bytes(&stderr)?;
     ensure!(
         (file..file + 64 * 1024).contains(&needed),
@@ -106,7 +112,10 @@ fn a_checkpoint_that_does_not_fit_stops_the_run_plainly_and_resume_continues_onc
         "no warning before the write: {stderr}"
     );
     let left = leftovers(&run)?;
-    ensure!(left.is_empty(), "partial files left on the full disk: {left:?}");
+    ensure!(
+        left.is_empty(),
+        "partial files left on the full disk: {left:?}"
+    );
     ensure!(
         run.join("checkpoints/step-00000002/meta.json").is_file(),
         "the committed checkpoint of step 2 is gone"
@@ -138,12 +147,18 @@ fn a_disk_too_small_for_any_checkpoint_is_said_at_the_start() -> Result<()> {
     let run = disk.path.join("run");
     let out = full_finetune(&f, &run, &steps).output()?;
     let (status, stderr) = (out.status, String::from_utf8_lossy(&out.stderr));
-    ensure!(!status.success(), "a checkpoint larger than the disk was written");
+    ensure!(
+        !status.success(),
+        "a checkpoint larger than the disk was written"
+    );
     let warned = stderr
         .find("the checkpoint of step 2 needs about")
         .with_context(|| format!("no warning at the start: {stderr}"))?;
     let failed = stderr.find("the disk is full").context("no failure")?;
-    ensure!(warned < failed, "the warning came after the failure: {stderr}");
+    ensure!(
+        warned < failed,
+        "the warning came after the failure: {stderr}"
+    );
     says_disk_full(&stderr, "shards.safetensors")?;
     let left = leftovers(&run)?;
     ensure!(left.is_empty(), "partial files left: {left:?}");
@@ -183,10 +198,17 @@ fn a_full_disk_under_the_step_logs_stops_the_run_naming_the_file() -> Result<()>
     // Every line left is whole: the failed append was cut back.
     for name in ["metrics.jsonl", "plan.jsonl"] {
         let text = std::fs::read_to_string(run.join(name))?;
-        ensure!(text.is_empty() || text.ends_with('\n'), "{name} ends in a torn line");
+        ensure!(
+            text.is_empty() || text.ends_with('\n'),
+            "{name} ends in a torn line"
+        );
     }
     let steps = read_metrics(&metrics)?;
-    ensure!(steps.len() >= 2 && steps.len() < 400, "{} steps", steps.len());
+    ensure!(
+        steps.len() >= 2 && steps.len() < 400,
+        "{} steps",
+        steps.len()
+    );
     Ok(())
 }
 
@@ -198,8 +220,8 @@ fn small_shards(f: &Fixture, out: &Path) -> std::process::Command {
 }
 
 #[test]
-fn an_ingest_onto_a_full_disk_stops_naming_the_shard_and_resumes_to_the_same_shards(
-) -> Result<()> {
+fn an_ingest_onto_a_full_disk_stops_naming_the_shard_and_resumes_to_the_same_shards() -> Result<()>
+{
     let f = fixture(60, 0.0)?;
     let clean = f.root.join("clean");
     run_ok(&mut small_shards(&f, &clean))?;
@@ -208,7 +230,11 @@ fn an_ingest_onto_a_full_disk_stops_naming_the_shard_and_resumes_to_the_same_sha
         .collect::<Result<_>>()?;
     shards.retain(|n| n.ends_with(".parquet"));
     shards.sort();
-    ensure!(shards.len() >= 4, "{} shards: the test needs more", shards.len());
+    ensure!(
+        shards.len() >= 4,
+        "{} shards: the test needs more",
+        shards.len()
+    );
     let all = pages_bytes(&clean)?;
     // Two shards, the journal, and half of the third shard fit.
     let room = pages_bytes(&clean.join(&shards[0]))?
@@ -222,7 +248,10 @@ fn an_ingest_onto_a_full_disk_stops_naming_the_shard_and_resumes_to_the_same_sha
     let stderr = run_err(&mut small_shards(&f, &out_dir))?;
     says_disk_full(&stderr, &shards[2])?;
     let needed = needed_bytes(&stderr)?;
-    ensure!(needed >= 200_000, "a shard of --shard-size 200000 needs {needed}? {stderr}");
+    ensure!(
+        needed >= 200_000,
+        "a shard of --shard-size 200000 needs {needed}? {stderr}"
+    );
     let left = leftovers(&out_dir)?;
     ensure!(left.is_empty(), "partial files left: {left:?}");
 

@@ -426,3 +426,22 @@ fn export_takes_the_newest_complete_checkpoint_and_the_run_keeps_its_tokenizer()
     );
     Ok(())
 }
+
+/// `generate --lm` with the real SmolLM2-135M-Instruct: a text-only chat turn through the
+/// model's own chat template (its default system prompt included), greedy, prints exactly the
+/// answer transformers gives (trainer/model/tests/model/families.rs compares the tokens and
+/// logits with transformers').
+#[test]
+fn generate_lm_answers_a_chat_turn_as_transformers_does() -> Result<()> {
+    let out = run_ok(
+        tessera_elsewhere()
+            .args(["generate", "--lm"])
+            .arg(support::smollm2())
+            .args(["--prompt", "What is the capital of France?"]),
+    )?;
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        "The capital of France is Paris."
+    );
+    Ok(())
+}

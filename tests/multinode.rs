@@ -226,31 +226,39 @@ fn a_dead_node_stops_the_other_within_60_s_naming_its_ranks_and_the_run_resumes_
     not(feature = "test-hooks"),
     ignore = "pauses a checkpoint write through TESSERA_CHECKPOINT_PAUSE_AT: --features test-hooks"
 )]
-fn a_lost_agent_takes_its_ranks_the_other_node_stops_naming_them_and_the_run_resumes(
-) -> Result<()> {
+fn a_lost_agent_takes_its_ranks_the_other_node_stops_naming_them_and_the_run_resumes() -> Result<()>
+{
     let f = fixture(200, 0.0)?;
     let steps = ["--steps", "8", "--checkpoint-every", "2"];
     let straight = f.root.join("straight");
     run_ok(train_command(tessera(), &f, args(&f), &straight, &steps).args(["--nproc", "4"]))?;
 
     let run = f.root.join("run");
-    let hybrid: Vec<&str> = steps.iter().copied().chain(["--strategy", "hybrid_shard"]).collect();
+    let hybrid: Vec<&str> = steps
+        .iter()
+        .copied()
+        .chain(["--strategy", "hybrid_shard"])
+        .collect();
     let port = free_port()?;
     let (log0, log1) = (f.root.join("node0.log"), f.root.join("node1.log"));
     let mut node0 = node(&f, (0, port, 2), &run, &hybrid, &log0, None, 1)?;
     // Node 1's ranks stop inside the step-4 write, holding everyone at that step.
     let mut node1 = node(&f, (1, port, 2), &run, &hybrid, &log1, Some("4"), 1)?;
-    wait_until("step-4 write paused on node 1", Duration::from_secs(240), || {
-        if let Some(status) = node0.try_wait()? {
-            anyhow::bail!(
-                "node 0 exited ({status}): {}",
-                std::fs::read_to_string(&log0)?
-            );
-        }
-        // Both of node 1's ranks say so (TESSERA_CHECKPOINT_PAUSE_AT's warning).
-        let log = std::fs::read_to_string(&log1).unwrap_or_default();
-        Ok(log.matches("pausing inside the checkpoint write").count() >= 2)
-    })?;
+    wait_until(
+        "step-4 write paused on node 1",
+        Duration::from_secs(240),
+        || {
+            if let Some(status) = node0.try_wait()? {
+                anyhow::bail!(
+                    "node 0 exited ({status}): {}",
+                    std::fs::read_to_string(&log0)?
+                );
+            }
+            // Both of node 1's ranks say so (TESSERA_CHECKPOINT_PAUSE_AT's warning).
+            let log = std::fs::read_to_string(&log1).unwrap_or_default();
+            Ok(log.matches("pausing inside the checkpoint write").count() >= 2)
+        },
+    )?;
     // The agent alone: its ranks are not in its process group, and nobody signals them.
     let _ = Command::new("kill")
         .args(["-KILL", &node1.id().to_string()])
@@ -264,7 +272,9 @@ fn a_lost_agent_takes_its_ranks_the_other_node_stops_naming_them_and_the_run_res
         if killed.elapsed() > Duration::from_secs(60) {
             kill_node(&node0)?;
             for pid in support::processes_naming(&run) {
-                let _ = Command::new("kill").args(["-KILL", &pid.to_string()]).status();
+                let _ = Command::new("kill")
+                    .args(["-KILL", &pid.to_string()])
+                    .status();
             }
             anyhow::bail!(
                 "node 0 still ran 60 s after node 1's agent died: {}",

@@ -1,15 +1,15 @@
-//! README.md's "Train on the real thing" block, run as written on the tiny preset, so that the
-//! commands a newcomer copies cannot rot.
+//! README.md's "Train on the real thing" block, run as written on the tiny preset and on the
+//! real SmolLM2-135M-Instruct, so that the commands a newcomer copies cannot rot.
 //!
 //! The block sits between `<!-- real-data:begin -->` and `<!-- real-data:end -->` in one
 //! ```` ```bash ```` fence: first the user's paths as shell variables, then `$T` commands. The
 //! test builds stand-ins for what a user downloads (`tessera synth --zip`: LLaVA-Pretrain's
 //! json + images.zip; `tessera init-model --preset tiny`: the two Hugging Face folders, the LM's
-//! with its own tokenizer.json), gives the README's variables those paths, makes the batch small
-//! (`REWRITES`: each must still match the README), and runs every command with
-//! `bash -euo pipefail`. Then it checks what a user looks for: the shards, both runs'
-//! checkpoints and summaries, a stage 2 that trained the whole LM with finite losses, a llava-hf
-//! export with its weights, and a caption.
+//! with its own tokenizer.json; or SmolLM2 from scripts/setup.sh as the LM), gives the README's
+//! variables those paths, makes the batch small (`REWRITES`: each must still match the README),
+//! and runs every command with `bash -euo pipefail`. Then it checks what a user looks for: the
+//! shards, both runs' checkpoints and summaries, a stage 2 that trained the whole LM with
+//! finite losses, a llava-hf export with its weights and the shards' tokenizer, and a caption.
 #![cfg(feature = "train")]
 use anyhow::{bail, ensure, Context, Result};
 use serde_json::Value;
@@ -19,7 +19,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 mod support;
-use support::{binary, run_ok, tessera, tokenizer};
+use support::{binary, run_ok, smollm2, tessera, tokenizer};
 
 const BEGIN: &str = "<!-- real-data:begin -->";
 const END: &str = "<!-- real-data:end -->";
@@ -29,7 +29,8 @@ const END: &str = "<!-- real-data:end -->";
 /// real-sized batch.
 const REWRITES: &[(&str, &str)] = &[("--token-budget 8192", "--token-budget 512 --seq-len 512")];
 
-/// The records `synth` writes for the stand-in LLaVA-Pretrain.
+/// The records `synth` writes for the stand-in LLaVA-Pretrain (with the tiny preset; SmolLM2,
+/// 135 M parameters trained in full in stage 2, gets a quarter of them).
 const SAMPLES: u64 = 40;
 
 /// The fenced bash between the markers.
@@ -196,6 +197,17 @@ fn safetensors_names(path: &Path) -> Result<Vec<String>> {
 
 #[test]
 fn the_readme_real_data_block_runs_on_the_tiny_preset() -> Result<()> {
+    run_the_block(None, SAMPLES)
+}
+
+#[test]
+fn the_readme_real_data_block_runs_with_smollm2_as_the_lm() -> Result<()> {
+    run_the_block(Some(&smollm2()), SAMPLES / 4)
+}
+
+/// The block with `lm` as `$LM` (default: init-model's tiny Qwen2 with the Qwen tokenizer) on
+/// `samples` records.
+fn run_the_block(lm: Option<&Path>, samples: u64) -> Result<()> {
     let readme_path = Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md");
     let readme = std::fs::read_to_string(&readme_path)?;
     let block = real_data_block(&readme)?;
@@ -206,7 +218,7 @@ fn the_readme_real_data_block_runs_on_the_tiny_preset() -> Result<()> {
     let data = root.join("LLaVA-Pretrain");
     run_ok(
         tessera()
-            .args(["synth", "--quiet", "--samples", &SAMPLES.to_string()])
+            .args(["synth", "--quiet", "--samples", &samples.to_string()])
             .args(["--text-only-fraction", "0.2", "--zip", "--out"])
             .arg(&data),
     )?;
@@ -219,8 +231,13 @@ fn the_readme_real_data_block_runs_on_the_tiny_preset() -> Result<()> {
             .args(["init-model", "--quiet", "--preset", "tiny", "--out"])
             .arg(&hf),
     )?;
-    let qwen = hf.join("lm");
-    std::fs::copy(tokenizer(), qwen.join("tokenizer.json"))?;
+    let lm = match lm {
+        Some(dir) => dir.to_path_buf(),
+        None => {
+            std::fs::copy(tokenizer(), hf.join("lm/tokenizer.json"))?;
+            hf.join("lm")
+        }
+    };
     let runs = root.join("runs");
     let image = first_file(&data.join("images"))?;
 
@@ -229,7 +246,7 @@ fn the_readme_real_data_block_runs_on_the_tiny_preset() -> Result<()> {
         ("T", path(binary())),
         ("DATA", path(&data)),
         ("SIGLIP", path(&hf.join("vision"))),
-        ("QWEN", path(&qwen)),
+        ("LM", path(&lm)),
         ("IMAGE", path(&image)),
         ("RUNS", path(&runs)),
         ("DEVICE", "cpu".to_string()),
@@ -316,8 +333,8 @@ fn the_readme_real_data_block_runs_on_the_tiny_preset() -> Result<()> {
     let shards = runs.join("shards");
     let index = read_json(&shards.join("index.json"))?;
     ensure!(
-        index["num_samples"].as_u64() == Some(SAMPLES),
-        "index.json counts {} samples of {SAMPLES} records",
+        index["num_samples"].as_u64() == Some(samples),
+        "index.json counts {} samples of {samples} records",
         index["num_samples"]
     );
     for shard in index["shards"]
@@ -331,13 +348,24 @@ fn the_readme_real_data_block_runs_on_the_tiny_preset() -> Result<()> {
         );
     }
 
-    // Stage 1 trained the projector alone.
+    // Stage 1 trained the projector alone, and the embedding row of an `<image>` ingest added
+    // to a tokenizer without an image token (SmolLM2's).
     let stage1 = runs.join("stage1");
     finished_run(&stage1)?;
     let trained = trained_parameters(&newest_checkpoint(&stage1)?)?;
+    let added = !index["special_tokens"]["added"]
+        .as_array()
+        .is_none_or(Vec::is_empty);
+    let mut want = vec!["mm_projector.0.weight".to_string()];
+    if added {
+        want.push("added_tokens.embed_tokens".into());
+    }
     ensure!(
-        !trained.is_empty() && trained.iter().all(|p| p.starts_with("mm_projector.")),
-        "stage 1 trained more (or less) than the projector: {trained:?}"
+        want.iter().all(|w| trained.contains(w))
+            && trained
+                .iter()
+                .all(|p| p.starts_with("mm_projector.") || p.starts_with("added_tokens.")),
+        "stage 1 trained more (or less) than the projector and {want:?}: {trained:?}"
     );
 
     // Stage 2 trained the projector and the whole LM, at a rate above 0, with finite losses.
@@ -369,7 +397,8 @@ fn the_readme_real_data_block_runs_on_the_tiny_preset() -> Result<()> {
         meta["config"]
     );
 
-    // export: a llava-hf folder with the whole model's weights and the LM's tokenizer.
+    // export: a llava-hf folder with the whole model's weights and the shards' tokenizer (the
+    // LM's, with the `<image>` ingest added when it had no image token).
     let llava = runs.join("llava");
     let config = read_json(&llava.join("config.json"))?;
     ensure!(
@@ -384,8 +413,9 @@ fn the_readme_real_data_block_runs_on_the_tiny_preset() -> Result<()> {
         );
     }
     ensure!(
-        std::fs::read(llava.join("tokenizer.json"))? == std::fs::read(tokenizer())?,
-        "the export's tokenizer.json is not the LM's"
+        std::fs::read(llava.join("tokenizer.json"))?
+            == std::fs::read(shards.join("tokenizer.json"))?,
+        "the export's tokenizer.json is not the shards' tokenizer"
     );
 
     // generate: a caption for the user's image.

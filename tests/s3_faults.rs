@@ -69,7 +69,12 @@ fn with_every_tenth_get_failing_training_keeps_its_losses_and_counts_the_retries
     let url = server.upload_dir(&f.shards, "datasets", "flaky")?;
     let steps = ["--steps", "12"];
     let healthy = f.root.join("healthy");
-    run_ok(&mut train(&f, &f.shards.to_string_lossy(), &healthy, &steps))?;
+    run_ok(&mut train(
+        &f,
+        &f.shards.to_string_lossy(),
+        &healthy,
+        &steps,
+    ))?;
 
     let proxy = FaultProxy::start(server.port, every_tenth_get(), STALL)?;
     let flaky = f.root.join("flaky");
@@ -83,7 +88,11 @@ fn with_every_tenth_get_failing_training_keeps_its_losses_and_counts_the_retries
         "the proxy failed only {injected} of {:?} requests: the test needs each fault kind",
         log.requests
     );
-    assert_eq!(losses(&flaky)?, losses(&healthy)?, "losses through a flaky store");
+    assert_eq!(
+        losses(&flaky)?,
+        losses(&healthy)?,
+        "losses through a flaky store"
+    );
     let retried: u64 = read_metrics(&flaky.join("metrics.jsonl"))?
         .iter()
         .map(|m| m.store_retries)
@@ -106,14 +115,11 @@ fn with_every_tenth_get_failing_training_keeps_its_losses_and_counts_the_retries
 }
 
 #[test]
-fn a_shard_gone_for_good_fails_the_run_naming_it_and_resume_works_once_it_is_back() -> Result<()>
-{
+fn a_shard_gone_for_good_fails_the_run_naming_it_and_resume_works_once_it_is_back() -> Result<()> {
     let f = fixture(48, 0.0)?;
     // Shards of about 8 samples, so that every step reads several of them.
     let sharded = f.root.join("sharded");
-    run_ok(
-        ingest(tessera(), &f.root.join("llava"), &sharded).args(["--shard-size", "250000"]),
-    )?;
+    run_ok(ingest(tessera(), &f.root.join("llava"), &sharded).args(["--shard-size", "250000"]))?;
     let shard = "shard-00001.parquet";
     ensure!(sharded.join(shard).is_file(), "the ingest made one shard");
     let server = MotoServer::start()?;
@@ -121,7 +127,12 @@ fn a_shard_gone_for_good_fails_the_run_naming_it_and_resume_works_once_it_is_bac
     let url = server.upload_dir(&sharded, "datasets", "gone")?;
     let steps = ["--steps", "30", "--checkpoint-every", "2"];
     let straight = f.root.join("straight");
-    run_ok(&mut train(&f, &sharded.to_string_lossy(), &straight, &steps))?;
+    run_ok(&mut train(
+        &f,
+        &sharded.to_string_lossy(),
+        &straight,
+        &steps,
+    ))?;
 
     let proxy = FaultProxy::start(server.port, every_tenth_get(), STALL)?;
     let run = f.root.join("run");
@@ -156,7 +167,11 @@ fn a_shard_gone_for_good_fails_the_run_naming_it_and_resume_works_once_it_is_bac
         "the run took {took:?} to give up"
     );
 
-    server.put("datasets", &format!("gone/{shard}"), &std::fs::read(sharded.join(shard))?)?;
+    server.put(
+        "datasets",
+        &format!("gone/{shard}"),
+        &std::fs::read(sharded.join(shard))?,
+    )?;
     proxy.set_rules(Vec::new());
     let out = run_ok(
         through(train(&f, &url, &run, &steps), &proxy)
@@ -166,7 +181,10 @@ fn a_shard_gone_for_good_fails_the_run_naming_it_and_resume_works_once_it_is_bac
     let log = String::from_utf8_lossy(&out.stderr);
     ensure!(log.contains("resumed from"), "{log}");
     assert_eq!(losses(&run)?, losses(&straight)?);
-    eprintln!("the run stopped {:.1} s after the shard was deleted", took.as_secs_f64());
+    eprintln!(
+        "the run stopped {:.1} s after the shard was deleted",
+        took.as_secs_f64()
+    );
     Ok(())
 }
 
@@ -244,7 +262,10 @@ fn ingest_to_a_flaky_store_uploads_the_same_objects_and_nothing_else() -> Result
     for name in &want {
         let stored = server.get("datasets", &format!("flaky-ingest/{name}"))?;
         let local = std::fs::read(f.shards.join(name)).with_context(|| name.clone())?;
-        ensure!(stored == local, "{name}: the stored object differs from the ingest's file");
+        ensure!(
+            stored == local,
+            "{name}: the stored object differs from the ingest's file"
+        );
     }
     // The same shards: verify reads them back through the healthy store.
     proxy.set_rules(Vec::new());

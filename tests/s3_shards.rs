@@ -112,3 +112,47 @@ fn a_server_killed_mid_run_fails_it_naming_the_url() -> Result<()> {
     );
     Ok(())
 }
+
+#[test]
+fn a_parquet_input_in_s3_ingests_to_the_shards_of_the_local_file() -> Result<()> {
+    let l = support::layouts::layouts(&[])?;
+    let server = MotoServer::start()?;
+    server.create_bucket("inputs")?;
+    let file = l.cauldron().join("train.parquet");
+    server.put("inputs", "cauldron/train.parquet", &std::fs::read(&file)?)?;
+    let ingest = |input: &str, out: &Path| {
+        let mut cmd = with_server(tessera(), &server);
+        cmd.args(["ingest", "--quiet", "--input", input, "--tokenizer"])
+            .arg(tokenizer())
+            .args([
+                "--template",
+                "chatml",
+                "--max-rejected-fraction",
+                "0.5",
+                "--out",
+            ])
+            .arg(out);
+        cmd
+    };
+    let local = l.root.join("local");
+    run_ok(&mut ingest(&file.to_string_lossy(), &local))?;
+    // The folder URL (its *.parquet objects) and the object's own URL.
+    for (name, url) in [
+        ("folder", "s3://inputs/cauldron/"),
+        ("object", "s3://inputs/cauldron/train.parquet"),
+    ] {
+        let out = l.root.join(name);
+        run_ok(&mut ingest(url, &out))?;
+        let shard = shards::shard_file_name(0);
+        ensure!(
+            std::fs::read(out.join(&shard))? == std::fs::read(local.join(&shard))?,
+            "{name}: shards from {url} differ from the local file's"
+        );
+        ensure!(
+            std::fs::read(out.join("rejected.jsonl"))?
+                == std::fs::read(local.join("rejected.jsonl"))?,
+            "{name}: rejections differ"
+        );
+    }
+    Ok(())
+}

@@ -1,7 +1,9 @@
 //! `tessera train` / `tessera export` end to end, through the binary: synth -> ingest ->
 //! init-model -> train on 2 ranks -> interrupt after a checkpoint -> resume -> the same losses
 //! as an uninterrupted run -> export -> the exported projector and adapter give the same
-//! outputs as the trained tensors; and the refusals (config, mismatched or corrupt checkpoint).
+//! outputs as the trained tensors; every run's TensorBoard events (read by TensorBoard's own
+//! reader) hold its metrics.jsonl, resumed runs and losses by sample type included; and the
+//! refusals (config, mismatched or corrupt checkpoint).
 #![cfg(feature = "train")]
 use anyhow::{ensure, Context, Result};
 use pipeline::loader::{Loader, LoaderConfig, SampleSource};
@@ -13,7 +15,7 @@ use std::time::{Duration, Instant};
 use tessera_model::{load_adapter, load_safetensors, Vlm, VlmOptions};
 
 mod support;
-use support::metrics::losses;
+use support::metrics::{check_tensorboard_events, losses};
 use support::{fixture, run_err, run_ok, tessera, train_command, Fixture, TrainArgs};
 
 /// `tessera train` on the fixture with small, fast settings.
@@ -108,6 +110,24 @@ fn two_ranks_interrupted_and_resumed_match_an_uninterrupted_run_and_export_round
     assert_eq!(a.len(), 8);
     assert_eq!(a, b, "resumed losses differ from the uninterrupted run's");
     assert!(straight.join("loss.png").is_file() && straight.join("summary.json").is_file());
+    // TensorBoard's reader sees each step once (the resumed file supersedes the interrupted
+    // one's steps from 3 on), equal to metrics.jsonl, with a tag per rank.
+    for run in [&straight, &resumed] {
+        let events = check_tensorboard_events(run)?;
+        assert_eq!(events.steps, 8, "{}", run.display());
+        assert_eq!(
+            events.per_tag["loss/image"], 8,
+            "stage 1 steps are image steps"
+        );
+        assert!(!events.per_tag.contains_key("loss/text_only"));
+        for tag in [
+            "loader_wait_frac/rank1",
+            "peak_rss_mib/rank0",
+            "compute_s/rank1",
+        ] {
+            assert_eq!(events.per_tag.get(tag), Some(&8), "{tag}");
+        }
+    }
 
     // Stage 2 from the stage-1 projector, then export and load the files back.
     let stage2 = f.root.join("stage2");
@@ -116,11 +136,25 @@ fn two_ranks_interrupted_and_resumed_match_an_uninterrupted_run_and_export_round
             &f,
             2,
             &stage2,
-            &["--steps", "3", "--lora-r", "4", "--lora-alpha", "8"],
+            &["--steps", "4", "--lora-r", "4", "--lora-alpha", "8"],
         )
         .arg("--init-projector")
-        .arg(&straight),
+        .arg(&straight)
+        .arg("--val-shards")
+        .arg(&f.shards)
+        .args(["--val-samples", "8", "--val-every", "2"]),
     )?;
+    // Stage 2 plans image and text-only steps: a loss series each, and validation points.
+    let events = check_tensorboard_events(&stage2)?;
+    assert_eq!(events.steps, 4);
+    let typed = |tag: &str| events.per_tag.get(tag).copied().unwrap_or(0);
+    assert!(
+        typed("loss/image") > 0 && typed("loss/text_only") > 0,
+        "{:?}",
+        events.per_tag
+    );
+    assert_eq!(typed("loss/validation"), 2);
+    assert!(events.scalars > 4 * 10);
     let export = f.root.join("export");
     run_ok(
         tessera()

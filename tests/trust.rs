@@ -54,7 +54,7 @@ fn a_flipped_image_bit_in_a_shard_stops_training_naming_shard_row_and_sample() -
             shard.to_string(),
             row,
             sample.id,
-            sample.image.context("an image")?,
+            sample.images.into_iter().next().context("an image")?.bytes,
         )
     };
     // One bit in the middle of the stored JPEG: it still decodes, only the checksum can tell.
@@ -178,7 +178,7 @@ fn checkpoints_hold_only_trainable_state_and_only_the_last_three_stay() -> Resul
 }
 
 #[test]
-fn a_broken_lm_config_is_reported_once_before_any_rank_starts() -> Result<()> {
+fn a_broken_or_unsupported_lm_config_is_reported_once_before_any_rank_starts() -> Result<()> {
     let f = fixture(4, 0.0)?;
     let lm = f.root.join("broken_lm");
     std::fs::create_dir_all(&lm)?;
@@ -187,6 +187,20 @@ fn a_broken_lm_config_is_reported_once_before_any_rank_starts() -> Result<()> {
     let run = f.root.join("run");
     let msg = run_err(&mut train(&f, &lm, &run, &["--nproc", "2", "--steps", "1"]))?;
     assert_eq!(msg.matches("config.json").count(), 1, "{msg}");
+    assert!(!run.exists(), "nothing was started");
+
+    // A language model of a family tessera does not train: refused once, before any rank
+    // starts, naming the folder, its model_type and the families that are supported.
+    let config = std::fs::read_to_string(f.lm.join("config.json"))?;
+    let mistral = config.replace("\"qwen2\"", "\"mistral\"");
+    assert_ne!(mistral, config, "the tiny LM's config names qwen2");
+    std::fs::write(lm.join("config.json"), mistral)?;
+    let msg = run_err(&mut train(&f, &lm, &run, &["--nproc", "2", "--steps", "1"]))?;
+    let folder = lm.display().to_string();
+    assert_eq!(msg.matches(&folder).count(), 1, "{msg}");
+    for part in ["model_type \"mistral\"", "qwen2", "qwen3", "llama"] {
+        assert!(msg.contains(part), "`{part}` is not in: {msg}");
+    }
     assert!(!run.exists(), "nothing was started");
     Ok(())
 }

@@ -26,6 +26,21 @@ pub enum IngestError {
         record: usize,
         source: serde_json::Error,
     },
+    /// The input cannot be read as the layout it was given or detected as.
+    #[error("{input}: {detail}")]
+    Input { input: String, detail: String },
+    /// A parquet input file is not readable parquet.
+    #[error("{file}: parquet")]
+    Parquet {
+        file: String,
+        source: parquet::errors::ParquetError,
+    },
+    /// A parquet input file's columns could not be decoded.
+    #[error("{file}: arrow")]
+    Arrow {
+        file: String,
+        source: arrow_schema::ArrowError,
+    },
     #[error("{path}: not a readable zip archive")]
     Zip {
         path: PathBuf,
@@ -44,6 +59,10 @@ pub enum IngestError {
         token: String,
         template: String,
     },
+    #[error("{path}: chat template: {detail}")]
+    ChatTemplate { path: PathBuf, detail: String },
+    #[error("{dir}: {detail}")]
+    ModelFolder { dir: PathBuf, detail: String },
     #[error("record {id}: tokenizer failed")]
     Tokenize {
         id: String,

@@ -52,13 +52,19 @@ mod tests {
         let good = jpeg(120, 90);
         assert_eq!(check_jpeg(&good), Ok(()));
         let cut = check_jpeg(&good[..good.len() / 2]).expect_err("truncated");
-        assert!(cut.contains("Premature end") || cut.contains("premature end"), "{cut}");
+        assert!(
+            cut.contains("Premature end") || cut.contains("premature end"),
+            "{cut}"
+        );
         let mut flipped = good.clone();
         let mid = flipped.len() * 2 / 3;
         for b in &mut flipped[mid..mid + 64] {
             *b = 0xFF;
         }
-        assert!(check_jpeg(&flipped).is_err(), "a run of 0xFF bytes in the entropy data");
+        assert!(
+            check_jpeg(&flipped).is_err(),
+            "a run of 0xFF bytes in the entropy data"
+        );
         assert!(check_jpeg(b"\xFF\xD8\xFF\xE0 not a jpeg").is_err());
         assert!(check_jpeg(&[]).is_err());
     }

@@ -1,18 +1,30 @@
-//! LLaVA json + images (folder or zip) -> tessera shards.
+//! LLaVA / LLaVA-OneVision json + images (folder or zip), or Hugging Face `datasets` parquet
+//! with the images inside (the_cauldron and FineVision's `images` + `texts`, TRL's `messages`)
+//! -> tessera shards.
 //!
 //! An ingest run ([`run`]):
-//! 1. maps the json and splits it into records (a syntax error stops the run, naming the byte
-//!    offset); a reader thread parses them in order and marks repeated ids;
-//! 2. worker threads check each record's conversation, render the chat template, refuse unsafe
-//!    image paths, fetch the image (folder or zip, read in place), probe its header (format,
-//!    size, pixel limit), decode it unless `verify` is off, and tokenize;
+//! 1. opens the input in its layout ([`Format`], detected or given: `layout/`): a json is
+//!    mapped and split into records (a syntax error stops the run, naming the byte offset),
+//!    parquet files are read a row group at a time; a reader thread turns rows into records in
+//!    order and marks repeated ids;
+//! 2. worker threads check each record's conversation (one `<image>` per image), render the
+//!    chat template, refuse unsafe image paths, fetch each image (folder or zip read in place,
+//!    or the bytes embedded in the parquet), probe its header (format, size, pixel limit),
+//!    decode it unless `verify` is off, and tokenize;
 //! 3. one writer puts outcomes back in json order: samples go to `shard-NNNNN.parquet`,
 //!    rejections (id + reason) to `rejected.jsonl`; after each shard a journal makes the run
 //!    resumable; the tokenizer is copied beside them (`tokenizer.json`, so the shards carry
-//!    it to `train`'s run folder) and `index.json` is written last.
+//!    it to `train`'s run folder) and `index.json` is written last, recording the special
+//!    tokens the ids were made with (the tokenizer's own, `special_tokens.rs`).
+//!
+//! [`ModelTokenizer`] reads a language model folder's text side (tokenizer, its own chat
+//! template through [`ChatTemplate`], stop ids) for `tessera generate --lm`.
+mod chat_template;
 mod error;
 mod images;
 mod jpeg_check;
+mod layout;
+mod model_tokenizer;
 mod ordered_writer;
 mod probe;
 mod reason;
@@ -20,10 +32,14 @@ mod record;
 mod report;
 mod resume;
 mod run;
+mod special_tokens;
 mod template;
 mod workers;
 
+pub use chat_template::ChatTemplate;
 pub use error::IngestError;
+pub use layout::Format;
+pub use model_tokenizer::ModelTokenizer;
 pub use reason::{Reason, Rejection};
 pub use report::Summary;
 pub use run::{run, IngestConfig};

@@ -1,4 +1,4 @@
-//! The single writer: takes worker outcomes in any order, puts them back in json order, and
+//! The single writer: takes worker outcomes in any order, puts them back in input order, and
 //! writes kept samples into shards and rejected records into `rejected.jsonl`. A shard closes
 //! as soon as its estimated size reaches `--shard-size`, a function of the records alone, so
 //! the output is byte-identical whatever the number of workers or the timing. After each
@@ -98,8 +98,11 @@ impl OrderedWriter {
                 for note in notes {
                     *report.notes.entry(note.to_string()).or_default() += 1;
                 }
-                if let Some(format) = &sample.image_format {
-                    *report.image_formats.entry(format.clone()).or_default() += 1;
+                for image in &sample.images {
+                    *report
+                        .image_formats
+                        .entry(image.format.clone())
+                        .or_default() += 1;
                 }
                 let writer = match &mut self.current {
                     Some(w) => w,

@@ -119,7 +119,13 @@ pub(crate) fn probe(bytes: &[u8], path: &str, max_pixels: u64) -> Result<ImageIn
             format!("{path}: {width}x{height} = {pixels} pixels, above the limit of {max_pixels}"),
         ));
     }
-    if !format.matches_extension(path) {
+    // A name without an extension (an image embedded in parquet without a path) names no
+    // format to disagree with.
+    let named = path
+        .rsplit('/')
+        .next()
+        .is_some_and(|file| file.contains('.'));
+    if named && !format.matches_extension(path) {
         notes.push("misnamed_image");
     }
     let (short, long) = (width.min(height), width.max(height));

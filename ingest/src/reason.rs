@@ -23,9 +23,15 @@ pub enum Reason {
     MultipleImagePlaceholders,
     /// A text-only record that mentions `<image>`.
     PlaceholderWithoutImage,
+    /// The `<image>` tags (image parts, for `messages`) do not match the images one to one
+    /// (layouts other than `llava`, whose one-image records keep the three names above).
+    ImagePlaceholderMismatch,
+    /// A record with a video: tessera trains on images.
+    VideoUnsupported,
     /// A gpt turn that is empty or whitespace only.
     EmptyCaption,
-    /// No conversation turns, no gpt turn, or (plain template) not one human + one gpt turn.
+    /// No conversation turns, no gpt turn, a turn without text, an unknown content part, or
+    /// (plain template) not one human + one gpt turn.
     BadConversation,
     /// A turn's `from` is none of human/user, gpt/assistant, system.
     UnknownRole,
@@ -44,6 +50,8 @@ impl Reason {
             Reason::MissingImagePlaceholder => "missing_image_placeholder",
             Reason::MultipleImagePlaceholders => "multiple_image_placeholders",
             Reason::PlaceholderWithoutImage => "placeholder_without_image",
+            Reason::ImagePlaceholderMismatch => "image_placeholder_mismatch",
+            Reason::VideoUnsupported => "video_unsupported",
             Reason::EmptyCaption => "empty_caption",
             Reason::BadConversation => "bad_conversation",
             Reason::UnknownRole => "unknown_role",

@@ -1,319 +1,41 @@
-//! LLaVA json records: the file is memory-mapped and split into its top-level array elements
-//! by a small byte scanner (strings and nesting aware), then each element is parsed with serde.
-//! Any syntax error, or an element that is not a record (no `id`, no `conversations`), fails
-//! the whole run with the byte offset: such a file is not a LLaVA json and guessing is worse.
-//!
-//! Memory stays flat in the file's size: every pass over the mapping (hashing, splitting, the
-//! reader's parse in json order) hands the pages behind it back (`MADV_DONTNEED`; the page
-//! cache keeps them), so the process holds a window of the file, not all of it (LLaVA-Pretrain's
-//! json is 181 MB; a mixture's can be gigabytes).
-use crate::error::IngestError;
-use serde::Deserialize;
-use sha2::Digest;
+//! What every input layout turns a row into: an id, its images (a path under `--images`, or
+//! bytes embedded in the input) and its turns, with an `<image>` tag where each image goes.
+//! Everything after the layout (template, image checks, tokenizing, shards) works on this.
+use crate::reason::Reason;
 use shards::Turn;
-use std::ops::Range;
-use std::path::Path;
-use std::sync::atomic::{AtomicUsize, Ordering};
 
-/// The mapping's page size for `MADV_DONTNEED` ranges (4 KiB pages; a larger page size only
-/// makes a release start inside a page, which the kernel rounds).
-const PAGE: usize = 4096;
+/// One image of a record, before it is fetched and checked.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) enum ImageRef {
+    /// A path relative to the `--images` folder or zip (LLaVA and LLaVA-OneVision json, a
+    /// parquet image struct without bytes).
+    Path(String),
+    /// Bytes stored in the input itself (a `datasets` Image struct's `bytes`); `name` says
+    /// which in rejections and notes: its `path` field, or `image K` (K counted from 0).
+    Embedded { bytes: Vec<u8>, name: String },
+}
 
-/// One LLaVA record: `{"id", "image"?, "conversations": [{"from", "value"}, ...]}`.
+/// One input record in the common form.
 #[derive(Clone, Debug, PartialEq)]
 pub(crate) struct Record {
     pub id: String,
-    /// Path relative to the images root; `None` for text-only records.
-    pub image: Option<String>,
+    /// In placeholder order; empty for text-only records.
+    pub images: Vec<ImageRef>,
+    /// Turns with the source's role names (`human`, `gpt`, `user`, ...) and `<image>` tags.
     pub conversations: Vec<Turn>,
+    /// Set when the layout already knows the record cannot be used (a video, a row without
+    /// text): it is rejected with this reason and detail before any other work.
+    pub refused: Option<(Reason, String)>,
 }
 
-#[derive(Deserialize)]
-#[serde(untagged)]
-enum RawId {
-    Text(String),
-    Number(serde_json::Number),
-}
-
-#[derive(Deserialize)]
-struct RawTurn {
-    from: String,
-    value: String,
-}
-
-#[derive(Deserialize)]
-struct RawRecord {
-    id: RawId,
-    #[serde(default)]
-    image: Option<String>,
-    conversations: Vec<RawTurn>,
-}
-
-/// Bytes read past before the pages behind are handed back.
-const RELEASE_WINDOW: usize = 8 << 20;
-
-/// The json file, memory-mapped, with the byte range of every top-level array element.
-pub(crate) struct RecordFile {
-    path: std::path::PathBuf,
-    map: memmap2::Mmap,
-    spans: Vec<Range<usize>>,
-    /// The mapping's bytes before this offset were handed back ([`RecordFile::release_before`]).
-    released: AtomicUsize,
-    /// sha256 of the file, computed while it was split.
-    sha256: String,
-}
-
-impl RecordFile {
-    /// Maps `path` and finds its elements; fails on any structural syntax error.
-    pub(crate) fn open(path: &Path) -> Result<Self, IngestError> {
-        let meta = std::fs::metadata(path).map_err(|e| IngestError::io(path, e))?;
-        if meta.is_dir() {
-            // mmap of a folder fails with ENODEV ("No such device"), which says nothing useful.
-            return Err(IngestError::io(
-                path,
-                std::io::Error::other("is a folder; --json wants the LLaVA .json file"),
-            ));
+impl Record {
+    /// A record the layout refuses outright.
+    pub(crate) fn refused(id: String, reason: Reason, detail: String) -> Record {
+        Record {
+            id,
+            images: Vec::new(),
+            conversations: Vec::new(),
+            refused: Some((reason, detail)),
         }
-        let file = std::fs::File::open(path).map_err(|e| IngestError::io(path, e))?;
-        // SAFETY: the json is only read; a user editing it during ingest gets garbage records
-        // (which fail to parse), never memory unsafety beyond what reading a file allows.
-        let map = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| IngestError::io(path, e))?;
-        let mut this = RecordFile {
-            path: path.to_path_buf(),
-            map,
-            spans: Vec::new(),
-            released: AtomicUsize::new(0),
-            sha256: String::new(),
-        };
-        // One pass: the splitter leads, the hash follows it window by window, and the pages
-        // both are done with go back.
-        let mut hasher = sha2::Sha256::new();
-        let mut hashed = 0;
-        let spans = split_array(&this.map, |pos| {
-            if pos >= hashed + RELEASE_WINDOW {
-                hasher.update(&this.map[hashed..pos]);
-                hashed = pos;
-                this.release_before(pos);
-            }
-        })
-        .map_err(|(offset, detail)| IngestError::Json {
-            path: path.to_path_buf(),
-            offset: offset as u64,
-            detail,
-        })?;
-        hasher.update(&this.map[hashed..]);
-        this.release_before(this.map.len());
-        this.released.store(0, Ordering::Relaxed);
-        this.sha256 = hex::encode(hasher.finalize());
-        this.spans = spans;
-        Ok(this)
-    }
-
-    /// Hands the mapping's pages before `offset` back to the kernel once `offset` is a window
-    /// past the last release (the reader calls it as it goes; a later read of those bytes
-    /// only faults them in again from the page cache).
-    pub(crate) fn release_before(&self, offset: usize) {
-        let from = self.released.load(Ordering::Relaxed);
-        let to = offset.min(self.map.len()) / PAGE * PAGE;
-        if to <= from || (to < from + RELEASE_WINDOW && offset < self.map.len()) {
-            return;
-        }
-        let claimed = self
-            .released
-            .compare_exchange(from, to, Ordering::Relaxed, Ordering::Relaxed);
-        if claimed.is_err() {
-            return;
-        }
-        // SAFETY: the mapping is read-only and backed by the file: dropping its pages loses
-        // nothing, and a later access reads them back from the page cache or the file. No
-        // reference into the mapping is invalidated (its address range stays mapped).
-        let _ = unsafe {
-            self.map
-                .unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, from, to - from)
-        };
-    }
-
-    /// Number of records.
-    pub(crate) fn len(&self) -> usize {
-        self.spans.len()
-    }
-
-    /// Hex sha256 of the json's bytes: what a resume checks the file against.
-    pub(crate) fn sha256(&self) -> String {
-        self.sha256.clone()
-    }
-
-    /// Where record `n` ends in the file (the reader releases the pages behind it).
-    pub(crate) fn end_of(&self, n: usize) -> usize {
-        self.spans.get(n).map_or(self.map.len(), |s| s.end)
-    }
-
-    /// Size of the json file in bytes.
-    pub(crate) fn byte_len(&self) -> u64 {
-        self.map.len() as u64
-    }
-
-    /// Parses record `n`.
-    pub(crate) fn record(&self, n: usize) -> Result<Record, IngestError> {
-        let span = self.spans[n].clone();
-        let text = &self.map[span.clone()];
-        let raw: RawRecord = serde_json::from_slice(text).map_err(|e| IngestError::Record {
-            path: self.path.clone(),
-            offset: (span.start + offset_of(text, e.line(), e.column())) as u64,
-            record: n,
-            source: e,
-        })?;
-        Ok(Record {
-            id: match raw.id {
-                RawId::Text(s) => s,
-                RawId::Number(n) => n.to_string(),
-            },
-            image: raw.image,
-            conversations: raw
-                .conversations
-                .into_iter()
-                .map(|t| Turn {
-                    role: t.from,
-                    text: t.value,
-                })
-                .collect(),
-        })
-    }
-}
-
-/// Byte offset of serde_json's 1-based (line, column) inside `text`.
-fn offset_of(text: &[u8], line: usize, column: usize) -> usize {
-    let mut offset = 0;
-    for _ in 1..line {
-        match text[offset..].iter().position(|&b| b == b'\n') {
-            Some(p) => offset += p + 1,
-            None => return text.len(),
-        }
-    }
-    (offset + column.saturating_sub(1)).min(text.len())
-}
-
-fn skip_ws(bytes: &[u8], mut pos: usize) -> usize {
-    while pos < bytes.len() && matches!(bytes[pos], b' ' | b'\n' | b'\r' | b'\t') {
-        pos += 1;
-    }
-    pos
-}
-
-/// Returns the end (exclusive) of the object or array starting at `start`; brackets must
-/// match (`{"a": [}` fails at the `}`).
-fn value_end(bytes: &[u8], start: usize) -> Result<usize, (usize, String)> {
-    let mut pos = start;
-    let mut open: Vec<u8> = Vec::new();
-    loop {
-        let Some(&b) = bytes.get(pos) else {
-            return Err((pos, "unexpected end of file inside a record".into()));
-        };
-        match b {
-            b'"' => {
-                pos += 1;
-                loop {
-                    match bytes.get(pos) {
-                        None => return Err((start, "unterminated string".into())),
-                        Some(b'\\') => pos += 2,
-                        Some(b'"') => break,
-                        Some(_) => pos += 1,
-                    }
-                }
-            }
-            b'{' => open.push(b'}'),
-            b'[' => open.push(b']'),
-            b'}' | b']' => {
-                if open.pop() != Some(b) {
-                    return Err((pos, format!("unexpected `{}`", b as char)));
-                }
-                if open.is_empty() {
-                    return Ok(pos + 1);
-                }
-            }
-            _ => {}
-        }
-        pos += 1;
-    }
-}
-
-/// Splits a top-level json array into element byte ranges; `progress` hears the offset after
-/// each element (the caller releases what is behind it).
-fn split_array(
-    bytes: &[u8],
-    mut progress: impl FnMut(usize),
-) -> Result<Vec<Range<usize>>, (usize, String)> {
-    let mut pos = skip_ws(bytes, 0);
-    if bytes[pos..].starts_with(b"\xEF\xBB\xBF") {
-        pos = skip_ws(bytes, pos + 3);
-    }
-    if bytes.get(pos) != Some(&b'[') {
-        return Err((
-            pos,
-            "expected `[` (a LLaVA json is an array of records)".into(),
-        ));
-    }
-    pos = skip_ws(bytes, pos + 1);
-    let mut spans = Vec::new();
-    if bytes.get(pos) == Some(&b']') {
-        pos += 1;
-    } else {
-        loop {
-            if bytes.get(pos) != Some(&b'{') {
-                return Err((pos, "expected `{` starting a record".into()));
-            }
-            let end = value_end(bytes, pos)?;
-            spans.push(pos..end);
-            progress(end);
-            pos = skip_ws(bytes, end);
-            match bytes.get(pos) {
-                Some(b',') => pos = skip_ws(bytes, pos + 1),
-                Some(b']') => {
-                    pos += 1;
-                    break;
-                }
-                Some(_) => return Err((pos, "expected `,` or `]` after a record".into())),
-                None => {
-                    return Err((
-                        pos,
-                        "unexpected end of file: the array is not closed".into(),
-                    ))
-                }
-            }
-        }
-    }
-    pos = skip_ws(bytes, pos);
-    if pos != bytes.len() {
-        return Err((pos, "trailing bytes after the array".into()));
-    }
-    Ok(spans)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn splits_elements_with_tricky_strings() {
-        let text = br#" [ {"id":"a","conversations":[{"from":"gpt","value":"x}],\"{"}]} ,{"id":2,"conversations":[]}]  "#;
-        let spans = split_array(text, |_| {}).expect("valid json");
-        assert_eq!(spans.len(), 2);
-        let first: serde_json::Value =
-            serde_json::from_slice(&text[spans[0].clone()]).expect("element 0");
-        assert_eq!(first["conversations"][0]["value"], "x}],\"{");
-    }
-
-    #[test]
-    fn reports_offset_of_structural_errors() {
-        let text = br#"[{"id":"a","conversations":[]} {"id":"b"}]"#;
-        let (offset, _) = split_array(text, |_| {}).expect_err("missing comma");
-        assert_eq!(offset, 31);
-        assert!(split_array(br#"[{"id":"a""#, |_| {}).is_err());
-    }
-
-    #[test]
-    fn offset_of_line_and_column() {
-        assert_eq!(offset_of(b"ab\ncd\nef", 3, 2), 7);
-        assert_eq!(offset_of(b"abc", 1, 1), 0);
     }
 }

@@ -8,8 +8,9 @@
 //! without reading it again (a renamed, synced shard is not touched by a kill). A shard whose
 //! stamp differs is hashed and must match its sha256. `tessera shards verify` always hashes.
 //!
-//! The inputs are fingerprinted too (the json's sha256; the images' zip central directory, or
-//! the folder's names, sizes and modification times): a resume whose inputs changed since the
+//! The inputs are fingerprinted too (the json's sha256, or each parquet file's name, size,
+//! modification time and footer; the images' zip central directory, or the folder's names,
+//! sizes and modification times): a resume whose inputs changed since the
 //! interrupted run is refused, naming what changed. A finished run records the same
 //! fingerprint in index.json, so a resume into a finished directory is checked the same way
 //! ([`check_finished`]).
@@ -74,20 +75,21 @@ fn changes(recorded: &Settings, now: &Settings) -> Vec<String> {
         }
     };
     let (a, b) = (recorded, now);
+    differ("--format", "format", a.format.clone(), b.format.clone());
     differ(
-        "the --json content",
+        "the --input content",
         "json_sha256",
         short(&a.json_sha256),
         short(&b.json_sha256),
     );
     differ(
-        "the --json size",
+        "the --input size",
         "json_bytes",
         a.json_bytes.to_string(),
         b.json_bytes.to_string(),
     );
     differ(
-        "the --json record count",
+        "the --input record count",
         "json_records",
         a.json_records.to_string(),
         b.json_records.to_string(),
@@ -159,7 +161,7 @@ fn refuse_changes(
 ///
 /// An index.json written before ingest recorded its settings there has none. Such a directory
 /// is checked on what its index.json does record (tokenizer, template, record count, whether
-/// images were verified); the json's content, the images, `--shard-size` and `--max-pixels`
+/// images were verified); the input's content, the images, `--shard-size` and `--max-pixels`
 /// cannot be checked, which is logged as a warning, and the directory is still reported
 /// complete. Refusing instead would turn every re-run of an older ingest command into an error
 /// whose only remedy is to ingest again from scratch, and such directories were accepted
@@ -173,7 +175,7 @@ pub(crate) fn check_finished(
         return refuse_changes(dir, recorded, now, "the finished run");
     }
     let recorded = Settings {
-        tokenizer_fingerprint: manifest.tokenizer_fingerprint.clone(),
+        tokenizer_fingerprint: manifest.source_tokenizer_fingerprint().to_string(),
         template: manifest.template.clone(),
         json_records: manifest.ingest.records_read,
         verify: manifest.ingest.images_verified,
@@ -181,7 +183,7 @@ pub(crate) fn check_finished(
     };
     refuse_changes(dir, &recorded, now, "the finished run")?;
     tracing::warn!(
-        "{}/{} predates recorded ingest inputs: the --json content, the --images, \
+        "{}/{} predates recorded ingest inputs: the --input content, the --images, \
          --shard-size and --max-pixels cannot be checked against it (tokenizer, template and \
          record count match)",
         dir.display(),
@@ -285,6 +287,7 @@ mod tests {
         std::fs::write(dir.join(&file), content)?;
         let (sha256, bytes) = shards::sha256_file(&dir.join(&file))?;
         let settings = Settings {
+            format: "llava".into(),
             json_bytes: 1,
             json_records: 1,
             json_sha256: "j".into(),

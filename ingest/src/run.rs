@@ -1,11 +1,11 @@
-//! The ingest run: a reader thread (json order, duplicate ids), N worker threads, and the
-//! ordered writer on the calling thread, joined by bounded channels carrying batches of
-//! records. A credit channel bounds how far the reader may run ahead of the writer, so memory
-//! stays bounded even when one image is slow.
+//! The ingest run: a reader thread (input order, duplicate ids; a parquet input one row group
+//! at a time), N worker threads, and the ordered writer on the calling thread, joined by
+//! bounded channels carrying batches of records. A credit channel bounds how far the reader
+//! may run ahead of the writer, so memory stays bounded even when one image is slow.
 use crate::error::IngestError;
 use crate::images::ImageSource;
+use crate::layout::{Format, Input, Item};
 use crate::ordered_writer::OrderedWriter;
-use crate::record::RecordFile;
 use crate::report::{Summary, REPORT_FILE};
 use crate::resume::{
     check_finished, remove_leftovers, Journal, Settings, JOURNAL_FILE, REJECTED_FILE,
@@ -28,8 +28,12 @@ const BATCH: usize = 16;
 /// Settings of one ingest run (the `tessera ingest` flags).
 #[derive(Clone, Debug)]
 pub struct IngestConfig {
-    pub json: PathBuf,
-    pub images: PathBuf,
+    /// The input: a json file, a parquet file or folder, or a parquet URL (`s3://...`).
+    pub input: String,
+    /// The layout; `None` detects it (see [`crate::Format`]).
+    pub format: Option<Format>,
+    /// Where a layout that keeps images outside the input finds them: a folder or a zip.
+    pub images: Option<PathBuf>,
     pub tokenizer: PathBuf,
     pub out: PathBuf,
     pub template: Template,
@@ -51,11 +55,20 @@ impl IngestConfig {
     pub const DEFAULT_SHARD_SIZE: u64 = 256 << 20;
     pub const DEFAULT_MAX_PIXELS: u64 = 40_000_000;
 
-    /// Defaults for everything but the paths.
+    /// Defaults for everything but the paths: a LLaVA json (format detected) and its images.
     pub fn new(json: PathBuf, images: PathBuf, tokenizer: PathBuf, out: PathBuf) -> Self {
+        let mut config = Self::for_input(json.to_string_lossy().into_owned(), tokenizer, out);
+        config.images = Some(images);
+        config
+    }
+
+    /// Defaults for everything but the input, tokenizer and output: no `--images`, the format
+    /// detected.
+    pub fn for_input(input: String, tokenizer: PathBuf, out: PathBuf) -> Self {
         IngestConfig {
-            json,
-            images,
+            input,
+            format: None,
+            images: None,
             tokenizer,
             out,
             template: Template::Plain,
@@ -74,14 +87,30 @@ impl IngestConfig {
 /// Runs an ingest. `Ok` even when too many records were rejected: see [`Summary::complete`].
 pub fn run(config: &IngestConfig) -> Result<Summary, IngestError> {
     let started = Instant::now();
-    let records = RecordFile::open(&config.json)?;
+    let (input, format) = Input::open(&config.input, config.format)?;
     let encoder = Arc::new(Encoder::load(&config.tokenizer, config.template)?);
-    let source = ImageSource::open(&config.images)?;
+    let source = match &config.images {
+        Some(images) => Some(ImageSource::open(images)?),
+        None if format.images_outside() => {
+            return Err(IngestError::Input {
+                input: config.input.clone(),
+                detail: format!(
+                    "the {format} layout keeps its images outside the file: give --images \
+                     (a folder or a .zip)"
+                ),
+            })
+        }
+        None => None,
+    };
     let settings = Settings {
-        json_bytes: records.byte_len(),
-        json_records: records.len() as u64,
-        json_sha256: records.sha256(),
-        images_fingerprint: source.fingerprint()?,
+        format: format.name().to_string(),
+        json_bytes: input.byte_len(),
+        json_records: input.len(),
+        json_sha256: input.fingerprint()?,
+        images_fingerprint: match &source {
+            Some(source) => source.fingerprint()?,
+            None => String::new(),
+        },
         tokenizer_fingerprint: encoder.fingerprint.clone(),
         template: config.template.name().to_string(),
         shard_size: config.shard_size,
@@ -109,7 +138,7 @@ pub fn run(config: &IngestConfig) -> Result<Summary, IngestError> {
             state.shards.len()
         );
     }
-    let progress = progress_bar(config.progress, records.len() as u64);
+    let progress = progress_bar(config.progress, input.len());
     let earlier_s = state.elapsed_s;
     let mut writer = OrderedWriter::new(dir.clone(), state, config.row_groups, progress, started)?;
     let workers = config.workers.max(1);
@@ -119,39 +148,44 @@ pub fn run(config: &IngestConfig) -> Result<Summary, IngestError> {
     let (out_tx, out_rx) = bounded::<Vec<(u64, Result<Outcome, IngestError>)>>(2 * workers);
     let (credit_tx, credit_rx) = bounded::<()>(window);
     let final_state = std::thread::scope(|scope| -> Result<Journal, IngestError> {
-        let records = &records;
+        let input = &input;
+        let total = input.len();
         scope.spawn(move || {
-            let mut seen = HashSet::with_capacity(records.len());
+            let mut seen = HashSet::new();
             let mut batch = Vec::with_capacity(BATCH);
-            for n in 0..records.len() {
-                let record = records.record(n);
-                records.release_before(records.end_of(n));
+            input.read_from(start, &mut |n, item| {
+                let record = match item {
+                    Item::Earlier(id) => {
+                        seen.insert(id_key(&id));
+                        return true;
+                    }
+                    Item::Record(record) => record,
+                };
                 let duplicate = match &record {
                     Ok(r) => !seen.insert(id_key(&r.id)),
                     Err(_) => false,
                 };
-                if (n as u64) < start {
-                    continue;
-                }
                 let stop = record.is_err();
                 batch.push(Job {
-                    seq: n as u64,
+                    seq: n,
                     record,
                     duplicate,
                 });
-                if batch.len() == BATCH || stop || n + 1 == records.len() {
+                if batch.len() == BATCH || stop || n + 1 == total {
                     let full = std::mem::replace(&mut batch, Vec::with_capacity(BATCH));
                     if credit_tx.send(()).is_err() || job_tx.send(full).is_err() || stop {
-                        return;
+                        return false;
                     }
                 }
-            }
+                true
+            });
         });
         for _ in 0..workers {
             let (job_rx, out_tx) = (job_rx.clone(), out_tx.clone());
             let mut worker = Worker {
                 source: source.clone(),
                 encoder: encoder.clone(),
+                format,
                 verify: config.verify,
                 max_pixels: config.max_pixels,
             };
@@ -275,12 +309,15 @@ fn finalize(
         })?;
     shards::write_atomically(&dir.join(REPORT_FILE), &report_json)?;
     if summary.complete {
-        keep_tokenizer(config, encoder)?;
+        let kept = keep_tokenizer(config, encoder)?;
+        let added = !encoder.tokens.added.is_empty();
         let manifest = Manifest {
             format_version: FORMAT_VERSION,
-            tokenizer_fingerprint: encoder.fingerprint.clone(),
+            tokenizer_fingerprint: kept,
+            source_tokenizer_fingerprint: added.then(|| encoder.fingerprint.clone()),
             template: config.template.name().to_string(),
-            image_placeholder_id: encoder.image_pad_id,
+            image_placeholder_id: encoder.tokens.image.id,
+            special_tokens: Some(encoder.tokens.clone()),
             num_samples: state.shards.iter().map(|s| s.rows).sum(),
             shards: state.shards,
             ingest: state.report,
@@ -296,8 +333,9 @@ fn finalize(
 
 /// Copies the tokenizer the ids were made with beside index.json (before it is written), so the
 /// shards carry it: `train` keeps it in the run folder for export and generate. Refused if the
-/// file changed since the encoder loaded it (its sha256 is index.json's fingerprint).
-fn keep_tokenizer(config: &IngestConfig, encoder: &Encoder) -> Result<(), IngestError> {
+/// file changed since the encoder loaded it. With tokens added (`<image>`), the copy is the
+/// tokenizer with them. Returns the copy's sha256 (index.json's `tokenizer_fingerprint`).
+fn keep_tokenizer(config: &IngestConfig, encoder: &Encoder) -> Result<String, IngestError> {
     let bytes =
         std::fs::read(&config.tokenizer).map_err(|e| IngestError::io(&config.tokenizer, e))?;
     let found = hex::encode(Sha256::digest(&bytes));
@@ -310,8 +348,9 @@ fn keep_tokenizer(config: &IngestConfig, encoder: &Encoder) -> Result<(), Ingest
             ),
         });
     }
+    let bytes = encoder.tokenizer_json(bytes)?;
     shards::write_atomically(&config.out.join(TOKENIZER_FILE), &bytes)?;
-    Ok(())
+    Ok(hex::encode(Sha256::digest(&bytes)))
 }
 
 fn progress_bar(show: bool, total: u64) -> ProgressBar {

@@ -1,21 +1,24 @@
 //! One record in, one outcome out: the work each worker thread does, cheapest checks first
-//! (duplicate id from the reader, conversation and template, path safety), then the image
-//! (fetch, header probe, pixel limit, verification decode), then tokenization.
+//! (duplicate id from the reader, what the layout refused, conversation and template, path
+//! safety), then each image in turn (fetch or take the embedded bytes, header probe, pixel
+//! limit, verification decode), then tokenization. A record is rejected for its first problem:
+//! one bad image rejects it whole.
 use crate::error::IngestError;
 use crate::images::ImageSource;
-use crate::probe::{probe, verify_decode};
+use crate::layout::Format;
+use crate::probe::{probe, verify_decode, ImageInfo};
 use crate::reason::{Reason, Rejection};
-use crate::record::Record;
+use crate::record::{ImageRef, Record};
 use crate::template::{render, Encoder};
-use shards::{Kind, Sample};
+use shards::{Image, Kind, Sample, Turn};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
 
-/// A record handed to a worker, numbered in json order.
+/// A record handed to a worker, numbered in input order.
 pub(crate) struct Job {
     pub seq: u64,
     pub record: Result<Record, IngestError>,
-    /// The id appeared earlier in the json (decided by the reader, in order).
+    /// The id appeared earlier in the input (decided by the reader, in order).
     pub duplicate: bool,
 }
 
@@ -29,89 +32,89 @@ pub(crate) enum Outcome {
     Rejected(Rejection),
 }
 
-/// Per-worker state: its own image source handle and the shared encoder.
+/// Per-worker state: its own image source handle (where the layout keeps images outside the
+/// input) and the shared encoder.
 pub(crate) struct Worker {
-    pub source: ImageSource,
+    pub source: Option<ImageSource>,
     pub encoder: Arc<Encoder>,
+    pub format: Format,
     pub verify: bool,
     pub max_pixels: u64,
 }
 
+/// A rejected record's reason and detail.
+type Refusal = (Reason, String);
+
 impl Worker {
-    /// Processes a job; only run-stopping failures (malformed json, tokenizer) are errors.
+    /// Processes a job; only run-stopping failures (unreadable input, tokenizer) are errors.
     pub(crate) fn process(&mut self, job: Job) -> Result<Outcome, IngestError> {
         let record = job.record?;
-        let reject = |reason: Reason, detail: String| {
+        let id = record.id.clone();
+        let rejected = |(reason, detail): Refusal| {
             Ok(Outcome::Rejected(Rejection {
-                id: record.id.clone(),
+                id: id.clone(),
                 reason,
                 detail,
             }))
         };
         if job.duplicate {
-            return reject(
+            return rejected((
                 Reason::DuplicateId,
-                format!("id {} appeared earlier in the json", record.id),
-            );
+                format!("id {id} appeared earlier in the input"),
+            ));
         }
-        let rendered = match render(self.encoder.template, &record) {
+        if let Some(refusal) = record.refused.clone() {
+            return rejected(refusal);
+        }
+        let (rendered, roles) = match render(
+            self.encoder.template,
+            &self.encoder.tokens,
+            &record,
+            self.format,
+        ) {
             Ok(r) => r,
-            Err((reason, detail)) => return reject(reason, detail),
+            Err(refusal) => return rejected(refusal),
         };
         let mut notes = Vec::new();
-        let (mut image, mut info) = (None, None);
-        if let Some(path) = &record.image {
-            let bytes = match self.source.fetch(path) {
-                Ok(b) => b,
-                Err(e) => return reject(e.reason, e.detail),
-            };
-            let checked = catch_unwind(AssertUnwindSafe(|| {
-                let found = probe(&bytes, path, self.max_pixels)?;
-                if self.verify {
-                    verify_decode(&bytes, path, &found)?;
+        let mut images = Vec::with_capacity(record.images.len());
+        for image in record.images {
+            match self.check_image(image) {
+                Ok((image, found)) => {
+                    notes.extend(found);
+                    images.push(image);
                 }
-                Ok(found)
-            }))
-            .unwrap_or_else(|_| {
-                Err((
-                    Reason::CorruptImage,
-                    format!("{path}: the decoder panicked"),
-                ))
-            });
-            match checked {
-                Ok(found) => {
-                    notes.extend(found.notes.iter().copied());
-                    info = Some(found);
-                    image = Some(bytes);
-                }
-                Err((reason, detail)) => return reject(reason, detail),
+                Err(refusal) => return rejected(refusal),
             }
         }
-        let tokens =
-            match self
-                .encoder
-                .encode(&record.id, &rendered, usize::from(image.is_some()))?
-            {
-                Ok(t) => t,
-                Err((reason, detail)) => return reject(reason, detail),
-            };
+        let encoded = self
+            .encoder
+            .encode_as(&id, &rendered, images.len(), self.format)?;
+        let tokens = match encoded {
+            Ok(t) => t,
+            Err(refusal) => return rejected(refusal),
+        };
         let supervised = tokens.label_mask.iter().skip(1).filter(|&&m| m).count() as u32;
+        // Roles are stored by their canonical names, whatever the layout called them.
+        let conversation = roles
+            .iter()
+            .zip(record.conversations)
+            .map(|(role, turn)| Turn {
+                role: role.name().to_string(),
+                text: turn.text,
+            })
+            .collect();
         let sample = Sample {
-            id: record.id,
-            kind: if image.is_some() {
-                Kind::Image
-            } else {
+            id,
+            kind: if images.is_empty() {
                 Kind::Text
+            } else {
+                Kind::Image
             },
-            image_crc32c: image.as_deref().map(crc32c::crc32c),
-            input_ids_crc32c: Some(shards::input_ids_crc32c(&tokens.input_ids)),
-            image_format: info.as_ref().map(|i| i.format.as_str().to_string()),
-            width: info.as_ref().map_or(0, |i| i.width),
-            height: info.as_ref().map_or(0, |i| i.height),
-            image,
-            conversation: record.conversations,
+            images,
+            conversation,
             num_text_tokens: tokens.input_ids.len() as u32,
             num_supervised_tokens: supervised,
+            input_ids_crc32c: Some(shards::input_ids_crc32c(&tokens.input_ids)),
             input_ids: tokens.input_ids,
             label_mask: tokens.label_mask,
         };
@@ -119,5 +122,46 @@ impl Worker {
             sample: Box::new(sample),
             notes,
         })
+    }
+
+    /// Fetches (or takes) one image and checks it: header, pixel limit, full decode unless
+    /// `--no-verify`. Returns it with its notes.
+    fn check_image(&mut self, image: ImageRef) -> Result<(Image, Vec<&'static str>), Refusal> {
+        let (bytes, name) = match image {
+            ImageRef::Embedded { bytes, name } => (bytes, name),
+            ImageRef::Path(path) => {
+                let Some(source) = self.source.as_mut() else {
+                    return Err((
+                        Reason::MissingImage,
+                        format!(
+                            "{path}: the input stores no bytes for it and no --images was given"
+                        ),
+                    ));
+                };
+                let bytes = source.fetch(&path).map_err(|e| (e.reason, e.detail))?;
+                (bytes, path)
+            }
+        };
+        let checked = catch_unwind(AssertUnwindSafe(|| -> Result<ImageInfo, Refusal> {
+            let found = probe(&bytes, &name, self.max_pixels)?;
+            if self.verify {
+                verify_decode(&bytes, &name, &found)?;
+            }
+            Ok(found)
+        }))
+        .unwrap_or_else(|_| {
+            Err((
+                Reason::CorruptImage,
+                format!("{name}: the decoder panicked"),
+            ))
+        })?;
+        let image = Image {
+            format: checked.format.as_str().to_string(),
+            width: checked.width,
+            height: checked.height,
+            crc32c: Some(crc32c::crc32c(&bytes)),
+            bytes,
+        };
+        Ok((image, checked.notes))
     }
 }

@@ -103,7 +103,11 @@ fn bad_records_are_rejected_with_their_reason_and_odd_images_are_kept() -> anyho
     let samples = dataset.read(&all)?;
     let by_id: HashMap<&str, &shards::Sample> =
         samples.iter().map(|s| (s.id.as_str(), s)).collect();
-    let format = |id: &str| by_id.get(id).and_then(|s| s.image_format.clone());
+    let format = |id: &str| {
+        by_id
+            .get(id)
+            .and_then(|s| Some(s.images.first()?.format.clone()))
+    };
     assert_eq!(
         format("000000011").as_deref(),
         Some("png"),
@@ -111,7 +115,10 @@ fn bad_records_are_rejected_with_their_reason_and_odd_images_are_kept() -> anyho
     );
     assert_eq!(format("000000012").as_deref(), Some("webp"));
     assert_eq!(format("000000013").as_deref(), Some("jpeg"));
-    let size = |id: &str| by_id.get(id).map(|s| (s.width, s.height));
+    let size = |id: &str| {
+        let image = by_id.get(id)?.images.first()?;
+        Some((image.width, image.height))
+    };
     assert_eq!(size("000000015"), Some((1, 1)));
     assert_eq!(size("000000016"), Some((200, 20)));
     assert_eq!(size("000000013"), Some((24, 16)));
@@ -131,7 +138,7 @@ fn malformed_json_fails_the_run_naming_the_byte_offset() -> anyhow::Result<()> {
     let config = f.config(Template::Plain);
     let good = serde_json::to_string(&image_record("000000001", "00000/a.jpg", "fine"))?;
     let text = format!("[{good},\n{{\"id\": \"000000002\", \"conversations\": [}}]");
-    std::fs::write(&config.json, &text)?;
+    std::fs::write(&config.input, &text)?;
     let err = ingest::run(&config).expect_err("malformed json must fail the run");
     let message = err.to_string();
     assert!(message.contains("malformed JSON at byte"), "{message}");
@@ -150,7 +157,7 @@ fn malformed_json_fails_the_run_naming_the_byte_offset() -> anyhow::Result<()> {
 fn a_record_that_is_not_a_llava_record_fails_the_run() -> anyhow::Result<()> {
     let f = Fixture::new();
     let config = f.config(Template::Plain);
-    std::fs::write(&config.json, br#"[{"id": "1", "image": "x.jpg"}]"#)?;
+    std::fs::write(&config.input, br#"[{"id": "1", "image": "x.jpg"}]"#)?;
     let err = ingest::run(&config).expect_err("no conversations");
     let message = shards::with_causes(&err);
     assert!(message.contains("conversations"), "{message}");

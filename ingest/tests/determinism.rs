@@ -78,7 +78,7 @@ fn shards_are_identical_across_worker_counts_and_image_sources() -> anyhow::Resu
         if zipped {
             let zip_path = f.root.path().join("images.zip");
             zip_folder(&f.images(), &zip_path)?;
-            config.images = zip_path;
+            config.images = Some(zip_path);
         }
         ingest::run(&config)?;
         runs.push((dir_bytes(&config.out), rejected(&config.out)));

@@ -37,7 +37,7 @@ fn a_resume_whose_json_changed_at_the_same_length_is_refused_naming_the_json() -
     std::fs::write(f.json(), changed)?;
     let err = ingest::run(&config).expect_err("changed json").to_string();
     assert!(
-        err.contains("the --json content (json_sha256)") && !err.contains("json_bytes"),
+        err.contains("the --input content (json_sha256)") && !err.contains("json_bytes"),
         "{err}"
     );
     assert!(!f.out().join("index.json").exists());
@@ -145,7 +145,7 @@ fn a_resume_into_a_finished_folder_whose_json_changed_is_refused_naming_the_json
         .to_string();
     assert!(
         err.contains("changed since the finished run")
-            && err.contains("the --json content (json_sha256)")
+            && err.contains("the --input content (json_sha256)")
             && !err.contains("json_bytes"),
         "{err}"
     );
@@ -203,7 +203,7 @@ fn a_resume_into_an_older_finished_folder_checks_what_its_index_records() -> any
         .expect_err("one more record")
         .to_string();
     assert!(
-        err.contains("the --json record count (json_records): 2 -> 3"),
+        err.contains("the --input record count (json_records): 2 -> 3"),
         "{err}"
     );
     assert!(snapshot(&f.out())? == before, "the finished folder changed");

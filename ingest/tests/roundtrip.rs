@@ -4,6 +4,7 @@ mod common;
 
 use common::*;
 use ingest::Template;
+use shards::chat::Role;
 use shards::{Dataset, Kind, RowGroupLimits, Sample};
 use std::collections::HashMap;
 
@@ -112,10 +113,12 @@ fn plain_template_round_trips_every_sample() -> anyhow::Result<()> {
             .map(|a| {
                 a.iter()
                     .map(|t| {
-                        (
-                            t["from"].as_str().unwrap_or_default().into(),
-                            t["value"].as_str().unwrap_or_default().into(),
-                        )
+                        // Roles are stored by their canonical names: human -> user, gpt ->
+                        // assistant.
+                        let from = t["from"].as_str().unwrap_or_default();
+                        let role = Role::from_llava(from)
+                            .map_or(from.to_string(), |r| r.name().to_string());
+                        (role, t["value"].as_str().unwrap_or_default().into())
                     })
                     .collect()
             })
@@ -123,22 +126,21 @@ fn plain_template_round_trips_every_sample() -> anyhow::Result<()> {
         assert_eq!(turns, expected_turns, "conversation of {}", sample.id);
         let caption = &expected_turns[expected_turns.len() - 1].1;
         let (expected_text, expected_supervised) = if sample.kind == Kind::Image {
+            assert_eq!(sample.images.len(), 1, "one image in {}", sample.id);
+            let image = &sample.images[0];
             assert_eq!(
-                sample.image.as_ref(),
+                Some(&image.bytes),
                 images.get(&sample.id),
                 "image bytes of {}",
                 sample.id
             );
-            assert_eq!(
-                sample.image_crc32c,
-                sample.image.as_deref().map(crc32c::crc32c)
-            );
+            assert_eq!(image.crc32c, Some(crc32c::crc32c(&image.bytes)));
             (
                 format!("<|image_pad|>{caption}\n<|endoftext|>"),
                 format!("{caption}\n<|endoftext|>"),
             )
         } else {
-            assert!(sample.image.is_none());
+            assert!(sample.images.is_empty());
             let question = &expected_turns[0].1;
             (
                 format!("{question}\n{caption}\n<|endoftext|>"),
@@ -149,7 +151,7 @@ fn plain_template_round_trips_every_sample() -> anyhow::Result<()> {
         let placeholders = sample
             .input_ids
             .iter()
-            .filter(|&&t| t == shards::IMAGE_PAD_ID)
+            .filter(|&&t| t == 151_655) // Qwen's <|image_pad|>
             .count();
         assert_eq!(placeholders, usize::from(sample.kind == Kind::Image));
         assert_eq!(sample.num_text_tokens as usize, sample.input_ids.len());
@@ -190,6 +192,6 @@ fn chatml_template_supervises_only_assistant_turns() -> anyhow::Result<()> {
     for (sample, (text, supervised)) in samples.iter().zip(expected) {
         assert_tokens(&tokenizer, sample, text, supervised)?;
     }
-    assert_eq!(samples[0].image.as_deref(), Some(bytes.as_slice()));
+    assert_eq!(samples[0].images[0].bytes, bytes);
     Ok(())
 }

@@ -23,7 +23,8 @@ pub struct MicroBatch {
     /// Which packed sample of its row a token belongs to (0, 1, ...); -1 on padding. Attention
     /// is causal and only within equal, non-negative ids.
     pub segment_ids: Vec<i32>,
-    /// Images in the order their placeholders appear (row-major): u8, CHW, `[n, 3, s, s]`.
+    /// Images in the order their placeholders appear (row-major; a sample of several images
+    /// gives them in its placeholders' order): u8, CHW, `[n, 3, s, s]`.
     pub pixels: Vec<u8>,
     pub num_images: usize,
     pub image_size: usize,
@@ -31,6 +32,9 @@ pub struct MicroBatch {
     pub image_tokens: usize,
     /// Source sample ids, in packing order (for logs and error messages).
     pub sample_ids: Vec<String>,
+    /// The samples' global indices (as the plan names them), in packing order: which shard
+    /// set of a mixture each comes from.
+    pub sample_indices: Vec<u64>,
     /// Non-padding tokens.
     pub real_tokens: usize,
     /// Padding tokens (`rows * row_len - real_tokens`).

@@ -3,38 +3,41 @@
 use anyhow::{ensure, Context, Result};
 use pipeline::loader::{BadImagePolicy, Loader, LoaderConfig, SampleSource};
 use pipeline::{MicroBatch, MicroBatchPlan, IGNORE_INDEX};
-use shards::{Kind, Sample};
+use shards::{Image, Kind, Sample};
 use std::sync::Arc;
 
-const PH: u32 = shards::IMAGE_PAD_ID;
-const PAD: i64 = pipeline::loader::DEFAULT_PAD_ID as i64;
+const PH: u32 = 151_655;
+const PAD: i64 = 151_643;
 const N: i64 = IGNORE_INDEX;
 
 fn text_sample(id: &str, ids: &[u32], mask: &[bool]) -> Sample {
     Sample {
         id: id.into(),
         kind: Kind::Text,
-        image: None,
-        image_format: None,
-        width: 0,
-        height: 0,
+        images: vec![],
         conversation: vec![],
         input_ids: ids.to_vec(),
         label_mask: mask.to_vec(),
         num_text_tokens: ids.len() as u32,
         num_supervised_tokens: mask.iter().skip(1).filter(|&&m| m).count() as u32,
-        image_crc32c: None,
         input_ids_crc32c: None,
+    }
+}
+
+fn jpeg_image(bytes: Vec<u8>, w: u32, h: u32) -> Image {
+    Image {
+        bytes,
+        format: "jpeg".into(),
+        width: w,
+        height: h,
+        crc32c: None,
     }
 }
 
 fn image_sample(id: &str, ids: &[u32], mask: &[bool], bytes: Vec<u8>, w: u32, h: u32) -> Sample {
     Sample {
         kind: Kind::Image,
-        image: Some(bytes),
-        image_format: Some("jpeg".into()),
-        width: w,
-        height: h,
+        images: vec![jpeg_image(bytes, w, h)],
         ..text_sample(id, ids, mask)
     }
 }
@@ -151,6 +154,80 @@ fn packed_image_row_expands_placeholders_and_keeps_images_in_order() -> Result<(
             "image {i} out of order"
         );
     }
+    Ok(())
+}
+
+#[test]
+fn a_sample_of_three_images_expands_each_placeholder_with_its_own_image_in_order() -> Result<()> {
+    // chatml-like: prompt 10, image, 11, image, image, 12, answer 40 41.
+    let photos = [jpeg(40, 30, 1)?, jpeg(30, 40, 2)?, jpeg(50, 50, 3)?];
+    let ids = [10, PH, 11, PH, PH, 12, 40, 41];
+    let mask = [false, false, false, false, false, false, true, true];
+    let mut three = text_sample("three", &ids, &mask);
+    three.kind = Kind::Image;
+    three.images = photos.iter().map(|b| jpeg_image(b.clone(), 0, 0)).collect();
+    let one = image_sample("one", &[PH, 50], &[false, true], jpeg(20, 20, 4)?, 20, 20);
+    let plans = vec![plan(Kind::Image, vec![vec![0, 1]])];
+    let (batches, stats) = load_all(vec![three.clone(), one], plans, config(1, 2, 8)?)?;
+    let mb = &batches[0];
+    let ph = PH as i64;
+    assert_eq!(
+        mb.input_ids,
+        vec![10, ph, ph, 11, ph, ph, ph, ph, 12, 40, 41, ph, ph, 50]
+    );
+    assert_eq!(mb.labels, vec![N, N, N, N, N, N, N, N, 40, 41, N, N, 50, N]);
+    assert_eq!((mb.num_images, stats.images), (4, 4));
+    let per_image = 3 * 8 * 8;
+    assert_eq!(mb.pixels.len(), 4 * per_image);
+    // Image k of the sample is the k-th image block: compare with each photo alone.
+    for (k, photo) in photos.iter().enumerate() {
+        let alone = image_sample("alone", &[PH, 5], &[false, true], photo.clone(), 0, 0);
+        let (got, _) = load_all(
+            vec![alone],
+            vec![plan(Kind::Image, vec![vec![0]])],
+            config(1, 2, 8)?,
+        )?;
+        ensure!(
+            got[0].pixels == mb.pixels[k * per_image..(k + 1) * per_image],
+            "image {k} of the sample is out of place"
+        );
+    }
+    // One undecodable image drops the whole sample under `skip` (its placeholders would have
+    // no pixels), and names which image under `fail`.
+    three.images[1].bytes = b"\xFF\xD8\xFFnot a jpeg".to_vec();
+    let keep = image_sample("keep", &[PH, 50], &[false, true], jpeg(20, 20, 4)?, 20, 20);
+    let plans = vec![plan(Kind::Image, vec![vec![0], vec![1]])];
+    let (batches, stats) = load_all(vec![three.clone(), keep], plans.clone(), config(1, 2, 8)?)?;
+    assert_eq!(batches[0].sample_ids, vec!["keep"]);
+    assert_eq!(
+        (batches[0].num_images, batches[0].pixels.len()),
+        (1, per_image)
+    );
+    assert_eq!(stats.skipped, 1);
+    let fail = LoaderConfig::builder()
+        .threads(1)
+        .image_tokens(2)
+        .image_size(8)
+        .on_bad_image(BadImagePolicy::Fail)
+        .build()?;
+    let only = vec![plan(Kind::Image, vec![vec![0]])];
+    let err = Loader::new(Arc::new(vec![three.clone()]), only.clone(), fail)
+        .next()
+        .context("one result")?
+        .err()
+        .context("the bad image fails the micro-batch")?;
+    assert!(
+        err.to_string()
+            .starts_with("sample three: decoding image 2 of 3"),
+        "{err}"
+    );
+    // Alone in its micro-batch, it runs as a zero-loss stand-in with three grey images.
+    let (batches, _) = load_all(vec![three], only, config(1, 2, 8)?)?;
+    assert_eq!(
+        (batches[0].num_images, batches[0].supervised_tokens),
+        (3, 0)
+    );
+    assert!(batches[0].pixels.iter().all(|&p| p == 127));
     Ok(())
 }
 
@@ -342,14 +419,14 @@ fn with_corrupt_samples() -> Result<Vec<Sample>> {
     let sound = |id: &str, seed: u32| -> Result<Sample> {
         let bytes = jpeg(40, 30, seed)?;
         let mut s = image_sample(id, &ids, &mask, bytes, 40, 30);
-        s.image_crc32c = s.image.as_deref().map(crc32c::crc32c);
+        for image in &mut s.images {
+            image.crc32c = Some(crc32c::crc32c(&image.bytes));
+        }
         s.input_ids_crc32c = Some(shards::input_ids_crc32c(&s.input_ids));
         Ok(s)
     };
     let mut flipped_img = sound("flipped-img", 2)?;
-    if let Some(bytes) = flipped_img.image.as_mut() {
-        bytes.push(0);
-    }
+    flipped_img.images[0].bytes.push(0);
     let mut flipped_ids = sound("flipped-ids", 3)?;
     flipped_ids.input_ids[2] ^= 1;
     Ok(vec![sound("good-0", 1)?, flipped_img, flipped_ids])

@@ -24,18 +24,22 @@ impl Case {
         let seq_len = rng.gen_range(16..512u64);
         let token_budget = rng.gen_range(seq_len / 2 + 1..=seq_len * 4);
         let cap = seq_len.min(token_budget) as u32;
-        let image_tokens = rng.gen_range(1..=cap / 2);
+        let image_tokens = rng.gen_range(1..=cap / 6);
         let text_fraction = [0.0, 1.0, 0.1, 0.5][rng.gen_range(0..4)];
         let n = rng.gen_range(0..300);
         let samples = (0..n)
             .map(|_| {
-                let (kind, num_text_tokens) = if rng.gen_bool(text_fraction) {
-                    (Kind::Text, rng.gen_range(1..=cap))
+                // Image samples hold one to three images (a placeholder token each).
+                let (kind, num_images, num_text_tokens) = if rng.gen_bool(text_fraction) {
+                    (Kind::Text, 0, rng.gen_range(1..=cap))
                 } else {
-                    (Kind::Image, rng.gen_range(1..=cap - image_tokens + 1))
+                    let images = rng.gen_range(1..=3);
+                    let text = rng.gen_range(images..=cap - images * image_tokens + images);
+                    (Kind::Image, images, text)
                 };
                 SampleMeta {
                     kind,
+                    num_images,
                     num_text_tokens,
                     num_supervised_tokens: rng.gen_range(0..=num_text_tokens),
                 }
@@ -101,6 +105,14 @@ fn check_plan(case: &Case, mode: Mode, planner: &Planner, plan: &Plan) {
         all,
         "{ctx}: every sample exactly once"
     );
+    for (s, (meta, &len)) in case.samples.iter().zip(lens).enumerate() {
+        let images = meta.num_images;
+        let expanded = meta.num_text_tokens - images + images * case.image_tokens;
+        assert_eq!(
+            len, expanded,
+            "{ctx}: sample {s}: every image's tokens counted"
+        );
+    }
     assert_eq!(plan.stats.samples, case.samples.len() as u64, "{ctx}");
     for (i, step) in plan.steps.iter().enumerate() {
         let last = i + 1 == plan.steps.len();
@@ -368,11 +380,13 @@ fn build_err(builder: PlannerBuilder) -> PlanError {
 fn bad_settings_and_samples_are_reported_by_name() -> anyhow::Result<()> {
     let ok = SampleMeta {
         kind: Kind::Image,
+        num_images: 1,
         num_text_tokens: 20,
         num_supervised_tokens: 18,
     };
     let long = SampleMeta {
         kind: Kind::Text,
+        num_images: 0,
         num_text_tokens: 3000,
         num_supervised_tokens: 10,
     };
@@ -394,11 +408,51 @@ fn bad_settings_and_samples_are_reported_by_name() -> anyhow::Result<()> {
         .starts_with("sample 2: 3000 tokens exceed the sequence length (2048)"));
     let empty = SampleMeta {
         kind: Kind::Image,
+        num_images: 1,
         num_text_tokens: 0,
         num_supervised_tokens: 0,
     };
     let err = build_err(Planner::builder().samples(&[ok, empty]));
     assert!(err.to_string().starts_with("sample 1:"), "{err}");
+    // Two images need two placeholders; a text sample holds none.
+    let short = SampleMeta {
+        num_images: 2,
+        num_text_tokens: 1,
+        ..ok
+    };
+    let err = build_err(Planner::builder().samples(&[short]));
+    assert!(
+        err.to_string()
+            .starts_with("sample 0: Image sample with 2 images"),
+        "{err}"
+    );
+    let text_with_image = SampleMeta {
+        kind: Kind::Text,
+        ..ok
+    };
+    let err = build_err(Planner::builder().samples(&[ok, text_with_image]));
+    assert!(
+        err.to_string()
+            .starts_with("sample 1: Text sample with 1 images"),
+        "{err}"
+    );
+    // Three images of 729 tokens: one row of 2,190 tokens, never split, so over 2048 it is
+    // refused rather than cut.
+    let three = SampleMeta {
+        num_images: 3,
+        num_text_tokens: 6,
+        ..ok
+    };
+    let err = build_err(Planner::builder().samples(&[three]).token_budget(8192));
+    assert_eq!(
+        err,
+        PlanError::SampleTooLong {
+            index: 0,
+            len: 3 * 729 + 3,
+            limit: 2048,
+            limit_name: "sequence length"
+        }
+    );
     assert_eq!(
         build_err(base().world_size(0).seq_len(4096)),
         PlanError::ZeroWorldSize
@@ -436,11 +490,13 @@ fn an_image_kind_running_out_is_completed_with_zero_loss_image_copies() -> anyho
     // rank an image (5 zero-loss copies), and no text sample may stand in for one.
     let image = SampleMeta {
         kind: Kind::Image,
+        num_images: 1,
         num_text_tokens: 10,
         num_supervised_tokens: 8,
     };
     let text = SampleMeta {
         kind: Kind::Text,
+        num_images: 0,
         num_text_tokens: 300,
         num_supervised_tokens: 100,
     };

@@ -340,6 +340,17 @@ impl RemoteFiles for ObjectFiles {
         Ok(read.map_err(|e| e.of_shard(shard))?)
     }
 
+    fn size(&self, name: &str) -> Result<u64, ShardError> {
+        match self.stored_size(name)? {
+            Some(size) => Ok(size),
+            None => Err(RemoteError::Invalid {
+                url: self.url_of(name),
+                detail: "no such object".into(),
+            }
+            .into()),
+        }
+    }
+
     fn list(&self) -> Result<Vec<String>, ShardError> {
         if !self.can_list {
             tracing::warn!(url = %self.url, "plain HTTP cannot list a directory; not checked for unlisted shards");
@@ -357,7 +368,9 @@ impl RemoteFiles for ObjectFiles {
             // object_store retries a listing's request but not the reading of its answer: an
             // answer cut mid-body ("list response body") is retried here, as reads are.
             match listed {
-                Err(e) if tries < policy.retries && e.to_string().contains("list response body") => {
+                Err(e)
+                    if tries < policy.retries && e.to_string().contains("list response body") =>
+                {
                     tries += 1;
                     tracing::debug!("{}: listing cut short, retry {tries}: {e}", self.url);
                     std::thread::sleep(wait);

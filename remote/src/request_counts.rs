@@ -5,7 +5,6 @@
 //! it was its request's last (`retry.rs`): in a run that finished, every failed attempt was
 //! retried, so the count is the run's retries.
 use bytes::Bytes;
-use http_body::Body as _;
 use object_store::client::{
     HttpClient, HttpConnector, HttpError, HttpErrorKind, HttpRequest, HttpResponse,
     HttpResponseBody, HttpService, ReqwestConnector,

@@ -61,7 +61,7 @@ impl ObjectFiles {
     }
 
     /// The object's size, or `None` when it does not exist.
-    fn stored_size(&self, name: &str) -> Result<Option<u64>, RemoteError> {
+    pub(crate) fn stored_size(&self, name: &str) -> Result<Option<u64>, RemoteError> {
         let path = self.object(name);
         match self.block_on(self.store().head(&path)) {
             Ok(meta) => Ok(Some(meta.size)),
@@ -70,8 +70,9 @@ impl ObjectFiles {
         }
     }
 
-    /// One file as a multipart upload, read in parts of [`PART_BYTES`].
-    fn upload_file(&self, local: &Path, name: &str) -> Result<(), RemoteError> {
+    /// One file as a multipart upload (read in parts of [`PART_BYTES`]) to `name` in this
+    /// directory.
+    pub fn upload_file(&self, local: &Path, name: &str) -> Result<(), RemoteError> {
         let url = self.url_of(name);
         let mut file = std::fs::File::open(local).map_err(|e| RemoteError::cache(local, e))?;
         let path = self.object(name);

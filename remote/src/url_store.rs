@@ -62,8 +62,8 @@ pub fn open_remote(
     let policy = RetryPolicy::from_switches();
     let counters = Arc::new(Counters::default());
     // A builder's `Generic` error says "Generic S3 error: ..." around the reason: keep the reason.
-    let (store, prefix, can_list) = build_store(spec, &url, settings, &policy, &counters)
-        .map_err(|e| match e {
+    let (store, prefix, can_list) =
+        build_store(spec, &url, settings, &policy, &counters).map_err(|e| match e {
             object_store::Error::Generic { source, .. } => bad(source),
             other => bad(Box::new(other)),
         })?;

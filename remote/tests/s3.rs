@@ -4,8 +4,8 @@
 use anyhow::{ensure, Context, Result};
 use remote::{CacheConfig, ObjectFiles};
 use shards::{
-    Dataset, DatasetLocation, IngestReport, Kind, Manifest, RowGroupLimits, Sample, ShardWriter,
-    Turn, FORMAT_VERSION,
+    Dataset, DatasetLocation, Image, IngestReport, Kind, Manifest, RowGroupLimits, Sample,
+    ShardWriter, Turn, FORMAT_VERSION,
 };
 use std::path::Path;
 use std::sync::Arc;
@@ -14,36 +14,45 @@ use std::sync::Arc;
 mod moto;
 use moto::MotoServer;
 
-/// Sample `i`: every fourth is text-only, the others carry a 6-9 KB incompressible image.
+/// Sample `i`: every fourth is text-only; the others carry one (even `i`) or two (odd `i`)
+/// 6-9 KB incompressible images, so ranged reads cover the nested image list too.
 fn sample(i: u32) -> Sample {
-    let image = (!i.is_multiple_of(4)).then(|| {
-        let mut state = 0x9e37_79b9_u32.wrapping_mul(i + 1);
-        (0..6000 + (i % 4) * 1000)
-            .map(|_| {
-                state ^= state << 13;
-                state ^= state >> 17;
-                state ^= state << 5;
-                state as u8
-            })
-            .collect::<Vec<u8>>()
-    });
-    let ids: Vec<u32> = (0..(8 + i % 13)).map(|t| t * 100 + i).collect();
+    let count = if i.is_multiple_of(4) { 0 } else { 1 + i % 2 };
+    let images: Vec<Image> = (0..count)
+        .map(|k| {
+            let mut state = 0x9e37_79b9_u32.wrapping_mul(i + 1 + 1000 * k);
+            let bytes: Vec<u8> = (0..6000 + (i % 4) * 1000)
+                .map(|_| {
+                    state ^= state << 13;
+                    state ^= state >> 17;
+                    state ^= state << 5;
+                    state as u8
+                })
+                .collect();
+            Image {
+                crc32c: Some(crc32c::crc32c(&bytes)),
+                bytes,
+                format: "jpeg".into(),
+                width: 32,
+                height: 24,
+            }
+        })
+        .collect();
+    let mut ids: Vec<u32> =
+        vec![shards::SpecialTokens::qwen_before_recorded().image.id; count as usize];
+    ids.extend((0..(8 + i % 13)).map(|t| t * 100 + i));
     let mask: Vec<bool> = (0..ids.len()).map(|t| t % 2 == 1).collect();
     Sample {
         id: format!("sample-{i:04}"),
-        kind: if image.is_some() {
-            Kind::Image
-        } else {
+        kind: if images.is_empty() {
             Kind::Text
+        } else {
+            Kind::Image
         },
-        image_crc32c: image.as_deref().map(crc32c::crc32c),
         input_ids_crc32c: Some(shards::input_ids_crc32c(&ids)),
-        image_format: image.as_ref().map(|_| "jpeg".to_string()),
-        width: image.as_ref().map_or(0, |_| 32),
-        height: image.as_ref().map_or(0, |_| 24),
-        image,
+        images,
         conversation: vec![Turn {
-            role: "human".into(),
+            role: "user".into(),
             text: format!("question {i}"),
         }],
         num_text_tokens: ids.len() as u32,
@@ -72,7 +81,9 @@ fn write_dataset(dir: &Path) -> Result<Manifest> {
         format_version: FORMAT_VERSION,
         tokenizer_fingerprint: "t".repeat(64),
         template: "plain".into(),
-        image_placeholder_id: shards::IMAGE_PAD_ID,
+        image_placeholder_id: 151_655,
+        special_tokens: None,
+        source_tokenizer_fingerprint: None,
         num_samples: samples.len() as u64,
         shards: infos,
         ingest: IngestReport::default(),

@@ -11,7 +11,8 @@ SUPERVISED supervised tokens, plus peak RSS. The model is the LLaVA composition:
     do (--keep-last-layer runs every layer and takes hidden_states[-2] instead: same features,
     one layer more work);
   * mlp2x_gelu projector: Linear(vision hidden, lm hidden) -> exact GELU -> Linear, f32 weights;
-  * Qwen2ForCausalLM with SDPA attention; projected image features replace the embeddings of
+  * the LM as AutoModelForCausalLM loads it (any transformers causal LM: Qwen2, Qwen3,
+    Llama/SmolLM2), SDPA attention; projected image features replace the embeddings of
     the row's positions 1..IMAGES*729; the loss is cross-entropy of the LM head on the
     SUPERVISED positions before the last only (--full-logits: HF's own labels path, logits for
     every position).
@@ -19,7 +20,8 @@ Trainable sets: the projector always; --train lm and/or vision trains those towe
 (LLaVA-1.5 stage 2 style). Precision: --dtype float32, or bfloat16 = frozen towers stored in
 bf16, trained parameters f32 masters, forward under torch.autocast(bfloat16). Optimizer: AdamW
 (lr 1e-3 projector-only, 2e-5 when a tower trains; no weight decay), grad-norm clip 1.0.
-Inputs are random and seeded (seed 0): token ids and targets in [0, 151000), pixels N(0, 1)
+Inputs are random and seeded (seed 0): token ids and targets below min(151000, the LM's
+vocab_size), pixels N(0, 1)
 drawn fresh each step (outside the timed region); weights come from the checkpoints given.
 With the same checkpoints and arguments two runs see the same projector init and inputs.
 
@@ -42,15 +44,15 @@ import time
 import torch
 import torch.nn.functional as F
 from torch import nn
-from transformers import Qwen2ForCausalLM, SiglipVisionModel
+from transformers import AutoModelForCausalLM, SiglipVisionModel
 
-VOCAB_DRAW = 151000  # token ids and targets are drawn below this (inside Qwen2.5's 151,936)
+VOCAB_DRAW = 151000  # token ids and targets are drawn below this and the LM's vocab_size
 
 
 def parse_args():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("vision", help="SigLIP checkpoint folder (config.json + safetensors)")
-    ap.add_argument("lm", help="Qwen2 checkpoint folder")
+    ap.add_argument("lm", help="causal LM checkpoint folder (Qwen2, Qwen3, Llama, ...)")
     ap.add_argument("--images", type=int, required=True, help="images in the row")
     ap.add_argument("--tokens", type=int, required=True, help="row length, image tokens included")
     ap.add_argument("--supervised", type=int, required=True, help="positions with a loss")
@@ -85,8 +87,8 @@ def load_towers(args, compute_dtype):
     if not args.keep_last_layer:
         encoder = getattr(vision, "vision_model", vision).encoder
         encoder.layers = encoder.layers[:-1]  # its output is never used
-    lm, info = Qwen2ForCausalLM.from_pretrained(args.lm, dtype=lm_dtype, attn_implementation="sdpa",
-                                                output_loading_info=True)
+    lm, info = AutoModelForCausalLM.from_pretrained(args.lm, dtype=lm_dtype, attn_implementation="sdpa",
+                                                    output_loading_info=True)
     report_load("lm", info)
     vision.to(args.device).eval()
     lm.to(args.device)
@@ -129,10 +131,11 @@ def main():
         raise SystemExit(f"{args.images} images x {per_image} tokens + {args.supervised} supervised "
                          f"do not fit a row of {args.tokens} tokens")
     # One fixed row: images right after the first token, supervision at the end of the row.
-    ids = torch.randint(0, VOCAB_DRAW, (1, args.tokens), device=dev)
+    vocab = min(VOCAB_DRAW, lm.config.vocab_size)
+    ids = torch.randint(0, vocab, (1, args.tokens), device=dev)
     image_pos = 1 + torch.arange(n_image_tokens, device=dev)
     loss_pos = torch.arange(args.tokens - 1 - args.supervised, args.tokens - 1, device=dev)
-    targets = torch.randint(0, VOCAB_DRAW, (args.supervised,), device=dev)  # the token after each
+    targets = torch.randint(0, vocab, (args.supervised,), device=dev)  # the token after each
     print(f"load {time.perf_counter() - t_load:.1f}s; {args.images} images x {per_image} tokens, "
           f"row of {args.tokens} tokens, {args.supervised} supervised", flush=True)
 

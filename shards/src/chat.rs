@@ -1,51 +1,30 @@
-//! The chat templates and the Qwen2 special tokens, defined once for every crate: ingest renders
-//! each record with [`Template::render`] (after checking its turns), `tessera generate` asks the
-//! model with [`Template::generation_prompt`], the llava-hf export writes the same templates
-//! as Jinja for transformers (`tessera-train`'s `llava_hf.rs`, checked against this file), and
-//! the loader pads rows with [`END_OF_TEXT_ID`].
+//! The chat templates, defined once for every crate: ingest renders each record with
+//! [`Template::render`] (after checking its turns), `tessera generate` asks the model with
+//! [`Template::generation_prompt`], and the llava-hf export writes the same templates as Jinja
+//! for transformers (`tessera-train`'s `llava_hf.rs`, checked against this file). The special
+//! tokens they write are the dataset's own ([`SpecialTokens`], resolved from its tokenizer by
+//! ingest and kept in index.json), never one model's constants.
 //!
-//! * `plain` (LLaVA-Pretrain, stage 1). An image conversation becomes `<|image_pad|>`, then
-//!   each assistant turn's text and `\n`; the user turns' text (the instruction) is dropped, as
-//!   in LLaVA. A text-only conversation is every turn's text followed by `\n`. Qwen's tokenizer
-//!   adds no BOS/EOS, so a finished conversation ends with `<|endoftext|>` (151643), which
-//!   teaches the model to stop. Supervised: the assistant turns (with their `\n`) and the
-//!   `<|endoftext|>`.
-//! * `chatml` (Qwen2.5 chat, multi-turn mixtures): `<|im_start|>{user|assistant|system}\n`
-//!   `{text}<|im_end|>\n` per turn, no default system prompt added. `<image>` in a turn becomes
-//!   `<|vision_start|><|image_pad|><|vision_end|>` (Qwen2-VL's framing; only `<|image_pad|>`
-//!   is expanded later to the vision tokens). Supervised: each assistant turn's text and its
-//!   `<|im_end|>` (not the role header, not the newline after `<|im_end|>`).
-//!
-//! The ids are those of the Qwen2 and Qwen2.5 tokenizers. Where a tokenizer is at hand it is
-//! the authority (ingest records its `<|image_pad|>` id in index.json); these are the ids every
-//! crate assumes where there is none.
+//! * `plain` (LLaVA-Pretrain, stage 1). An image conversation becomes one image token per
+//!   image, then each assistant turn's text and `\n`; the user turns' text (the instruction)
+//!   is dropped, as in LLaVA. A text-only conversation is every turn's text followed by `\n`. A finished
+//!   conversation ends with the tokenizer's end of sequence (`eos`: Qwen2.5's
+//!   `<|endoftext|>`, SmolLM2-Instruct's `<|im_end|>`), which teaches the model to stop.
+//!   Supervised: the assistant turns (with their `\n`) and the end token.
+//! * `chatml` (multi-turn mixtures; needs a tokenizer with `<|im_start|>` and `<|im_end|>`):
+//!   `<|im_start|>{user|assistant|system}\n{text}<|im_end|>\n` per turn, no default system
+//!   prompt added. `<image>` in a turn becomes the image token, framed as Qwen2-VL frames it
+//!   (`<|vision_start|>…<|vision_end|>`) when the tokenizer has those tokens (only the image
+//!   token is expanded later to the vision tokens). Supervised: each assistant turn's text and
+//!   its `<|im_end|>` (not the role header, not the newline after `<|im_end|>`).
+use crate::special_tokens::SpecialTokens;
 use std::ops::Range;
 
 /// LLaVA json's image placeholder inside a turn's text.
 pub const IMAGE_TAG: &str = "<image>";
-/// The one token that stands for an image in `input_ids` (the loader expands it).
-pub const IMAGE_PAD: &str = "<|image_pad|>";
-pub const END_OF_TEXT: &str = "<|endoftext|>";
+/// ChatML's markers, as every ChatML tokenizer spells them (their ids are the tokenizer's).
 pub const IM_START: &str = "<|im_start|>";
 pub const IM_END: &str = "<|im_end|>";
-pub const VISION_START: &str = "<|vision_start|>";
-pub const VISION_END: &str = "<|vision_end|>";
-
-pub const END_OF_TEXT_ID: u32 = 151_643;
-pub const IM_START_ID: u32 = 151_644;
-pub const IM_END_ID: u32 = 151_645;
-pub const VISION_START_ID: u32 = 151_652;
-pub const VISION_END_ID: u32 = 151_653;
-/// `<|image_pad|>`: the one id that stands for an image in `input_ids` (the loader expands it
-/// into the vision tokens). Each dataset's own id is recorded in index.json
-/// (`image_placeholder_id`); this is the default where no tokenizer is at hand.
-pub const IMAGE_PAD_ID: u32 = 151_655;
-
-/// Generation ends after either: `<|endoftext|>` ends a `plain` answer, `<|im_end|>` a
-/// `chatml` turn.
-pub const STOP_TOKENS: [&str; 2] = [END_OF_TEXT, IM_END];
-/// The ids of [`STOP_TOKENS`].
-pub const STOP_IDS: [u32; 2] = [END_OF_TEXT_ID, IM_END_ID];
 
 /// Which chat template turns a conversation into text (see the module docs).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -108,20 +87,33 @@ impl Template {
         }
     }
 
-    /// The special tokens the template writes: a tokenizer must know each.
-    pub fn special_tokens(self) -> &'static [&'static str] {
+    /// The markers the template writes besides [`SpecialTokens`]: a tokenizer must know each.
+    pub fn markers(self) -> &'static [&'static str] {
         match self {
-            Template::Plain => &[IMAGE_PAD, END_OF_TEXT],
-            Template::Chatml => &[IMAGE_PAD, IM_START, IM_END, VISION_START, VISION_END],
+            Template::Plain => &[],
+            Template::Chatml => &[IM_START, IM_END],
         }
     }
 
-    /// A whole conversation, as training sees it. `image`: the conversation comes with an
-    /// image (which `plain` renders as `<|image_pad|>` in place of the user turns).
-    pub fn render(self, turns: &[(Role, &str)], image: bool) -> Rendered {
-        let mut out = self.turns(turns, image);
+    /// The tokens generation stops after: `plain` answers end with `eos`, `chatml` turns with
+    /// `<|im_end|>` (whose id `im_end` is, when the tokenizer has it), and `eos` ends either.
+    pub fn stop_ids(self, tokens: &SpecialTokens, im_end: Option<u32>) -> Vec<u32> {
+        let mut ids = vec![tokens.eos.id];
+        if let (Template::Chatml, Some(id)) = (self, im_end) {
+            if id != tokens.eos.id {
+                ids.push(id);
+            }
+        }
+        ids
+    }
+
+    /// A whole conversation, as training sees it. `images`: how many images come with it
+    /// (`plain` renders them as that many image tokens in place of the user turns; `chatml`
+    /// frames each `<image>` of the turns where it stands).
+    pub fn render(self, turns: &[(Role, &str)], images: usize, tokens: &SpecialTokens) -> Rendered {
+        let mut out = self.turns(turns, images, tokens);
         if self == Template::Plain {
-            out.push(END_OF_TEXT, true);
+            out.push(&tokens.eos.text, true);
         }
         out
     }
@@ -129,22 +121,27 @@ impl Template {
     /// What the model continues from to answer `turns` (which end with a user turn): the
     /// turns as [`Template::render`] writes them, without the end of the conversation, then
     /// (`chatml`) the assistant's header. transformers' `add_generation_prompt`.
-    pub fn generation_prompt(self, turns: &[(Role, &str)], image: bool) -> String {
-        let mut out = self.turns(turns, image);
+    pub fn generation_prompt(
+        self,
+        turns: &[(Role, &str)],
+        images: usize,
+        tokens: &SpecialTokens,
+    ) -> String {
+        let mut out = self.turns(turns, images, tokens);
         if self == Template::Chatml {
             out.push(&chatml_header(Role::Assistant), false);
         }
         out.text
     }
 
-    fn turns(self, turns: &[(Role, &str)], image: bool) -> Rendered {
+    fn turns(self, turns: &[(Role, &str)], images: usize, tokens: &SpecialTokens) -> Rendered {
         let mut out = Rendered {
             text: String::new(),
             supervised: Vec::new(),
         };
         match self {
-            Template::Plain if image => {
-                out.push(IMAGE_PAD, false);
+            Template::Plain if images > 0 => {
+                out.push(&tokens.image.text.repeat(images), false);
                 for (_, text) in turns.iter().filter(|(r, _)| *r == Role::Assistant) {
                     out.push(text, true);
                     out.push("\n", true);
@@ -158,7 +155,7 @@ impl Template {
                 }
             }
             Template::Chatml => {
-                let framed = format!("{VISION_START}{IMAGE_PAD}{VISION_END}");
+                let framed = framed_image(tokens);
                 for &(role, text) in turns {
                     out.push(&chatml_header(role), false);
                     let assistant = role == Role::Assistant;
@@ -173,6 +170,14 @@ impl Template {
             }
         }
         out
+    }
+}
+
+/// The image token as `chatml` writes it: framed when the tokenizer has the frame.
+pub fn framed_image(tokens: &SpecialTokens) -> String {
+    match &tokens.image_frame {
+        Some((start, end)) => format!("{}{}{}", start.text, tokens.image.text, end.text),
+        None => tokens.image.text.clone(),
     }
 }
 
@@ -197,9 +202,26 @@ impl std::str::FromStr for Template {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::special_tokens::Token;
 
     fn supervised(r: &Rendered) -> String {
         r.supervised.iter().map(|s| &r.text[s.clone()]).collect()
+    }
+
+    fn qwen() -> SpecialTokens {
+        SpecialTokens::qwen_before_recorded()
+    }
+
+    /// SmolLM2-Instruct's tokenizer with `<image>` added by ingest: no frame, `<|im_end|>` as
+    /// its end of sequence.
+    fn smollm2() -> SpecialTokens {
+        SpecialTokens {
+            image: Token::new("<image>", 49_152),
+            image_frame: None,
+            eos: Token::new("<|im_end|>", 2),
+            pad_id: 2,
+            added: vec!["<image>".into()],
+        }
     }
 
     #[test]
@@ -208,43 +230,89 @@ mod tests {
             (Role::User, "<image>\nWhat is shown?"),
             (Role::Assistant, "A gradient."),
         ];
-        let r = Template::Chatml.render(&turns, true);
+        let r = Template::Chatml.render(&turns, 1, &qwen());
         assert_eq!(
             r.text,
             "<|im_start|>user\n<|vision_start|><|image_pad|><|vision_end|>\nWhat is shown?\
              <|im_end|>\n<|im_start|>assistant\nA gradient.<|im_end|>\n"
         );
         assert_eq!(supervised(&r), "A gradient.<|im_end|>");
+        // A tokenizer without Qwen's frame: the image token alone.
+        let r = Template::Chatml.render(&turns, 1, &smollm2());
+        assert_eq!(
+            r.text,
+            "<|im_start|>user\n<image>\nWhat is shown?<|im_end|>\n<|im_start|>assistant\n\
+             A gradient.<|im_end|>\n"
+        );
     }
 
     #[test]
     fn the_generation_prompt_is_the_training_text_up_to_the_answer() {
         let question = [(Role::User, "<image>\nDescribe the image.")];
         let answered = [question[0], (Role::Assistant, "A red square.")];
-        for template in [Template::Plain, Template::Chatml] {
-            let prompt = template.generation_prompt(&question, true);
-            let trained = template.render(&answered, true);
-            let answer_starts = trained.supervised[0].start;
-            assert_eq!(prompt, trained.text[..answer_starts], "{template:?}");
+        for tokens in [qwen(), smollm2()] {
+            for template in [Template::Plain, Template::Chatml] {
+                let prompt = template.generation_prompt(&question, 1, &tokens);
+                let trained = template.render(&answered, 1, &tokens);
+                let answer_starts = trained.supervised[0].start;
+                assert_eq!(prompt, trained.text[..answer_starts], "{template:?}");
+            }
+            assert_eq!(
+                Template::Plain.generation_prompt(&question, 1, &tokens),
+                tokens.image.text
+            );
         }
-        assert_eq!(
-            Template::Plain.generation_prompt(&question, true),
-            IMAGE_PAD
-        );
     }
 
     #[test]
-    fn plain_drops_the_instruction_and_ends_with_endoftext() {
+    fn plain_drops_the_instruction_and_ends_with_the_tokenizers_eos() {
         let turns = [
             (Role::User, "<image>\nignored"),
             (Role::Assistant, "A cat."),
         ];
-        let r = Template::Plain.render(&turns, true);
+        let r = Template::Plain.render(&turns, 1, &qwen());
         assert_eq!(r.text, "<|image_pad|>A cat.\n<|endoftext|>");
         assert_eq!(supervised(&r), "A cat.\n<|endoftext|>");
-        let text = Template::Plain.render(&[(Role::User, "Hi"), (Role::Assistant, "Yo")], false);
+        let text =
+            Template::Plain.render(&[(Role::User, "Hi"), (Role::Assistant, "Yo")], 0, &qwen());
         assert_eq!(text.text, "Hi\nYo\n<|endoftext|>");
         assert_eq!(supervised(&text), "Yo\n<|endoftext|>");
+        let r = Template::Plain.render(&turns, 1, &smollm2());
+        assert_eq!(r.text, "<image>A cat.\n<|im_end|>");
+    }
+
+    #[test]
+    fn generation_stops_at_the_templates_end_and_the_eos() {
+        assert_eq!(Template::Plain.stop_ids(&qwen(), Some(151_645)), [151_643]);
+        assert_eq!(
+            Template::Chatml.stop_ids(&qwen(), Some(151_645)),
+            [151_643, 151_645]
+        );
+        // SmolLM2's eos is <|im_end|> itself: listed once.
+        assert_eq!(Template::Chatml.stop_ids(&smollm2(), Some(2)), [2]);
+    }
+
+    #[test]
+    fn plain_puts_one_placeholder_per_image_and_chatml_frames_each_tag_in_place() {
+        let turns = [
+            (Role::User, "<image>Left.<image>Right. Which is brighter?"),
+            (Role::Assistant, "The left."),
+        ];
+        let plain = Template::Plain.render(&turns, 2, &qwen());
+        assert_eq!(
+            plain.text,
+            "<|image_pad|><|image_pad|>The left.\n<|endoftext|>"
+        );
+        assert_eq!(
+            Template::Plain.generation_prompt(&turns[..1], 2, &qwen()),
+            "<|image_pad|><|image_pad|>"
+        );
+        let framed = "<|vision_start|><|image_pad|><|vision_end|>";
+        let chatml = Template::Chatml.render(&turns, 2, &qwen());
+        assert!(chatml.text.starts_with(&format!(
+            "<|im_start|>user\n{framed}Left.{framed}Right. Which is brighter?<|im_end|>\n"
+        )));
+        assert_eq!(supervised(&chatml), "The left.<|im_end|>");
     }
 
     #[test]

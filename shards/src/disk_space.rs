@@ -43,8 +43,10 @@ impl NoSpace {
 
 /// Whether `error` says the disk (or the user's quota) is full.
 pub fn is_out_of_space(error: &io::Error) -> bool {
-    matches!(error.raw_os_error(), Some(libc::ENOSPC) | Some(libc::EDQUOT))
-        || error.kind() == io::ErrorKind::StorageFull
+    matches!(
+        error.raw_os_error(),
+        Some(libc::ENOSPC) | Some(libc::EDQUOT)
+    ) || error.kind() == io::ErrorKind::StorageFull
         || error.kind() == io::ErrorKind::QuotaExceeded
 }
 

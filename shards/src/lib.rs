@@ -1,4 +1,4 @@
-//! tessera's shard format (schema v2): parquet files `shard-00000.parquet`, ... one row per
+//! tessera's shard format (schema v3, any number of images per sample; v1 and v2 still read): parquet files `shard-00000.parquet`, ... one row per
 //! sample, plus `index.json` written last (its presence means every listed shard is complete).
 //!
 //! 1. [`ShardWriter`] writes one shard: row groups bounded by rows and bytes, a temporary name,
@@ -11,7 +11,8 @@
 //!    [`Dataset::metadata`] scan reads only kind and token counts (the planner's input).
 //! 4. [`verify()`] and [`stats()`] back `tessera shards verify|stats`.
 //!
-//! [`chat`] defines the chat templates and the Qwen2 special tokens for every crate.
+//! [`chat`] defines the chat templates for every crate; [`SpecialTokens`] are the tokens they
+//! write, as the dataset's tokenizer spells and numbers them (recorded in index.json).
 //!
 //! Every file tessera writes whole (index.json, the ingest journal, synth's json and zip) goes
 //! through [`write_atomically`]: a temporary sibling, fsync, rename, fsync of the folder.
@@ -26,25 +27,26 @@ mod remote_read;
 mod sample;
 mod schema;
 mod sink;
+mod special_tokens;
 mod stats;
 mod verify;
 mod writer;
 
 pub use atomic::{temp_path, write_atomically, write_atomically_with};
-pub use chat::IMAGE_PAD_ID;
 pub use disk_space::{caused_by_full_disk, free_bytes, is_out_of_space, shown_bytes, NoSpace};
 pub use error::{with_causes, ShardError};
-pub use location::{DatasetLocation, RemoteFiles};
+pub use location::{DatasetLocation, FetchedRanges, RemoteFiles};
 pub use manifest::{
     shard_file_name, IngestReport, IngestSettings, Manifest, RowGroupInfo, ShardInfo, INDEX_FILE,
     TOKENIZER_FILE,
 };
 pub use reader::{fingerprint_of, Dataset};
-pub use sample::{ChecksumMismatch, Kind, Sample, SampleMeta, Turn};
+pub use sample::{ChecksumMismatch, Image, Kind, Sample, SampleMeta, Turn};
 pub use schema::{
-    col, input_ids_crc32c, samples_to_batch, schema_for, schema_v1, schema_v2, FORMAT_VERSION,
-    OLDEST_READABLE_VERSION,
+    col, input_ids_crc32c, samples_to_batch, samples_to_batch_v2, schema_for, schema_v1, schema_v2,
+    schema_v3, FORMAT_VERSION, OLDEST_READABLE_VERSION,
 };
+pub use special_tokens::{SpecialTokens, Token};
 pub use stats::{stats, DatasetStats, Percentiles, EXTREME_ASPECT, TINY_SIDE};
 pub use verify::{sha256_file, verify, verify_at, VerifyReport};
 pub use writer::{estimated_sample_bytes, RowGroupLimits, ShardWriter};

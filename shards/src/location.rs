@@ -27,6 +27,8 @@ pub trait RemoteFiles: Send + Sync {
     ) -> Result<Vec<Bytes>, ShardError>;
     /// Names of the files directly in the directory (verify's unlisted-shard check).
     fn list(&self) -> Result<Vec<String>, ShardError>;
+    /// The size in bytes of the file `name` of the directory (ingest's parquet inputs).
+    fn size(&self, name: &str) -> Result<u64, ShardError>;
     /// Whether fetched ranges are kept (a local cache), so that fetching ahead pays off.
     fn keeps_ranges(&self) -> bool {
         false
@@ -60,10 +62,12 @@ impl std::fmt::Debug for DatasetLocation {
 /// serves both for shards written by tessera (their page index sits right before the footer).
 pub(crate) const FOOTER_PREFETCH: u64 = 256 * 1024;
 
-/// A remote shard's fetched byte ranges, as parquet's [`ChunkReader`]. A read outside them (a
-/// page the offset index did not announce) fetches that range on its own.
+/// A remote file's fetched byte ranges, as parquet's [`ChunkReader`]: a shard's pages for one
+/// read, or a row group of an ingest input. A read outside them (a page the offset index did
+/// not announce, a footer longer than the prefetched tail) fetches that range on its own.
+/// `shard` names the file and its length (`file`, `bytes`; its `sha256` keys the range cache).
 #[derive(Clone)]
-pub(crate) struct FetchedRanges {
+pub struct FetchedRanges {
     files: Arc<dyn RemoteFiles>,
     shard: Arc<ShardInfo>,
     /// Start offset -> bytes from there.
@@ -71,7 +75,8 @@ pub(crate) struct FetchedRanges {
 }
 
 impl FetchedRanges {
-    pub(crate) fn fetch(
+    /// Fetches `ranges` of `shard` (in one batch of concurrent requests).
+    pub fn fetch(
         files: Arc<dyn RemoteFiles>,
         shard: Arc<ShardInfo>,
         mut ranges: Vec<Range<u64>>,

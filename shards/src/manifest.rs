@@ -4,6 +4,7 @@ use crate::atomic::write_atomically;
 use crate::error::ShardError;
 use crate::location::DatasetLocation;
 use crate::schema::{FORMAT_VERSION, OLDEST_READABLE_VERSION};
+use crate::special_tokens::SpecialTokens;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -55,7 +56,7 @@ pub struct IngestReport {
     pub rejected: BTreeMap<String, u64>,
     /// Kept-but-notable inputs (e.g. `tiny_image`, `extreme_aspect`, `png_named_jpg`).
     pub notes: BTreeMap<String, u64>,
-    /// Image samples by detected format.
+    /// Images by detected format (a sample of several images counts each).
     pub image_formats: BTreeMap<String, u64>,
     /// Whether every image was fully decoded (false with `--no-verify`).
     pub images_verified: bool,
@@ -70,12 +71,20 @@ impl IngestReport {
 /// What an ingest's output bytes depend on: its inputs' fingerprints and the settings that
 /// change the shards. Ingest records it in its resume journal while it runs and in index.json
 /// when it finishes; `ingest --resume` refuses to go on (or to call a finished directory
-/// complete) when the inputs or settings it is given now differ.
+/// complete) when the inputs or settings it is given now differ. The `json_*` fields describe
+/// whatever `--input` is (their names predate parquet inputs).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct IngestSettings {
+    /// The input layout (`llava`, `onevision`, `cauldron`, `messages`; `llava` in journals
+    /// and index.json written before layouts existed).
+    #[serde(default = "llava_format")]
+    pub format: String,
+    /// Bytes of the input (the json, or all parquet files).
     pub json_bytes: u64,
+    /// Records (json elements, parquet rows) of the input.
     pub json_records: u64,
-    /// Hex sha256 of the json (empty in journals written before it was recorded).
+    /// Hex sha256 of the json, or of the parquet files' names, sizes, modification times and
+    /// footers (empty in journals written before it was recorded).
     #[serde(default)]
     pub json_sha256: String,
     /// Hex sha256 of the images' zip central directory, or of the folder's names, sizes and
@@ -89,6 +98,10 @@ pub struct IngestSettings {
     pub max_pixels: u64,
 }
 
+fn llava_format() -> String {
+    "llava".into()
+}
+
 /// The parsed `index.json`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Manifest {
@@ -97,8 +110,17 @@ pub struct Manifest {
     pub tokenizer_fingerprint: String,
     /// Chat template name (`plain` or `chatml`).
     pub template: String,
-    /// The `<|image_pad|>` id standing for one image in `input_ids`.
+    /// The image token's id standing for one image in `input_ids` (`special_tokens.image`).
     pub image_placeholder_id: u32,
+    /// The special tokens the ids were made with; `None` in index.json written before they
+    /// were recorded (see [`Manifest::special_tokens`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub special_tokens: Option<SpecialTokens>,
+    /// sha256 of the tokenizer.json ingest was given, when ingest added tokens to it (then the
+    /// copy beside index.json, whose sha256 is `tokenizer_fingerprint`, is that tokenizer
+    /// with the tokens added).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source_tokenizer_fingerprint: Option<String>,
     pub num_samples: u64,
     pub shards: Vec<ShardInfo>,
     pub ingest: IngestReport,
@@ -144,6 +166,22 @@ impl Manifest {
         Ok(manifest)
     }
 
+    /// The special tokens the ids were made with: those recorded, or for an index.json from
+    /// before they were, the Qwen tokens ingest then required.
+    pub fn special_tokens(&self) -> SpecialTokens {
+        self.special_tokens
+            .clone()
+            .unwrap_or_else(SpecialTokens::qwen_before_recorded)
+    }
+
+    /// sha256 of the tokenizer.json ingest was given (the language model's own, for a check
+    /// that shards and model share a vocabulary).
+    pub fn source_tokenizer_fingerprint(&self) -> &str {
+        self.source_tokenizer_fingerprint
+            .as_deref()
+            .unwrap_or(&self.tokenizer_fingerprint)
+    }
+
     /// Writes `DIR/index.json` atomically.
     pub fn save(&self, dir: &Path) -> Result<(), ShardError> {
         let text = serde_json::to_vec_pretty(self).map_err(|source| ShardError::Manifest {
@@ -164,6 +202,8 @@ mod tests {
             tokenizer_fingerprint: "t".into(),
             template: "plain".into(),
             image_placeholder_id: 7,
+            special_tokens: None,
+            source_tokenizer_fingerprint: None,
             num_samples: 0,
             shards: Vec::new(),
             ingest: IngestReport::default(),
@@ -187,6 +227,7 @@ mod tests {
     #[test]
     fn ingest_settings_round_trip_and_are_left_out_when_absent() -> anyhow::Result<()> {
         let settings = IngestSettings {
+            format: "cauldron".into(),
             json_bytes: 10,
             json_records: 2,
             json_sha256: "j".into(),

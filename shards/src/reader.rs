@@ -6,7 +6,7 @@ use crate::location::{DatasetLocation, FetchedRanges, RemoteFiles, FOOTER_PREFET
 use crate::manifest::Manifest;
 use crate::manifest::ShardInfo;
 use crate::sample::{Sample, SampleMeta};
-use crate::schema::{batch_to_meta, batch_to_samples, col, RowOrigin};
+use crate::schema::{batch_to_meta, batch_to_samples, meta_columns, RowOrigin};
 use bytes::Bytes;
 use parquet::arrow::arrow_reader::{
     ArrowReaderMetadata, ArrowReaderOptions, ParquetRecordBatchReader,
@@ -364,16 +364,14 @@ impl Dataset {
         &self.manifest
     }
 
-    /// Kind and token counts of every sample in global index order; reads only those columns.
+    /// Kind, image count and token counts of every sample in global index order; reads only
+    /// those columns.
     pub fn metadata(&self) -> Result<Vec<SampleMeta>, ShardError> {
         let mut out = Vec::with_capacity(self.len());
+        let columns = meta_columns(self.manifest.format_version);
         for shard in &self.shards {
             let mut first_row = 0;
-            for batch in shard.read_columns(&[
-                col::KIND,
-                col::NUM_TEXT_TOKENS,
-                col::NUM_SUPERVISED_TOKENS,
-            ])? {
+            for batch in shard.read_columns(columns)? {
                 let origin = RowOrigin {
                     shard: &shard.name,
                     first_row,

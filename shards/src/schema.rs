@@ -1,12 +1,18 @@
-//! Parquet/arrow schema of a shard row (v2; v1 still reads), and the conversions between arrow
-//! record batches and [`Sample`]s. Column order is part of the format: readers project columns
-//! by name.
+//! Parquet/arrow schema of a shard row (v3; v1 and v2 still read), and the conversions between
+//! arrow record batches and [`Sample`]s. Column order is part of the format: readers project
+//! columns by name.
 //!
-//! v2 added `input_ids_crc32c` (crc32c of the token ids' little-endian bytes), checked by the
-//! loader beside `image_crc32c`. A v1 shard lacks the column: its samples read with
-//! `input_ids_crc32c: None` (the token check is skipped, the image check still runs).
+//! * v1: one image per sample in flat columns (`image`, `image_format`, `width`, `height`,
+//!   `image_crc32c`, null for text samples).
+//! * v2 added `input_ids_crc32c` (crc32c of the token ids' little-endian bytes), checked by the
+//!   loader beside the image checksum. A v1 shard lacks it: its samples read with
+//!   `input_ids_crc32c: None` (the token check is skipped, the image check still runs).
+//! * v3 holds any number of images per sample: `images` is a list of
+//!   `{bytes, format, width, height, crc32c}` in placeholder order (empty for text samples), and
+//!   `num_images` its length (what the planner reads without touching the image bytes). v1 and
+//!   v2 samples read as samples of zero or one image.
 use crate::error::ShardError;
-use crate::sample::{Kind, Sample, SampleMeta, Turn};
+use crate::sample::{Image, Kind, Sample, SampleMeta, Turn};
 use arrow_array::builder::BinaryBuilder;
 use arrow_array::cast::AsArray;
 use arrow_array::types::{UInt32Type, UInt8Type};
@@ -18,7 +24,7 @@ use arrow_schema::{DataType, Field, Fields, Schema, SchemaRef};
 use std::sync::{Arc, OnceLock};
 
 /// The format version written to index.json.
-pub const FORMAT_VERSION: u32 = 2;
+pub const FORMAT_VERSION: u32 = 3;
 /// The oldest format version this build still reads (v1: no `input_ids_crc32c` column).
 pub const OLDEST_READABLE_VERSION: u32 = 1;
 
@@ -26,18 +32,31 @@ pub const OLDEST_READABLE_VERSION: u32 = 1;
 pub mod col {
     pub const ID: &str = "id";
     pub const KIND: &str = "kind";
-    pub const IMAGE: &str = "image";
-    pub const IMAGE_FORMAT: &str = "image_format";
-    pub const WIDTH: &str = "width";
-    pub const HEIGHT: &str = "height";
+    /// Since format v3: the list of images.
+    pub const IMAGES: &str = "images";
+    /// Since format v3: the length of `images`.
+    pub const NUM_IMAGES: &str = "num_images";
     pub const CONVERSATION: &str = "conversation";
     pub const INPUT_IDS: &str = "input_ids";
     pub const LABEL_MASK: &str = "label_mask";
     pub const NUM_TEXT_TOKENS: &str = "num_text_tokens";
     pub const NUM_SUPERVISED_TOKENS: &str = "num_supervised_tokens";
-    pub const IMAGE_CRC32C: &str = "image_crc32c";
     /// Since format v2.
     pub const INPUT_IDS_CRC32C: &str = "input_ids_crc32c";
+    /// Formats v1 and v2: the one image (null for text samples) and its facts.
+    pub const IMAGE: &str = "image";
+    pub const IMAGE_FORMAT: &str = "image_format";
+    pub const WIDTH: &str = "width";
+    pub const HEIGHT: &str = "height";
+    pub const IMAGE_CRC32C: &str = "image_crc32c";
+    /// The fields of an `images` entry (v3).
+    pub mod image {
+        pub const BYTES: &str = "bytes";
+        pub const FORMAT: &str = "format";
+        pub const WIDTH: &str = "width";
+        pub const HEIGHT: &str = "height";
+        pub const CRC32C: &str = "crc32c";
+    }
 }
 
 /// crc32c of token ids as stored in `input_ids_crc32c`: over each id's 4 little-endian bytes.
@@ -60,11 +79,79 @@ fn turn_fields() -> Fields {
     ])
 }
 
+fn image_fields() -> Fields {
+    Fields::from(vec![
+        Field::new(col::image::BYTES, DataType::Binary, false),
+        Field::new(col::image::FORMAT, DataType::Utf8, false),
+        Field::new(col::image::WIDTH, DataType::UInt32, false),
+        Field::new(col::image::HEIGHT, DataType::UInt32, false),
+        Field::new(col::image::CRC32C, DataType::UInt32, false),
+    ])
+}
+
 fn item(data_type: DataType) -> Arc<Field> {
     Arc::new(Field::new("item", data_type, false))
 }
 
-/// The schema this build writes (v2): v1's columns, then `input_ids_crc32c`.
+/// The parquet leaf path of the image bytes in a v3 shard (`images.list.item.bytes`): the
+/// column written uncompressed, without dictionary or statistics.
+pub(crate) fn image_bytes_leaf() -> Vec<String> {
+    [col::IMAGES, "list", "item", col::image::BYTES]
+        .map(String::from)
+        .to_vec()
+}
+
+fn conversation_field() -> Field {
+    Field::new(
+        col::CONVERSATION,
+        DataType::List(item(DataType::Struct(turn_fields()))),
+        false,
+    )
+}
+
+fn token_fields() -> [Field; 4] {
+    [
+        Field::new(
+            col::INPUT_IDS,
+            DataType::List(item(DataType::UInt32)),
+            false,
+        ),
+        Field::new(
+            col::LABEL_MASK,
+            DataType::List(item(DataType::Boolean)),
+            false,
+        ),
+        Field::new(col::NUM_TEXT_TOKENS, DataType::UInt32, false),
+        Field::new(col::NUM_SUPERVISED_TOKENS, DataType::UInt32, false),
+    ]
+}
+
+/// The schema this build writes (v3): `id`, `kind`, `images`, `num_images`, `conversation`,
+/// the token columns, `input_ids_crc32c`.
+pub fn schema_v3() -> SchemaRef {
+    static SCHEMA: OnceLock<SchemaRef> = OnceLock::new();
+    SCHEMA
+        .get_or_init(|| {
+            let mut fields = vec![
+                Field::new(col::ID, DataType::Utf8, false),
+                Field::new(col::KIND, DataType::UInt8, false),
+                Field::new(
+                    col::IMAGES,
+                    DataType::List(item(DataType::Struct(image_fields()))),
+                    false,
+                ),
+                Field::new(col::NUM_IMAGES, DataType::UInt32, false),
+                conversation_field(),
+            ];
+            fields.extend(token_fields());
+            fields.push(Field::new(col::INPUT_IDS_CRC32C, DataType::UInt32, false));
+            Arc::new(Schema::new(fields))
+        })
+        .clone()
+}
+
+/// Schema v2 (read, and written only on request: [`crate::ShardWriter::create_format`]): v1's
+/// columns, then `input_ids_crc32c`.
 pub fn schema_v2() -> SchemaRef {
     static SCHEMA: OnceLock<SchemaRef> = OnceLock::new();
     SCHEMA
@@ -85,6 +172,7 @@ pub fn schema_for(format_version: u32) -> Option<SchemaRef> {
     match format_version {
         1 => Some(schema_v1()),
         2 => Some(schema_v2()),
+        3 => Some(schema_v3()),
         _ => None,
     }
 }
@@ -94,32 +182,18 @@ pub fn schema_v1() -> SchemaRef {
     static SCHEMA: OnceLock<SchemaRef> = OnceLock::new();
     SCHEMA
         .get_or_init(|| {
-            Arc::new(Schema::new(vec![
+            let mut fields = vec![
                 Field::new(col::ID, DataType::Utf8, false),
                 Field::new(col::KIND, DataType::UInt8, false),
                 Field::new(col::IMAGE, DataType::Binary, true),
                 Field::new(col::IMAGE_FORMAT, DataType::Utf8, true),
                 Field::new(col::WIDTH, DataType::UInt32, false),
                 Field::new(col::HEIGHT, DataType::UInt32, false),
-                Field::new(
-                    col::CONVERSATION,
-                    DataType::List(item(DataType::Struct(turn_fields()))),
-                    false,
-                ),
-                Field::new(
-                    col::INPUT_IDS,
-                    DataType::List(item(DataType::UInt32)),
-                    false,
-                ),
-                Field::new(
-                    col::LABEL_MASK,
-                    DataType::List(item(DataType::Boolean)),
-                    false,
-                ),
-                Field::new(col::NUM_TEXT_TOKENS, DataType::UInt32, false),
-                Field::new(col::NUM_SUPERVISED_TOKENS, DataType::UInt32, false),
-                Field::new(col::IMAGE_CRC32C, DataType::UInt32, true),
-            ]))
+                conversation_field(),
+            ];
+            fields.extend(token_fields());
+            fields.push(Field::new(col::IMAGE_CRC32C, DataType::UInt32, true));
+            Arc::new(Schema::new(fields))
         })
         .clone()
 }
@@ -130,23 +204,17 @@ fn list(values: ArrayRef, lengths: impl Iterator<Item = usize>) -> ArrayRef {
     Arc::new(ListArray::new(field, offsets, values, None))
 }
 
-/// Builds one record batch (schema v2) from samples, in order. `input_ids_crc32c` is computed
-/// here from the ids (a sample's own field is what a reader found, not an input).
-pub fn samples_to_batch(samples: &[Sample]) -> Result<RecordBatch, ShardError> {
-    let ids = StringArray::from_iter_values(samples.iter().map(|s| s.id.as_str()));
-    let kinds = UInt8Array::from_iter_values(samples.iter().map(|s| s.kind as u8));
-    let image_bytes = samples
-        .iter()
-        .map(|s| s.image.as_ref().map_or(0, |i| i.len()))
-        .sum();
-    let mut images = BinaryBuilder::with_capacity(samples.len(), image_bytes);
-    for sample in samples {
-        images.append_option(sample.image.as_deref());
-    }
-    let images = images.finish();
-    let formats = StringArray::from_iter(samples.iter().map(|s| s.image_format.as_deref()));
-    let widths = UInt32Array::from_iter_values(samples.iter().map(|s| s.width));
-    let heights = UInt32Array::from_iter_values(samples.iter().map(|s| s.height));
+/// The columns every format shares: the conversation and the token columns.
+struct SharedColumns {
+    conversation: ArrayRef,
+    input_ids: ArrayRef,
+    label_mask: ArrayRef,
+    text_tokens: ArrayRef,
+    supervised: ArrayRef,
+    ids_crcs: ArrayRef,
+}
+
+fn shared_columns(samples: &[Sample]) -> SharedColumns {
     let turns: Vec<&Turn> = samples.iter().flat_map(|s| s.conversation.iter()).collect();
     let roles = StringArray::from_iter_values(turns.iter().map(|t| t.role.as_str()));
     let texts = StringArray::from_iter_values(turns.iter().map(|t| t.text.as_str()));
@@ -173,25 +241,117 @@ pub fn samples_to_batch(samples: &[Sample]) -> Result<RecordBatch, ShardError> {
         Arc::new(mask_flat),
         samples.iter().map(|s| s.label_mask.len()),
     );
-    let text_tokens = UInt32Array::from_iter_values(samples.iter().map(|s| s.num_text_tokens));
-    let supervised = UInt32Array::from_iter_values(samples.iter().map(|s| s.num_supervised_tokens));
-    let crcs = UInt32Array::from_iter(samples.iter().map(|s| s.image_crc32c));
-    let ids_crcs =
-        UInt32Array::from_iter_values(samples.iter().map(|s| input_ids_crc32c(&s.input_ids)));
-    let columns: Vec<ArrayRef> = vec![
-        Arc::new(ids),
-        Arc::new(kinds),
-        Arc::new(images),
-        Arc::new(formats),
-        Arc::new(widths),
-        Arc::new(heights),
+    SharedColumns {
         conversation,
         input_ids,
         label_mask,
-        Arc::new(text_tokens),
-        Arc::new(supervised),
+        text_tokens: Arc::new(UInt32Array::from_iter_values(
+            samples.iter().map(|s| s.num_text_tokens),
+        )),
+        supervised: Arc::new(UInt32Array::from_iter_values(
+            samples.iter().map(|s| s.num_supervised_tokens),
+        )),
+        ids_crcs: Arc::new(UInt32Array::from_iter_values(
+            samples.iter().map(|s| input_ids_crc32c(&s.input_ids)),
+        )),
+    }
+}
+
+/// Builds one record batch (schema v3) from samples, in order. Every image's `crc32c` and the
+/// `input_ids_crc32c` are computed here from the bytes and ids (a sample's own checksums are
+/// what a reader found, not an input).
+pub fn samples_to_batch(samples: &[Sample]) -> Result<RecordBatch, ShardError> {
+    let ids = StringArray::from_iter_values(samples.iter().map(|s| s.id.as_str()));
+    let kinds = UInt8Array::from_iter_values(samples.iter().map(|s| s.kind as u8));
+    let all: Vec<&Image> = samples.iter().flat_map(|s| s.images.iter()).collect();
+    let byte_count = all.iter().map(|i| i.bytes.len()).sum();
+    let mut bytes = BinaryBuilder::with_capacity(all.len(), byte_count);
+    for image in &all {
+        bytes.append_value(&image.bytes);
+    }
+    let image_columns: Vec<ArrayRef> = vec![
+        Arc::new(bytes.finish()),
+        Arc::new(StringArray::from_iter_values(
+            all.iter().map(|i| i.format.as_str()),
+        )),
+        Arc::new(UInt32Array::from_iter_values(all.iter().map(|i| i.width))),
+        Arc::new(UInt32Array::from_iter_values(all.iter().map(|i| i.height))),
+        Arc::new(UInt32Array::from_iter_values(
+            all.iter().map(|i| crc32c::crc32c(&i.bytes)),
+        )),
+    ];
+    let images = list(
+        Arc::new(StructArray::new(image_fields(), image_columns, None)),
+        samples.iter().map(|s| s.images.len()),
+    );
+    let num_images = UInt32Array::from_iter_values(samples.iter().map(Sample::num_images));
+    let shared = shared_columns(samples);
+    let columns: Vec<ArrayRef> = vec![
+        Arc::new(ids),
+        Arc::new(kinds),
+        images,
+        Arc::new(num_images),
+        shared.conversation,
+        shared.input_ids,
+        shared.label_mask,
+        shared.text_tokens,
+        shared.supervised,
+        shared.ids_crcs,
+    ];
+    RecordBatch::try_new(schema_v3(), columns).map_err(|e| ShardError::arrow("record batch", e))
+}
+
+/// Builds one record batch of schema v2 (one image at most per sample): for datasets read by a
+/// tessera older than format 3. A sample with two or more images is refused, naming it.
+pub fn samples_to_batch_v2(samples: &[Sample]) -> Result<RecordBatch, ShardError> {
+    if let Some(s) = samples.iter().find(|s| s.images.len() > 1) {
+        return Err(ShardError::Mismatch {
+            shard: "record batch".into(),
+            detail: format!(
+                "sample {} holds {} images; format 2 holds at most one",
+                s.id,
+                s.images.len()
+            ),
+        });
+    }
+    fn first(s: &Sample) -> Option<&Image> {
+        s.images.first()
+    }
+    let ids = StringArray::from_iter_values(samples.iter().map(|s| s.id.as_str()));
+    let kinds = UInt8Array::from_iter_values(samples.iter().map(|s| s.kind as u8));
+    let image_bytes = samples
+        .iter()
+        .map(|s| first(s).map_or(0, |i| i.bytes.len()))
+        .sum();
+    let mut images = BinaryBuilder::with_capacity(samples.len(), image_bytes);
+    for sample in samples {
+        images.append_option(first(sample).map(|i| &i.bytes));
+    }
+    let formats = StringArray::from_iter(samples.iter().map(|s| first(s).map(|i| &i.format)));
+    let widths =
+        UInt32Array::from_iter_values(samples.iter().map(|s| first(s).map_or(0, |i| i.width)));
+    let heights =
+        UInt32Array::from_iter_values(samples.iter().map(|s| first(s).map_or(0, |i| i.height)));
+    let crcs = UInt32Array::from_iter(
+        samples
+            .iter()
+            .map(|s| first(s).map(|i| crc32c::crc32c(&i.bytes))),
+    );
+    let shared = shared_columns(samples);
+    let columns: Vec<ArrayRef> = vec![
+        Arc::new(ids),
+        Arc::new(kinds),
+        Arc::new(images.finish()),
+        Arc::new(formats),
+        Arc::new(widths),
+        Arc::new(heights),
+        shared.conversation,
+        shared.input_ids,
+        shared.label_mask,
+        shared.text_tokens,
+        shared.supervised,
         Arc::new(crcs),
-        Arc::new(ids_crcs),
+        shared.ids_crcs,
     ];
     RecordBatch::try_new(schema_v2(), columns).map_err(|e| ShardError::arrow("record batch", e))
 }
@@ -246,7 +406,101 @@ fn kind_of(origin: &RowOrigin, row: usize, value: u8) -> Result<Kind, ShardError
     }
 }
 
-/// Decodes the rows `rows` (indices into the batch) of a full batch (schema v1 or v2).
+/// Each row's images: from the `images` list (v3), or the flat `image` columns (v1, v2).
+enum ImageColumns<'a> {
+    List {
+        images: &'a ListArray,
+    },
+    Flat {
+        bytes: &'a BinaryArray,
+        formats: &'a StringArray,
+        widths: &'a UInt32Array,
+        heights: &'a UInt32Array,
+        crcs: &'a UInt32Array,
+    },
+}
+
+impl<'a> ImageColumns<'a> {
+    fn of(batch: &'a RecordBatch, origin: &RowOrigin) -> Result<Self, ShardError> {
+        if batch.column_by_name(col::IMAGES).is_some() {
+            return Ok(ImageColumns::List {
+                images: origin.typed(batch, col::IMAGES)?,
+            });
+        }
+        Ok(ImageColumns::Flat {
+            bytes: origin.typed(batch, col::IMAGE)?,
+            formats: origin.typed(batch, col::IMAGE_FORMAT)?,
+            widths: origin.typed(batch, col::WIDTH)?,
+            heights: origin.typed(batch, col::HEIGHT)?,
+            crcs: origin.typed(batch, col::IMAGE_CRC32C)?,
+        })
+    }
+
+    fn row(&self, origin: &RowOrigin, row: usize) -> Result<Vec<Image>, ShardError> {
+        match self {
+            ImageColumns::Flat {
+                bytes,
+                formats,
+                widths,
+                heights,
+                crcs,
+            } => Ok(bytes
+                .is_valid(row)
+                .then(|| Image {
+                    bytes: bytes.value(row).to_vec(),
+                    format: if formats.is_valid(row) {
+                        formats.value(row).to_string()
+                    } else {
+                        String::new()
+                    },
+                    width: widths.value(row),
+                    height: heights.value(row),
+                    crc32c: crcs.is_valid(row).then(|| crcs.value(row)),
+                })
+                .into_iter()
+                .collect()),
+            ImageColumns::List { images } => {
+                let entries = images.value(row);
+                let bad = |what: &str| origin.bad(row, format!("images: {what}"));
+                let entries = entries
+                    .as_struct_opt()
+                    .ok_or_else(|| bad("not a list of structs"))?;
+                let field = |name: &str| {
+                    entries
+                        .column_by_name(name)
+                        .ok_or_else(|| bad(&format!("no field `{name}`")))
+                };
+                let bytes = field(col::image::BYTES)?
+                    .as_binary_opt::<i32>()
+                    .ok_or_else(|| bad("bytes is not binary"))?;
+                let formats = field(col::image::FORMAT)?
+                    .as_string_opt::<i32>()
+                    .ok_or_else(|| bad("format is not utf8"))?;
+                let u32s = |name: &str| {
+                    field(name)?
+                        .as_primitive_opt::<UInt32Type>()
+                        .ok_or_else(|| bad(&format!("{name} is not u32")))
+                };
+                let (widths, heights, crcs) = (
+                    u32s(col::image::WIDTH)?,
+                    u32s(col::image::HEIGHT)?,
+                    u32s(col::image::CRC32C)?,
+                );
+                Ok((0..entries.len())
+                    .map(|i| Image {
+                        bytes: bytes.value(i).to_vec(),
+                        format: formats.value(i).to_string(),
+                        width: widths.value(i),
+                        height: heights.value(i),
+                        crc32c: Some(crcs.value(i)),
+                    })
+                    .collect())
+            }
+        }
+    }
+}
+
+/// Decodes the rows `rows` (indices into the batch) of a full batch (schema v1, v2 or v3).
 pub(crate) fn batch_to_samples(
     batch: &RecordBatch,
     rows: &[usize],
@@ -254,16 +508,12 @@ pub(crate) fn batch_to_samples(
 ) -> Result<Vec<Sample>, ShardError> {
     let ids: &StringArray = origin.typed(batch, col::ID)?;
     let kinds: &UInt8Array = origin.typed(batch, col::KIND)?;
-    let images: &BinaryArray = origin.typed(batch, col::IMAGE)?;
-    let formats: &StringArray = origin.typed(batch, col::IMAGE_FORMAT)?;
-    let widths: &UInt32Array = origin.typed(batch, col::WIDTH)?;
-    let heights: &UInt32Array = origin.typed(batch, col::HEIGHT)?;
+    let images = ImageColumns::of(batch, origin)?;
     let conversation: &ListArray = origin.typed(batch, col::CONVERSATION)?;
     let input_ids: &ListArray = origin.typed(batch, col::INPUT_IDS)?;
     let label_mask: &ListArray = origin.typed(batch, col::LABEL_MASK)?;
     let text_tokens: &UInt32Array = origin.typed(batch, col::NUM_TEXT_TOKENS)?;
     let supervised: &UInt32Array = origin.typed(batch, col::NUM_SUPERVISED_TOKENS)?;
-    let crcs: &UInt32Array = origin.typed(batch, col::IMAGE_CRC32C)?;
     // Absent from v1 shards: their samples carry no token checksum.
     let ids_crcs: Option<&UInt32Array> = match batch.column_by_name(col::INPUT_IDS_CRC32C) {
         Some(_) => Some(origin.typed(batch, col::INPUT_IDS_CRC32C)?),
@@ -294,12 +544,7 @@ pub(crate) fn batch_to_samples(
         out.push(Sample {
             id: ids.value(row).to_string(),
             kind: kind_of(origin, row, kinds.value(row))?,
-            image: images.is_valid(row).then(|| images.value(row).to_vec()),
-            image_format: formats
-                .is_valid(row)
-                .then(|| formats.value(row).to_string()),
-            width: widths.value(row),
-            height: heights.value(row),
+            images: images.row(origin, row)?,
             conversation: (0..turns.len())
                 .map(|t| Turn {
                     role: roles.value(t).to_string(),
@@ -310,14 +555,28 @@ pub(crate) fn batch_to_samples(
             label_mask: mask_row.values().iter().collect(),
             num_text_tokens: text_tokens.value(row),
             num_supervised_tokens: supervised.value(row),
-            image_crc32c: crcs.is_valid(row).then(|| crcs.value(row)),
             input_ids_crc32c: ids_crcs.map(|c| c.value(row)),
         });
     }
     Ok(out)
 }
 
-/// Decodes the planner's metadata columns of every row of a projected batch.
+/// The metadata columns the planner reads: `num_images` only where the shard has it (v3).
+pub(crate) fn meta_columns(format_version: u32) -> &'static [&'static str] {
+    if format_version >= 3 {
+        &[
+            col::KIND,
+            col::NUM_IMAGES,
+            col::NUM_TEXT_TOKENS,
+            col::NUM_SUPERVISED_TOKENS,
+        ]
+    } else {
+        &[col::KIND, col::NUM_TEXT_TOKENS, col::NUM_SUPERVISED_TOKENS]
+    }
+}
+
+/// Decodes the planner's metadata columns of every row of a projected batch. Without a
+/// `num_images` column (formats 1 and 2) an image sample holds one image.
 pub(crate) fn batch_to_meta(
     batch: &RecordBatch,
     origin: &RowOrigin,
@@ -338,9 +597,15 @@ pub(crate) fn batch_to_meta(
             detail: "kind / num_text_tokens / num_supervised_tokens have unexpected types".into(),
         });
     };
+    let images: Option<&UInt32Array> = match batch.column_by_name(col::NUM_IMAGES) {
+        Some(_) => Some(origin.typed(batch, col::NUM_IMAGES)?),
+        None => None,
+    };
     for row in 0..batch.num_rows() {
+        let kind = kind_of(origin, row, kinds.value(row))?;
         out.push(SampleMeta {
-            kind: kind_of(origin, row, kinds.value(row))?,
+            kind,
+            num_images: images.map_or(u32::from(kind == Kind::Image), |n| n.value(row)),
             num_text_tokens: text.value(row),
             num_supervised_tokens: sup.value(row),
         });

@@ -1,11 +1,12 @@
-//! `tessera shards stats`: what a shard directory holds: samples by kind and image format,
+//! `tessera shards stats`: what a shard directory holds: samples by kind, images per sample
+//! and by format,
 //! token-length and image-size percentiles, odd images, and ingest's rejections by reason.
 use crate::error::ShardError;
 use crate::reader::Dataset;
 use crate::schema::col;
 use arrow_array::cast::AsArray;
 use arrow_array::types::{UInt32Type, UInt8Type};
-use arrow_array::Array;
+use arrow_array::{Array, ArrayRef, StringArray, UInt32Array};
 use serde::Serialize;
 use std::collections::BTreeMap;
 
@@ -49,6 +50,11 @@ impl Percentiles {
 pub struct DatasetStats {
     pub samples: u64,
     pub by_kind: BTreeMap<String, u64>,
+    /// Images of all samples (a sample may hold several).
+    pub images: u64,
+    /// Image samples by how many images they hold ("1", "2", ...).
+    pub images_per_sample: BTreeMap<String, u64>,
+    /// Images by format.
     pub image_formats: BTreeMap<String, u64>,
     pub text_tokens: Percentiles,
     pub image_width: Percentiles,
@@ -58,20 +64,49 @@ pub struct DatasetStats {
     pub rejected: BTreeMap<String, u64>,
 }
 
-/// Computes [`DatasetStats`] reading only the small columns (never the image bytes).
+/// One image's format and size, as the stats read them.
+struct ImageFacts<'a> {
+    format: &'a str,
+    width: u32,
+    height: u32,
+}
+
+impl DatasetStats {
+    fn add_image(&mut self, image: ImageFacts, widths: &mut Vec<u32>, heights: &mut Vec<u32>) {
+        self.images += 1;
+        if !image.format.is_empty() {
+            *self
+                .image_formats
+                .entry(image.format.to_string())
+                .or_default() += 1;
+        }
+        let (width, height) = (image.width, image.height);
+        widths.push(width);
+        heights.push(height);
+        let (short, long) = (width.min(height), width.max(height));
+        self.tiny_images += u64::from(short < TINY_SIDE);
+        self.extreme_aspect_images +=
+            u64::from(short > 0 && long as f64 / short as f64 >= EXTREME_ASPECT);
+    }
+}
+
+/// Computes [`DatasetStats`] reading only the small columns (never the image bytes: in format
+/// 3 only the `format`, `width` and `height` leaves of `images`).
 pub fn stats(dataset: &Dataset) -> Result<DatasetStats, ShardError> {
     let mut out = DatasetStats {
         rejected: dataset.manifest().ingest.rejected.clone(),
         ..Default::default()
     };
     let (mut tokens, mut widths, mut heights) = (Vec::new(), Vec::new(), Vec::new());
-    let columns = [
-        col::KIND,
-        col::IMAGE_FORMAT,
-        col::WIDTH,
-        col::HEIGHT,
-        col::NUM_TEXT_TOKENS,
+    let listed = dataset.manifest().format_version >= 3;
+    let image_leaves = [
+        "images.list.item.format",
+        "images.list.item.width",
+        "images.list.item.height",
     ];
+    let flat = [col::IMAGE_FORMAT, col::WIDTH, col::HEIGHT];
+    let mut columns = vec![col::KIND, col::NUM_TEXT_TOKENS];
+    columns.extend(if listed { image_leaves } else { flat });
     for shard in dataset.shards() {
         for batch in shard.read_columns(&columns)? {
             let bad = || ShardError::Schema {
@@ -82,19 +117,43 @@ pub fn stats(dataset: &Dataset) -> Result<DatasetStats, ShardError> {
             let kinds = get(col::KIND)?
                 .as_primitive_opt::<UInt8Type>()
                 .ok_or_else(bad)?;
-            let formats = get(col::IMAGE_FORMAT)?
-                .as_string_opt::<i32>()
-                .ok_or_else(bad)?;
-            let w = get(col::WIDTH)?
-                .as_primitive_opt::<UInt32Type>()
-                .ok_or_else(bad)?;
-            let h = get(col::HEIGHT)?
-                .as_primitive_opt::<UInt32Type>()
-                .ok_or_else(bad)?;
             let t = get(col::NUM_TEXT_TOKENS)?
                 .as_primitive_opt::<UInt32Type>()
                 .ok_or_else(bad)?;
-            for row in 0..batch.num_rows() {
+            let u32s = |a: &ArrayRef| a.as_primitive_opt::<UInt32Type>().cloned().ok_or_else(bad);
+            // (formats, widths, heights) of all images, and each row's range of them.
+            let (formats, w, h, ranges): (StringArray, UInt32Array, UInt32Array, Vec<_>) = if listed
+            {
+                let images = get(col::IMAGES)?.as_list_opt::<i32>().ok_or_else(bad)?;
+                let entries = images.values().as_struct_opt().ok_or_else(bad)?;
+                let field = |name: &str| entries.column_by_name(name).ok_or_else(bad);
+                let formats = field("format")?.as_string_opt::<i32>().ok_or_else(bad)?;
+                let offsets = images.value_offsets();
+                let ranges = offsets
+                    .windows(2)
+                    .map(|o| o[0] as usize..o[1] as usize)
+                    .collect();
+                (
+                    formats.clone(),
+                    u32s(field("width")?)?,
+                    u32s(field("height")?)?,
+                    ranges,
+                )
+            } else {
+                let formats = get(col::IMAGE_FORMAT)?
+                    .as_string_opt::<i32>()
+                    .ok_or_else(bad)?;
+                let ranges = (0..batch.num_rows())
+                    .map(|row| row..row + usize::from(kinds.value(row) == 1))
+                    .collect();
+                (
+                    formats.clone(),
+                    u32s(get(col::WIDTH)?)?,
+                    u32s(get(col::HEIGHT)?)?,
+                    ranges,
+                )
+            };
+            for (row, range) in ranges.into_iter().enumerate() {
                 out.samples += 1;
                 tokens.push(t.value(row));
                 let kind = if kinds.value(row) == 1 {
@@ -103,21 +162,25 @@ pub fn stats(dataset: &Dataset) -> Result<DatasetStats, ShardError> {
                     "text"
                 };
                 *out.by_kind.entry(kind.into()).or_default() += 1;
-                if kinds.value(row) != 1 {
+                if range.is_empty() {
                     continue;
                 }
-                if formats.is_valid(row) {
-                    *out.image_formats
-                        .entry(formats.value(row).to_string())
-                        .or_default() += 1;
+                *out.images_per_sample
+                    .entry(range.len().to_string())
+                    .or_default() += 1;
+                for i in range {
+                    let format = if formats.is_valid(i) {
+                        formats.value(i)
+                    } else {
+                        ""
+                    };
+                    let image = ImageFacts {
+                        format,
+                        width: w.value(i),
+                        height: h.value(i),
+                    };
+                    out.add_image(image, &mut widths, &mut heights);
                 }
-                let (width, height) = (w.value(row), h.value(row));
-                widths.push(width);
-                heights.push(height);
-                let (short, long) = (width.min(height), width.max(height));
-                out.tiny_images += u64::from(short < TINY_SIDE);
-                out.extreme_aspect_images +=
-                    u64::from(short > 0 && long as f64 / short as f64 >= EXTREME_ASPECT);
             }
         }
     }

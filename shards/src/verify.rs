@@ -1,6 +1,7 @@
 //! `tessera shards verify`: checks a shard directory against its index.json: every shard's
 //! size and sha256, its schema, its row and row-group counts, and every row's internal
-//! consistency (token counts, label mask length, image and token crc32c, kind vs image); and
+//! consistency (token counts, label mask length, image and token crc32c, kind vs images, one
+//! placeholder per image); and
 //! that no `shard-*.parquet` lies in the directory without being listed.
 use crate::error::{with_causes, ShardError};
 use crate::location::DatasetLocation;
@@ -187,7 +188,9 @@ fn verify_shard(
             .map_err(|e| with_causes(&e))?;
         for (r, sample) in samples.iter().enumerate() {
             let row = expected.first_row + r as u64;
-            if let Some(problem) = check_row(sample) {
+            let problem = check_row(sample)
+                .or_else(|| check_placeholders(sample, manifest.image_placeholder_id));
+            if let Some(problem) = problem {
                 report.problems.push(format!(
                     "{name} row {row} (sample {}): {problem}",
                     sample.id
@@ -231,16 +234,28 @@ pub(crate) fn check_row(s: &Sample) -> Option<String> {
         ));
     }
     if let Some(m) = s.checksum_mismatch() {
-        let (column, stored, computed) = (m.column, m.stored, m.computed);
+        let (column, stored, computed) = (m.what(), m.stored, m.computed);
         return Some(format!("{column} crc32c {stored} != {computed} computed"));
     }
-    match (s.kind, &s.image) {
-        (Kind::Image, Some(_)) => s
-            .image_crc32c
-            .is_none()
+    match (s.kind, s.images.len()) {
+        (Kind::Image, 0) => Some("kind is image but no image is stored".into()),
+        (Kind::Image, _) => s
+            .images
+            .iter()
+            .any(|i| i.crc32c.is_none())
             .then(|| "image sample without its image crc32c".into()),
-        (Kind::Image, None) => Some("kind is image but the image is null".into()),
-        (Kind::Text, Some(_)) => Some("kind is text but an image is stored".into()),
-        (Kind::Text, None) => None,
+        (Kind::Text, 0) => None,
+        (Kind::Text, n) => Some(format!("kind is text but {n} images are stored")),
     }
+}
+
+/// A row's placeholder count against its images (`None` when they agree).
+pub(crate) fn check_placeholders(s: &Sample, placeholder_id: u32) -> Option<String> {
+    let placeholders = s.input_ids.iter().filter(|&&t| t == placeholder_id).count();
+    (placeholders != s.images.len()).then(|| {
+        format!(
+            "{placeholders} image placeholders ({placeholder_id}) for {} images",
+            s.images.len()
+        )
+    })
 }

@@ -1,39 +1,50 @@
 //! The shard format on its own: write shards, read samples back by global index (random
 //! order, repeats), scan metadata, verify, and catch a flipped byte.
 use shards::{
-    Dataset, IngestReport, Kind, Manifest, RowGroupLimits, Sample, ShardWriter, Turn,
+    Dataset, Image, IngestReport, Kind, Manifest, RowGroupLimits, Sample, ShardWriter, Turn,
     FORMAT_VERSION,
 };
 use std::path::Path;
 
-fn sample(i: u32) -> Sample {
-    let image = (!i.is_multiple_of(3)).then(|| {
-        (0..(100 + i * 13))
-            .map(|b| (b * 7 + i) as u8)
-            .collect::<Vec<u8>>()
-    });
-    let ids: Vec<u32> = (0..(5 + i % 11)).map(|t| t * 1000 + i).collect();
-    let mask: Vec<bool> = (0..ids.len()).map(|t| t % 2 == 1).collect();
+/// Sample `i`: text-only when `i` is a multiple of 3, else `images_of(i)` images.
+fn sample_with(i: u32, images_of: impl Fn(u32) -> u32) -> Sample {
+    let count = if i.is_multiple_of(3) { 0 } else { images_of(i) };
+    let images: Vec<Image> = (0..count)
+        .map(|k| {
+            let bytes: Vec<u8> = (0..(100 + i * 13 + k * 5))
+                .map(|b| (b * 7 + i + k) as u8)
+                .collect();
+            Image {
+                crc32c: Some(crc32c::crc32c(&bytes)),
+                bytes,
+                format: "jpeg".into(),
+                width: 10 + i + k,
+                height: 20 + i,
+            }
+        })
+        .collect();
+    let placeholder = shards::SpecialTokens::qwen_before_recorded().image.id;
+    let mut ids: Vec<u32> = vec![placeholder; count as usize];
+    ids.extend((0..(5 + i % 11)).map(|t| t * 1000 + i));
+    let mask: Vec<bool> = (0..ids.len())
+        .map(|t| t >= count as usize && t % 2 == 1)
+        .collect();
     Sample {
         id: format!("sample-{i:04}"),
-        kind: if image.is_some() {
-            Kind::Image
-        } else {
+        kind: if images.is_empty() {
             Kind::Text
+        } else {
+            Kind::Image
         },
-        image_crc32c: image.as_deref().map(crc32c::crc32c),
         input_ids_crc32c: Some(shards::input_ids_crc32c(&ids)),
-        image_format: image.as_ref().map(|_| "jpeg".to_string()),
-        width: image.as_ref().map_or(0, |_| 10 + i),
-        height: image.as_ref().map_or(0, |_| 20 + i),
-        image,
+        images,
         conversation: vec![
             Turn {
-                role: "human".into(),
-                text: format!("question {i} <image>"),
+                role: "user".into(),
+                text: format!("question {i} {}", "<image>".repeat(count as usize)),
             },
             Turn {
-                role: "gpt".into(),
+                role: "assistant".into(),
                 text: format!("answer {i}"),
             },
         ],
@@ -44,18 +55,35 @@ fn sample(i: u32) -> Sample {
     }
 }
 
+/// Sample `i` with one to three images (text-only every third).
+fn sample(i: u32) -> Sample {
+    sample_with(i, |i| 1 + (i / 3) % 3)
+}
+
 /// Writes `n` samples as shards of `per_shard` rows with row groups of 7 rows.
 fn write_dataset(dir: &Path, n: u32, per_shard: u32) -> anyhow::Result<Vec<Sample>> {
     let samples: Vec<Sample> = (0..n).map(sample).collect();
+    write_samples(dir, &samples, per_shard, FORMAT_VERSION)
+}
+
+/// Writes `samples` in format `version` as shards of `per_shard` rows (row groups of 7).
+fn write_samples(
+    dir: &Path,
+    samples: &[Sample],
+    per_shard: u32,
+    version: u32,
+) -> anyhow::Result<Vec<Sample>> {
+    let n = samples.len();
     let mut infos = Vec::new();
     for (s, chunk) in samples.chunks(per_shard as usize).enumerate() {
-        let mut writer = ShardWriter::create(
+        let mut writer = ShardWriter::create_format(
             dir,
             s,
             RowGroupLimits {
                 max_rows: 7,
                 max_bytes: 1 << 20,
             },
+            version,
         )?;
         for x in chunk {
             writer.append(x.clone())?;
@@ -63,17 +91,19 @@ fn write_dataset(dir: &Path, n: u32, per_shard: u32) -> anyhow::Result<Vec<Sampl
         infos.push(writer.finish()?);
     }
     Manifest {
-        format_version: FORMAT_VERSION,
+        format_version: version,
         tokenizer_fingerprint: "t".repeat(64),
         template: "plain".into(),
-        image_placeholder_id: shards::IMAGE_PAD_ID,
+        image_placeholder_id: 151_655,
+        special_tokens: None,
+        source_tokenizer_fingerprint: None,
         num_samples: n as u64,
         shards: infos,
         ingest: IngestReport::default(),
         ingest_settings: None,
     }
     .save(dir)?;
-    Ok(samples)
+    Ok(samples.to_vec())
 }
 
 #[test]
@@ -97,10 +127,24 @@ fn samples_read_back_by_global_index_in_any_order() -> anyhow::Result<()> {
     assert_eq!(meta.len(), 50);
     for (m, s) in meta.iter().zip(&samples) {
         assert_eq!(
-            (m.kind, m.num_text_tokens, m.num_supervised_tokens),
-            (s.kind, s.num_text_tokens, s.num_supervised_tokens)
+            (
+                m.kind,
+                m.num_images,
+                m.num_text_tokens,
+                m.num_supervised_tokens
+            ),
+            (
+                s.kind,
+                s.images.len() as u32,
+                s.num_text_tokens,
+                s.num_supervised_tokens
+            )
         );
     }
+    assert!(
+        samples.iter().any(|s| s.images.len() == 3),
+        "the fixture holds samples of several images"
+    );
     assert!(
         dataset.read(&[50]).is_err(),
         "index past the end is an error, not a panic"
@@ -164,13 +208,25 @@ fn stats_percentiles_and_kinds() -> anyhow::Result<()> {
     assert_eq!(stats.samples, 30);
     assert_eq!(stats.by_kind.get("text"), Some(&10));
     assert_eq!(stats.by_kind.get("image"), Some(&20));
+    // Image samples i (not a multiple of 3) hold 1 + (i / 3) % 3 images: 8, 6 and 6 samples
+    // of 1, 2 and 3.
+    let per_sample: Vec<(&str, u64)> = stats
+        .images_per_sample
+        .iter()
+        .map(|(k, &v)| (k.as_str(), v))
+        .collect();
+    assert_eq!(per_sample, [("1", 8), ("2", 6), ("3", 6)]);
+    assert_eq!(stats.images, 8 + 2 * 6 + 3 * 6);
+    assert_eq!(stats.image_formats.get("jpeg"), Some(&stats.images));
+    // Sample 29's one image is the widest (39); 26's three are 36, 37, 38.
     assert_eq!(stats.image_width.max, 10 + 29);
-    assert_eq!(stats.text_tokens.max, 15);
+    assert_eq!(stats.text_tokens.max, 16);
     Ok(())
 }
 
-/// Rewrites every shard of `dir` as format v1 wrote it (no `input_ids_crc32c` column, same row
-/// groups) and index.json with version 1: a dataset ingested before the column existed.
+/// Rewrites every shard of `dir` (format 2) as format v1 wrote it (no `input_ids_crc32c`
+/// column, same row groups) and index.json with version 1: a dataset ingested before the
+/// column existed.
 fn downgrade_to_v1(dir: &Path) -> anyhow::Result<()> {
     use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
     use parquet::arrow::ArrowWriter;
@@ -203,20 +259,50 @@ fn downgrade_to_v1(dir: &Path) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Samples of at most one image (what formats 1 and 2 hold).
+fn one_image_samples(n: u32) -> Vec<Sample> {
+    (0..n).map(|i| sample_with(i, |_| 1)).collect()
+}
+
+#[test]
+fn shards_written_before_the_image_list_still_read_verify_and_scan() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let samples = write_samples(dir.path(), &one_image_samples(30), 15, 2)?;
+    let dataset = Dataset::open(dir.path())?;
+    assert_eq!(dataset.manifest().format_version, 2);
+    let read = dataset.read(&(0..30).collect::<Vec<u64>>())?;
+    assert_eq!(
+        read, samples,
+        "a format-2 shard reads as samples of 0 or 1 image"
+    );
+    let meta = dataset.metadata()?;
+    for (m, s) in meta.iter().zip(&samples) {
+        assert_eq!(m.num_images, s.images.len() as u32, "{}", s.id);
+    }
+    let report = shards::verify(dir.path())?;
+    assert!(report.is_ok(), "{:?}", report.problems);
+    let stats = shards::stats(&dataset)?;
+    assert_eq!((stats.images, stats.image_width.max), (20, 10 + 29));
+    // Format 2 holds one image per sample: a sample of two is refused, naming it.
+    let two = sample(4);
+    let refused = write_samples(tempfile::tempdir()?.path(), &[two], 1, 2);
+    let message = format!("{:#}", refused.expect_err("two images in format 2"));
+    assert!(message.contains("sample-0004 holds 2 images"), "{message}");
+    Ok(())
+}
+
 #[test]
 fn shards_written_before_the_token_checksum_still_read_and_verify() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
-    let samples = write_dataset(dir.path(), 30, 15)?;
+    let samples = write_samples(dir.path(), &one_image_samples(30), 15, 2)?;
     downgrade_to_v1(dir.path())?;
     let dataset = Dataset::open(dir.path())?;
     assert_eq!(dataset.manifest().format_version, 1);
     let read = dataset.read(&(0..30).collect::<Vec<u64>>())?;
     for (got, want) in read.iter().zip(&samples) {
         assert_eq!(got.input_ids_crc32c, None, "v1 has no token checksum");
-        assert_eq!(
-            got.image_crc32c, want.image_crc32c,
-            "the image checksum is still there"
-        );
+        let crcs = |s: &Sample| s.images.iter().map(|i| i.crc32c).collect::<Vec<_>>();
+        assert_eq!(crcs(got), crcs(want), "the image checksum is still there");
         let same = Sample {
             input_ids_crc32c: want.input_ids_crc32c,
             ..got.clone()

@@ -4,7 +4,7 @@
 //! line is JSON.
 use anyhow::{ensure, Context};
 use std::time::Instant;
-use tessera_model::{write_preset, GenerateOptions, Generator, Preset, Vlm, VlmOptions};
+use tessera_model::{write_preset, GenerateOptions, Generator, LmFamily, Preset, Vlm, VlmOptions};
 
 #[derive(Clone, Copy, Debug, clap::ValueEnum)]
 pub(crate) enum PresetArg {
@@ -50,7 +50,8 @@ pub(crate) fn run(args: Args) -> anyhow::Result<()> {
         PresetArg::Small => (Preset::Small, "small"),
     };
     let dir = std::env::temp_dir().join(format!("tessera-bench-generate-{}", std::process::id()));
-    write_preset(&dir, preset, 0).with_context(|| format!("writing {}", dir.display()))?;
+    write_preset(&dir, preset, LmFamily::Qwen2, 0)
+        .with_context(|| format!("writing {}", dir.display()))?;
     let (vision_dir, lm_dir) = (dir.join("vision"), dir.join("lm"));
     let options = VlmOptions::default();
     let image_token = options.image_token_id;

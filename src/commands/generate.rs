@@ -1,8 +1,11 @@
-//! `tessera generate`: captions an image (`--image`) or held-out shard samples (`--shards`)
+//! `tessera generate`: captions images (`--image`, once per image) or held-out shard samples
+//! (`--shards`)
 //! with a run's newest complete checkpoint and its tokenizer (`--run`) or a llava-hf export
 //! (`--model`), through `tessera_model::Captioner` (the training loader for the image, the
-//! model's chat template for the prompt, generation with a KV cache, greedily unless
-//! `--temperature` is set, until `<|endoftext|>`/`<|im_end|>` or `--max-new-tokens`).
+//! run's template for the prompt, generation with a KV cache, greedily unless `--temperature`
+//! is set, until the template's end token or `--max-new-tokens`). With `--lm DIR` it chats
+//! with a language model folder alone: `--prompt` as one user turn through the model's own
+//! chat template, until one of its end ids (tokenizer_config.json, generation_config.json).
 use anyhow::{bail, Context};
 use shards::Kind;
 use std::io::Write;
@@ -14,16 +17,30 @@ use tessera_train::{load_export_model, load_run_model, RunDir};
 #[derive(clap::Args)]
 pub(crate) struct Args {
     /// Run directory written by `tessera train` (its newest complete checkpoint generates).
-    #[arg(long, required_unless_present = "model", conflicts_with = "model")]
+    #[arg(
+        long,
+        required_unless_present_any = ["model", "lm"],
+        conflicts_with_all = ["model", "lm"]
+    )]
     run: Option<PathBuf>,
     /// Directory written by `tessera export --format llava-hf`.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "lm")]
     model: Option<PathBuf>,
-    /// Image (JPEG, PNG or WebP) to caption.
-    #[arg(long, required_unless_present = "shards", conflicts_with = "shards")]
-    image: Option<PathBuf>,
+    /// A language model folder alone (Hugging Face layout: config.json, weights, tokenizer.json
+    /// and its chat template): answers --prompt as one chat turn, text only.
+    #[arg(long, requires = "prompt", conflicts_with_all = ["image", "shards"])]
+    lm: Option<PathBuf>,
+    /// Image (JPEG, PNG or WebP) to caption. Give it more than once for several images: they
+    /// take the prompt's placeholders in the order given (`plain`: the placeholders alone;
+    /// `chatml`: one `<image>` each before the instruction).
+    #[arg(
+        long,
+        required_unless_present_any = ["shards", "lm"],
+        conflicts_with = "shards"
+    )]
+    image: Vec<PathBuf>,
     /// Instruction for chatml models (default "Describe the image."); the plain template
-    /// (stage 1) takes none: the caption follows the image.
+    /// (stage 1) takes none: the caption follows the image. With --lm: the user's turn.
     #[arg(long)]
     prompt: Option<String>,
     /// Most tokens to generate.
@@ -86,8 +103,40 @@ fn load_captioner(
     Ok(model.into_captioner(&path)?)
 }
 
+/// `--lm`: one user turn through the model's own chat template, the answer printed.
+fn chat(dir: &Path, args: &Args) -> anyhow::Result<()> {
+    let context = || format!("loading language model {}", dir.display());
+    let text = ingest::ModelTokenizer::from_dir(dir).with_context(context)?;
+    let prompt = args.prompt.as_deref().context("--lm needs --prompt")?;
+    let ids: Vec<i64> = text
+        .chat_prompt(prompt)?
+        .into_iter()
+        .map(i64::from)
+        .collect();
+    let generator = tessera_model::Generator::from_lm_dir(dir, args.dtype).with_context(context)?;
+    let options = tessera_model::GenerateOptions {
+        max_new_tokens: args.max_new_tokens,
+        temperature: args.temperature,
+        top_p: args.top_p,
+        seed: args.seed,
+        stop_ids: text.stop_ids.iter().map(|&id| i64::from(id)).collect(),
+        kv_cache: !args.no_kv_cache,
+    };
+    let generation = generator.generate(&ids, &[], &options)?;
+    let tokens: Vec<u32> = generation.tokens.iter().map(|&t| t as u32).collect();
+    let answer = text
+        .tokenizer
+        .decode(&tokens, true)
+        .map_err(|e| anyhow::anyhow!("decoding {tokens:?}: {e}"))?;
+    println!("{}", answer.trim());
+    Ok(())
+}
+
 pub(crate) fn run(args: Args) -> anyhow::Result<()> {
     tessera_train::unmap_freed_tensors();
+    if let Some(dir) = &args.lm {
+        return chat(dir, &args);
+    }
     let mut captioner = load_captioner(
         args.run.as_deref(),
         args.model.as_deref(),
@@ -99,10 +148,17 @@ pub(crate) fn run(args: Args) -> anyhow::Result<()> {
     captioner.options.top_p = args.top_p;
     captioner.options.seed = args.seed;
     captioner.options.kv_cache = !args.no_kv_cache;
-    if let Some(image) = &args.image {
-        let bytes = std::fs::read(image).with_context(|| format!("reading {}", image.display()))?;
-        let prompt = captioner.prompt_ids(args.prompt.as_deref())?;
-        let sample = image_sample(image.display().to_string(), bytes, prompt);
+    if !args.image.is_empty() {
+        let images = args
+            .image
+            .iter()
+            .map(|image| {
+                std::fs::read(image).with_context(|| format!("reading {}", image.display()))
+            })
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        let prompt = captioner.prompt_ids(args.prompt.as_deref(), images.len())?;
+        let names: Vec<String> = args.image.iter().map(|i| i.display().to_string()).collect();
+        let sample = image_sample(names.join(" + "), images, prompt);
         let mb = captioner.batches(vec![sample])?.remove(0);
         println!("{}", captioner.caption(&mb)?.0);
         return Ok(());

@@ -1,18 +1,31 @@
-//! `tessera ingest`: LLaVA json + images (folder or zip) -> verified parquet shards.
+//! `tessera ingest`: LLaVA / LLaVA-OneVision json + images (folder or zip), or `datasets`
+//! parquet with embedded images (the_cauldron, FineVision, TRL `messages`), local or in object
+//! storage -> verified parquet shards.
 use anyhow::Context;
-use ingest::{IngestConfig, Template};
+use ingest::{Format, IngestConfig, Template};
 use std::path::PathBuf;
 
 /// Arguments of `tessera ingest`.
 #[derive(clap::Args)]
 pub(crate) struct Args {
-    /// LLaVA json: an array of {"id", "image"?, "conversations": [{"from", "value"}]}.
+    /// The input: a LLaVA or LLaVA-OneVision json (an array of {"id", "image"?,
+    /// "conversations": [{"from", "value"}]}, `image` a path or a list), or Hugging Face
+    /// `datasets` parquet (a file, or a folder of *.parquet; a path or an s3://, gs://, az://
+    /// URL) in the_cauldron's layout (`images` + `texts`) or TRL's (`messages` + `images`).
+    /// `--json` is the same flag.
+    #[arg(long, alias = "json")]
+    input: String,
+    /// The input's layout: llava, onevision, cauldron or messages (default: detected from the
+    /// input; see the README).
     #[arg(long)]
-    json: PathBuf,
-    /// Images root: a folder, or a .zip read in place (never extracted).
+    format: Option<Format>,
+    /// Where a json layout's images are: a folder, or a .zip read in place (never extracted).
+    /// Parquet layouts carry their images (an Image struct without bytes is looked up here).
     #[arg(long)]
-    images: PathBuf,
-    /// Qwen tokenizer.json.
+    images: Option<PathBuf>,
+    /// The language model's tokenizer.json (its tokenizer_config.json beside it, when there is
+    /// one, names the end of sequence); the special tokens come from it, and a tokenizer
+    /// without an image token gets <image> added.
     #[arg(long)]
     tokenizer: PathBuf,
     /// Output directory (must be empty unless --resume), or a URL (s3://bucket/prefix, gs://,
@@ -23,7 +36,8 @@ pub(crate) struct Args {
     /// system temp dir, named after the URL, so --resume finds it; removed after the upload).
     #[arg(long)]
     staging: Option<PathBuf>,
-    /// Chat template: plain (LLaVA-Pretrain: <image> + caption) or chatml (Qwen2.5 multi-turn).
+    /// Chat template: plain (LLaVA-Pretrain: <image> + caption) or chatml (multi-turn ChatML,
+    /// for tokenizers with <|im_start|> and <|im_end|>).
     #[arg(long, default_value = "plain")]
     template: Template,
     /// Close a shard once it holds about this many bytes.
@@ -60,7 +74,9 @@ pub(crate) fn run(args: Args, quiet: bool, progress: bool) -> anyhow::Result<()>
         )),
         (None, _) => PathBuf::from(&args.out),
     };
-    let mut config = IngestConfig::new(args.json, args.images, args.tokenizer, local_out);
+    let mut config = IngestConfig::for_input(args.input, args.tokenizer, local_out);
+    config.images = args.images;
+    config.format = args.format;
     config.template = args.template;
     config.shard_size = args.shard_size.max(1);
     if let Some(workers) = args.workers {

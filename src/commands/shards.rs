@@ -1,4 +1,4 @@
-//! `tessera shards verify DIR | stats DIR`.
+//! `tessera shards verify DIR | stats DIR|MIX.toml`.
 use anyhow::Context;
 
 /// Arguments of `tessera shards`.
@@ -17,9 +17,11 @@ enum ShardsCommand {
         /// Shard directory (holding index.json): a path or URL (s3://, gs://, az://, https://).
         dir: String,
     },
-    /// Samples by kind, token-length and image-size percentiles, rejected records by reason.
+    /// Samples by kind, images per sample, token-length and image-size percentiles, rejected
+    /// records by reason; for a mixture file, each source's stats and its share of an epoch.
     Stats {
-        /// Shard directory (holding index.json): a path or URL (s3://, gs://, az://, https://).
+        /// Shard directory (holding index.json): a path or URL (s3://, gs://, az://, https://);
+        /// or a mixture file (mix.toml).
         dir: String,
         /// Print one JSON object instead of text.
         #[arg(long)]
@@ -55,7 +57,21 @@ fn verify(dir: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// One source of a mixture as `shards stats --json` prints it.
+#[derive(serde::Serialize)]
+struct SourceStats {
+    name: String,
+    shards: String,
+    /// Samples drawn from it per epoch, and their share of the epoch.
+    per_epoch: u64,
+    share: f64,
+    stats: shards::DatasetStats,
+}
+
 fn stats(dir: &str, json: bool) -> anyhow::Result<()> {
+    if pipeline::mix::is_mixture(dir) {
+        return mixture_stats(dir, json);
+    }
     let location = remote::open_location(dir, None)?;
     let dataset = shards::Dataset::open_at(&location).with_context(|| format!("open {dir}"))?;
     let s = shards::stats(&dataset).with_context(|| format!("stats of {dir}"))?;
@@ -63,9 +79,62 @@ fn stats(dir: &str, json: bool) -> anyhow::Result<()> {
         println!("{}", serde_json::to_string(&s)?);
         return Ok(());
     }
+    print_stats(&s);
+    Ok(())
+}
+
+/// Each source's stats and its share of an epoch (per_epoch / the epoch's samples).
+fn mixture_stats(file: &str, json: bool) -> anyhow::Result<()> {
+    let spec = pipeline::mix::MixSpec::load(std::path::Path::new(file))?;
+    let mut datasets = Vec::new();
+    for source in &spec.sources {
+        let location = remote::open_location(&source.shards, None)?;
+        datasets.push(
+            shards::Dataset::open_at(&location)
+                .with_context(|| format!("source {}: open {}", source.name, source.shards))?,
+        );
+    }
+    let mixture = pipeline::mix::Mixture::new(spec, datasets)?;
+    let epoch = mixture.epoch_samples();
+    let mut out = Vec::new();
+    for source in mixture.sources() {
+        out.push(SourceStats {
+            name: source.name.clone(),
+            shards: source.dataset.source().describe(),
+            per_epoch: source.per_epoch,
+            share: source.share(epoch),
+            stats: shards::stats(&source.dataset)
+                .with_context(|| format!("stats of source {}", source.name))?,
+        });
+    }
+    if json {
+        let value = serde_json::json!({"epoch_samples": epoch, "sources": out});
+        println!("{value}");
+        return Ok(());
+    }
+    println!("mixture {file}: {epoch} samples per epoch");
+    for source in &out {
+        println!(
+            "\nsource {} ({}): {} of {} samples per epoch, share {:.1}%",
+            source.name,
+            source.shards,
+            source.per_epoch,
+            source.stats.samples,
+            100.0 * source.share
+        );
+        print_stats(&source.stats);
+    }
+    Ok(())
+}
+
+fn print_stats(s: &shards::DatasetStats) {
     println!("samples: {}", s.samples);
     for (kind, n) in &s.by_kind {
         println!("  kind {kind:<8} {n}");
+    }
+    println!("images: {}", s.images);
+    for (count, n) in &s.images_per_sample {
+        println!("  {count} per sample  {n}");
     }
     for (format, n) in &s.image_formats {
         println!("  format {format:<6} {n}");
@@ -93,5 +162,4 @@ fn stats(dir: &str, json: bool) -> anyhow::Result<()> {
     for (reason, n) in &s.rejected {
         println!("  {reason:<28} {n}");
     }
-    Ok(())
 }

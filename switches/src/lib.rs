@@ -180,9 +180,11 @@ impl Switches {
                     .unwrap_or(100),
             ),
             remote_timeout: Duration::from_secs(
-                env.parse("TESSERA_REMOTE_TIMEOUT_S", "whole seconds of at least 1", |v| {
-                    number(v).filter(|&n: &u64| n > 0)
-                })?
+                env.parse(
+                    "TESSERA_REMOTE_TIMEOUT_S",
+                    "whole seconds of at least 1",
+                    |v| number(v).filter(|&n: &u64| n > 0),
+                )?
                 .unwrap_or(60),
             ),
             reference_loader: env.path("TESSERA_REFERENCE_LOADER")?,

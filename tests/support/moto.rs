@@ -128,7 +128,10 @@ impl MotoServer {
     /// Removes `bucket/key` (an object gone for good).
     pub(crate) fn delete(&self, bucket: &str, key: &str) -> Result<()> {
         let status = self.request("DELETE", &format!("/{bucket}/{key}"), &[])?;
-        ensure!(status == 204 || status == 200, "DELETE {bucket}/{key}: HTTP {status}");
+        ensure!(
+            status == 204 || status == 200,
+            "DELETE {bucket}/{key}: HTTP {status}"
+        );
         Ok(())
     }
 

@@ -4,7 +4,7 @@
 //! error convention in shim_error.h) against libtorch's headers and
 //! Debian's gloo headers, links it, and hands libtorch's lib folder and the CUDA runtime folder
 //! (libcudart.so.13 / libcupti.so.13, which libtorch_cpu links) to the crates above it
-//! (`DEP_TESSERA_C10D_RPATH`), whose `rpath.rs` puts them on their binaries' rpath so tests run
+//! (`DEP_TESSERA_SHIMS_RPATH`), whose `rpath.rs` puts them on their binaries' rpath so tests run
 //! without LD_LIBRARY_PATH. Feature `cuda` adds ProcessGroupNCCL and links torch_cuda.
 //!
 //! With `cuda`, ProcessGroupNCCL.hpp needs headers the torch wheel does not ship, all in
@@ -44,7 +44,7 @@ fn main() {
             rpath.push(cuda_rt);
         }
     }
-    // Crates that link this one read it as DEP_TESSERA_C10D_RPATH (see `rpath.rs`).
+    // Crates that link this one read it as DEP_TESSERA_SHIMS_RPATH (see `rpath.rs`).
     match std::env::join_paths(&rpath) {
         Ok(joined) => println!("cargo:rpath={}", joined.to_string_lossy()),
         Err(e) => panic!("libtorch folders {rpath:?} cannot form a path list: {e}"),
@@ -88,7 +88,7 @@ fn compile_shim(root: &Path, lib_dir: &Path) {
         println!("cargo:rustc-link-lib=dylib=torch_cuda");
         println!("cargo:rustc-link-lib=dylib=c10_cuda");
     }
-    build.compile("tessera_c10d");
+    build.compile("tessera_shims");
     println!("cargo:rustc-link-search=native={}", lib_dir.display());
     println!("cargo:rustc-link-lib=dylib=torch_cpu");
     println!("cargo:rustc-link-lib=dylib=c10");

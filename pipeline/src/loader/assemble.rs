@@ -13,6 +13,8 @@ use shards::{Kind, Sample};
 /// One sample as it enters a row.
 pub(super) struct RowSample {
     pub sample: Sample,
+    /// Its global index, as the plan names it.
+    pub index: u64,
     /// All labels `IGNORE_INDEX` (a zero-loss plan, or a stand-in for a failed image).
     pub ignore_labels: bool,
 }
@@ -38,24 +40,24 @@ pub(super) fn check_tokens(sample: &Sample, placeholder_id: u32) -> Result<(), L
         .iter()
         .filter(|&&t| t == placeholder_id)
         .count();
-    let expected = match sample.kind {
-        Kind::Text => 0,
-        Kind::Image => 1,
-    };
-    if placeholders != expected {
+    let images = sample.images.len();
+    match (sample.kind, images) {
+        (Kind::Image, 0) => return Err(bad("image sample without image bytes".into())),
+        (Kind::Text, n) if n > 0 => return Err(bad(format!("text sample with {n} images"))),
+        _ => {}
+    }
+    if placeholders != images {
         return Err(bad(format!(
-            "{:?} sample holds {placeholders} image placeholders ({placeholder_id}), expected {expected}",
+            "{:?} sample holds {placeholders} image placeholders ({placeholder_id}) for {images} \
+             images",
             sample.kind
         )));
-    }
-    if sample.kind == Kind::Image && sample.image.is_none() {
-        return Err(bad("image sample without image bytes".into()));
     }
     Ok(())
 }
 
-/// Builds the token tensors of a micro-batch. `pixels` must already hold one image per image
-/// sample, in row-major packing order.
+/// Builds the token tensors of a micro-batch. `pixels` must already hold every image of every
+/// sample, in row-major packing order (a sample's images in placeholder order).
 pub(super) fn assemble(
     kind: Kind,
     zero_loss: bool,
@@ -87,6 +89,7 @@ pub(super) fn assemble(
     let mut positions = Vec::with_capacity(total);
     let mut segment_ids = Vec::with_capacity(total);
     let mut sample_ids = Vec::new();
+    let mut sample_indices = Vec::new();
     let mut num_images = 0;
     // Scratch for one expanded sample: (id, is target).
     let mut tokens: Vec<(i64, bool)> = Vec::new();
@@ -95,6 +98,7 @@ pub(super) fn assemble(
         for (segment, rs) in row.iter().enumerate() {
             let s = &rs.sample;
             sample_ids.push(s.id.clone());
+            sample_indices.push(rs.index);
             tokens.clear();
             for (&t, &supervised) in s.input_ids.iter().zip(&s.label_mask) {
                 if t == config.placeholder_id {
@@ -136,6 +140,7 @@ pub(super) fn assemble(
         image_size: config.image_size,
         image_tokens: config.image_tokens,
         sample_ids,
+        sample_indices,
         real_tokens,
         pad_tokens: total - real_tokens,
         supervised_tokens,

@@ -1,10 +1,8 @@
 //! `LoaderConfig`: image size, token ids, resize and bad-image policies, thread count.
 //! Built through `LoaderConfig::builder()`, whose `build()` rejects unusable values.
 use super::LoaderError;
+use shards::SpecialTokens;
 use tessera_switches::Switches;
-
-/// The id that pads rows: Qwen2's `<|endoftext|>`.
-pub const DEFAULT_PAD_ID: u32 = shards::chat::END_OF_TEXT_ID;
 
 /// How an image becomes `size x size`. Named `squash` / `pad` in TOML, JSON and (with the
 /// `clap` feature) on the command line.
@@ -47,8 +45,10 @@ pub struct LoaderConfig {
     pub image_size: usize,
     /// Vision tokens per image (each placeholder expands to this many ids).
     pub image_tokens: usize,
-    /// The id each image expands from (default `shards::IMAGE_PAD_ID`, Qwen2's `<|image_pad|>`).
+    /// The id each image expands from: the dataset's image token (see
+    /// [`LoaderConfigBuilder::tokens`]).
     pub placeholder_id: u32,
+    /// The id padding fills rows with: the dataset's pad token.
     pub pad_id: u32,
     pub resize: ResizePolicy,
     /// Fill colour of `ResizePolicy::Pad` (LLaVA: the processor's mean x 255).
@@ -98,6 +98,10 @@ impl LoaderConfigBuilder {
     pub fn placeholder_id(mut self, v: u32) -> Self {
         self.placeholder_id = Some(v);
         self
+    }
+    /// The placeholder and padding ids of a dataset (its index.json's special tokens).
+    pub fn tokens(self, tokens: &SpecialTokens) -> Self {
+        self.placeholder_id(tokens.image.id).pad_id(tokens.pad_id)
     }
     pub fn pad_id(mut self, v: u32) -> Self {
         self.pad_id = Some(v);
@@ -157,8 +161,13 @@ impl LoaderConfigBuilder {
         Ok(LoaderConfig {
             image_size,
             image_tokens,
-            placeholder_id: self.placeholder_id.unwrap_or(shards::IMAGE_PAD_ID),
-            pad_id: self.pad_id.unwrap_or(DEFAULT_PAD_ID),
+            // Without ids set, those of datasets from before index.json recorded them.
+            placeholder_id: self
+                .placeholder_id
+                .unwrap_or_else(|| SpecialTokens::qwen_before_recorded().image.id),
+            pad_id: self
+                .pad_id
+                .unwrap_or_else(|| SpecialTokens::qwen_before_recorded().pad_id),
             resize: self.resize,
             pad_rgb: self.pad_rgb.unwrap_or([127, 127, 127]),
             on_bad_image: self.on_bad_image,

@@ -24,31 +24,39 @@ pub enum LoaderError {
         asked: usize,
         got: usize,
     },
-    /// An image could not be decoded (bad bytes, unsupported format).
-    #[error("sample {sample_id}: decoding its image")]
+    /// An image could not be decoded (bad bytes, unsupported format). `image` is its index
+    /// among the sample's `images`.
+    #[error("sample {sample_id}: decoding {}", which_image(*image, *images))]
     Decode {
         sample_id: String,
+        image: u32,
+        images: u32,
         #[source]
         source: DecodeError,
     },
     /// A decoded image could not be resized into its output.
-    #[error("sample {sample_id}: resizing its image")]
+    #[error("sample {sample_id}: resizing {}", which_image(*image, *images))]
     Resize {
         sample_id: String,
+        image: u32,
+        images: u32,
         #[source]
         source: ResizeError,
     },
     /// A sample's image bytes or token ids do not match the crc32c written at ingest: the
     /// shard changed on disk. Handled like an undecodable image (the bad-image policy).
     #[error(
-        "{at} (sample {sample_id}): {column} fails its crc32c (stored {stored:08x}, computed \
-         {computed:08x}): the shard is corrupt on disk; `tessera shards verify` checks every row"
+        "{at} (sample {sample_id}): {} fails its crc32c (stored {stored:08x}, computed \
+         {computed:08x}): the shard is corrupt on disk; `tessera shards verify` checks every row",
+        checked(column, *image)
     )]
     Checksum {
         /// Shard file and row (`shard-00003.parquet row 17`), or the global index.
         at: String,
         sample_id: String,
         column: &'static str,
+        /// For an image: which (from 0) of how many.
+        image: Option<(u32, u32)>,
         stored: u32,
         computed: u32,
     },
@@ -61,6 +69,26 @@ pub enum LoaderError {
     /// A worker thread died (a bug: workers do not panic on input data).
     #[error("loader worker thread stopped unexpectedly: {0}")]
     Worker(String),
+}
+
+/// What a checksum covers: `input_ids`, `image` (a sample of one), `image 2 of 3`.
+fn checked(column: &'static str, image: Option<(u32, u32)>) -> String {
+    let mismatch = shards::ChecksumMismatch {
+        column,
+        image,
+        stored: 0,
+        computed: 0,
+    };
+    mismatch.what()
+}
+
+/// "its image" for a sample of one image, else "image 2 of 3" (counted from 1).
+fn which_image(image: u32, images: u32) -> String {
+    if images <= 1 {
+        "its image".into()
+    } else {
+        format!("image {} of {images}", image + 1)
+    }
 }
 
 impl LoaderError {
@@ -83,7 +111,7 @@ impl LoaderError {
             LoaderError::Decode { .. }
                 | LoaderError::Resize { .. }
                 | LoaderError::Checksum {
-                    column: shards::col::IMAGE,
+                    column: shards::col::IMAGES,
                     ..
                 }
         )
@@ -113,6 +141,8 @@ mod tests {
         assert_cause_printed_once(read, "disk on fire");
         let decode = LoaderError::Decode {
             sample_id: "s-1".into(),
+            image: 0,
+            images: 1,
             source: DecodeError::TooManyPixels {
                 width: 20_000,
                 height: 20_000,
@@ -121,6 +151,8 @@ mod tests {
         assert_cause_printed_once(decode, "decompression bomb guard");
         let resize = LoaderError::Resize {
             sample_id: "s-2".into(),
+            image: 1,
+            images: 2,
             source: ResizeError::OutputLength { len: 7, size: 4 },
         };
         assert_cause_printed_once(resize, "output holds 7 bytes");
@@ -130,11 +162,25 @@ mod tests {
     fn with_causes_names_the_sample_and_the_cause() {
         let error = LoaderError::Decode {
             sample_id: "s-3".into(),
+            image: 0,
+            images: 1,
             source: DecodeError::UnknownFormat,
         };
         assert_eq!(
             shards::with_causes(&error),
             "sample s-3: decoding its image: not a JPEG, PNG or WebP (unknown magic bytes)"
+        );
+        let second = LoaderError::Decode {
+            sample_id: "s-4".into(),
+            image: 1,
+            images: 3,
+            source: DecodeError::UnknownFormat,
+        };
+        assert!(
+            second
+                .to_string()
+                .starts_with("sample s-4: decoding image 2 of 3"),
+            "{second}"
         );
         assert!(error.is_bad_image());
         assert_eq!(error.sample_id(), Some("s-3"));

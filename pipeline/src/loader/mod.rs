@@ -1,7 +1,8 @@
 //! The loader: one rank's `MicroBatchPlan`s in, `MicroBatch`es out, in the same order.
 //!
 //! 1. `source`: read the plan's samples by global index (`shards::Dataset`, memory-mapped).
-//! 2. `decode`: image bytes -> RGB, DCT-scaled where a JPEG is much larger than needed.
+//! 2. `decode`: each image's bytes -> RGB (every image of a sample, in placeholder order),
+//!    DCT-scaled where a JPEG is much larger than needed.
 //! 3. `resize`: `squash` or `pad` to `S x S`, bicubic, SIMD, written as u8 CHW (the kernels
 //!    live under `resize/`).
 //! 4. `assemble`: placeholders expanded, labels shifted per sample, positions restarting per
@@ -15,9 +16,9 @@
 //! use std::sync::Arc;
 //!
 //! let sample = Sample {
-//!     id: "t0".into(), kind: Kind::Text, image: None, image_format: None, width: 0, height: 0,
-//!     conversation: vec![], input_ids: vec![10, 11, 12], label_mask: vec![false, true, true],
-//!     num_text_tokens: 3, num_supervised_tokens: 2, image_crc32c: None, input_ids_crc32c: None,
+//!     id: "t0".into(), kind: Kind::Text, images: vec![], conversation: vec![],
+//!     input_ids: vec![10, 11, 12], label_mask: vec![false, true, true],
+//!     num_text_tokens: 3, num_supervised_tokens: 2, input_ids_crc32c: None,
 //! };
 //! let source: Arc<dyn SampleSource> = Arc::new(vec![sample]);
 //! let plan = MicroBatchPlan { kind: Kind::Text, rows: vec![vec![0]], zero_loss: false };
@@ -36,7 +37,7 @@ mod source;
 mod stats;
 mod worker;
 
-pub use config::{BadImagePolicy, LoaderConfig, LoaderConfigBuilder, ResizePolicy, DEFAULT_PAD_ID};
+pub use config::{BadImagePolicy, LoaderConfig, LoaderConfigBuilder, ResizePolicy};
 pub use error::LoaderError;
 pub use pool::Loader;
 pub use source::SampleSource;

@@ -1,6 +1,7 @@
 //! One micro-batch, start to end, on one thread: read its samples, check their stored crc32c
-//! (image bytes and token ids), decode + resize each image into the pixel tensor, apply the
-//! bad-image policy (to checksum mismatches too), assemble the tokens. A pure function of
+//! (image bytes and token ids), decode + resize every image of every sample into the pixel
+//! tensor (a sample's images in placeholder order), apply the bad-image policy (to checksum
+//! mismatches too: a sample with one bad image is dropped whole), assemble the tokens. A pure function of
 //! (plan, samples, config), which is what makes the output identical for any thread count.
 use super::assemble::{assemble, check_tokens, RowSample};
 use super::decode::decode_rgb_reusing;
@@ -64,21 +65,25 @@ impl Worker {
         StatCells::add_time(&self.stats.read_ns, started.elapsed());
 
         let image_bytes = 3 * self.config.image_size * self.config.image_size;
-        let image_samples = samples.iter().filter(|s| s.kind == Kind::Image).count();
-        let mut pixels = Vec::with_capacity(image_samples * image_bytes);
+        let images: usize = samples.iter().map(|s| s.images.len()).sum();
+        let mut pixels = Vec::with_capacity(images * image_bytes);
         let mut rows = Vec::with_capacity(plan.rows.len());
-        let mut first_bad_image: Option<Sample> = None;
-        let mut samples = samples.into_iter().zip(corrupt);
+        let mut first_bad_image: Option<(Sample, u64)> = None;
+        let mut samples = samples
+            .into_iter()
+            .zip(corrupt)
+            .zip(indices.iter().copied());
         for planned_row in &plan.rows {
             let mut row = Vec::with_capacity(planned_row.len());
-            for (sample, corrupt) in samples.by_ref().take(planned_row.len()) {
+            for ((sample, corrupt), index) in samples.by_ref().take(planned_row.len()) {
                 let added = match corrupt {
                     Some(e) => Err(e),
-                    None => self.add_image(&sample, &mut pixels),
+                    None => self.add_images(&sample, &mut pixels),
                 };
                 match added {
                     Ok(()) => row.push(RowSample {
                         sample,
+                        index,
                         ignore_labels: plan.zero_loss,
                     }),
                     Err(e) if self.config.on_bad_image == BadImagePolicy::Fail => return Err(e),
@@ -88,7 +93,7 @@ impl Worker {
                         self.stats.skipped.fetch_add(1, Relaxed);
                         // A stand-in keeps the sample's tokens: only when those are sound.
                         if e.is_bad_image() && first_bad_image.is_none() {
-                            first_bad_image = Some(sample);
+                            first_bad_image = Some((sample, index));
                         }
                     }
                 }
@@ -99,21 +104,24 @@ impl Worker {
         }
         let images_ok = pixels.len() / image_bytes;
         if plan.kind == Kind::Image && images_ok == 0 {
-            if let Some(sample) = first_bad_image {
+            if let Some((sample, index)) = first_bad_image {
                 // Every image of an image micro-batch failed. A rank without images would skip
                 // the vision tower while the other ranks all-gather it (a hang), so keep one
-                // failed sample with a pad-colour image and no loss.
+                // failed sample with pad-colour images (one per placeholder) and no loss.
                 tracing::warn!(
                     sample = %sample.id,
                     "every image of this micro-batch failed; it runs as a zero-loss stand-in"
                 );
                 self.stats.skipped.fetch_sub(1, Relaxed);
                 let plane = image_bytes / 3;
-                for &c in &self.config.pad_rgb {
-                    pixels.extend(std::iter::repeat_n(c, plane));
+                for _ in &sample.images {
+                    for &c in &self.config.pad_rgb {
+                        pixels.extend(std::iter::repeat_n(c, plane));
+                    }
                 }
                 rows.push(vec![RowSample {
                     sample,
+                    index,
                     ignore_labels: true,
                 }]);
             }
@@ -137,17 +145,36 @@ impl Worker {
             at: self.source.locate(index),
             sample_id: sample.id.clone(),
             column: m.column,
+            image: m.image,
             stored: m.stored,
             computed: m.computed,
         })
     }
 
-    /// Checks the sample and, for an image sample, appends its `[3, S, S]` pixels.
-    fn add_image(&mut self, sample: &Sample, pixels: &mut Vec<u8>) -> Result<(), LoaderError> {
+    /// Checks the sample and appends the `[3, S, S]` pixels of each of its images, in order;
+    /// if one fails, none of the sample's pixels stay.
+    fn add_images(&mut self, sample: &Sample, pixels: &mut Vec<u8>) -> Result<(), LoaderError> {
         check_tokens(sample, self.config.placeholder_id)?;
-        let Some(bytes) = sample.image.as_deref() else {
-            return Ok(());
-        };
+        let start = pixels.len();
+        for image in 0..sample.images.len() {
+            if let Err(e) = self.add_image(sample, image, pixels) {
+                pixels.truncate(start);
+                return Err(e);
+            }
+        }
+        Ok(())
+    }
+
+    /// Decodes and resizes image `image` of `sample` onto the end of `pixels`.
+    fn add_image(
+        &mut self,
+        sample: &Sample,
+        image: usize,
+        pixels: &mut Vec<u8>,
+    ) -> Result<(), LoaderError> {
+        let bytes = &sample.images[image].bytes;
+        // Counted as u32 in errors (which keeps `LoaderError` small).
+        let (image_u32, images) = (image as u32, sample.images.len() as u32);
         let cfg = &self.config;
         let size = cfg.image_size as u32;
         let started = Instant::now();
@@ -162,6 +189,8 @@ impl Worker {
         let (img, _) =
             decode_rgb_reusing(bytes, needed, reuse).map_err(|source| LoaderError::Decode {
                 sample_id: sample.id.clone(),
+                image: image_u32,
+                images,
                 source,
             })?;
         StatCells::add_time(&self.stats.decode_ns, started.elapsed());
@@ -180,6 +209,8 @@ impl Worker {
             pixels.truncate(offset);
             LoaderError::Resize {
                 sample_id: sample.id.clone(),
+                image: image_u32,
+                images,
                 source,
             }
         })

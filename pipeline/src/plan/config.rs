@@ -32,7 +32,7 @@ impl Mode {
 
 /// Relative compute cost of a sample, in units of one LM token: `len` (the linear layers) +
 /// `attention * len^2` (attention is block-diagonal, so quadratic per sample, not per row) +
-/// `vision` per image (the vision tower's forward).
+/// `vision` per image (the vision tower's forward, once for each of a sample's images).
 #[derive(Clone, Copy, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct CostModel {
     pub attention: f64,
@@ -52,14 +52,9 @@ impl Default for CostModel {
 }
 
 impl CostModel {
-    pub(crate) fn cost(&self, kind: Kind, len: u32) -> f64 {
+    pub(crate) fn cost(&self, images: u32, len: u32) -> f64 {
         let l = f64::from(len);
-        let vision = if kind == Kind::Image {
-            self.vision
-        } else {
-            0.0
-        };
-        l + self.attention * l * l + vision
+        l + self.attention * l * l + self.vision * f64::from(images)
     }
 }
 
@@ -79,6 +74,7 @@ pub struct PlannerBuilder {
     cost: CostModel,
     fixed_samples: Option<usize>,
     only: Option<Kind>,
+    draws: Option<(Vec<u64>, String)>,
 }
 
 impl Default for PlannerBuilder {
@@ -97,6 +93,7 @@ impl Default for PlannerBuilder {
             cost: CostModel::default(),
             fixed_samples: None,
             only: None,
+            draws: None,
         }
     }
 }
@@ -107,7 +104,8 @@ impl PlannerBuilder {
         self.samples = samples.to_vec();
         self
     }
-    /// Vision tokens per image (729 for SigLIP-so400m at 384 px); default 729.
+    /// Vision tokens per image (729 for SigLIP-so400m at 384 px); default 729. A sample of
+    /// several images counts this many for each.
     pub fn image_tokens(mut self, n: u32) -> Self {
         self.image_tokens = n;
         self
@@ -167,6 +165,14 @@ impl PlannerBuilder {
         self
     }
 
+    /// Plans `items` (indices into `samples`, repeats allowed: a mixture's epoch draw) in
+    /// this order instead of a seeded shuffle of every sample once; `key` names the order
+    /// (resume positions carry it). The plan's micro-batches name the drawn samples' indices.
+    pub fn draws(mut self, items: Vec<u64>, key: &str) -> Self {
+        self.draws = Some((items, key.to_string()));
+        self
+    }
+
     pub fn build(self) -> Result<Planner, PlanError> {
         if self.token_budget == 0 {
             return Err(PlanError::ZeroBudget);
@@ -208,9 +214,23 @@ impl PlannerBuilder {
                 });
             }
         }
-        if self.samples.len() > u32::MAX as usize {
+        let items = self
+            .draws
+            .as_ref()
+            .map_or(self.samples.len(), |(d, _)| d.len());
+        if self.samples.len() > u32::MAX as usize || items > u32::MAX as usize {
             return Err(PlanError::TooManySamples {
-                count: self.samples.len(),
+                count: self.samples.len().max(items),
+            });
+        }
+        if let Some(&bad) = self
+            .draws
+            .as_ref()
+            .and_then(|(d, _)| d.iter().find(|&&i| i >= self.samples.len() as u64))
+        {
+            return Err(PlanError::DrawOutOfRange {
+                index: bad,
+                samples: self.samples.len(),
             });
         }
         let (row_cap, cap_name) = if self.seq_len <= self.token_budget {
@@ -231,24 +251,33 @@ impl PlannerBuilder {
             }
             lens.push(len as u32);
         }
-        let kinds: Vec<Kind> = self.samples.iter().map(|s| s.kind).collect();
-        let mut order = SampleOrder::new(&kinds, &self.fingerprint, self.seed, self.epoch);
+        // Per item: every sample once (a seeded shuffle), or a mixture's draw (its order).
+        let (metas, lens, order_of, drawn): (Vec<SampleMeta>, Vec<u32>, _, _) = match self.draws {
+            None => (self.samples, lens, None, None),
+            Some((items, key)) => {
+                let metas = items.iter().map(|&i| self.samples[i as usize]).collect();
+                let item_lens = items.iter().map(|&i| lens[i as usize]).collect();
+                (metas, item_lens, Some(key), Some(items))
+            }
+        };
+        let kinds: Vec<Kind> = metas.iter().map(|s| s.kind).collect();
+        let mut order = match &order_of {
+            None => SampleOrder::new(&kinds, &self.fingerprint, self.seed, self.epoch),
+            Some(key) => SampleOrder::given(&kinds, key),
+        };
         if let Some(keep) = self.only {
             order.keep_only(keep, &kinds);
         }
         Ok(Planner {
-            supervised: self
-                .samples
-                .iter()
-                .map(|s| s.num_supervised_tokens)
-                .collect(),
-            costs: kinds
+            supervised: metas.iter().map(|s| s.num_supervised_tokens).collect(),
+            costs: metas
                 .iter()
                 .zip(&lens)
-                .map(|(&k, &l)| self.cost.cost(k, l))
+                .map(|(s, &l)| self.cost.cost(s.num_images, l))
                 .collect(),
             kinds,
             lens,
+            drawn,
             order,
             world_size: self.world_size,
             token_budget: self.token_budget,
@@ -261,26 +290,32 @@ impl PlannerBuilder {
     }
 }
 
-/// Tokens a sample occupies in a row: its text tokens, with an image sample's placeholder
-/// expanded to `image_tokens`.
+/// Tokens a sample occupies in a row: its text tokens, with each of an image sample's
+/// placeholders (one per image) expanded to `image_tokens`. A sample is never split: all of
+/// its images and text go into one row.
 fn sample_len(index: u64, s: &SampleMeta, image_tokens: u32) -> Result<u64, PlanError> {
     let text = u64::from(s.num_text_tokens);
-    let empty = || PlanError::EmptySample {
+    let images = u64::from(s.num_images);
+    let bad = || PlanError::EmptySample {
         index,
         kind: s.kind,
+        num_images: s.num_images,
         num_text_tokens: s.num_text_tokens,
     };
     match s.kind {
-        Kind::Text if text == 0 => Err(empty()),
+        Kind::Text if text == 0 || images > 0 => Err(bad()),
         Kind::Text => Ok(text),
-        Kind::Image if text == 0 => Err(empty()),
-        Kind::Image => Ok(text - 1 + u64::from(image_tokens)),
+        Kind::Image if images == 0 || text < images => Err(bad()),
+        Kind::Image => Ok(text - images + images * u64::from(image_tokens)),
     }
 }
 
-/// A validated planner: every rank builds the same one and computes the same plan alone.
+/// A validated planner: every rank builds the same one and computes the same plan alone. Its
+/// per-item vectors are per sample, or per drawn item of a mixture (`drawn` maps an item to
+/// its sample index).
 #[derive(Clone, Debug)]
 pub struct Planner {
+    pub(crate) drawn: Option<Vec<u64>>,
     pub(crate) kinds: Vec<Kind>,
     pub(crate) lens: Vec<u32>,
     pub(crate) costs: Vec<f64>,
@@ -301,9 +336,18 @@ impl Planner {
         PlannerBuilder::default()
     }
 
-    /// Token length of each sample as planned (image placeholder expanded).
+    /// Token length of each sample as planned (image placeholders expanded); of each drawn
+    /// item for a mixture's draw.
     pub fn sample_lens(&self) -> &[u32] {
         &self.lens
+    }
+
+    /// The sample index of planning item `item` (the item itself unless a draw is planned).
+    pub(crate) fn sample_of(&self, item: u32) -> u64 {
+        match &self.drawn {
+            Some(drawn) => drawn[item as usize],
+            None => u64::from(item),
+        }
     }
 
     pub fn mode(&self) -> Mode {

@@ -28,12 +28,14 @@ pub enum PlanError {
     #[error("{count} samples: the planner numbers samples with u32 (at most {max})", max = u32::MAX)]
     TooManySamples { count: usize },
     #[error(
-        "sample {index}: {kind:?} sample with {num_text_tokens} text tokens (an image sample needs \
-         its placeholder, a text sample at least one token)"
+        "sample {index}: {kind:?} sample with {num_images} images and {num_text_tokens} text \
+         tokens (an image sample needs at least one image and a placeholder for each, a text \
+         sample no image and at least one token)"
     )]
     EmptySample {
         index: u64,
         kind: Kind,
+        num_images: u32,
         num_text_tokens: u32,
     },
     #[error(
@@ -66,6 +68,8 @@ pub enum PlanError {
          front to back (it was made by `pack` or `bucket`)"
     )]
     NotAPrefix,
+    #[error("a draw names sample {index}, the planner was given {samples} samples")]
+    DrawOutOfRange { index: u64, samples: usize },
     #[error("step {step} is past the end of a plan of {steps} steps")]
     StepOutOfRange { step: usize, steps: usize },
 }

@@ -41,6 +41,21 @@ impl SampleOrder {
         }
     }
 
+    /// An order given whole (a mixture's draw): `kinds` are the items' kinds, planned in
+    /// their index order; `key` names the order.
+    pub(crate) fn given(kinds: &[Kind], key: &str) -> Self {
+        let order: Vec<u32> = (0..kinds.len() as u32).collect();
+        let mut streams = [Vec::new(), Vec::new()];
+        for (pos, &item) in order.iter().enumerate() {
+            streams[kinds[item as usize] as usize].push(pos as u32);
+        }
+        SampleOrder {
+            order,
+            streams,
+            key: key.to_string(),
+        }
+    }
+
     /// Drops every sample of another kind. The kept samples stay in the whole dataset's
     /// shuffled order, so the filter does not change which of them comes first. The key names
     /// the filter too: a position counted in the unfiltered order means something else here.

@@ -135,7 +135,7 @@ impl Planner {
                 rows: r
                     .rows
                     .iter()
-                    .map(|row| row.iter().map(|&s| u64::from(s)).collect())
+                    .map(|row| row.iter().map(|&s| self.sample_of(s)).collect())
                     .collect(),
                 zero_loss: r.zero_loss,
             })

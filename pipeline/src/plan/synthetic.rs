@@ -16,6 +16,7 @@ pub fn synthetic_llava(n: usize, text_only_fraction: f64, seed: u64) -> Vec<Samp
                 let supervised = (f64::from(len) * rng.gen_range(0.3..0.7)) as u32;
                 SampleMeta {
                     kind: Kind::Text,
+                    num_images: 0,
                     num_text_tokens: len,
                     num_supervised_tokens: supervised.max(1),
                 }
@@ -23,6 +24,7 @@ pub fn synthetic_llava(n: usize, text_only_fraction: f64, seed: u64) -> Vec<Samp
                 let caption = log_normal(&mut rng, 12.0, 0.5).clamp(3.0, 60.0) as u32;
                 SampleMeta {
                     kind: Kind::Image,
+                    num_images: 1,
                     // placeholder + caption + end token; the caption and end are targets.
                     num_text_tokens: caption + 2,
                     num_supervised_tokens: caption + 1,

@@ -94,7 +94,7 @@ pub(super) fn run_decode_only(images: &[Vec<u8>], threads: usize) -> (Duration, 
     (started.elapsed(), failed)
 }
 
-/// Image bytes of `indices`, read in chunks.
+/// Image bytes of `indices` (every image of a sample of several), read in chunks.
 pub(super) fn read_images(
     source: &dyn SampleSource,
     indices: &[u64],
@@ -102,8 +102,14 @@ pub(super) fn read_images(
     let mut out = Vec::with_capacity(indices.len());
     for chunk in indices.chunks(256) {
         for sample in source.read(chunk)? {
-            if let Some(bytes) = sample.image {
-                out.push((sample.id, bytes));
+            let count = sample.images.len();
+            for (k, image) in sample.images.into_iter().enumerate() {
+                let id = if count > 1 {
+                    format!("{}#{k}", sample.id)
+                } else {
+                    sample.id.clone()
+                };
+                out.push((id, image.bytes));
             }
         }
     }

@@ -152,7 +152,11 @@ fn image_bytes(source: &dyn SampleSource, indices: &[u64]) -> anyhow::Result<u64
     let mut total = 0;
     for chunk in indices.chunks(256) {
         for sample in source.read(chunk)? {
-            total += sample.image.map_or(0, |b| b.len() as u64);
+            total += sample
+                .images
+                .iter()
+                .map(|i| i.bytes.len() as u64)
+                .sum::<u64>();
         }
     }
     Ok(total)

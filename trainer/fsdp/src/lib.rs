@@ -43,11 +43,13 @@ use crate::dist::DistError;
 
 /// How parameters, gradients and optimizer state are split over ranks; PyTorch's names
 /// (`full_shard`, `shard_grad_op`, `no_shard`) in TOML, JSON and on the command line.
-#[derive(
-    Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize, clap::ValueEnum,
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[cfg_attr(
+    feature = "clap",
+    derive(clap::ValueEnum),
+    value(rename_all = "snake_case")
 )]
 #[serde(rename_all = "snake_case")]
-#[value(rename_all = "snake_case")]
 pub enum Strategy {
     /// Shards everywhere; gather before each unit's forward and again in its backward.
     FullShard,
@@ -77,11 +79,13 @@ impl Strategy {
 }
 
 /// What backward does for units that train (or pass gradients to one that does).
-#[derive(
-    Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize, clap::ValueEnum,
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[cfg_attr(
+    feature = "clap",
+    derive(clap::ValueEnum),
+    value(rename_all = "snake_case")
 )]
 #[serde(rename_all = "snake_case")]
-#[value(rename_all = "snake_case")]
 pub enum Recompute {
     /// Activation checkpointing: forward runs without autograd; backward gathers the unit
     /// again and recomputes it from its saved input. Least memory.

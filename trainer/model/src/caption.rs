@@ -2,13 +2,14 @@
 //! training loader (decode, resize policy, placeholder expansion), the prompt through the
 //! model's chat template ([`shards::chat`]: `plain`, the image alone as LLaVA's stage 1;
 //! `chatml`, a user turn holding the framed image and the instruction, then the assistant
-//! header), and the model generates until `<|endoftext|>`/`<|im_end|>` or `max_new_tokens`.
+//! header) with the dataset's special tokens, and the model generates until the tokenizer's
+//! end of sequence (or, for `chatml`, `<|im_end|>`) or `max_new_tokens`.
 use super::generator::{GenerateOptions, Generator};
 use super::ModelError;
 use pipeline::loader::{BadImagePolicy, Loader, LoaderConfig, LoaderError, ResizePolicy};
 use pipeline::{MicroBatch, MicroBatchPlan};
-use shards::chat::{Role, Template, IMAGE_TAG, STOP_TOKENS};
-use shards::{Kind, Sample};
+use shards::chat::{Role, Template, IMAGE_TAG, IM_END};
+use shards::{Image, Kind, Sample, SpecialTokens};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -23,20 +24,27 @@ pub enum CaptionError {
         path: PathBuf,
         source: ingest::IngestError,
     },
-    #[error("{path}: <|image_pad|> is id {tokenizer}, the model's image token is {model}")]
+    #[error("{path}: the image token {token} is id {tokenizer}, the model's is {model}")]
     ImageToken {
         path: PathBuf,
+        token: String,
         tokenizer: u32,
         model: i64,
     },
+    #[error("a language model alone cannot caption images")]
+    NoVisionTower,
     #[error(transparent)]
     LoaderConfig(LoaderError),
     #[error("tokenizing the prompt")]
     Prompt {
         source: Box<dyn std::error::Error + Send + Sync>,
     },
+    /// Boxed, as `Generate`'s source: a loader error beside the sample id is large.
     #[error("preparing {sample}")]
-    Prepare { sample: String, source: LoaderError },
+    Prepare {
+        sample: String,
+        source: Box<LoaderError>,
+    },
     /// Boxed: a `ModelError` beside the sample ids would make every `Result` here large.
     #[error("generating for {samples}")]
     Generate {
@@ -59,45 +67,52 @@ pub enum CaptionError {
 pub struct Captioner {
     pub generator: Generator,
     pub encoder: ingest::Encoder,
-    /// Stop ids are the tokenizer's `<|endoftext|>` and `<|im_end|>`; the rest is the caller's.
+    /// Stop ids are the template's ends (see [`Template::stop_ids`]); the rest is the caller's.
     pub options: GenerateOptions,
     template: Template,
     loader: LoaderConfig,
 }
 
 impl Captioner {
-    /// `generator` with the tokenizer at `tokenizer` (whose `<|image_pad|>` must be the
-    /// model's image token), prompting with `template` and resizing images by `resize` (as
-    /// the model was trained).
+    /// `generator` with the tokenizer at `tokenizer` (whose image token must be the model's),
+    /// prompting with `template` and resizing images by `resize` (as the model was trained).
+    /// `tokens`: the special tokens the model was trained with (a run's); `None` resolves them
+    /// from the tokenizer's own files (a llava-hf export's tokenizer_config.json).
     pub fn new(
         generator: Generator,
         template: Template,
         resize: ResizePolicy,
         tokenizer: &Path,
+        tokens: Option<SpecialTokens>,
     ) -> Result<Self, CaptionError> {
-        let encoder = ingest::Encoder::load(tokenizer, template).map_err(|source| {
-            CaptionError::Tokenizer {
-                path: tokenizer.to_path_buf(),
-                source,
-            }
+        let encoder = match tokens {
+            Some(tokens) => ingest::Encoder::with_tokens(tokenizer, template, tokens),
+            None => ingest::Encoder::load(tokenizer, template),
+        }
+        .map_err(|source| CaptionError::Tokenizer {
+            path: tokenizer.to_path_buf(),
+            source,
         })?;
-        if i64::from(encoder.image_pad_id) != generator.image_token_id() {
+        let image = &encoder.tokens.image;
+        if i64::from(image.id) != generator.image_token_id() {
             return Err(CaptionError::ImageToken {
                 path: tokenizer.to_path_buf(),
-                tokenizer: encoder.image_pad_id,
+                token: image.text.clone(),
+                tokenizer: image.id,
                 model: generator.image_token_id(),
             });
         }
-        let stop_ids = STOP_TOKENS
-            .iter()
-            .filter_map(|t| encoder.tokenizer().token_to_id(t))
+        let im_end = encoder.tokenizer().token_to_id(IM_END);
+        let stop_ids = template
+            .stop_ids(&encoder.tokens, im_end)
+            .into_iter()
             .map(i64::from)
             .collect();
-        let vision = generator.vision();
+        let vision = generator.vision().ok_or(CaptionError::NoVisionTower)?;
         let loader = LoaderConfig::builder()
             .image_size(vision.image_size as usize)
             .image_tokens(vision.num_patches() as usize)
-            .placeholder_id(encoder.image_pad_id)
+            .tokens(&encoder.tokens)
             .resize(resize)
             .threads(1)
             .verify_checksums(false)
@@ -118,27 +133,33 @@ impl Captioner {
         })
     }
 
-    /// Prompt token ids (one `<|image_pad|>`) for an image and an instruction (`chatml`
-    /// only; [`DEFAULT_INSTRUCTION`] when `None`): the text training saw before the answer.
-    pub fn prompt_ids(&self, instruction: Option<&str>) -> Result<Vec<u32>, CaptionError> {
+    /// Prompt token ids (one image token per image) for `images` images and an
+    /// instruction (`chatml` only; [`DEFAULT_INSTRUCTION`] when `None`): the text training saw
+    /// before the answer. `plain` puts the images' placeholders first and nothing else;
+    /// `chatml` a user turn of one `<image>` per image, a newline and the instruction.
+    pub fn prompt_ids(
+        &self,
+        instruction: Option<&str>,
+        images: usize,
+    ) -> Result<Vec<u32>, CaptionError> {
         if self.template == Template::Plain && instruction.is_some() {
             tracing::warn!(
                 "the plain template (stage 1) takes no instruction; --prompt is ignored"
             );
         }
         let turn = format!(
-            "{IMAGE_TAG}\n{}",
+            "{}\n{}",
+            IMAGE_TAG.repeat(images),
             instruction.unwrap_or(DEFAULT_INSTRUCTION)
         );
-        let text = self
-            .template
-            .generation_prompt(&[(Role::User, turn.as_str())], true);
-        let encoding = self
-            .encoder
-            .tokenizer()
-            .encode(text.as_str(), false)
-            .map_err(|source| CaptionError::Prompt { source })?;
-        Ok(encoding.get_ids().to_vec())
+        let text = self.template.generation_prompt(
+            &[(Role::User, turn.as_str())],
+            images,
+            &self.encoder.tokens,
+        );
+        self.encoder
+            .encode_text(&text)
+            .map_err(|source| CaptionError::Prompt { source })
     }
 
     /// Micro-batches (one sample each) through the training loader: pixels and expanded ids.
@@ -154,7 +175,12 @@ impl Captioner {
         let loader = Loader::new(Arc::new(samples), plans, self.loader.clone());
         loader
             .zip(ids)
-            .map(|(mb, sample)| mb.map_err(|source| CaptionError::Prepare { sample, source }))
+            .map(|(mb, sample)| {
+                mb.map_err(|source| CaptionError::Prepare {
+                    sample,
+                    source: Box::new(source),
+                })
+            })
             .collect()
     }
 
@@ -180,22 +206,18 @@ impl Captioner {
     }
 }
 
-/// A prompt-only image sample (the shape the loader reads).
-pub fn image_sample(id: String, bytes: Vec<u8>, prompt: Vec<u32>) -> Sample {
+/// A prompt-only sample of `images` (in placeholder order; the shape the loader reads).
+pub fn image_sample(id: String, images: Vec<Vec<u8>>, prompt: Vec<u32>) -> Sample {
     let n = prompt.len();
     Sample {
         id,
         kind: Kind::Image,
-        image: Some(bytes),
-        image_format: None,
-        width: 0,
-        height: 0,
+        images: images.into_iter().map(Image::unchecked).collect(),
         conversation: Vec::new(),
         label_mask: vec![false; n],
         input_ids: prompt,
         num_text_tokens: n as u32,
         num_supervised_tokens: 0,
-        image_crc32c: None,
         input_ids_crc32c: None,
     }
 }
@@ -214,9 +236,10 @@ pub fn held_out_prompt(sample: Sample) -> Result<(Sample, String), CaptionError>
         .find(|t| Role::from_llava(&t.role) == Some(Role::Assistant))
         .map(|t| t.text.clone())
         .unwrap_or_default();
-    let Some(bytes) = sample.image else {
+    if sample.images.is_empty() {
         return Err(CaptionError::NoImage(sample.id));
-    };
+    }
     let prompt = sample.input_ids[..cut].to_vec();
-    Ok((image_sample(sample.id, bytes, prompt), reference))
+    let images = sample.images.into_iter().map(|i| i.bytes).collect();
+    Ok((image_sample(sample.id, images, prompt), reference))
 }

@@ -1,4 +1,5 @@
-//! Model configs parsed from Hugging Face `config.json` files. Field names are exactly HF's;
+//! The vision tower's and LoRA's configs parsed from Hugging Face `config.json` files (the
+//! language model's is `lm_config.rs`). Field names are exactly HF's;
 //! what sparse Hub configs leave out gets HF's default from a small named function, so a
 //! config written by `save_pretrained` and a hand-trimmed one parse to the same values.
 use super::{ModelError, Result};
@@ -57,13 +58,16 @@ pub struct SiglipVisionConfig {
 }
 
 impl SiglipVisionConfig {
-    /// Reads `dir/config.json`, either a `SiglipVisionConfig` (flat) or a `SiglipConfig`
-    /// whose `vision_config` sub-object describes the tower.
+    /// Reads `dir/config.json`, either a `SiglipVisionConfig` (flat, `model_type`
+    /// `siglip_vision_model`) or a `SiglipConfig` (`siglip`) whose `vision_config` sub-object
+    /// describes the tower. SigLIP-2's fixed-resolution checkpoints are the latter; any other
+    /// `model_type` (SigLIP-2 NaFlex's `siglip2` included) is refused, naming the folder.
     pub fn from_dir(dir: &Path) -> Result<Self> {
         let value = read_json(&dir.join("config.json"))?;
+        check_vision_model_type(dir, &value)?;
         let vision = value.get("vision_config").cloned().unwrap_or(value);
         let cfg: Self = parse(&dir.join("config.json"), vision)?;
-        cfg.validate()?;
+        cfg.validate().map_err(|e| e.in_dir(dir))?;
         Ok(cfg)
     }
 
@@ -107,117 +111,29 @@ impl SiglipVisionConfig {
     }
 }
 
-fn qwen2_vocab_size() -> i64 {
-    151_936
-}
-fn qwen2_max_position_embeddings() -> i64 {
-    32_768
-}
-fn qwen2_hidden_act() -> String {
-    "silu".into()
-}
-fn qwen2_rope_theta() -> f64 {
-    10_000.0
-}
+/// What the vision tower accepts, for the refusal messages.
+const SUPPORTED_VISION: &str = "siglip and siglip_vision_model towers (SigLIP, and SigLIP-2's \
+                                fixed-resolution checkpoints, which share its architecture)";
 
-/// Qwen2 / Qwen2.5 causal LM: `Qwen2Config`.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct Qwen2Config {
-    #[serde(default = "qwen2_vocab_size")]
-    pub vocab_size: i64,
-    pub hidden_size: i64,
-    pub intermediate_size: i64,
-    pub num_hidden_layers: i64,
-    pub num_attention_heads: i64,
-    /// Defaults to `num_attention_heads` (no GQA) when absent.
-    #[serde(default)]
-    pub num_key_value_heads: Option<i64>,
-    /// Defaults to `hidden_size / num_attention_heads` when absent.
-    #[serde(default)]
-    pub head_dim: Option<i64>,
-    #[serde(default = "qwen2_hidden_act")]
-    pub hidden_act: String,
-    #[serde(default = "qwen2_max_position_embeddings")]
-    pub max_position_embeddings: i64,
-    #[serde(default = "layer_norm_eps")]
-    pub rms_norm_eps: f64,
-    /// Top level in released Qwen2.5 configs; newer transformers writes `rope_parameters`.
-    #[serde(default)]
-    pub rope_theta: Option<f64>,
-    #[serde(default)]
-    pub rope_parameters: Option<RopeParameters>,
-    #[serde(default)]
-    pub tie_word_embeddings: bool,
-}
-
-/// `rope_parameters` as newer transformers writes it (only the default rope type is supported).
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct RopeParameters {
-    #[serde(default)]
-    pub rope_theta: Option<f64>,
-    #[serde(default)]
-    pub rope_type: Option<String>,
-}
-
-impl Qwen2Config {
-    pub fn from_dir(dir: &Path) -> Result<Self> {
-        let path = dir.join("config.json");
-        let cfg: Self = parse(&path, read_json(&path)?)?;
-        cfg.validate()?;
-        Ok(cfg)
-    }
-
-    pub fn validate(&self) -> Result<()> {
-        let kv = self.kv_heads();
-        if kv <= 0 || self.num_attention_heads % kv != 0 {
-            return Err(ModelError::InvalidConfig(format!(
-                "num_attention_heads {} is not a multiple of num_key_value_heads {kv}",
-                self.num_attention_heads
-            )));
+/// Accepts `siglip` and `siglip_vision_model`; refuses anything else with the folder, the
+/// `model_type` and what is supported.
+fn check_vision_model_type(dir: &Path, value: &serde_json::Value) -> Result<()> {
+    let model_type = value.get("model_type").and_then(|v| v.as_str());
+    let reason = match model_type {
+        Some("siglip" | "siglip_vision_model") => return Ok(()),
+        Some("siglip2" | "siglip2_vision_model") => {
+            "SigLIP-2 NaFlex (native aspect ratio: a linear patch embedding over pre-patchified \
+             pixels and a resized position grid) is not supported"
         }
-        if self.head_dim() % 2 != 0 {
-            return Err(ModelError::InvalidConfig(format!(
-                "head_dim {} is odd; rotary embeddings need an even head_dim",
-                self.head_dim()
-            )));
-        }
-        if self.hidden_act != "silu" {
-            return Err(ModelError::InvalidConfig(format!(
-                "LM hidden_act `{}` is not supported (silu)",
-                self.hidden_act
-            )));
-        }
-        if let Some(kind) = self
-            .rope_parameters
-            .as_ref()
-            .and_then(|r| r.rope_type.as_deref())
-        {
-            if kind != "default" {
-                return Err(ModelError::InvalidConfig(format!(
-                    "rope_type `{kind}` is not supported (default)"
-                )));
-            }
-        }
-        Ok(())
-    }
-
-    pub fn kv_heads(&self) -> i64 {
-        self.num_key_value_heads.unwrap_or(self.num_attention_heads)
-    }
-
-    pub fn head_dim(&self) -> i64 {
-        self.head_dim
-            .unwrap_or(self.hidden_size / self.num_attention_heads)
-    }
-
-    /// `rope_parameters.rope_theta`, else top-level `rope_theta`, else 10,000.
-    pub fn rope_theta(&self) -> f64 {
-        self.rope_parameters
-            .as_ref()
-            .and_then(|r| r.rope_theta)
-            .or(self.rope_theta)
-            .unwrap_or_else(qwen2_rope_theta)
-    }
+        Some(_) => "this vision tower type is not supported",
+        None => "config.json has no model_type",
+    };
+    Err(ModelError::Unsupported {
+        dir: dir.to_path_buf(),
+        model_type: model_type.unwrap_or("").to_string(),
+        reason: reason.to_string(),
+        supported: SUPPORTED_VISION,
+    })
 }
 
 fn lora_r() -> i64 {
@@ -306,7 +222,7 @@ impl LoraConfig {
         for t in &self.target_modules {
             if !lora_targets().contains(t) {
                 return Err(ModelError::InvalidConfig(format!(
-                    "LoRA target `{t}` is not a Qwen2 linear layer"
+                    "LoRA target `{t}` is not a linear layer of the language model"
                 )));
             }
         }
@@ -325,7 +241,10 @@ pub fn read_json(path: &Path) -> Result<serde_json::Value> {
     })
 }
 
-fn parse<T: serde::de::DeserializeOwned>(path: &Path, value: serde_json::Value) -> Result<T> {
+pub(super) fn parse<T: serde::de::DeserializeOwned>(
+    path: &Path,
+    value: serde_json::Value,
+) -> Result<T> {
     serde_json::from_value(value).map_err(|source| ModelError::Json {
         path: path.into(),
         source,

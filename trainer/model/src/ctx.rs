@@ -5,13 +5,14 @@
 //! [`VlmCtx::ready`] joins them to the compute stream, so the trainer prepares micro-batch k+1
 //! while k computes; [`VlmCtx::new`] does both at once.
 use super::attention::{block_causal_mask, row_spans, Span};
-use super::config::{Qwen2Config, SiglipVisionConfig};
 use super::rope::rotary_tables;
-use super::side_stream::SideUpload;
+use super::side_stream::{pinned, SideUpload};
 use super::siglip;
 use super::varlen::{use_varlen, Varlen};
+use super::vlm::Vlm;
 use super::{ModelError, Result};
 use pipeline::{MicroBatch, IGNORE_INDEX};
+use std::sync::Mutex;
 use tch::{Device, Kind, Tensor};
 
 pub struct VlmCtx {
@@ -45,34 +46,33 @@ pub struct VlmCtx {
     /// LoRA dropout seed for this micro-batch; `None` (the default) runs without dropout.
     pub dropout_seed: Option<u64>,
     pub sample_ids: Vec<String>,
+    /// Set by [`Self::set_loss_groups`] (a mixture's sources): each supervised position's group
+    /// `[supervised]` i64 and the number of groups. The head then sums the token loss per
+    /// group into [`Self::take_group_loss`].
+    pub loss_groups: Option<(Tensor, i64)>,
+    group_loss: std::sync::Mutex<Option<Tensor>>,
     /// Uploads still on the side stream (CUDA, between `prepare` and `ready`).
     uploads: Option<SideUpload>,
+    /// `cos`/`sin` cast to the decoder's compute dtype, made by the first layer that asks
+    /// (every layer and its recompute reads the same pair: one cast per micro-batch instead of
+    /// four per layer).
+    rotary_cast: Mutex<Option<(Kind, Tensor, Tensor)>>,
 }
 
 impl VlmCtx {
-    /// Validates `mb` against the model's configs and placeholder id (lengths, token ids,
-    /// image size, placeholder count) and builds the context on `device`, ready to use.
-    pub fn new(
-        mb: &MicroBatch,
-        vision: &SiglipVisionConfig,
-        lm: &Qwen2Config,
-        image_token_id: i64,
-        device: Device,
-    ) -> Result<Self> {
-        let mut ctx = Self::prepare(mb, vision, lm, image_token_id, device)?;
+    /// Validates `mb` against `vlm`'s configs and placeholder id (lengths, token ids, image
+    /// size, placeholder count) and builds the context on `device`, ready to use.
+    pub fn new(mb: &MicroBatch, vlm: &Vlm, device: Device) -> Result<Self> {
+        let mut ctx = Self::prepare(mb, vlm, device)?;
         ctx.ready()?;
         Ok(ctx)
     }
 
     /// [`Self::new`] with the uploads left in flight on a CUDA side stream: call
     /// [`Self::ready`] before the first unit runs on it. Same as `new` on the CPU.
-    pub fn prepare(
-        mb: &MicroBatch,
-        vision: &SiglipVisionConfig,
-        lm: &Qwen2Config,
-        image_token_id: i64,
-        device: Device,
-    ) -> Result<Self> {
+    pub fn prepare(mb: &MicroBatch, vlm: &Vlm, device: Device) -> Result<Self> {
+        let (vision, lm) = (&vlm.vision, &vlm.lm);
+        let image_token_id = vlm.options.image_token_id;
         let bad = |reason: String| ModelError::BadBatch {
             samples: mb.sample_ids.clone(),
             reason,
@@ -90,7 +90,8 @@ impl VlmCtx {
                 )));
             }
         }
-        let vocab = lm.vocab_size;
+        // The checkpoint's vocabulary and the tokens ingest added past it.
+        let vocab = lm.vocab_size + vlm.options.added_tokens;
         if let Some(id) = mb.input_ids.iter().find(|&&id| id < 0 || id >= vocab) {
             return Err(bad(format!(
                 "token id {id} is outside the vocabulary of {vocab}"
@@ -142,7 +143,7 @@ impl VlmCtx {
                 )));
             }
             let shape = [mb.num_images as i64, 3, side, side];
-            let raw = upload(Tensor::from_slice(&mb.pixels).view(shape), device);
+            let raw = upload(Tensor::from_slice(&mb.pixels).view(shape), device)?;
             Some(siglip::normalize_pixels(&raw))
         } else {
             None
@@ -150,8 +151,8 @@ impl VlmCtx {
 
         let shape = [mb.rows as i64, mb.row_len as i64];
         let ids = |v: &[i64]| upload(Tensor::from_slice(v).view(shape), device);
-        let positions = ids(&mb.positions);
-        let segments = upload(Tensor::from_slice(&mb.segment_ids).view(shape), device);
+        let positions = ids(&mb.positions)?;
+        let segments = upload(Tensor::from_slice(&mb.segment_ids).view(shape), device)?;
         let spans = row_spans(&mb.segment_ids, mb.rows, mb.row_len);
         let varlen = use_varlen(device);
         let (cos, sin) = rotary_tables(&positions, lm.head_dim(), lm.rope_theta());
@@ -159,13 +160,15 @@ impl VlmCtx {
             .filter(|&i| mb.labels[i as usize] != IGNORE_INDEX)
             .collect();
         let targets: Vec<i64> = supervised.iter().map(|&i| mb.labels[i as usize]).collect();
-        let input_ids = ids(&mb.input_ids);
-        let labels = ids(&mb.labels);
+        let input_ids = ids(&mb.input_ids)?;
+        let labels = ids(&mb.labels)?;
         let mask = (device != Device::Cpu && !varlen).then(|| block_causal_mask(&segments));
-        let varlen = varlen.then(|| Varlen::from_spans(&spans, shape[1], device));
-        let placeholder_index = upload(Tensor::from_slice(&placeholders), device);
-        let supervised_index = upload(Tensor::from_slice(&supervised), device);
-        let targets = upload(Tensor::from_slice(&targets), device);
+        let varlen = varlen
+            .then(|| Varlen::from_spans(&spans, shape[1], device))
+            .transpose()?;
+        let placeholder_index = upload(Tensor::from_slice(&placeholders), device)?;
+        let supervised_index = upload(Tensor::from_slice(&supervised), device)?;
+        let targets = upload(Tensor::from_slice(&targets), device)?;
         if let Some(u) = uploads.as_mut() {
             u.end()?;
         }
@@ -186,7 +189,10 @@ impl VlmCtx {
             pixel_values,
             dropout_seed: None,
             sample_ids: mb.sample_ids.clone(),
+            loss_groups: None,
+            group_loss: std::sync::Mutex::new(None),
             uploads,
+            rotary_cast: Mutex::new(None),
         })
     }
 
@@ -209,6 +215,58 @@ impl VlmCtx {
         tensors.extend(self.pixel_values.iter());
         tensors.extend(self.varlen.iter().map(|v| &v.cu_seqlens));
         uploads.wait(&tensors)
+    }
+
+    /// The rotary tables in `kind` (the decoder's compute dtype): `cos` and `sin` themselves
+    /// for f32, else a cast made once and shared by every layer of the micro-batch.
+    pub fn rotary_as(&self, kind: Kind) -> (Tensor, Tensor) {
+        if self.cos.kind() == kind {
+            return (self.cos.shallow_clone(), self.sin.shallow_clone());
+        }
+        let mut cached = self
+            .rotary_cast
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        match cached.as_ref() {
+            Some((k, cos, sin)) if *k == kind => (cos.shallow_clone(), sin.shallow_clone()),
+            _ => {
+                let (cos, sin) = (self.cos.to_kind(kind), self.sin.to_kind(kind));
+                *cached = Some((kind, cos.shallow_clone(), sin.shallow_clone()));
+                (cos, sin)
+            }
+        }
+    }
+
+    /// Asks the head to sum the token loss per group: `groups[k]` is the group of the k-th
+    /// supervised position (row-major, as `supervised_index`), in `0..count`.
+    pub fn set_loss_groups(&mut self, groups: &[i64], count: i64) -> Result<()> {
+        if groups.len() as i64 != self.supervised || groups.iter().any(|&g| g < 0 || g >= count) {
+            return Err(ModelError::BadBatch {
+                samples: self.sample_ids.clone(),
+                reason: format!(
+                    "{} loss groups (each in 0..{count}) for {} supervised positions",
+                    groups.len(),
+                    self.supervised
+                ),
+            });
+        }
+        let device = self.input_ids.device();
+        self.loss_groups = Some((upload(Tensor::from_slice(groups), device)?, count));
+        Ok(())
+    }
+
+    /// The head's per-group loss sums (see [`Self::set_loss_groups`]).
+    pub(crate) fn put_group_loss(&self, sums: Tensor) {
+        if let Ok(mut slot) = self.group_loss.lock() {
+            *slot = Some(sums);
+        }
+    }
+
+    /// The summed token loss of each loss group of the last forward (`None` without groups,
+    /// or when no supervised token ran through the head).
+    pub fn take_group_loss(&self) -> Option<Vec<f64>> {
+        let sums = self.group_loss.lock().ok()?.take()?;
+        Vec::<f64>::try_from(sums.to_kind(Kind::Double).to_device(Device::Cpu)).ok()
     }
 
     /// Turns on LoRA dropout with masks drawn from `seed` (use a different seed per
@@ -237,12 +295,11 @@ impl VlmCtx {
 /// kernels while the DMA runs, and the stream orders the copy before the kernels that read it
 /// (PyTorch's pinned allocator keeps the host block until the copy is done). Elsewhere a plain
 /// copy (a no-op on the CPU).
-pub(super) fn upload(host: Tensor, device: Device) -> Tensor {
+pub(super) fn upload(host: Tensor, device: Device) -> Result<Tensor> {
     if device.is_cuda() {
         let kind = host.kind();
-        host.pin_memory(device)
-            .to_device_(device, kind, true, false)
+        Ok(pinned(&host)?.to_device_(device, kind, true, false))
     } else {
-        host.to_device(device)
+        Ok(host.to_device(device))
     }
 }

@@ -3,9 +3,13 @@
 use serde::{Deserialize, Serialize};
 
 /// A floating-point dtype, by the names PyTorch users type.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(
+    feature = "clap",
+    derive(clap::ValueEnum),
+    value(rename_all = "snake_case")
+)]
 #[serde(rename_all = "snake_case")]
-#[value(rename_all = "snake_case")]
 pub enum Dtype {
     /// bfloat16: f32's range, 8 bits of mantissa.
     Bf16,

@@ -10,10 +10,12 @@
 //! tensor at a time as they are taken in, so the model is never in memory twice; the
 //! activations run in that dtype (bf16 products as `gemm.rs` computes them), and tokens are
 //! picked from f32 logits.
-use super::config::{LoraConfig, Qwen2Config, SiglipVisionConfig};
-use super::qwen2::{self, DecoderLayer, LayerKv};
+use super::config::{LoraConfig, SiglipVisionConfig};
+use super::decoder::{DecoderLayer, LayerKv};
+use super::lm_config::LmConfig;
 use super::rope::rotary_tables;
 use super::siglip::{self, VisionTower};
+use super::vocab;
 use super::{projector, ModelError, Result, Vlm};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -29,7 +31,7 @@ pub struct GenerateOptions {
     /// Nucleus: sample among the most likely tokens whose probabilities sum to `top_p`.
     pub top_p: f64,
     pub seed: u64,
-    /// Generation ends after emitting one of these (e.g. `<|endoftext|>`, `<|im_end|>`).
+    /// Generation ends after emitting one of these (the tokenizer's end of sequence, `<|im_end|>`).
     pub stop_ids: Vec<i64>,
     /// Cache keys and values (the default) or recompute the prefix at every step.
     pub kv_cache: bool,
@@ -60,13 +62,15 @@ pub struct Generation {
 
 /// The model and its parameters (one dtype, on their device), ready to generate.
 pub struct Generator {
-    vision: SiglipVisionConfig,
-    lm: Qwen2Config,
+    /// The vision tower (`None` for a language model alone, which takes no images).
+    vision: Option<(SiglipVisionConfig, VisionTower)>,
+    lm: LmConfig,
     tied: bool,
+    /// Ids the model scores: the checkpoint's vocabulary plus the added tokens.
+    vocab: i64,
     lora: Option<LoraConfig>,
     image_token_id: i64,
     params: ParamMap,
-    tower: VisionTower,
     layers: Vec<DecoderLayer>,
 }
 
@@ -80,50 +84,48 @@ impl Generator {
     /// [`Self::new`] holding the weights in `kind` (`Float` or `BFloat16`): each parameter is
     /// converted in place, its source dropped as its converted copy replaces it (a parameter
     /// already in `kind` is kept as is).
-    pub fn with_kind(vlm: &Vlm, mut params: ParamMap, kind: Kind) -> Result<Self> {
-        if !matches!(kind, Kind::Float | Kind::BFloat16) {
-            return Err(ModelError::InvalidConfig(format!(
-                "generation runs in f32 or bf16, not {kind:?}"
-            )));
-        }
-        for spec in vlm.param_specs() {
-            match params.get_mut(&spec.name) {
-                Some(t) if t.size() == spec.shape => *t = t.detach().to_kind(kind),
-                Some(t) => {
-                    return Err(ModelError::InvalidConfig(format!(
-                        "generation parameter `{}` has shape {:?}, the model needs {:?}",
-                        spec.name,
-                        t.size(),
-                        spec.shape
-                    )))
-                }
-                None => {
-                    return Err(ModelError::InvalidConfig(format!(
-                        "generation parameter `{}` is missing",
-                        spec.name
-                    )))
-                }
-            }
-        }
+    pub fn with_kind(vlm: &Vlm, params: ParamMap, kind: Kind) -> Result<Self> {
+        let params = converted(&vlm.param_specs(), params, kind)?;
         Ok(Self {
-            tower: VisionTower::new(&vlm.vision),
+            vision: Some((vlm.vision.clone(), VisionTower::new(&vlm.vision))),
             layers: (0..vlm.lm.num_hidden_layers)
                 .map(|i| DecoderLayer::new(&vlm.lm, i))
                 .collect(),
-            vision: vlm.vision.clone(),
             lm: vlm.lm.clone(),
             tied: vlm.tied,
+            vocab: vlm.lm.vocab_size + vlm.options.added_tokens,
             lora: vlm.options.lora.clone(),
             image_token_id: vlm.options.image_token_id,
             params,
         })
     }
 
-    pub fn vision(&self) -> &SiglipVisionConfig {
-        &self.vision
+    /// A language model alone (text in, text out): `params` holds every tensor of its
+    /// checkpoint ([`crate::lm_checkpoint_specs`]), held in `kind` (`Float` or `BFloat16`).
+    pub fn language_model(lm: &LmConfig, params: ParamMap, kind: Kind) -> Result<Self> {
+        let specs = crate::init::lm_checkpoint_specs(lm);
+        let params = converted(&specs, params, kind)?;
+        Ok(Self {
+            vision: None,
+            layers: (0..lm.num_hidden_layers)
+                .map(|i| DecoderLayer::new(lm, i))
+                .collect(),
+            lm: lm.clone(),
+            tied: lm.tie_word_embeddings,
+            vocab: lm.vocab_size,
+            lora: None,
+            // No image placeholder: no id equals it.
+            image_token_id: -1,
+            params,
+        })
     }
 
-    pub fn lm(&self) -> &Qwen2Config {
+    /// The vision tower's config (`None` for a language model alone).
+    pub fn vision(&self) -> Option<&SiglipVisionConfig> {
+        self.vision.as_ref().map(|(cfg, _)| cfg)
+    }
+
+    pub fn lm(&self) -> &LmConfig {
         &self.lm
     }
 
@@ -147,31 +149,45 @@ impl Generator {
     }
 
     /// Projected image tokens `[images * tokens, D]` of u8 CHW pixels `[images, 3, s, s]`.
-    fn image_embeds(&self, pixels: &[u8], images: i64) -> Tensor {
-        let side = self.vision.image_size;
+    fn image_embeds(
+        &self,
+        (vision, tower): &(SiglipVisionConfig, VisionTower),
+        pixels: &[u8],
+        images: i64,
+    ) -> Tensor {
+        let side = vision.image_size;
         let raw = Tensor::from_slice(pixels)
             .view([images, 3, side, side])
             .to_device(self.device());
-        let features = self
-            .tower
-            .features(&self.params, &siglip::normalize_pixels(&raw));
+        let features = tower.features(&self.params, &siglip::normalize_pixels(&raw));
         projector::forward(&self.params, &features).reshape([-1, self.lm.hidden_size])
     }
 
     /// Input embeddings `[1, len, D]` of `ids` with the image tokens of `pixels` (one image per
     /// `num_patches` placeholders, in order) at the placeholder positions.
     fn prompt_embeds(&self, ids: &[i64], pixels: &[u8]) -> Result<Tensor> {
-        let vocab = self.lm.vocab_size;
+        let vocab = self.vocab;
         if let Some(id) = ids.iter().find(|&&id| id < 0 || id >= vocab) {
             return Err(ModelError::InvalidConfig(format!(
                 "prompt token {id} is outside the vocabulary of {vocab}"
             )));
         }
-        let tokens = self.vision.num_patches();
-        let side = self.vision.image_size;
         let placeholders: Vec<i64> = (0..ids.len() as i64)
             .filter(|&i| ids[i as usize] == self.image_token_id)
             .collect();
+        let Some(vision) = &self.vision else {
+            if pixels.is_empty() {
+                let input = Tensor::from_slice(ids)
+                    .view([1, -1])
+                    .to_device(self.device());
+                return Ok(vocab::embed(&self.params, &input));
+            }
+            return Err(ModelError::InvalidConfig(
+                "a language model alone takes no images".into(),
+            ));
+        };
+        let tokens = vision.0.num_patches();
+        let side = vision.0.image_size;
         let per_image = (3 * side * side) as usize;
         let images = (pixels.len() / per_image) as i64;
         if pixels.len() != images as usize * per_image
@@ -186,7 +202,7 @@ impl Generator {
         }
         let device = self.device();
         let input = Tensor::from_slice(ids).view([1, -1]).to_device(device);
-        let embeds = qwen2::embed(&self.params, &input);
+        let embeds = vocab::embed(&self.params, &input);
         if images == 0 {
             return Ok(embeds);
         }
@@ -194,7 +210,7 @@ impl Generator {
         let d = self.lm.hidden_size;
         Ok(embeds
             .reshape([-1, d])
-            .index_copy(0, &index, &self.image_embeds(pixels, images))
+            .index_copy(0, &index, &self.image_embeds(vision, pixels, images))
             .view([1, -1, d]))
     }
 
@@ -229,7 +245,7 @@ impl Generator {
         tch::no_grad(|| {
             let x = self.prompt_embeds(ids, pixels)?;
             let h = self.decode(&x, &mut self.fresh_cache());
-            Ok(qwen2::logits(&self.lm, &self.params, self.tied, &h)
+            Ok(vocab::logits(&self.lm, &self.params, self.tied, &h)
                 .squeeze_dim(0)
                 .to_kind(Kind::Float))
         })
@@ -265,7 +281,7 @@ impl Generator {
                 self.decode(&sequence, &mut self.fresh_cache())
             };
             let last = h.narrow(1, h.size()[1] - 1, 1).squeeze_dim(0);
-            let step = qwen2::logits(&self.lm, &self.params, self.tied, &last)
+            let step = vocab::logits(&self.lm, &self.params, self.tied, &last)
                 .squeeze_dim(0)
                 .to_kind(Kind::Float)
                 .to_device(Device::Cpu);
@@ -279,13 +295,13 @@ impl Generator {
             let input = Tensor::from_slice(&[token])
                 .view([1, 1])
                 .to_device(self.device());
-            next_input = qwen2::embed(&self.params, &input);
+            next_input = vocab::embed(&self.params, &input);
             if !options.kv_cache {
                 sequence = Tensor::cat(&[&sequence, &next_input], 1);
             }
         }
         let step_logits = if logits.is_empty() {
-            Tensor::zeros([0, self.lm.vocab_size], (Kind::Float, Device::Cpu))
+            Tensor::zeros([0, self.vocab], (Kind::Float, Device::Cpu))
         } else {
             Tensor::stack(&logits, 0)
         };
@@ -295,6 +311,40 @@ impl Generator {
             stopped,
         })
     }
+}
+
+/// `params` checked against `specs` (each present, with its shape) and converted to `kind`
+/// (`Float` or `BFloat16`) in place, each source dropped as its copy replaces it.
+fn converted(
+    specs: &[tessera_fsdp::ParamSpec],
+    mut params: ParamMap,
+    kind: Kind,
+) -> Result<ParamMap> {
+    if !matches!(kind, Kind::Float | Kind::BFloat16) {
+        return Err(ModelError::InvalidConfig(format!(
+            "generation runs in f32 or bf16, not {kind:?}"
+        )));
+    }
+    for spec in specs {
+        match params.get_mut(&spec.name) {
+            Some(t) if t.size() == spec.shape => *t = t.detach().to_kind(kind),
+            Some(t) => {
+                return Err(ModelError::InvalidConfig(format!(
+                    "generation parameter `{}` has shape {:?}, the model needs {:?}",
+                    spec.name,
+                    t.size(),
+                    spec.shape
+                )))
+            }
+            None => {
+                return Err(ModelError::InvalidConfig(format!(
+                    "generation parameter `{}` is missing",
+                    spec.name
+                )))
+            }
+        }
+    }
+    Ok(params)
 }
 
 /// The next token from `logits` `[vocab]`: argmax at temperature 0, else a draw from the

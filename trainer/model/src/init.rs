@@ -1,11 +1,13 @@
 //! Random-weight Hugging Face checkpoints for tests and the demo (`tessera init-model`):
-//! `vision/` (a `SiglipVisionModel` without pooling head) and `lm/` (a `Qwen2ForCausalLM`),
+//! `vision/` (a `SiglipVisionModel` without pooling head) and `lm/` (a `Qwen2ForCausalLM`,
+//! `Qwen3ForCausalLM` or `LlamaForCausalLM`),
 //! each a `config.json` transformers reads plus a `model.safetensors`. Weights are seeded:
 //! matrices and embeddings N(0, 0.02²) (transformers' `initializer_range`), biases
 //! N(0, 0.02²), norm weights 1 + N(0, 0.02²), except the tiny preset's language model, which
 //! is drawn at a trained model's scale (see [`LmInit`]).
-use super::config::{Qwen2Config, SiglipVisionConfig};
-use super::{qwen2, siglip, weights, ModelError, Result};
+use super::config::SiglipVisionConfig;
+use super::lm_config::{LmConfig, LmFamily};
+use super::{decoder, siglip, vocab, weights, ModelError, Result};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use std::collections::BTreeMap;
@@ -28,7 +30,11 @@ pub enum Preset {
 }
 
 impl Preset {
-    pub fn configs(self) -> (SiglipVisionConfig, Qwen2Config) {
+    /// The preset's tower and LM, the LM of `family`: Qwen2 as Qwen2.5 (q/k/v bias, tied,
+    /// RoPE base 1e6); Qwen3 as Qwen3 (no bias, q/k norms, an explicit `head_dim` twice
+    /// hidden/heads as in Qwen3-0.6B, tied, 1e6); Llama as SmolLM2 (no bias, RoPE base 1e5,
+    /// RMSNorm eps 1e-5) but untied, so the untied head of the family is exercised too.
+    pub fn configs(self, family: LmFamily) -> (SiglipVisionConfig, LmConfig) {
         let vision = |hidden, ff, layers, heads, image, patch| SiglipVisionConfig {
             hidden_size: hidden,
             intermediate_size: ff,
@@ -40,20 +46,32 @@ impl Preset {
             hidden_act: "gelu_pytorch_tanh".into(),
             layer_norm_eps: 1e-6,
         };
-        let lm = |hidden, ff, layers, heads, kv, max_pos| Qwen2Config {
-            vocab_size: 151_936,
-            hidden_size: hidden,
-            intermediate_size: ff,
-            num_hidden_layers: layers,
-            num_attention_heads: heads,
-            num_key_value_heads: Some(kv),
-            head_dim: None,
-            hidden_act: "silu".into(),
-            max_position_embeddings: max_pos,
-            rms_norm_eps: 1e-6,
-            rope_theta: Some(1_000_000.0),
-            rope_parameters: None,
-            tie_word_embeddings: true,
+        let lm = |hidden: i64, ff, layers, heads: i64, kv, max_pos| {
+            let (head_dim, rope_theta, eps, tied) = match family {
+                LmFamily::Qwen2 => (None, 1e6, 1e-6, true),
+                LmFamily::Qwen3 => (Some(2 * hidden / heads), 1e6, 1e-6, true),
+                LmFamily::Llama => (None, 1e5, 1e-5, false),
+            };
+            LmConfig {
+                model_type: family,
+                vocab_size: 151_936,
+                hidden_size: hidden,
+                intermediate_size: ff,
+                num_hidden_layers: layers,
+                num_attention_heads: heads,
+                num_key_value_heads: Some(kv),
+                head_dim,
+                hidden_act: "silu".into(),
+                max_position_embeddings: max_pos,
+                rms_norm_eps: eps,
+                rope_theta: Some(rope_theta),
+                rope_parameters: None,
+                rope_scaling: None,
+                attention_bias: (family != LmFamily::Qwen2).then_some(false),
+                mlp_bias: (family == LmFamily::Llama).then_some(false),
+                use_sliding_window: (family != LmFamily::Llama).then_some(false),
+                tie_word_embeddings: tied,
+            }
         };
         match self {
             Preset::Tiny => (vision(64, 128, 3, 4, 64, 8), lm(128, 256, 2, 4, 2, 4096)),
@@ -121,7 +139,7 @@ impl LmInit {
             LmInit::TrainedScale { embed_std } => embed_std,
         };
         let is_matrix = spec.shape.len() == 2;
-        if spec.name == qwen2::EMBED || spec.name == qwen2::LM_HEAD {
+        if spec.name == vocab::EMBED || spec.name == vocab::LM_HEAD {
             Draw {
                 offset: 0.0,
                 std: embed_std,
@@ -173,16 +191,16 @@ pub(super) fn random_params_by(
     out
 }
 
-/// Every tensor of a complete Qwen2ForCausalLM checkpoint (no `lm_head.weight` when tied).
-pub fn lm_checkpoint_specs(cfg: &Qwen2Config) -> Vec<ParamSpec> {
-    let mut specs = qwen2::embed_specs(cfg);
+/// Every tensor of a complete causal LM checkpoint of `cfg`'s family (no `lm_head.weight` when tied).
+pub fn lm_checkpoint_specs(cfg: &LmConfig) -> Vec<ParamSpec> {
+    let mut specs = vocab::embed_specs(cfg, 0);
     for i in 0..cfg.num_hidden_layers {
-        specs.extend(qwen2::DecoderLayer::new(cfg, i).specs(None));
+        specs.extend(decoder::DecoderLayer::new(cfg, i).specs(None));
     }
     specs.extend(
-        qwen2::head_specs(cfg, cfg.tie_word_embeddings)
+        vocab::head_specs(cfg, cfg.tie_word_embeddings, 0)
             .into_iter()
-            .filter(|s| s.name != qwen2::EMBED),
+            .filter(|s| s.name != vocab::EMBED),
     );
     specs
 }
@@ -207,30 +225,6 @@ pub(super) fn vision_config_json(cfg: &SiglipVisionConfig) -> serde_json::Value 
     })
 }
 
-/// `config.json` of a `Qwen2ForCausalLM` (top-level `rope_theta`, as released Qwen2.5 configs).
-pub(super) fn lm_config_json(cfg: &Qwen2Config) -> serde_json::Value {
-    serde_json::json!({
-        "architectures": ["Qwen2ForCausalLM"],
-        "model_type": "qwen2",
-        "vocab_size": cfg.vocab_size,
-        "hidden_size": cfg.hidden_size,
-        "intermediate_size": cfg.intermediate_size,
-        "num_hidden_layers": cfg.num_hidden_layers,
-        "num_attention_heads": cfg.num_attention_heads,
-        "num_key_value_heads": cfg.kv_heads(),
-        "hidden_act": cfg.hidden_act,
-        "max_position_embeddings": cfg.max_position_embeddings,
-        "rms_norm_eps": cfg.rms_norm_eps,
-        "rope_theta": cfg.rope_theta(),
-        "tie_word_embeddings": cfg.tie_word_embeddings,
-        "use_sliding_window": false,
-        "attention_dropout": 0.0,
-        "bos_token_id": shards::chat::END_OF_TEXT_ID,
-        "eos_token_id": shards::chat::END_OF_TEXT_ID,
-        "torch_dtype": "float32",
-    })
-}
-
 fn write_dir(dir: &Path, config: &serde_json::Value, params: &ParamMap) -> Result<()> {
     std::fs::create_dir_all(dir).map_err(|source| ModelError::Io {
         path: dir.into(),
@@ -246,8 +240,8 @@ fn write_dir(dir: &Path, config: &serde_json::Value, params: &ParamMap) -> Resul
 }
 
 /// Writes `out/vision` and `out/lm` for `preset`; returns the number of parameters written.
-pub fn write_preset(out: &Path, preset: Preset, seed: u64) -> Result<i64> {
-    let (vision, lm) = preset.configs();
+pub fn write_preset(out: &Path, preset: Preset, family: LmFamily, seed: u64) -> Result<i64> {
+    let (vision, lm) = preset.configs(family);
     write_checkpoints_with(out, &vision, &lm, preset.lm_init(), seed)
 }
 
@@ -255,7 +249,7 @@ pub fn write_preset(out: &Path, preset: Preset, seed: u64) -> Result<i64> {
 pub fn write_checkpoints(
     out: &Path,
     vision: &SiglipVisionConfig,
-    lm: &Qwen2Config,
+    lm: &LmConfig,
     seed: u64,
 ) -> Result<i64> {
     write_checkpoints_with(out, vision, lm, LmInit::Uniform(INIT_STD), seed)
@@ -265,7 +259,7 @@ pub fn write_checkpoints(
 pub(super) fn write_checkpoints_with(
     out: &Path,
     vision: &SiglipVisionConfig,
-    lm: &Qwen2Config,
+    lm: &LmConfig,
     lm_init: LmInit,
     seed: u64,
 ) -> Result<i64> {
@@ -280,7 +274,7 @@ pub(super) fn write_checkpoints_with(
     let params = random_params_by(&lm_checkpoint_specs(lm), seed.wrapping_add(1), |spec| {
         lm_init.draw(spec)
     });
-    write_dir(&out.join("lm"), &lm_config_json(lm), &params)?;
+    write_dir(&out.join("lm"), &lm.hf_json(), &params)?;
     total += count(&params);
     Ok(total)
 }

@@ -7,8 +7,9 @@
 //! 1. `config.rs`: `config.json` structs (HF field names, HF defaults for sparse Hub configs).
 //! 2. `weights.rs`: safetensors loading (single file or sharded index) and writing;
 //!    `source.rs`: [`VlmInit`], the checkpoints as FSDP's per-rank, slice-by-slice source.
-//! 3. `siglip.rs` (vision tower), `projector.rs` (`mlp2x_gelu`), `qwen2.rs` (the LM, with
-//!    `rope.rs`, `attention.rs` and `lora.rs` adapters), `loss.rs` (chunked cross-entropy);
+//! 3. `siglip.rs` (vision tower), `projector.rs` (`mlp2x_gelu`), `decoder.rs` (the LM: one
+//!    decoder for Qwen2, Qwen3 and Llama, switched by `lm_config.rs`; with `rope.rs`,
+//!    `attention.rs` and `lora.rs` adapters), `loss.rs` (chunked cross-entropy);
 //!    `keys.rs` builds their checkpoint keys as paths, each spelled once.
 //! 4. `vlm.rs`: the unit chain (`vision.embeddings`, `vision.layers.{i}`, `projector`, `embed`,
 //!    `layers.{i}`, `head`; `vlm_units.rs`) that FSDP runs over the per-micro-batch context
@@ -16,7 +17,7 @@
 //! 5. `generator.rs`: [`Generator`], inference with a KV cache (greedy or top-p) over weights
 //!    held in one dtype, and beside it `caption.rs`: [`Captioner`], the generator with its
 //!    tokenizer, chat template and image loader (what `tessera generate` runs; tessera-train's
-//!    `load_for_generation.rs` builds it from a run or an export); `llava.rs` and `sharded.rs`:
+//!    `export/for_generation.rs` builds it from a run or an export); `llava.rs` and `hub_files.rs`:
 //!    transformers' `LlavaForConditionalGeneration` config, keys and streamed, sharded
 //!    checkpoints.
 //! 6. `init.rs`: random-weight checkpoints for `tessera init-model`; `throughput.rs` (feature
@@ -25,18 +26,20 @@ mod attention;
 mod caption;
 mod config;
 mod ctx;
+mod decoder;
 mod dtype;
 mod gemm;
 mod generator;
+mod hub_files;
 mod init;
 mod keys;
 mod llava;
+mod lm_config;
+mod lm_dir;
 mod lora;
 mod loss;
 mod projector;
-mod qwen2;
 mod rope;
-mod sharded;
 mod side_stream;
 mod siglip;
 mod source;
@@ -45,34 +48,38 @@ mod throughput;
 mod varlen;
 mod vlm;
 mod vlm_units;
+mod vocab;
 mod weights;
 
 pub use attention::{attend, attend_spans, block_causal_mask, row_spans, Span};
 pub use caption::{held_out_prompt, image_sample, CaptionError, Captioner, DEFAULT_INSTRUCTION};
 pub use config::read_json as read_config_json;
-pub use config::{LoraConfig, Qwen2Config, RopeParameters, SiglipVisionConfig};
+pub use config::{LoraConfig, SiglipVisionConfig};
 pub use ctx::VlmCtx;
 pub use dtype::Dtype;
 pub use gemm::CpuBf16Gemm;
 pub use generator::{GenerateOptions, Generation, Generator};
+pub use hub_files::{save_hub_files, write_hub_files, HUB_SHARD_BYTES};
 pub use init::{
     lm_checkpoint_specs, random_params, write_checkpoints, write_preset, Preset, INIT_STD,
 };
 pub use llava::{
-    export_specs, llava_config_json, llava_key, load_llava_dir, load_llava_dir_as,
+    added_rows_of, export_specs, llava_config_json, llava_key, load_llava_dir, load_llava_dir_as,
     LLAVA_ADAPTER_DIR,
 };
+pub use lm_config::{LmConfig, LmFamily, RopeParameters, SUPPORTED_LMS};
+pub use lm_dir::load_language_model;
 pub use lora::{
     adapter_keys, init_adapters, load_adapter, merge_adapters, merge_weight, save_adapter,
     save_adapter_as, ADAPTER_CONFIG, ADAPTER_WEIGHTS,
 };
-pub use loss::{chunked_cross_entropy_sum, full_cross_entropy_sum};
-pub use sharded::{save_sharded, write_sharded, HUB_SHARD_BYTES};
+pub use loss::{chunked_cross_entropy, chunked_cross_entropy_sum, full_cross_entropy_sum};
 pub use source::VlmInit;
 #[cfg(feature = "bench")]
 pub use throughput::{measure_throughput, peak_matmul_flops, ThroughputReport};
 pub use varlen::{attend_varlen, emulate_varlen, Varlen};
 pub use vlm::{VisionTraining, Vlm, VlmOptions};
+pub use vocab::{ADDED_EMBED, ADDED_HEAD};
 pub use weights::{
     load_safetensors, read_exact_into, save_safetensors, save_safetensors_as, HfCheckpoint,
 };
@@ -104,6 +111,15 @@ pub enum ModelError {
     NoWeights { dir: PathBuf },
     #[error("{dir}: tensor `{name}` is missing from the checkpoint")]
     MissingTensor { dir: PathBuf, name: String },
+    #[error(
+        "{dir}: tensor `{name}` is missing from the checkpoint (a {model_type} model with this \
+         config.json has it)"
+    )]
+    MissingLmTensor {
+        dir: PathBuf,
+        model_type: String,
+        name: String,
+    },
     #[error("{path}: tensor `{name}` has shape {found:?}, expected {expected:?}")]
     ShapeMismatch {
         path: PathBuf,
@@ -119,6 +135,27 @@ pub enum ModelError {
     },
     #[error("invalid model config: {0}")]
     InvalidConfig(String),
+    /// A config.json tessera reads but whose values do not hold together.
+    #[error("{dir}/config.json: {reason}")]
+    BadConfig { dir: PathBuf, reason: String },
+    /// A model folder of a kind, or with a setting, tessera does not implement.
+    #[error("{dir}: {reason} (model_type {model_type:?}; tessera supports {supported})")]
+    Unsupported {
+        dir: PathBuf,
+        model_type: String,
+        reason: String,
+        supported: &'static str,
+    },
+    #[error(
+        "{dir}: the checkpoint holds {} tensor(s) a {model_type} model with this config.json \
+         does not have: {}", names.len(), names.iter().take(4).map(|n| format!("`{n}`"))
+         .collect::<Vec<_>>().join(", ")
+    )]
+    UnexpectedTensors {
+        dir: PathBuf,
+        model_type: String,
+        names: Vec<String>,
+    },
     #[error("micro-batch of samples {samples:?}: {reason}")]
     BadBatch {
         samples: Vec<String>,
@@ -126,6 +163,19 @@ pub enum ModelError {
     },
     #[error("torch")]
     Torch(#[from] tch::TchError),
+}
+
+impl ModelError {
+    /// An [`ModelError::InvalidConfig`] of the config.json in `dir`, said with the folder.
+    pub(crate) fn in_dir(self, dir: &std::path::Path) -> Self {
+        match self {
+            ModelError::InvalidConfig(reason) => ModelError::BadConfig {
+                dir: dir.to_path_buf(),
+                reason,
+            },
+            other => other,
+        }
+    }
 }
 
 pub(crate) type Result<T, E = ModelError> = std::result::Result<T, E>;

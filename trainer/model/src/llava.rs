@@ -1,6 +1,6 @@
 //! The model as transformers' `LlavaForConditionalGeneration` (5.x) stores it: its
 //! `config.json` (`model_type` "llava", a `vision_config` for the SigLIP tower, a
-//! `text_config` for Qwen2) and its checkpoint keys, which `save_pretrained` writes in the
+//! `text_config` for the LM) and its checkpoint keys, which `save_pretrained` writes in the
 //! Hub's layout (the conversion mapping of `transformers/conversion_mapping.py` renames them
 //! to `model.vision_tower.*`, `model.multi_modal_projector.*`, `model.language_model.*` and
 //! `lm_head.*` when loading):
@@ -10,11 +10,12 @@
 //! | `vision_model.X`               | `vision_tower.X`                           |
 //! | `mm_projector.0.{weight,bias}` | `multi_modal_projector.linear_1.*`         |
 //! | `mm_projector.2.{weight,bias}` | `multi_modal_projector.linear_2.*`         |
-//! | `model.X` (Qwen2)              | `language_model.model.X`                   |
+//! | `model.X` (the LM)             | `language_model.model.X`                   |
 //! | `lm_head.weight` (untied only) | `language_model.lm_head.weight`            |
-use super::config::{read_json, LoraConfig, Qwen2Config, SiglipVisionConfig};
-use super::init::{lm_config_json, vision_config_json};
-use super::{lora, siglip, weights, HfCheckpoint, ModelError, Result, Vlm, VlmOptions};
+use super::config::{read_json, LoraConfig, SiglipVisionConfig};
+use super::init::vision_config_json;
+use super::lm_config::LmConfig;
+use super::{lora, siglip, vocab, weights, HfCheckpoint, ModelError, Result, Vlm, VlmOptions};
 use std::path::Path;
 use tch::{Kind, Tensor};
 use tessera_fsdp::{ParamMap, ParamSpec};
@@ -57,15 +58,37 @@ fn stored_candidates(key: &str) -> Vec<String> {
 
 /// Every tensor an export holds, by tessera key: the complete SigLIP tower without its pooling
 /// head (the last layer and `post_layernorm` included, which training never reads), the
-/// projector and the Qwen2 base weights (no adapters).
+/// projector and the LM's base weights (no adapters), its embedding (and untied head) with the
+/// added tokens' rows appended (see [`added_rows_of`]).
 pub fn export_specs(vlm: &Vlm) -> Vec<ParamSpec> {
     let mut specs = siglip::checkpoint_specs(&vlm.vision);
+    let added = vlm.options.added_tokens;
     specs.extend(
         vlm.param_specs()
             .into_iter()
-            .filter(|s| !s.name.starts_with("vision_model.") && !s.name.contains(".lora_")),
+            .filter(|s| !s.name.starts_with("vision_model.") && !s.name.contains(".lora_"))
+            .filter(|s| !s.name.starts_with("added_tokens."))
+            .map(|mut s| {
+                if added_rows_of(vlm, &s.name).is_some() {
+                    s.shape[0] += added;
+                }
+                s
+            }),
     );
     specs
+}
+
+/// For the embedding (and an untied head) of a model with added tokens, the parameter holding
+/// its added rows: the export writes the checkpoint's rows, then these.
+pub fn added_rows_of(vlm: &Vlm, key: &str) -> Option<&'static str> {
+    if vlm.options.added_tokens <= 0 {
+        return None;
+    }
+    match key {
+        vocab::EMBED => Some(vocab::ADDED_EMBED),
+        vocab::LM_HEAD => Some(vocab::ADDED_HEAD),
+        _ => None,
+    }
 }
 
 /// `config.json` of the export: `vision_source` / `lm_source` are the source checkpoints'
@@ -81,9 +104,10 @@ pub fn llava_config_json(
     overlay(&mut vision, source);
     vision["model_type"] = "siglip_vision_model".into();
     vision["vision_use_head"] = false.into();
-    let mut text = lm_config_json(&vlm.lm);
+    let mut text = vlm.lm.hf_json();
     overlay(&mut text, lm_source);
     text["tie_word_embeddings"] = vlm.tied.into();
+    text["vocab_size"] = (vlm.lm.vocab_size + vlm.options.added_tokens).into();
     for config in [&mut vision, &mut text] {
         if let Some(map) = config.as_object_mut() {
             for key in [
@@ -154,7 +178,7 @@ pub fn load_llava_dir_as(dir: &Path, kind: Option<Kind>) -> Result<(Vlm, ParamMa
     }
     let vision: SiglipVisionConfig =
         serde_json::from_value(field("vision_config")?).map_err(json_err)?;
-    let lm: Qwen2Config = serde_json::from_value(field("text_config")?).map_err(json_err)?;
+    let lm = LmConfig::from_json(field("text_config")?, dir)?;
     let image_token_id = field("image_token_index")?.as_i64().ok_or_else(|| {
         ModelError::InvalidConfig(format!(
             "{}: image_token_index is not an integer",

@@ -1,4 +1,4 @@
-//! LoRA adapters on Qwen2's linear layers, in PEFT's conventions: `lora_A` `[r, in]`
+//! LoRA adapters on the LM's linear layers, in PEFT's conventions: `lora_A` `[r, in]`
 //! (kaiming-uniform a=√5, i.e. U(±1/√in)), `lora_B` `[out, r]` (zeros), output
 //! base(x) + B(A(dropout(x)))·(alpha/r), merged W' = W + (alpha/r)·B·A. Inside tessera the
 //! parameters are named `{module}.lora_A.weight`; PEFT's files prefix `base_model.model.`.
@@ -170,7 +170,7 @@ pub fn load_adapter(dir: &Path) -> Result<(LoraConfig, ParamMap)> {
 }
 
 /// Base weights with every adapter in `params` merged in (W' = W + (alpha/r)·B·A) and the
-/// adapter tensors removed: the plain Qwen2 checkpoint a user can load without PEFT.
+/// adapter tensors removed: the plain LM checkpoint a user can load without PEFT.
 pub fn merge_adapters(cfg: &LoraConfig, params: &ParamMap) -> Result<ParamMap> {
     let mut out: ParamMap = params
         .iter()

@@ -25,10 +25,22 @@ pub fn chunked_cross_entropy_sum(
     targets: &Tensor,
     chunk: i64,
 ) -> Tensor {
+    chunked_cross_entropy(hidden, weight, targets, chunk, false).0
+}
+
+/// [`chunked_cross_entropy_sum`], and with `per_token` each token's cross-entropy too
+/// (`[n]` f32, detached): what splitting the loss by source sums up.
+pub fn chunked_cross_entropy(
+    hidden: &Tensor,
+    weight: &Tensor,
+    targets: &Tensor,
+    chunk: i64,
+    per_token: bool,
+) -> (Tensor, Option<Tensor>) {
     let n = hidden.size()[0];
     let need_h = hidden.requires_grad();
     let need_w = weight.requires_grad();
-    let (loss, grad_h, grad_w) = tch::no_grad(|| {
+    let (loss, grad_h, grad_w, tokens) = tch::no_grad(|| {
         // bf16 hidden states and weights: the logits come out of the matmul in bf16 and are
         // upcast, so the softmax, the loss and its gradient accumulate in f32 (transformers'
         // `logits.float()`); the gradients go back to bf16 for their matmuls, as autograd would.
@@ -50,6 +62,7 @@ pub fn chunked_cross_entropy_sum(
         // Summed over chunks, so kept in f32 whatever the compute dtype; the first chunk's
         // product is the sum's start (a zero-filled [V, D] is 545 MB to write at Qwen's size).
         let mut grad_w: Option<Tensor> = None;
+        let mut tokens = Vec::new();
         let mut start = 0;
         while start < n {
             let len = chunk.min(n - start);
@@ -61,7 +74,11 @@ pub fn chunked_cross_entropy_sum(
             }
             let mut logits = logits.to_kind(Kind::Float);
             let lse = logits.logsumexp([-1], true);
-            loss += (&lse - logits.gather(1, &t, false)).sum(Kind::Float);
+            let token_loss = &lse - logits.gather(1, &t, false);
+            loss += token_loss.sum(Kind::Float);
+            if per_token {
+                tokens.push(token_loss.view([-1]));
+            }
             if need_h || need_w {
                 // softmax - one_hot, in place over the chunk's logits
                 let _ = logits.g_sub_(&lse).exp_();
@@ -103,14 +120,21 @@ pub fn chunked_cross_entropy_sum(
         }
         let grad_w =
             grad_w.or_else(|| need_w.then(|| Tensor::zeros(w.size(), (Kind::Float, w.device()))));
-        (loss, grad_h, grad_w)
+        let tokens = per_token.then(|| {
+            if tokens.is_empty() {
+                Tensor::zeros([0], (Kind::Float, hidden.device()))
+            } else {
+                Tensor::cat(&tokens, 0)
+            }
+        });
+        (loss, grad_h, grad_w, tokens)
     });
     let zero = || Tensor::zeros([], (Kind::Float, hidden.device()));
     let from_h = grad_h.map_or_else(zero, |g| (hidden * g).sum(Kind::Float));
     let from_w = grad_w.map_or_else(zero, |g| dot_surrogate(weight, &g));
     let surrogate = from_h + from_w;
     let zero_valued = &surrogate - surrogate.detach();
-    loss + zero_valued
+    (loss + zero_valued, tokens)
 }
 
 /// Σ weight·g, whose gradient with respect to `weight` is `g`. Same dtypes: a `dot` of the

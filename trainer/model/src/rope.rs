@@ -1,5 +1,5 @@
-//! Rotary position embeddings as transformers' Qwen2 computes them (default rope type):
-//! inv_freq = 1 / theta^(arange(0, hd, 2) / hd) in f32, emb = cat(freqs, freqs),
+//! Rotary position embeddings as transformers' Qwen2, Qwen3 and Llama compute them (default
+//! rope type): inv_freq = 1 / theta^(arange(0, hd, 2) / hd) in f32, emb = cat(freqs, freqs),
 //! x' = x·cos + rotate_half(x)·sin, with rotate_half(x) = cat(−x[hd/2..], x[..hd/2]).
 use tch::{Kind, Tensor};
 
@@ -17,11 +17,12 @@ pub(super) fn rotary_tables(positions: &Tensor, head_dim: i64, theta: f64) -> (T
     (emb.cos(), emb.sin())
 }
 
+/// cat(−x[hd/2..], x[..hd/2]), the halves taken with one `split` (its backward concatenates
+/// the two gradients; a `narrow` per half would zero-fill a gradient of x's size for each).
 fn rotate_half(x: &Tensor) -> Tensor {
     let half = x.size()[x.dim() - 1] / 2;
-    let x1 = x.narrow(-1, 0, half);
-    let x2 = x.narrow(-1, half, half);
-    Tensor::cat(&[&x2.neg(), &x1], -1)
+    let halves = x.split(half, -1);
+    Tensor::cat(&[&halves[1].neg(), &halves[0]], -1)
 }
 
 /// Applies the rotation to `x` `[rows, heads, len, head_dim]`. The f32 tables are cast to x's

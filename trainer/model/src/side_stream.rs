@@ -10,8 +10,8 @@ use std::ffi::c_char;
 use tch::{Device, TchError, Tensor};
 use tessera_switches::Switches;
 use tessera_sys::stream::{
-    tc_side_upload_begin, tc_side_upload_end, tc_side_upload_free, tc_side_upload_wait,
-    RawSideUpload,
+    tc_pin_memory, tc_side_upload_begin, tc_side_upload_end, tc_side_upload_free,
+    tc_side_upload_wait, RawSideUpload,
 };
 use tessera_sys::C_tensor;
 
@@ -19,6 +19,17 @@ fn shim_result(err: *mut c_char, what: &str) -> Result<()> {
     // SAFETY: `err` is what a stream shim function just returned.
     unsafe { tessera_sys::take_error(err) }
         .map_err(|m| ModelError::Torch(TchError::Torch(format!("side-stream upload, {what}: {m}"))))
+}
+
+/// `host` copied into page-locked memory, so that a non-blocking copy to the GPU can overlap
+/// the host's work (PyTorch's pinned allocator keeps the block until the copy is done).
+pub(super) fn pinned(host: &Tensor) -> Result<Tensor> {
+    let mut out: *mut C_tensor = std::ptr::null_mut();
+    // SAFETY: `host` is a live tch tensor, only read; `out` is a valid out-pointer that the
+    // shim sets (to a tensor allocated as tch allocates its own) only on success.
+    shim_result(unsafe { tc_pin_memory(host.as_ptr(), &mut out) }, "pin")?;
+    // SAFETY: on success `out` is a new tensor that nothing else owns.
+    Ok(unsafe { Tensor::from_ptr(out) })
 }
 
 /// Uploads in flight on a side stream.

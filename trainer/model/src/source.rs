@@ -76,11 +76,12 @@ impl Vlm {
                 stored.insert(spec.name, (is_vision, key));
             }
         }
+        let fresh = self.fresh_params(projector_file, seed, &lm)?;
         Ok(VlmInit {
             vision,
             lm,
             stored,
-            fresh: self.fresh_params(projector_file, seed)?,
+            fresh,
         })
     }
 }

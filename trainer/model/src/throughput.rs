@@ -5,7 +5,7 @@
 //! f32 or in bf16 (every parameter bf16, the compute FSDP's bf16 precision runs), each next to
 //! the peak matmul rate of its own dtype.
 use super::init::{random_params, Preset, INIT_STD};
-use super::{Result, Vlm, VlmOptions};
+use super::{LmFamily, Result, Vlm, VlmOptions};
 use crate::Dtype;
 use pipeline::{MicroBatch, IGNORE_INDEX};
 use std::time::Instant;
@@ -41,6 +41,7 @@ fn packed_text_batch(rows: usize, row_len: usize, vocab: i64) -> MicroBatch {
         image_size: 0,
         image_tokens: 0,
         sample_ids: Vec::new(),
+        sample_indices: Vec::new(),
         real_tokens: rows * row_len,
         pad_tokens: 0,
         supervised_tokens: 0,
@@ -57,6 +58,7 @@ fn packed_text_batch(rows: usize, row_len: usize, vocab: i64) -> MicroBatch {
             mb.positions.extend(0..len as i64);
             mb.segment_ids.extend(std::iter::repeat_n(seg, len));
             mb.sample_ids.push(format!("bench-{r}-{seg}"));
+            mb.sample_indices.push(mb.sample_indices.len() as u64);
         }
     }
     mb.supervised_tokens = mb.labels.iter().filter(|&&l| l != IGNORE_INDEX).count();
@@ -111,7 +113,7 @@ pub fn measure_throughput(
 ) -> Result<ThroughputReport> {
     let kind = dtype.kind();
     tch::set_num_threads(threads);
-    let (vision, lm) = preset.configs();
+    let (vision, lm) = preset.configs(LmFamily::Qwen2);
     let vlm = Vlm::new(vision, lm, true, VlmOptions::default())?;
     let mut params = random_params(&vlm.param_specs(), 0, INIT_STD);
     for (name, t) in params.iter_mut() {

@@ -8,6 +8,7 @@
 //! tensors and boundaries, which is what the CPU tests compare with the dense-mask path.
 use super::attention::Span;
 use super::ctx::upload;
+use super::Result;
 use tch::{Device, Tensor};
 use tessera_switches::Switches;
 use tessera_sys::kernels::tc_varlen_causal_attention;
@@ -26,7 +27,7 @@ pub struct Varlen {
 impl Varlen {
     /// Sequences of `spans` (each row's runs, end to end, rows of `row_len` tokens): a
     /// sample's run is one sequence, a padding run one sequence per token.
-    pub fn from_spans(spans: &[Vec<Span>], row_len: i64, device: Device) -> Self {
+    pub fn from_spans(spans: &[Vec<Span>], row_len: i64, device: Device) -> Result<Self> {
         let mut bounds = vec![0i64];
         for (r, row) in spans.iter().enumerate() {
             let base = r as i64 * row_len;
@@ -40,11 +41,11 @@ impl Varlen {
         }
         let max_len = bounds.windows(2).map(|w| w[1] - w[0]).max().unwrap_or(0);
         let as_i32: Vec<i32> = bounds.iter().map(|&b| b as i32).collect();
-        Varlen {
-            cu_seqlens: upload(Tensor::from_slice(&as_i32), device),
+        Ok(Varlen {
+            cu_seqlens: upload(Tensor::from_slice(&as_i32), device)?,
             bounds,
             max_len,
-        }
+        })
     }
 }
 

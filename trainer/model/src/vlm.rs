@@ -6,13 +6,15 @@
 //! `x = ctx.first_input()` (normalised pixels, or an empty tensor for text-only micro-batches),
 //! then for every unit that `runs_on(ctx)`: `x = unit.forward(params, &x, ctx)`. Vision and
 //! projector units skip text-only micro-batches, so `embed` then receives the empty tensor.
-use super::config::{LoraConfig, Qwen2Config, SiglipVisionConfig};
+use super::config::{LoraConfig, SiglipVisionConfig};
 use super::ctx::VlmCtx;
+use super::lm_config::LmConfig;
+use super::lm_dir::check_lm_tensors;
 use super::vlm_units::{
     EmbedUnit, HeadUnit, LayerUnit, ProjectorUnit, VisionEmbedUnit, VisionLayerUnit,
 };
 use super::weights::{self, HfCheckpoint};
-use super::{lora, projector, qwen2, siglip, ModelError, Result};
+use super::{lora, projector, siglip, vocab, ModelError, Result};
 use std::collections::BTreeMap;
 use std::path::Path;
 use tch::{Device, Kind, Tensor};
@@ -45,17 +47,23 @@ pub struct VlmOptions {
     pub train_vision: VisionTraining,
     /// Tokens per chunk of the loss; `None` picks [`super::loss::default_chunk`].
     pub loss_chunk: Option<i64>,
+    /// Tokens the dataset's tokenizer has past the checkpoint's `vocab_size` (the `<image>`
+    /// ingest added to a tokenizer without an image token): the LM appends an embedding (and
+    /// untied output) row for each, always trained (see `vocab.rs`).
+    pub added_tokens: i64,
 }
 
 impl Default for VlmOptions {
     fn default() -> Self {
         Self {
-            image_token_id: i64::from(shards::IMAGE_PAD_ID),
+            // Datasets from before index.json recorded their special tokens used Qwen's.
+            image_token_id: i64::from(shards::SpecialTokens::qwen_before_recorded().image.id),
             train_projector: true,
             lora: None,
             train_lm: false,
             train_vision: VisionTraining::Frozen,
             loss_chunk: None,
+            added_tokens: 0,
         }
     }
 }
@@ -63,7 +71,7 @@ impl Default for VlmOptions {
 /// Configs plus the unit chain.
 pub struct Vlm {
     pub vision: SiglipVisionConfig,
-    pub lm: Qwen2Config,
+    pub lm: LmConfig,
     /// The LM head reads `model.embed_tokens.weight` (no `lm_head.weight`).
     pub tied: bool,
     pub options: VlmOptions,
@@ -73,7 +81,7 @@ pub struct Vlm {
 impl Vlm {
     pub fn new(
         vision: SiglipVisionConfig,
-        lm: Qwen2Config,
+        lm: LmConfig,
         tied: bool,
         options: VlmOptions,
     ) -> Result<Self> {
@@ -115,7 +123,11 @@ impl Vlm {
             options.train_projector,
         )));
         let train_lm = options.train_lm;
-        units.push(Box::new(EmbedUnit::new(&lm, train_lm)));
+        units.push(Box::new(EmbedUnit::new(
+            &lm,
+            train_lm,
+            options.added_tokens,
+        )));
         for i in 0..lm.num_hidden_layers {
             units.push(Box::new(LayerUnit::new(
                 &lm,
@@ -127,7 +139,8 @@ impl Vlm {
         let chunk = options
             .loss_chunk
             .unwrap_or_else(|| super::loss::default_chunk(lm.vocab_size));
-        units.push(Box::new(HeadUnit::new(&lm, tied, chunk, train_lm)));
+        let added = options.added_tokens;
+        units.push(Box::new(HeadUnit::new(&lm, tied, added, chunk, train_lm)));
         Ok(Self {
             vision,
             lm,
@@ -137,12 +150,15 @@ impl Vlm {
         })
     }
 
-    /// Reads both `config.json` files; the head is tied when the LM config says so or the
-    /// checkpoint has no `lm_head.weight`.
+    /// Reads both `config.json` files (refusing a model type or setting tessera does not
+    /// implement, naming the folder) and checks the LM checkpoint's tensor names against what
+    /// its config describes: none missing, none left over. The head is tied when the LM config
+    /// says so (`tie_word_embeddings`).
     pub fn from_dirs(vision_dir: &Path, lm_dir: &Path, options: VlmOptions) -> Result<Self> {
         let vision = SiglipVisionConfig::from_dir(vision_dir)?;
-        let lm = Qwen2Config::from_dir(lm_dir)?;
-        let tied = lm.tie_word_embeddings || !HfCheckpoint::open(lm_dir)?.contains(qwen2::LM_HEAD);
+        let lm = LmConfig::from_dir(lm_dir)?;
+        let tied = lm.tie_word_embeddings;
+        check_lm_tensors(lm_dir, &lm, &HfCheckpoint::open(lm_dir)?)?;
         Self::new(vision, lm, tied, options)
     }
 
@@ -216,7 +232,11 @@ impl Vlm {
             .load_specs_as_stored(&siglip::param_specs(&self.vision), Some("vision_model."))?;
         let lm_specs = self.lm_checkpoint_params();
         params.append(&mut HfCheckpoint::open(lm_dir)?.load_specs_as_stored(&lm_specs, None)?);
-        params.append(&mut self.fresh_params(projector_file, seed)?);
+        params.append(&mut self.fresh_params(
+            projector_file,
+            seed,
+            &HfCheckpoint::open(lm_dir)?,
+        )?);
         Ok(params)
     }
 
@@ -225,25 +245,68 @@ impl Vlm {
     pub(super) fn lm_checkpoint_params(&self) -> Vec<ParamSpec> {
         self.param_specs()
             .into_iter()
-            .filter(|s| s.name.starts_with("model.") || s.name == qwen2::LM_HEAD)
+            .filter(|s| s.name.starts_with("model.") || s.name == vocab::LM_HEAD)
             .filter(|s| !s.name.contains(".lora_"))
             .collect()
     }
 
     /// The parameters no Hugging Face checkpoint provides, in f32 (small next to the towers):
-    /// the projector from `projector_file` or freshly initialised, and fresh LoRA adapters
-    /// when configured. `seed` drives the fresh initialisations.
+    /// the projector from `projector_file` or freshly initialised, the added tokens' rows
+    /// (from `projector_file` when it holds them, else the mean of `lm`'s rows), and fresh
+    /// LoRA adapters when configured. `seed` drives the fresh initialisations.
     pub(super) fn fresh_params(
         &self,
         projector_file: Option<&Path>,
         seed: u64,
+        lm: &HfCheckpoint,
     ) -> Result<ParamMap> {
         let mut params = self.initial_projector(projector_file, seed)?;
+        params.append(&mut self.initial_added_rows(projector_file, lm)?);
         if self.options.lora.is_some() {
             let specs = self.param_specs();
             params.append(&mut lora::init_adapters(&specs, seed.wrapping_add(1)));
         }
         Ok(params)
+    }
+
+    /// The added tokens' rows training starts from (f32; none without added tokens): those in
+    /// `projector_file` (a stage-1 run's, which trained them) when it holds them, else each
+    /// the mean of the rows of the matrix it extends in the checkpoint `lm`.
+    pub fn initial_added_rows(
+        &self,
+        projector_file: Option<&Path>,
+        lm: &HfCheckpoint,
+    ) -> Result<ParamMap> {
+        let added = self.options.added_tokens;
+        let mut out = ParamMap::new();
+        if added <= 0 {
+            return Ok(out);
+        }
+        let stored = match projector_file {
+            Some(path) => weights::load_safetensors(path)?,
+            None => ParamMap::new(),
+        };
+        let shape = |rows| vec![rows, self.lm.hidden_size];
+        let mut names = vec![(vocab::ADDED_EMBED, vocab::EMBED)];
+        if !self.tied {
+            names.push((vocab::ADDED_HEAD, vocab::LM_HEAD));
+        }
+        for (name, extends) in names {
+            let rows = match stored.get(name) {
+                Some(t) if t.size() == shape(added) => t.to_kind(Kind::Float),
+                Some(t) => {
+                    return Err(ModelError::ShapeMismatch {
+                        path: projector_file.unwrap_or(Path::new("")).into(),
+                        name: name.into(),
+                        expected: shape(added),
+                        found: t.size(),
+                    })
+                }
+                None => vocab::mean_rows(&lm.tensor(extends, &shape(self.lm.vocab_size))?, added),
+            };
+            out.insert(name.to_string(), rows);
+        }
+        Ok(out)
     }
 
     /// The projector training starts from (f32): `projector_file`'s (`--init-projector`), or
@@ -277,13 +340,7 @@ impl Vlm {
             .next()
             .map(|t| t.device())
             .unwrap_or(Device::Cpu);
-        VlmCtx::new(
-            mb,
-            &self.vision,
-            &self.lm,
-            self.options.image_token_id,
-            device,
-        )
+        VlmCtx::new(mb, self, device)
     }
 
     /// Runs the whole chain in one process (the W=1 reference): the summed token loss over
@@ -308,7 +365,7 @@ impl Vlm {
                 x = unit.forward(params, &x, &ctx);
             }
         }
-        Ok(qwen2::logits(&self.lm, params, self.tied, &x))
+        Ok(vocab::logits(&self.lm, params, self.tied, &x))
     }
 }
 

@@ -3,18 +3,21 @@
 //! parameters it reads and computes from them alone. Both towers are wrapped layer by layer
 //! (as torchtitan and FSDP's transformer wrap policy do), so a rank gathers one layer at a
 //! time, never a whole tower.
-use super::config::{LoraConfig, Qwen2Config, SiglipVisionConfig};
+use super::config::{LoraConfig, SiglipVisionConfig};
 use super::ctx::VlmCtx;
-use super::qwen2::{self, DecoderLayer, LayerInputs};
+use super::decoder::{self, DecoderLayer, LayerInputs};
+use super::lm_config::LmConfig;
 use super::siglip::{Embeddings, EncoderLayer};
+use super::vocab;
 use super::{loss, param, projector};
 use tch::{Kind, Tensor};
 use tessera_fsdp::{ParamMap, ParamSpec, Unit};
 
-/// `specs` with every trainable flag set to `train` (a unit's base weights train or not as one).
+/// `specs` with their base weights (created frozen) trained when `train` (a unit's base weights
+/// train or not as one); what always trains (the added tokens' rows) stays trainable.
 fn trained(mut specs: Vec<ParamSpec>, train: bool) -> Vec<ParamSpec> {
     for s in &mut specs {
-        s.trainable = train;
+        s.trainable |= train;
     }
     specs
 }
@@ -131,9 +134,9 @@ pub(super) struct EmbedUnit {
 }
 
 impl EmbedUnit {
-    pub(super) fn new(cfg: &Qwen2Config, train: bool) -> Self {
+    pub(super) fn new(cfg: &LmConfig, train: bool, added: i64) -> Self {
         Self {
-            specs: trained(qwen2::embed_specs(cfg), train),
+            specs: trained(vocab::embed_specs(cfg, added), train),
         }
     }
 }
@@ -149,7 +152,7 @@ impl Unit<VlmCtx> for EmbedUnit {
         true
     }
     fn forward(&self, params: &ParamMap, input: &Tensor, ctx: &VlmCtx) -> Tensor {
-        let embeds = qwen2::embed(params, &ctx.input_ids);
+        let embeds = vocab::embed(params, &ctx.input_ids);
         if input.numel() == 0 {
             return embeds;
         }
@@ -164,7 +167,7 @@ impl Unit<VlmCtx> for EmbedUnit {
 /// Decoder layer `i`: its base weights (trained in a full fine-tune) and its LoRA adapters
 /// (always trained when present).
 pub(super) struct LayerUnit {
-    cfg: Qwen2Config,
+    cfg: LmConfig,
     lora: Option<LoraConfig>,
     layer: DecoderLayer,
     name: String,
@@ -172,12 +175,7 @@ pub(super) struct LayerUnit {
 }
 
 impl LayerUnit {
-    pub(super) fn new(
-        cfg: &Qwen2Config,
-        index: i64,
-        lora: Option<&LoraConfig>,
-        train: bool,
-    ) -> Self {
+    pub(super) fn new(cfg: &LmConfig, index: i64, lora: Option<&LoraConfig>, train: bool) -> Self {
         let layer = DecoderLayer::new(cfg, index);
         let mut specs = trained(layer.specs(None), train);
         if let Some(lora) = lora {
@@ -207,12 +205,13 @@ impl Unit<VlmCtx> for LayerUnit {
         true
     }
     fn forward(&self, params: &ParamMap, input: &Tensor, ctx: &VlmCtx) -> Tensor {
+        let (cos, sin) = ctx.rotary_as(input.kind());
         let inputs = LayerInputs {
             mask: ctx.mask.as_ref(),
             spans: &ctx.spans,
             varlen: ctx.varlen.as_ref(),
-            cos: &ctx.cos,
-            sin: &ctx.sin,
+            cos: &cos,
+            sin: &sin,
             dropout_seed: ctx.dropout_seed,
         };
         self.layer
@@ -224,19 +223,19 @@ impl Unit<VlmCtx> for LayerUnit {
 /// labels, chunked (see [`loss`]). With tied embeddings it reads `model.embed_tokens.weight`,
 /// which the `embed` unit also reads (see `Vlm::shared_params`).
 pub(super) struct HeadUnit {
-    cfg: Qwen2Config,
+    cfg: LmConfig,
     tied: bool,
     chunk: i64,
     specs: Vec<ParamSpec>,
 }
 
 impl HeadUnit {
-    pub(super) fn new(cfg: &Qwen2Config, tied: bool, chunk: i64, train: bool) -> Self {
+    pub(super) fn new(cfg: &LmConfig, tied: bool, added: i64, chunk: i64, train: bool) -> Self {
         Self {
             cfg: cfg.clone(),
             tied,
             chunk,
-            specs: trained(qwen2::head_specs(cfg, tied), train),
+            specs: trained(vocab::head_specs(cfg, tied, added), train),
         }
     }
 }
@@ -260,8 +259,15 @@ impl Unit<VlmCtx> for HeadUnit {
         let h = input
             .reshape([-1, d])
             .index_select(0, &ctx.supervised_index);
-        let h = qwen2::rms_norm(&h, param(params, qwen2::NORM), self.cfg.rms_norm_eps);
-        let w = param(params, qwen2::output_weight(self.tied));
-        loss::chunked_cross_entropy_sum(&h, w, &ctx.targets, self.chunk)
+        let h = decoder::rms_norm(&h, param(params, vocab::NORM), self.cfg.rms_norm_eps);
+        let w = vocab::output_matrix(params, self.tied);
+        let groups = ctx.loss_groups.as_ref();
+        let (sum, tokens) =
+            loss::chunked_cross_entropy(&h, &w, &ctx.targets, self.chunk, groups.is_some());
+        if let (Some((group, count)), Some(tokens)) = (groups, tokens) {
+            let sums = Tensor::zeros([*count], (Kind::Float, tokens.device()));
+            ctx.put_group_loss(sums.index_add(0, group, &tokens.to_kind(Kind::Float)));
+        }
+        sum
     }
 }

@@ -5,7 +5,7 @@
 //! resident memory next to the tensors read from them. [`HfCheckpoint::read_range_into`]
 //! copies one slice of one tensor (what FSDP's per-rank loading uses: a rank touches only
 //! the bytes of its shards). Writing (F32, or BF16 for exports) goes through the same format
-//! with `{"format": "pt"}` metadata, as `save_pretrained` writes it (`sharded.rs` streams one
+//! with `{"format": "pt"}` metadata, as `save_pretrained` writes it (`hub_files.rs` streams one
 //! tensor at a time).
 use super::{ModelError, Result};
 use memmap2::Mmap;

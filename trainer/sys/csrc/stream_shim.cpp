@@ -95,4 +95,14 @@ char* tc_side_upload_wait(tc_side_upload* upload, at::Tensor* const* tensors, in
 
 void tc_side_upload_free(tc_side_upload* upload) { delete upload; }
 
+// A page-locked copy of host tensor `host` (for a non-blocking upload), as a new tensor tch
+// owns. tch's `pin_memory` passes a device, which PyTorch 2.11 deprecates with a warning on
+// every call (thousands a run); the device-less form pins for the current accelerator.
+char* tc_pin_memory(const at::Tensor* host, at::Tensor** out) {
+  return tessera_shim::guarded([&] {
+    *out = nullptr;
+    *out = new at::Tensor(host->pin_memory());
+  });
+}
+
 }  // extern "C"

@@ -17,4 +17,6 @@ extern "C" {
         n: i64,
     ) -> *mut c_char;
     pub fn tc_side_upload_free(upload: *mut RawSideUpload);
+    /// A pinned copy of `host`, owned by the caller (wrap it with `Tensor::from_ptr`).
+    pub fn tc_pin_memory(host: *const C_tensor, out: *mut *mut C_tensor) -> *mut c_char;
 }

@@ -18,13 +18,14 @@
 mod knobs;
 use knobs::record_value;
 
-pub use super::train_parts::TrainParts;
+mod train_parts;
 pub use pipeline::loader::{BadImagePolicy, ResizePolicy};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
 pub use tessera_fsdp::{Recompute, Strategy};
 pub use tessera_model::Dtype;
+pub use train_parts::TrainParts;
 
 /// Why a configuration was refused; every message names the field (or the file) and the reason.
 #[derive(Debug, thiserror::Error)]
@@ -151,12 +152,14 @@ pub enum Device {
 // the strategy, recomputation, the device, checkpointing, validation, the loader, the cache).
 knobs! {
     /// Shard directory written by `tessera ingest`: a path, or a URL (s3://bucket/prefix,
-    /// gs://, az://, https://) read in byte ranges through a local cache.
-    shards: PathBuf = required("a directory written by `tessera ingest`"),
+    /// gs://, az://, https://) read in byte ranges through a local cache; or a mixture file
+    /// (`mix.toml`: shard sets with a `weight` or a `repeat` each, see the README).
+    shards: PathBuf = required("a directory written by `tessera ingest`, or a mixture file"),
     /// SigLIP vision tower: a Hugging Face directory (config.json + safetensors).
     vision: PathBuf = required("a SigLIP Hugging Face directory"),
-    /// Qwen2 language model: a Hugging Face directory (config.json + safetensors).
-    lm: PathBuf = required("a Qwen2 Hugging Face directory"),
+    /// Language model: a Hugging Face directory (config.json + safetensors + tokenizer.json)
+    /// of model_type qwen2, qwen3 or llama.
+    lm: PathBuf = required("a Qwen2, Qwen3 or Llama Hugging Face directory"),
     /// 1: alignment (trains the projector); 2: instruction tuning (projector + LoRA unless
     /// --train says otherwise). The preset of --train and the learning rates.
     #[resume]
@@ -465,8 +468,20 @@ impl TrainConfig {
 
     /// Checks the inputs exist and look like what they claim to be, before any work starts.
     pub fn check_paths(&self) -> Result<(), ConfigError> {
-        let remote_shards = remote::is_remote(&self.shards.to_string_lossy());
-        if !remote_shards && !self.shards.join("index.json").is_file() {
+        let spec = self.shards.to_string_lossy();
+        let remote_shards = remote::is_remote(&spec);
+        if pipeline::mix::is_mixture(&spec) {
+            // A mixture file: its sources are checked as they are opened.
+            if !self.shards.is_file() {
+                return Err(invalid(
+                    "shards",
+                    format!(
+                        "{} is not a file (a mixture file, mix.toml)",
+                        self.shards.display()
+                    ),
+                ));
+            }
+        } else if !remote_shards && !self.shards.join("index.json").is_file() {
             return Err(invalid(
                 "shards",
                 format!(
@@ -499,7 +514,7 @@ impl TrainConfig {
             }
         }
         if let Some(p) = &self.init_projector {
-            if !p.is_file() && !super::run_dir::RunDir::new(p).checkpoints().is_dir() {
+            if !p.is_file() && !crate::run_dir::RunDir::new(p).checkpoints().is_dir() {
                 return Err(invalid(
                     "init_projector",
                     format!(
@@ -518,3 +533,6 @@ impl TrainConfig {
             .unwrap_or(steps_per_epoch.saturating_mul(u64::from(self.epochs)))
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -1,11 +1,12 @@
 //! `TrainError`: everything `tessera train` can fail with, each message naming what failed.
 //! A wrapped error is either `transparent` (its message is the whole story) or its message
 //! names only what this layer adds (a path): the cause is the `source`, so `{:#}` prints it once.
-use super::checkpoint::CheckpointError;
-use super::config::ConfigError;
-use super::export::ExportError;
-use super::metrics::MetricsError;
-use super::plot::PlotError;
+use crate::checkpoint::format::CheckpointError;
+use crate::config::ConfigError;
+use crate::export::ExportError;
+use crate::report::event_file::EventFileError;
+use crate::report::metrics::MetricsError;
+use crate::report::plot::PlotError;
 use std::path::PathBuf;
 use tessera_fsdp::dist::DistError;
 use tessera_fsdp::FsdpError;
@@ -28,11 +29,15 @@ pub enum TrainError {
     #[error(transparent)]
     Plan(#[from] pipeline::plan::PlanError),
     #[error(transparent)]
+    Mix(#[from] pipeline::mix::MixError),
+    #[error(transparent)]
     Loader(#[from] pipeline::loader::LoaderError),
     #[error(transparent)]
     Metrics(#[from] MetricsError),
     #[error(transparent)]
     Plot(#[from] PlotError),
+    #[error(transparent)]
+    Events(#[from] EventFileError),
     #[error(transparent)]
     Export(#[from] ExportError),
     #[error("{path}")]

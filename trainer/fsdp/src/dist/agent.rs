@@ -132,14 +132,22 @@ mod tests {
             &ours
         ));
         // Another run's agent is not ours.
-        let other = cmdline(&["torchrun", "--no-python", "/bin/tessera", "train", "--out", "/b"]);
+        let other = cmdline(&[
+            "torchrun",
+            "--no-python",
+            "/bin/tessera",
+            "train",
+            "--out",
+            "/b",
+        ]);
         assert!(!is_agent(555, &other, "launcher", &ours));
     }
 
     #[test]
     fn torchrun_workers_are_told_by_their_variables() {
-        assert!(started_by_torchrun(|k| (k == "TORCHELASTIC_RUN_ID")
-            .then(|| "none".into())));
+        assert!(started_by_torchrun(
+            |k| (k == "TORCHELASTIC_RUN_ID").then(|| "none".into())
+        ));
         assert!(!started_by_torchrun(|k| (k == "RANK").then(|| "0".into())));
     }
 }

@@ -4,6 +4,7 @@
 #[path = "../support/mod.rs"]
 mod support;
 
+mod families;
 mod gemm;
 mod golden;
 mod lora;

@@ -5,7 +5,9 @@
 use crate::support::*;
 use pipeline::IGNORE_INDEX;
 use tch::{Device, Kind, Tensor};
-use tessera_model::{attend, attend_spans, attend_varlen, block_causal_mask, row_spans, Varlen};
+use tessera_model::{
+    attend, attend_spans, attend_varlen, block_causal_mask, row_spans, Varlen, VlmCtx,
+};
 
 const TOL: f64 = 1e-5;
 
@@ -247,7 +249,7 @@ fn varlen_sequences_equal_dense_mask_attention() -> anyhow::Result<()> {
     ]
     .concat();
     let spans = row_spans(&segments, rows as usize, len as usize);
-    let varlen = Varlen::from_spans(&spans, len, Device::Cpu);
+    let varlen = Varlen::from_spans(&spans, len, Device::Cpu)?;
     // Row 0: three samples; row 1: one sample then four padding tokens; row 2: one sample.
     assert_eq!(varlen.bounds, vec![0, 4, 7, 10, 16, 17, 18, 19, 20, 30]);
     assert_eq!(varlen.max_len, 10);
@@ -276,5 +278,28 @@ fn varlen_sequences_equal_dense_mask_attention() -> anyhow::Result<()> {
     {
         assert_close(a, b, TOL, what);
     }
+    Ok(())
+}
+
+/// The decoder's rotary tables in its compute dtype are cast once per micro-batch and shared
+/// by every layer (and FSDP's recompute): the same values as a fresh cast, the same storage on
+/// the second ask, and the f32 tables themselves for an f32 model.
+#[test]
+fn rotary_tables_are_cast_once_per_micro_batch() -> anyhow::Result<()> {
+    let mb = micro_batch(&[vec![text_sample(8, 1), text_sample(5, 3)]], 0, 0);
+    let (vlm, _) = tiny_vlm(None);
+    let ctx = VlmCtx::new(&mb, &vlm, Device::Cpu)?;
+    let (cos, sin) = ctx.rotary_as(Kind::BFloat16);
+    assert_eq!(cos.kind(), Kind::BFloat16);
+    assert!(cos.equal(&ctx.cos.to_kind(Kind::BFloat16)));
+    assert!(sin.equal(&ctx.sin.to_kind(Kind::BFloat16)));
+    let (again, _) = ctx.rotary_as(Kind::BFloat16);
+    assert_eq!(
+        again.data_ptr(),
+        cos.data_ptr(),
+        "the second layer reuses the cast"
+    );
+    let (f32_cos, _) = ctx.rotary_as(Kind::Float);
+    assert_eq!(f32_cos.data_ptr(), ctx.cos.data_ptr(), "f32 needs no cast");
     Ok(())
 }

@@ -5,9 +5,9 @@ use crate::support::*;
 use std::collections::BTreeMap;
 use tch::{Kind, Tensor};
 use tessera_fsdp::ParamSpec;
-use tessera_model::{random_params, write_checkpoints, write_preset, Preset};
+use tessera_model::{random_params, write_checkpoints, write_preset, LmFamily, Preset};
 use tessera_model::{save_safetensors, HfCheckpoint};
-use tessera_model::{ModelError, Qwen2Config, SiglipVisionConfig, Vlm, VlmOptions};
+use tessera_model::{LmConfig, ModelError, SiglipVisionConfig, Vlm, VlmOptions};
 
 fn spec(name: &str, shape: &[i64]) -> ParamSpec {
     ParamSpec {
@@ -31,7 +31,10 @@ fn sparse_and_nested_configs_get_hf_defaults() -> anyhow::Result<()> {
         (v.num_patches(), v.hidden_act.as_str(), v.layer_norm_eps),
         (729, "gelu_pytorch_tanh", 1e-6)
     );
-    std::fs::write(dir.path().join("config.json"), r#"{"image_size": 256}"#)?;
+    std::fs::write(
+        dir.path().join("config.json"),
+        r#"{"model_type": "siglip_vision_model", "image_size": 256}"#,
+    )?;
     let v = SiglipVisionConfig::from_dir(dir.path())?;
     assert_eq!(
         (
@@ -43,9 +46,13 @@ fn sparse_and_nested_configs_get_hf_defaults() -> anyhow::Result<()> {
         (768, 12, 16, 256)
     );
 
-    let lm: Qwen2Config = serde_json::from_str(
-        r#"{"hidden_size": 896, "intermediate_size": 4864, "num_hidden_layers": 24,
-            "num_attention_heads": 14, "num_key_value_heads": 2, "rope_parameters": {"rope_theta": 1000000.0, "rope_type": "default"}}"#,
+    let lm = LmConfig::from_json(
+        serde_json::from_str(
+            r#"{"model_type": "qwen2", "hidden_size": 896, "intermediate_size": 4864,
+                "num_hidden_layers": 24, "num_attention_heads": 14, "num_key_value_heads": 2,
+                "rope_parameters": {"rope_theta": 1000000.0, "rope_type": "default"}}"#,
+        )?,
+        dir.path(),
     )?;
     assert_eq!(
         (
@@ -56,6 +63,26 @@ fn sparse_and_nested_configs_get_hf_defaults() -> anyhow::Result<()> {
         ),
         (151_936, 64, 1e6, 1e-6)
     );
+    assert!(lm.qkv_bias() && !lm.o_bias() && !lm.qk_norm());
+    // Qwen3's head_dim defaults to 128 (Qwen3Config), not hidden / heads.
+    let lm = LmConfig::from_json(
+        serde_json::json!({"model_type": "qwen3", "hidden_size": 1024, "intermediate_size": 3072,
+            "num_hidden_layers": 28, "num_attention_heads": 16, "num_key_value_heads": 8}),
+        dir.path(),
+    )?;
+    assert_eq!((lm.head_dim(), lm.vocab_size), (128, 151_936));
+    assert!(!lm.qkv_bias() && !lm.o_bias() && lm.qk_norm() && !lm.mlp_bias());
+    let lm = LmConfig::from_json(
+        serde_json::json!({"model_type": "llama", "hidden_size": 576, "intermediate_size": 1536,
+            "num_hidden_layers": 30, "num_attention_heads": 9, "num_key_value_heads": 3,
+            "rope_theta": 100000.0, "mlp_bias": true, "rms_norm_eps": 1e-5}),
+        dir.path(),
+    )?;
+    assert_eq!(
+        (lm.head_dim(), lm.vocab_size, lm.rope_theta()),
+        (64, 32_000, 1e5)
+    );
+    assert!(!lm.qkv_bias() && !lm.qk_norm() && lm.mlp_bias());
     Ok(())
 }
 
@@ -144,7 +171,7 @@ fn sharded_checkpoint_and_bf16_load_like_a_single_file() -> anyhow::Result<()> {
     Ok(())
 }
 
-/// `write_sharded` asks for each tensor once, in order, only when its bytes are due (the
+/// `write_hub_files` asks for each tensor once, in order, only when its bytes are due (the
 /// previous one is written by then); the files it writes read back exactly (f32) or as the
 /// bf16 rounding (bf16), through `HfCheckpoint` and the safetensors crate alike. An earlier
 /// export's `model.safetensors` in the same folder is removed once the shards and their index
@@ -161,12 +188,17 @@ fn streamed_shards_ask_for_one_tensor_at_a_time_and_read_back() -> anyhow::Resul
         let dir = tempfile::tempdir()?;
         std::fs::write(dir.path().join("model.safetensors"), b"an earlier export")?;
         let mut asked = Vec::new();
-        let files =
-            tessera_model::write_sharded(dir.path(), &entries, kind, (total / 5) as u64, |name| {
+        let files = tessera_model::write_hub_files(
+            dir.path(),
+            &entries,
+            kind,
+            (total / 5) as u64,
+            |name| {
                 // The file being written holds every tensor asked for before this one.
                 asked.push(name.to_string());
                 Ok::<_, ModelError>(params[name].shallow_clone())
-            })?;
+            },
+        )?;
         let names: Vec<String> = entries.iter().map(|(k, _)| k.clone()).collect();
         assert_eq!(asked, names, "each tensor asked for once, in order");
         assert!(
@@ -198,7 +230,7 @@ fn streamed_shards_ask_for_one_tensor_at_a_time_and_read_back() -> anyhow::Resul
     }
 
     let dir = tempfile::tempdir()?;
-    let err = tessera_model::write_sharded(dir.path(), &entries, Kind::Float, u64::MAX, |name| {
+    let err = tessera_model::write_hub_files(dir.path(), &entries, Kind::Float, u64::MAX, |name| {
         let t = &params[name];
         Ok::<_, ModelError>(if name == entries[1].0 {
             t.unsqueeze(0)
@@ -226,7 +258,7 @@ fn save_as(path: &std::path::Path, tensors: &BTreeMap<String, Tensor>) -> anyhow
 #[test]
 fn tiny_preset_writes_checkpoints_the_model_loads() -> anyhow::Result<()> {
     let out = tempfile::tempdir()?;
-    let written = write_preset(out.path(), Preset::Tiny, 1)?;
+    let written = write_preset(out.path(), Preset::Tiny, LmFamily::Qwen2, 1)?;
     let vlm = Vlm::from_dirs(
         &out.path().join("vision"),
         &out.path().join("lm"),
@@ -246,8 +278,8 @@ fn tiny_preset_writes_checkpoints_the_model_loads() -> anyhow::Result<()> {
     s.ids
         .iter_mut()
         .filter(|id| **id == IMAGE_ID)
-        .for_each(|id| *id = i64::from(shards::IMAGE_PAD_ID));
-    s.ids[0] = i64::from(shards::chat::IM_START_ID);
+        .for_each(|id| *id = 151_655); // Qwen's <|image_pad|>
+    s.ids[0] = 151_644; // <|im_start|>
     let mb = micro_batch(&[vec![s]], side, 64);
     let (loss, n) = vlm.loss(&params, &mb)?;
     assert_eq!(n, 4);

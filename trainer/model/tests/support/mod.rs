@@ -6,7 +6,7 @@ use shards::Kind as SampleKind;
 use tch::Tensor;
 use tessera_fsdp::ParamMap;
 use tessera_model::random_params;
-use tessera_model::{LoraConfig, Qwen2Config, SiglipVisionConfig, Vlm, VlmCtx, VlmOptions};
+use tessera_model::{LmConfig, LmFamily, LoraConfig, SiglipVisionConfig, Vlm, VlmCtx, VlmOptions};
 
 /// Placeholder id of the tiny test vocabulary.
 pub(crate) const IMAGE_ID: i64 = 299;
@@ -26,12 +26,22 @@ pub(crate) fn tiny_vision() -> SiglipVisionConfig {
     }
 }
 
-pub(crate) fn tiny_lm() -> Qwen2Config {
-    serde_json::from_value(serde_json::json!({
-        "vocab_size": VOCAB, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
-        "num_attention_heads": 4, "num_key_value_heads": 2, "rope_theta": 10000.0,
-    }))
-    .expect("tiny LM config parses")
+pub(crate) fn tiny_lm() -> LmConfig {
+    tiny_lm_of(LmFamily::Qwen2)
+}
+
+/// The tiny LM with `family`'s switches (Qwen3: q/k norms and a head_dim of 16, twice
+/// hidden/heads; Llama: no bias).
+pub(crate) fn tiny_lm_of(family: LmFamily) -> LmConfig {
+    let mut config = serde_json::json!({
+        "model_type": family.model_type(), "vocab_size": VOCAB, "hidden_size": 32,
+        "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "rope_theta": 10000.0,
+    });
+    if family == LmFamily::Qwen3 {
+        config["head_dim"] = 16.into();
+    }
+    LmConfig::from_json(config, std::path::Path::new("tiny_lm")).expect("tiny LM config parses")
 }
 
 /// Tiny VLM (tied head) and random parameters (std 0.1, so every weight matters).
@@ -119,6 +129,7 @@ pub(crate) fn micro_batch(
         image_size,
         image_tokens,
         sample_ids: vec![],
+        sample_indices: vec![],
         real_tokens: 0,
         pad_tokens: 0,
         supervised_tokens: 0,
@@ -137,6 +148,7 @@ pub(crate) fn micro_batch(
                 mb.num_images += 1;
                 mb.kind = SampleKind::Image;
             }
+            mb.sample_indices.push(mb.sample_ids.len() as u64);
             mb.sample_ids.push(format!("s{}", mb.sample_ids.len()));
             used += s.ids.len();
         }
@@ -238,6 +250,7 @@ pub(crate) fn raw_text_batch(
         image_size: 0,
         image_tokens: 0,
         sample_ids: (0..rows).map(|r| format!("row{r}")).collect(),
+        sample_indices: (0..rows as u64).collect(),
         real_tokens: rows * row_len,
         pad_tokens: 0,
         supervised_tokens: supervised,

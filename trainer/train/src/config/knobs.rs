@@ -30,7 +30,7 @@
 /// prints it (`0.001`, `2e-5` as `0.00002`, `256.0` as `256`: the spelling records had before
 /// they came from serde, so older checkpoints compare equal). `None` for an unset optional
 /// knob.
-pub(super) fn record_value<T: serde::Serialize>(value: &T) -> Option<String> {
+pub(crate) fn record_value<T: serde::Serialize>(value: &T) -> Option<String> {
     use serde_json::Value;
     match serde_json::to_value(value).ok()? {
         Value::Null => None,

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use tessera_fsdp::dist::{local_groups, ProcessGroup};
 use tessera_fsdp::ParamMap;
 use tessera_fsdp::{Fsdp, FsdpConfig, Strategy};
-use tessera_model::{random_params, Preset};
+use tessera_model::{random_params, LmFamily, Preset};
 use tessera_model::{LoraConfig, Vlm, VlmOptions};
 
 const STEPS: usize = 6;
@@ -55,7 +55,7 @@ fn run(vlm: &Vlm, init: &ParamMap, pg: &ProcessGroup) -> anyhow::Result<(f64, u6
 #[test]
 #[ignore = "measurement; run with --ignored --nocapture"]
 fn fsdp_step_time_and_bytes_tiny_preset() -> anyhow::Result<()> {
-    let (vision, lm) = Preset::Tiny.configs();
+    let (vision, lm) = Preset::Tiny.configs(LmFamily::Qwen2);
     let lora = LoraConfig {
         r: 8,
         lora_alpha: 16.0,

@@ -104,6 +104,7 @@ fn step_batch(fixture: &ParamMap, step: i64, image_tokens: usize) -> MicroBatch 
         image_size,
         image_tokens,
         sample_ids: (0..rows).map(|r| format!("step{step}.row{r}")).collect(),
+        sample_indices: (0..rows as u64).collect(),
         real_tokens,
         pad_tokens: rows * row_len - real_tokens,
         zero_loss: false,

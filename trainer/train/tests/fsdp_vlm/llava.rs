@@ -33,11 +33,23 @@ fn export(out: &Path, options: &LlavaHfOptions) -> anyhow::Result<()> {
         trainable: &TrainedTensors::Full(projector),
         initial_projector: None,
         lora: None,
-        image_token_id: IMAGE_ID,
+        tokens: &test_tokens(),
+        added_tokens: 0,
         template: "plain",
     };
     write_llava_hf(&sources, out, options)?;
     Ok(())
+}
+
+/// The test vocabulary's special tokens (no tokenizer: the export writes no processor files).
+fn test_tokens() -> shards::SpecialTokens {
+    shards::SpecialTokens {
+        image: shards::Token::new("<image>", IMAGE_ID as u32),
+        image_frame: None,
+        eos: shards::Token::new("</s>", 0),
+        pad_id: 0,
+        added: Vec::new(),
+    }
 }
 
 fn f32_options() -> LlavaHfOptions {
@@ -299,7 +311,8 @@ fn a_full_finetune_export_loads_in_transformers_and_generates_the_same_tokens() 
         trainable: &TrainedTensors::Full(trained),
         initial_projector: None,
         lora: None,
-        image_token_id: IMAGE_ID,
+        tokens: &test_tokens(),
+        added_tokens: 0,
         template: "plain",
     };
     // Streamed into 100 KB shards (of a 400 KB f32 model) with an index, as `save_pretrained`

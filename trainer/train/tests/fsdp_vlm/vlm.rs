@@ -1,19 +1,20 @@
 //! FSDP on the real (tiny) VLM: stage 1 (projector), stage 2 (projector + LoRA, two lr groups)
-//! and full fine-tuning (projector + the whole LM + the vision tower, tied and untied heads) at
-//! W=2 over gloo give the same losses and final weights as W=1 on the same global batches,
+//! and full fine-tuning (projector + the whole LM + the vision tower, tied and untied heads,
+//! each LM family, with and without rows for an added token) at W=2 over gloo give the same
+//! losses and final weights as W=1 on the same global batches,
 //! alternating image and text-only micro-steps as the planner schedules them, under every
 //! strategy; a rank holds half the training state; keeping the forward's activations
 //! (`Recompute::None`) gives the losses recomputing them gives.
 
 use crate::support::{
-    fsdp_step, image_sample, micro_batch, on_thread_ranks, text_sample, tiny_lm, tiny_vision,
+    fsdp_step, image_sample, micro_batch, on_thread_ranks, text_sample, tiny_lm_of, tiny_vision,
     tiny_vlm, IMAGE_ID,
 };
 use std::time::Duration;
 use tessera_fsdp::dist::{local_groups, ProcessGroup};
 use tessera_fsdp::ParamMap;
 use tessera_fsdp::{AdamWConfig, Fsdp, FsdpConfig, ParamGroup, Recompute, Strategy};
-use tessera_model::{random_params, LoraConfig, VisionTraining, Vlm, VlmOptions};
+use tessera_model::{random_params, LmFamily, LoraConfig, VisionTraining, Vlm, VlmOptions};
 
 const STEPS: usize = 6;
 
@@ -118,24 +119,31 @@ fn compare(vlm: &Vlm, init: &ParamMap, strategy: Strategy, steps: usize) -> anyh
     Ok(())
 }
 
-/// The tiny VLM with projector, the whole LM and the whole vision tower trainable.
-fn full_finetune_vlm(tied: bool) -> anyhow::Result<(Vlm, ParamMap)> {
+/// The tiny VLM of `family` with projector, the whole LM and the whole vision tower trainable,
+/// and `added` rows for tokens past its vocabulary (an `<image>` ingest added).
+fn full_finetune_vlm(family: LmFamily, tied: bool, added: i64) -> anyhow::Result<(Vlm, ParamMap)> {
     let options = VlmOptions {
         image_token_id: IMAGE_ID,
         train_lm: true,
         train_vision: VisionTraining::All,
         loss_chunk: Some(5),
+        added_tokens: added,
         ..Default::default()
     };
-    let vlm = Vlm::new(tiny_vision(), tiny_lm(), tied, options)?;
+    let vlm = Vlm::new(tiny_vision(), tiny_lm_of(family), tied, options)?;
     let init = random_params(&vlm.param_specs(), 7, 0.1);
     Ok((vlm, init))
 }
 
 #[test]
 fn full_finetune_every_strategy_two_ranks_match_one_rank_over_20_steps() -> anyhow::Result<()> {
-    for tied in [true, false] {
-        let (vlm, init) = full_finetune_vlm(tied)?;
+    for (family, tied, added) in [
+        (LmFamily::Qwen2, true, 0),
+        (LmFamily::Qwen2, false, 0),
+        (LmFamily::Qwen3, true, 1),
+        (LmFamily::Llama, false, 1),
+    ] {
+        let (vlm, init) = full_finetune_vlm(family, tied, added)?;
         let trained = vlm.param_specs().iter().filter(|s| s.trainable).count();
         assert_eq!(trained, vlm.param_specs().len(), "everything trains");
         for strategy in [
@@ -153,7 +161,7 @@ fn full_finetune_every_strategy_two_ranks_match_one_rank_over_20_steps() -> anyh
 /// (up to one padding element per buffer); under NO_SHARD (DDP) each rank keeps them all.
 #[test]
 fn a_rank_holds_one_wth_of_the_full_finetune_training_state() -> anyhow::Result<()> {
-    let (vlm, init) = full_finetune_vlm(true)?;
+    let (vlm, init) = full_finetune_vlm(LmFamily::Qwen2, true, 0)?;
     let state =
         |m: tessera_fsdp::MemoryReport| m.trainable_param_bytes + m.grad_bytes + m.optimizer_bytes;
     let single = ProcessGroup::single(Duration::from_secs(60))?;

@@ -1,0 +1,80 @@
+#!/usr/bin/env python3
+"""Writes demo-models/MANIFEST.json from the last JSON lines of the four pretraining runs that
+scripts/make_demo_models.sh makes: each part's folder, recipe (the script's arguments), seeds,
+held-out scores, a provenance line (the demo prints it), the sha256 of every file, and the
+reduced-budget run's arguments and checksum (tests/demo_parts.rs recomputes it).
+
+Usage: python3 scripts/demo_manifest.py PARTS_DIR TOWER.log TOWER_REDUCED.log LM.log LM_REDUCED.log
+"""
+import hashlib
+import json
+import os
+import sys
+
+
+def last_json(path):
+    with open(path) as f:
+        lines = [line for line in f if line.startswith("{")]
+    if not lines:
+        sys.exit(f"{path}: no result line (did the run finish?)")
+    return json.loads(lines[-1])
+
+
+def flag(args, name):
+    return args[args.index(name) + 1]
+
+
+def seeds(args):
+    return [int(s) for s in flag(args, "--seeds").split(",")]
+
+
+def sums(folder):
+    return {f: hashlib.sha256(open(os.path.join(folder, f), "rb").read()).hexdigest()
+            for f in sorted(os.listdir(folder))}
+
+
+def main():
+    if len(sys.argv) != 6:
+        sys.exit(__doc__)
+    out = sys.argv[1]
+    tower, tower_r, lm, lm_r = (last_json(p) for p in sys.argv[2:])
+    v = json.load(open(os.path.join(out, "vision", "config.json")))
+    m = json.load(open(os.path.join(out, "lm", "config.json")))
+    held = tower["held_out"]
+    tower_seeds, lm_seeds = seeds(tower["args"]), seeds(lm["args"])
+    scenes = len(tower_seeds) * int(flag(tower["args"], "--scenes")) - int(flag(tower["args"], "--held-out"))
+    texts = len(lm_seeds) * int(flag(lm["args"], "--records")) - int(flag(lm["args"], "--held-out"))
+    parts = {
+        "vision": {
+            "folder": "vision", "made_by": "scripts/pretrain_tower.py", "args": tower["args"],
+            "seeds": tower_seeds, "held_out": held, "sha256": sums(os.path.join(out, "vision")),
+            "provenance": (
+                f"SigLIP tower (hidden {v['hidden_size']}, {v['num_hidden_layers']} layers, "
+                f"{v['image_size']} px, patch {v['patch_size']}) pretrained by "
+                f"scripts/pretrain_tower.py on {scenes:,} drawn scenes (synth seeds "
+                f"{', '.join(map(str, tower_seeds))}), a supervised head on each scene's "
+                f"objects and background; on held-out scenes its head finds "
+                f"{held['objects_found']:.0%} of the objects, but {held['false_objects']:.0%} of "
+                f"the objects it names are not there"),
+            "reduced": {"args": tower_r["args"], "sha256": tower_r["sha256"]},
+        },
+        "lm": {
+            "folder": "lm", "made_by": "scripts/pretrain_lm.py", "args": lm["args"],
+            "seeds": lm_seeds, "held_out_loss": lm["held_out_loss"],
+            "sha256": sums(os.path.join(out, "lm")),
+            "provenance": (
+                f"Qwen2 LM (hidden {m['hidden_size']}, {m['num_hidden_layers']} layers, Qwen's "
+                f"{m['vocab_size']:,}-id vocabulary) pretrained by scripts/pretrain_lm.py on "
+                f"{texts:,} synth captions and conversations (seeds "
+                f"{', '.join(map(str, lm_seeds))}), each caption read off word slots in its "
+                f"context; text only: it has never seen an image"),
+            "reduced": {"args": lm_r["args"], "sha256": lm_r["sha256"]},
+        },
+    }
+    with open(os.path.join(out, "MANIFEST.json"), "w") as f:
+        json.dump({"parts": parts}, f, indent=2)
+        f.write("\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,50 @@
+#!/usr/bin/env python3
+"""The demo's pretrained parts, ready for `tessera train`: checks demo-models/'s files against
+the sha256s in its MANIFEST.json (they are the files scripts/make_demo_models.sh made), copies
+the vision tower, writes the LM's full checkpoint from its compact form (scripts/expand_lm.py)
+and prints where every weight of the demo's model comes from.
+
+Usage: python3 scripts/demo_parts.py PARTS_DIR OUT_DIR   (numpy + safetensors: .deps/venv)
+OUT_DIR gets vision/ and lm/, each a config.json + model.safetensors.
+"""
+import hashlib
+import json
+import os
+import shutil
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from expand_lm import expand  # noqa: E402
+
+
+def sha256(path):
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
+
+
+def main():
+    if len(sys.argv) != 3:
+        sys.exit(__doc__)
+    parts, out = sys.argv[1:]
+    with open(os.path.join(parts, "MANIFEST.json")) as f:
+        manifest = json.load(f)
+    for name, part in manifest["parts"].items():
+        for file, digest in part["sha256"].items():
+            path = os.path.join(parts, part["folder"], file)
+            if sha256(path) != digest:
+                sys.exit(f"{path} is not the file {part['made_by']} made (sha256 differs from "
+                         f"{parts}/MANIFEST.json); rerun scripts/make_demo_models.sh")
+    os.makedirs(out, exist_ok=True)
+    vision = manifest["parts"]["vision"]
+    shutil.copytree(os.path.join(parts, vision["folder"]), os.path.join(out, "vision"),
+                    dirs_exist_ok=True)
+    lm = manifest["parts"]["lm"]
+    expand(os.path.join(parts, lm["folder"]), os.path.join(out, "lm"))
+    for name, part in manifest["parts"].items():
+        print(f"  {name}: {parts}/{part['folder']}, {part['provenance']}")
+    print("  projector: random (seed 0), drawn by tessera at the start of stage 1, which "
+          "trains it; stage 2 trains it with the whole LM")
+
+
+if __name__ == "__main__":
+    main()

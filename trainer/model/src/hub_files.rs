@@ -1,0 +1,249 @@
+//! Writing a Hugging Face checkpoint as `save_pretrained` does (the Hub's "sharded"
+//! checkpoints; elsewhere in tessera a shard is a parquet data file or a rank's slice): one
+//! `model.safetensors`, or past `max_shard_bytes` files `model-00001-of-0000N.safetensors` plus
+//! `model.safetensors.index.json` (`{"metadata": {"total_size": bytes}, "weight_map": {key:
+//! file}}`), in a chosen float dtype (BF16 by default for exports).
+//!
+//! [`write_hub_files`] streams: the shard plan and every file's header come from the tensors'
+//! names and shapes alone, then each tensor is asked for, written in 16 MiB pieces converted
+//! to the file's dtype, and dropped before the next one is asked for. Writing a model never
+//! holds more than one of its tensors (plus one piece). Each file is written as `NAME.tmp` and
+//! renamed once complete, so a crash leaves no truncated file under a final name; weight files
+//! of an earlier export into the same folder that this one did not write are removed (a
+//! leftover `model.safetensors` beside a new index would be loaded instead of it).
+use super::weights::{INDEX_FILE, SINGLE_FILE};
+use super::{ModelError, Result};
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use tch::{Kind, Tensor};
+
+/// The Hub's shard size (`save_pretrained`'s default `max_shard_size="5GB"`).
+pub const HUB_SHARD_BYTES: u64 = 5_000_000_000;
+
+/// Largest piece of a tensor converted and written at once (bytes as written).
+const PIECE_BYTES: i64 = 16 << 20;
+
+/// What a file stores for `kind`: BFloat16 and Half as asked, anything else as F32.
+fn stored_kind(kind: Kind) -> (Kind, &'static str) {
+    match kind {
+        Kind::BFloat16 => (Kind::BFloat16, "BF16"),
+        Kind::Half => (Kind::Half, "F16"),
+        _ => (Kind::Float, "F32"),
+    }
+}
+
+fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> ModelError + '_ {
+    move |source| ModelError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+/// Writes `tensors` into `dir` in `kind` (BFloat16, Half or Float), split into shards of at
+/// most `max_shard_bytes` (a tensor larger than that gets a shard of its own); returns the
+/// files written. The map's tensors are written as they are (see [`write_hub_files`]).
+pub fn save_hub_files(
+    dir: &Path,
+    tensors: &BTreeMap<String, Tensor>,
+    kind: Kind,
+    max_shard_bytes: u64,
+) -> Result<Vec<PathBuf>> {
+    let entries: Vec<(String, Vec<i64>)> = tensors
+        .iter()
+        .map(|(name, t)| (name.clone(), t.size()))
+        .collect();
+    write_hub_files(dir, &entries, kind, max_shard_bytes, |name| {
+        Ok::<_, ModelError>(tensors[name].shallow_clone())
+    })
+}
+
+/// Writes the tensors `entries` names (key, shape; in this order) into `dir` in `kind`, shards
+/// as [`save_hub_files`] plans them, asking `tensor(key)` for each one only when its bytes are
+/// due (any float dtype, any device; its shape must be the entry's). Returns the files
+/// written: the weight files, then the index when there are several.
+pub fn write_hub_files<E: From<ModelError>>(
+    dir: &Path,
+    entries: &[(String, Vec<i64>)],
+    kind: Kind,
+    max_shard_bytes: u64,
+    mut tensor: impl FnMut(&str) -> std::result::Result<Tensor, E>,
+) -> std::result::Result<Vec<PathBuf>, E> {
+    let (kind, dtype) = stored_kind(kind);
+    let bytes_of =
+        |shape: &[i64]| shape.iter().product::<i64>() as u64 * kind.elt_size_in_bytes() as u64;
+    let mut shards: Vec<Vec<&(String, Vec<i64>)>> = vec![Vec::new()];
+    let mut current = 0u64;
+    for entry in entries {
+        let size = bytes_of(&entry.1);
+        let last = shards.last_mut().expect("at least one shard");
+        if !last.is_empty() && current + size > max_shard_bytes {
+            shards.push(vec![entry]);
+            current = size;
+        } else {
+            last.push(entry);
+            current += size;
+        }
+    }
+    let count = shards.len();
+    let mut files = Vec::new();
+    let mut weight_map = BTreeMap::new();
+    for (i, shard) in shards.iter().enumerate() {
+        let file = if count == 1 {
+            SINGLE_FILE.to_string()
+        } else {
+            format!("model-{:05}-of-{count:05}.safetensors", i + 1)
+        };
+        let path = dir.join(&file);
+        write_file(&path, shard, kind, dtype, &mut tensor)?;
+        for (name, _) in shard {
+            weight_map.insert(name.clone(), file.clone());
+        }
+        files.push(path);
+    }
+    if count > 1 {
+        let total: u64 = entries.iter().map(|(_, shape)| bytes_of(shape)).sum();
+        let index = serde_json::json!({
+            "metadata": {"total_size": total},
+            "weight_map": weight_map,
+        });
+        let path = dir.join(INDEX_FILE);
+        let text = serde_json::to_string_pretty(&index).map_err(|source| ModelError::Json {
+            path: path.clone(),
+            source,
+        })?;
+        write_renamed(&path, |out| out.write_all((text + "\n").as_bytes()))?;
+        files.push(path);
+    }
+    remove_stale_weights(dir, &files)?;
+    Ok(files)
+}
+
+/// One safetensors file: the header (offsets from the shapes), then each tensor's bytes.
+fn write_file<E: From<ModelError>>(
+    path: &Path,
+    entries: &[&(String, Vec<i64>)],
+    kind: Kind,
+    dtype: &str,
+    tensor: &mut impl FnMut(&str) -> std::result::Result<Tensor, E>,
+) -> std::result::Result<(), E> {
+    let mut header = serde_json::Map::new();
+    header.insert("__metadata__".into(), serde_json::json!({"format": "pt"}));
+    let mut offset = 0u64;
+    for (name, shape) in entries {
+        let end = offset + shape.iter().product::<i64>() as u64 * kind.elt_size_in_bytes() as u64;
+        header.insert(
+            name.clone(),
+            serde_json::json!({"dtype": dtype, "shape": shape, "data_offsets": [offset, end]}),
+        );
+        offset = end;
+    }
+    let mut header = serde_json::to_vec(&header).map_err(|source| ModelError::Json {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    // The data starts 8-byte aligned, padded with spaces as the safetensors writers do.
+    header.resize(header.len().next_multiple_of(8), b' ');
+    let tmp = tmp_path(path);
+    let written = fill_file(&tmp, &header, entries, kind, tensor, path);
+    if written.is_err() {
+        // Best effort: the error that stopped the write is the one to report.
+        let _ = std::fs::remove_file(&tmp);
+    }
+    written?;
+    std::fs::rename(&tmp, path).map_err(io_err(path))?;
+    Ok(())
+}
+
+/// Writes `tmp`: the header's length and `header`, then each entry's bytes (see
+/// [`write_file`]; `path` is the file's final name, which errors give).
+fn fill_file<E: From<ModelError>>(
+    tmp: &Path,
+    header: &[u8],
+    entries: &[&(String, Vec<i64>)],
+    kind: Kind,
+    tensor: &mut impl FnMut(&str) -> std::result::Result<Tensor, E>,
+    path: &Path,
+) -> std::result::Result<(), E> {
+    let file = std::fs::File::create(tmp).map_err(io_err(tmp))?;
+    let mut out = std::io::BufWriter::with_capacity(1 << 20, file);
+    let write = |out: &mut std::io::BufWriter<std::fs::File>, bytes: &[u8]| {
+        out.write_all(bytes).map_err(io_err(tmp))
+    };
+    write(&mut out, &(header.len() as u64).to_le_bytes())?;
+    write(&mut out, header)?;
+    let mut buf = Vec::new();
+    for (name, shape) in entries {
+        let t = tensor(name)?;
+        if &t.size() != shape {
+            return Err(ModelError::ShapeMismatch {
+                path: path.to_path_buf(),
+                name: name.clone(),
+                expected: shape.clone(),
+                found: t.size(),
+            }
+            .into());
+        }
+        let flat = t.detach().reshape([-1]);
+        let numel = flat.numel() as i64;
+        let step = (PIECE_BYTES / kind.elt_size_in_bytes() as i64).max(1);
+        let mut at = 0;
+        while at < numel {
+            let take = step.min(numel - at);
+            let piece = flat
+                .narrow(0, at, take)
+                .to_device(tch::Device::Cpu)
+                .to_kind(kind)
+                .contiguous();
+            buf.resize(take as usize * kind.elt_size_in_bytes(), 0u8);
+            piece
+                .f_copy_data_u8(&mut buf, take as usize)
+                .map_err(ModelError::from)?;
+            write(&mut out, &buf)?;
+            at += take;
+        }
+    }
+    let file = out.into_inner().map_err(|e| ModelError::Io {
+        path: tmp.to_path_buf(),
+        source: e.into_error(),
+    })?;
+    file.sync_all().map_err(io_err(tmp))?;
+    Ok(())
+}
+
+fn tmp_path(path: &Path) -> PathBuf {
+    let mut name = path.file_name().unwrap_or_default().to_os_string();
+    name.push(".tmp");
+    path.with_file_name(name)
+}
+
+/// Writes `path` through `NAME.tmp`, renamed once `fill` has written all of it.
+fn write_renamed(
+    path: &Path,
+    fill: impl FnOnce(&mut std::fs::File) -> std::io::Result<()>,
+) -> Result<()> {
+    let tmp = tmp_path(path);
+    let mut file = std::fs::File::create(&tmp).map_err(io_err(&tmp))?;
+    fill(&mut file)
+        .and_then(|()| file.sync_all())
+        .map_err(io_err(&tmp))?;
+    std::fs::rename(&tmp, path).map_err(io_err(path))
+}
+
+/// Removes the weight files (`model.safetensors`, `model-*-of-*.safetensors`, the index) of
+/// `dir` that are not in `written`.
+fn remove_stale_weights(dir: &Path, written: &[PathBuf]) -> Result<()> {
+    for entry in std::fs::read_dir(dir).map_err(io_err(dir))? {
+        let path = entry.map_err(io_err(dir))?.path();
+        let Some(name) = path.file_name().and_then(|n| n.to_str()) else {
+            continue;
+        };
+        let shard = name.starts_with("model-") && name.contains("-of-");
+        let weights =
+            name == SINGLE_FILE || name == INDEX_FILE || (shard && name.ends_with(".safetensors"));
+        if weights && !written.contains(&path) {
+            std::fs::remove_file(&path).map_err(io_err(&path))?;
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,608 @@
+//! The training loop. Per rank: join the job, load the model, pick up where the run stopped
+//! (`--resume`: the newest complete checkpoint, at any world size), then for every optimizer
+//! step run its G micro-batches (each rank its own, all ranks the same kind; `rank_plan.rs` maps
+//! the plan's ranks onto this run's), scale each micro-batch's summed token loss by
+//! 1 / (supervised tokens of the whole step across ranks), all-reduce, clip, AdamW, log the
+//! step (`metrics.jsonl`) and its samples (`plan.jsonl`), validate (`validate.rs`), checkpoint.
+pub(crate) mod rank_plan;
+pub(crate) mod restore;
+pub(crate) mod schedule;
+pub(crate) mod setup;
+pub(crate) mod sharded_vlm;
+pub(crate) mod start;
+pub(crate) mod validate;
+
+use crate::checkpoint::format::{CheckpointMeta, RankState, FORMAT_VERSION};
+use crate::checkpoint::room;
+use crate::checkpoint::save::CheckpointSaver;
+use crate::config::{Dtype, Stage, TrainConfig};
+use crate::error::{io, TrainError};
+use crate::export::VlmDescription;
+use crate::report::event_file::EventFile;
+use crate::report::metrics::{self, PerRank, Progress, StepLog, StepMetrics, Summary};
+use crate::report::plot::{plot_loss, Losses};
+use crate::report::profile::Profiler;
+use crate::report::tensorboard;
+use crate::run::rank_plan::{step_samples, RankLayout};
+use crate::run::schedule::CosineSchedule;
+use crate::run::sharded_vlm::{loss_groups, ShardedVlm, StepTotals, UnitTimes};
+use crate::run::validate::Validation;
+use crate::run_dir::RunDir;
+use pipeline::loader::{Loader, LoaderConfig, SampleSource};
+use pipeline::plan::{Plan, Planner, Position, Step};
+use restore::Start;
+use setup::Setup;
+use start::RunStart;
+use std::sync::Arc;
+use std::time::Instant;
+use tch::Tensor;
+use tessera_fsdp::dist::{Liveness, RankEnv};
+use tessera_model::CpuBf16Gemm;
+
+/// Trains one rank. Rank 0 returns the run's summary; other ranks return `None`.
+pub fn train(
+    cfg: &TrainConfig,
+    env: Option<RankEnv>,
+    start: &RunStart,
+) -> Result<Option<Summary>, TrainError> {
+    let mut cfg = cfg.clone();
+    if let Some(env) = &env {
+        cfg.nproc = env.world_size;
+    }
+    // Rank 0 alone, before joining the job: no other rank writes into --out until then.
+    if env.as_ref().is_none_or(|e| e.rank == 0) {
+        start::prepare(&cfg.out, start)?;
+    }
+    std::fs::create_dir_all(&cfg.out).map_err(io(&cfg.out))?;
+    let pg = setup::process_group(&cfg, env.as_ref())?;
+    let liveness = match env.as_ref().filter(|e| e.world_size > 1) {
+        Some(env) => {
+            let timeout = std::time::Duration::from_secs(cfg.heartbeat_timeout_s);
+            Some(Liveness::start(env, timeout)?)
+        }
+        None => None,
+    };
+    let mesh = match env.as_ref().filter(|_| cfg.strategy.is_hybrid()) {
+        Some(env) => Some(setup::hybrid_mesh(&cfg, env, &pg)?),
+        None => None,
+    };
+    match train_rank(&cfg, pg, mesh, start) {
+        Ok(summary) => {
+            // Trained to the end: the other ranks stop watching this one's heartbeat.
+            if let Some(liveness) = liveness {
+                liveness.finish();
+            }
+            Ok(summary)
+        }
+        Err(e) => Err(name_lost_ranks(e, liveness.as_ref())),
+    }
+}
+
+/// A collective that failed because peers died (gloo: "Connection closed by peer") says which
+/// ranks are gone: the ranks whose heartbeat stopped.
+fn name_lost_ranks(e: TrainError, liveness: Option<&Liveness>) -> TrainError {
+    let collective = matches!(
+        &e,
+        TrainError::Dist(_) | TrainError::Fsdp(tessera_fsdp::FsdpError::Dist(_))
+    );
+    match liveness.filter(|_| collective) {
+        Some(liveness) => match liveness.silent_ranks() {
+            ranks if ranks.is_empty() => e,
+            ranks => TrainError::RanksLost {
+                ranks,
+                source: Box::new(e),
+            },
+        },
+        None => e,
+    }
+}
+
+/// Everything a rank does once it has joined the job.
+fn train_rank(
+    cfg: &TrainConfig,
+    pg: tessera_fsdp::dist::ProcessGroup,
+    mesh: Option<tessera_fsdp::dist::Mesh>,
+    start: &RunStart,
+) -> Result<Option<Summary>, TrainError> {
+    let cfg = cfg.clone();
+    setup::check_shared_run_dir(&cfg.out, &pg)?;
+    // The sharded model reads from the checkpoints only the slices its shards keep.
+    let (s, init) = setup::build(&cfg, pg, mesh)?;
+    let run = RunDir::new(&cfg.out);
+    if s.rank == 0 {
+        let vlm_desc = VlmDescription::new(&cfg, &s.vlm, s.data.manifest());
+        vlm_desc.save(&run.vlm())?;
+        run.keep_tokenizer(s.data.first())?;
+        s.data.log_mixture();
+    }
+    let mut model = ShardedVlm::new(&cfg, &s.vlm, &s.pg, s.mesh.as_ref(), &init, s.device)?;
+    tracing::info!(
+        "rank {}: shards built from {} MiB of checkpoint reads; peak RSS so far {:.0} MiB",
+        s.rank,
+        init.bytes_read() >> 20,
+        metrics::peak_rss_mib()
+    );
+    drop(init);
+    let held = model.training_state_bytes();
+    let mib = |b: u64| b as f64 / (1u64 << 20) as f64;
+    tracing::info!(
+        "rank {}: training state {:.1} MiB (trained {}: masters {:.1}, gradients {:.1}, AdamW \
+         moments {:.1}; {:?} over {} ranks); frozen and trained parameters at rest {:.1} MiB",
+        s.rank,
+        mib(held.trainable_param_bytes + held.grad_bytes + held.optimizer_bytes),
+        cfg.train,
+        mib(held.trainable_param_bytes),
+        mib(held.grad_bytes),
+        mib(held.optimizer_bytes),
+        cfg.strategy,
+        s.world_size,
+        mib(held.param_bytes),
+    );
+    if s.rank == 0 && cfg.precision == Dtype::Bf16 && s.device == tch::Device::Cpu {
+        tracing::info!(
+            "bf16 matrix products on this CPU: {}",
+            CpuBf16Gemm::current().name()
+        );
+    }
+    let pick = if start.resume {
+        Some(run.newest_complete_checkpoint()?)
+    } else {
+        None
+    };
+    let plan_world_size = pick
+        .as_ref()
+        .and_then(|p| p.checkpoint.as_ref())
+        .map_or(s.world_size, |c| c.meta.plan_world_size());
+    let mut train_loop = TrainLoop::new(&cfg, &s, plan_world_size)?;
+    let first = train_loop.restore(pick, start, &mut model)?;
+    train_loop.run(&mut model, first, start.progress)?;
+    drop(model);
+    if s.rank != 0 {
+        return Ok(None);
+    }
+    let steps = metrics::read_metrics(&run.metrics())?;
+    let summary = Summary::from_steps(&steps);
+    if let Some(summary) = &summary {
+        let path = run.summary();
+        let text = serde_json::to_string_pretty(summary).map_err(|source| TrainError::Json {
+            what: path.display().to_string(),
+            source,
+        })?;
+        shards::write_atomically(&path, text.as_bytes())?;
+        plot_loss(&Losses::from_steps(&steps), &run.loss_plot())?;
+    }
+    Ok(summary)
+}
+
+/// The loop over optimizer steps: plans each epoch, feeds each step's micro-batches to the
+/// model, logs and checkpoints.
+struct TrainLoop<'a> {
+    cfg: &'a TrainConfig,
+    s: &'a Setup,
+    run: RunDir,
+    loader_cfg: LoaderConfig,
+    total_steps: u64,
+    schedule: CosineSchedule,
+    layout: RankLayout,
+    validation: Option<Validation>,
+    saver: CheckpointSaver,
+}
+
+/// Stage 1 trains only the projector, which text-only samples never reach: it plans image
+/// samples alone (LLaVA's stage 1 data has no text-only samples either).
+fn planned_kind(stage: Stage) -> Option<shards::Kind> {
+    (stage == Stage::Align).then_some(shards::Kind::Image)
+}
+
+impl<'a> TrainLoop<'a> {
+    /// `plan_world_size`: the ranks the data plan is laid out for (this run's W, or the one
+    /// the resumed run started with).
+    fn new(cfg: &'a TrainConfig, s: &'a Setup, plan_world_size: usize) -> Result<Self, TrainError> {
+        if let Some(kind) = planned_kind(cfg.stage) {
+            let left_out = s.samples.iter().filter(|m| m.kind != kind).count();
+            if left_out == s.samples.len() {
+                return Err(TrainError::Invalid(format!(
+                    "stage {} trains on {kind:?} samples only and {} holds none",
+                    cfg.stage as u8,
+                    cfg.shards.display()
+                )));
+            }
+            if left_out > 0 && s.rank == 0 {
+                tracing::info!(
+                    "stage {}: {left_out} samples that are not {kind:?} samples are left out \
+                     (only the projector trains)",
+                    cfg.stage as u8
+                );
+            }
+        }
+        let loader_cfg = LoaderConfig::builder()
+            .image_size(s.vlm.vision.image_size as usize)
+            .image_tokens(s.vlm.vision.num_patches() as usize)
+            .tokens(&s.data.manifest().special_tokens())
+            .resize(cfg.resize)
+            .threads(cfg.loader_threads)
+            .on_bad_image(cfg.on_bad_image)
+            .build()?;
+        let validation = Validation::new(cfg, s, &loader_cfg, planned_kind(cfg.stage))?;
+        if let (Some(v), 0) = (&validation, s.rank) {
+            tracing::info!(
+                "validation: {} samples of {}, every {} steps and at the end",
+                v.samples,
+                cfg.val_shards
+                    .as_deref()
+                    .unwrap_or(std::path::Path::new(""))
+                    .display(),
+                cfg.val_every
+            );
+        }
+        let mut train_loop = TrainLoop {
+            cfg,
+            s,
+            run: RunDir::new(&cfg.out),
+            loader_cfg,
+            total_steps: 0,
+            schedule: CosineSchedule::new(cfg.lr, cfg.warmup_ratio, 1),
+            layout: RankLayout {
+                plan_world_size,
+                world_size: s.world_size,
+                rank: s.rank,
+            },
+            validation,
+            saver: CheckpointSaver::new(cfg),
+        };
+        train_loop.total_steps = match cfg.steps {
+            Some(n) => n,
+            None => {
+                let mut n = 0;
+                for epoch in 0..u64::from(cfg.epochs) {
+                    n += train_loop.planner(epoch)?.plan().steps.len() as u64;
+                }
+                n
+            }
+        };
+        train_loop.schedule = CosineSchedule::new(cfg.lr, cfg.warmup_ratio, train_loop.total_steps);
+        Ok(train_loop)
+    }
+
+    fn planner(&self, epoch: u64) -> Result<Planner, TrainError> {
+        let builder = match self.s.data.draw(self.cfg.seed, epoch) {
+            Some(draw) => Planner::builder().draws(draw.items, &draw.key),
+            None => Planner::builder(),
+        };
+        Ok(builder
+            .samples(&self.s.samples)
+            .image_tokens(self.s.vlm.vision.num_patches() as u32)
+            .world_size(self.layout.plan_world_size)
+            .token_budget(self.cfg.token_budget as u64)
+            .seq_len(self.cfg.seq_len as u64)
+            .micro_steps(self.cfg.micro_steps)
+            .seed(self.cfg.seed)
+            .epoch(epoch)
+            .fingerprint(self.s.data.fingerprint())
+            .only(planned_kind(self.cfg.stage))
+            .build()?)
+    }
+
+    /// `progress`: [`RunStart::progress`].
+    fn run(
+        &mut self,
+        model: &mut ShardedVlm,
+        start: Start,
+        progress: bool,
+    ) -> Result<(), TrainError> {
+        let (cfg, s) = (self.cfg, self.s);
+        // Both logs drop any line of a step this run (re)does.
+        let resume_step = Some(start.step);
+        let mut metrics_log: Option<StepLog<StepMetrics>> = if s.rank == 0 {
+            Some(StepLog::open(&self.run.metrics(), resume_step)?)
+        } else {
+            None
+        };
+        // The same scalars for TensorBoard: a new event file per (re)start, which tells
+        // readers to drop an earlier file's steps from its first step on.
+        let mut events = if s.rank == 0 {
+            let file = EventFile::create(self.run.path(), start.step)?;
+            tracing::debug!("TensorBoard events: {}", file.path().display());
+            Some(file)
+        } else {
+            None
+        };
+        // The samples each step trains on, for audits (same truncation on resume).
+        let mut plan_log: Option<StepLog<PlannedStep>> = if s.rank == 0 {
+            Some(StepLog::open(&self.run.plan(), resume_step)?)
+        } else {
+            None
+        };
+        if s.rank == 0 && start.step < self.total_steps {
+            // Said now, before the steps up to the first checkpoint are spent.
+            let every = cfg.checkpoint_every;
+            let first = match every {
+                0 => self.total_steps,
+                n => ((start.step / n + 1) * n).min(self.total_steps),
+            };
+            room::warn_if_no_room(&self.run, first, model.checkpoint_bytes());
+        }
+        let progress = Progress::new(self.total_steps, progress);
+        let store_failures = || -> u64 { s.stores.iter().map(|f| f.attempts().failed()).sum() };
+        let mut retried = 0;
+        let mut step = start.step;
+        let mut profiler = None;
+        let mut position = start.position;
+        let mut epoch = position.as_ref().map_or(0, |p| p.epoch);
+        while step < self.total_steps {
+            let planner = self.planner(epoch)?;
+            let plan: Plan = match position.take() {
+                Some(p) if p.epoch == epoch => planner.plan_from(&p)?,
+                _ => planner.plan(),
+            };
+            if plan.steps.is_empty() {
+                if plan.stats.samples == 0 && plan.end.step == 0 {
+                    return Err(TrainError::Invalid(format!("epoch {epoch} plans no steps")));
+                }
+                epoch += 1;
+                continue;
+            }
+            let todo = ((self.total_steps - step) as usize).min(plan.steps.len());
+            let mine: Vec<_> = plan.steps[..todo]
+                .iter()
+                .flat_map(|st| self.layout.batches(st))
+                .collect();
+            let source: Arc<dyn SampleSource> = s.data.source();
+            let mut loader = Loader::new(source, mine, self.loader_cfg.clone());
+            for (i, plan_step) in plan.steps[..todo].iter().enumerate() {
+                if step == start.step && cfg.profile > 0 {
+                    profiler = Some(Profiler::start(s.device.is_cuda())?);
+                }
+                let mut m = self.one_step(model, &mut loader, plan_step, step)?;
+                m.store_retries = store_failures() - retried;
+                retried += m.store_retries;
+                if step + 1 == start.step + cfg.profile || step + 1 == self.total_steps {
+                    if let Some(p) = profiler.take() {
+                        let path = self.run.profile(s.rank);
+                        p.save(&path)?;
+                        tracing::info!(
+                            "rank {}: profile of {} steps in {}",
+                            s.rank,
+                            cfg.profile.min(step + 1 - start.step),
+                            path.display()
+                        );
+                    }
+                }
+                let last = step + 1 == self.total_steps;
+                let due = cfg.val_every > 0 && (step + 1).is_multiple_of(cfg.val_every);
+                if let Some(v) = self.validation.as_ref().filter(|_| due || last) {
+                    let val_loss = v.loss(model, s)?;
+                    tracing::info!(
+                        "step {step}: val_loss {val_loss:.6} ({} samples)",
+                        v.samples
+                    );
+                    m.val_loss = Some(val_loss);
+                }
+                if let Some(log) = metrics_log.as_mut() {
+                    log.append(&m)?;
+                    progress.show(&m);
+                }
+                if let Some(events) = events.as_mut() {
+                    events.scalars(step, &tensorboard::scalars(&m))?;
+                }
+                if let Some(log) = plan_log.as_mut() {
+                    log.append(&PlannedStep {
+                        step,
+                        samples: step_samples(plan_step),
+                    })?;
+                }
+                step += 1;
+                let due = cfg.checkpoint_every > 0 && step.is_multiple_of(cfg.checkpoint_every);
+                if due || step == self.total_steps {
+                    self.checkpoint(model, step, &plan.resume_position(i + 1)?)?;
+                } else {
+                    self.saver.poll(&self.run, &s.writer_ranks())?;
+                }
+            }
+            epoch += 1;
+        }
+        for store in &s.stores {
+            let counts = store.attempts();
+            let url = shards::RemoteFiles::url(store.as_ref());
+            let line = format!("rank {}: {url}: {}", s.rank, counts.describe());
+            if counts.failed() > 0 {
+                tracing::warn!("{line}");
+            } else {
+                tracing::info!("{line}");
+            }
+        }
+        self.saver.finish(&self.run, &s.writer_ranks())
+    }
+
+    fn one_step(
+        &self,
+        model: &mut ShardedVlm,
+        loader: &mut Loader,
+        plan_step: &Step,
+        step: u64,
+    ) -> Result<StepMetrics, TrainError> {
+        let s = self.s;
+        tch::manual_seed(step_seed(self.cfg.seed, step, s.rank));
+        let started = Instant::now();
+        let divisor = plan_step.supervised_tokens.max(1) as f64;
+        let mut times = UnitTimes::new();
+        let mut wait = 0.0;
+        let mut local = StepTotals::default();
+        // A mixture's loss by source: each source's summed token loss, then its token count.
+        let sources = s.data.source_names();
+        let mut by_source = vec![0.0f64; 2 * sources.len()];
+        let mut fetch = |model: &ShardedVlm, wait: &mut f64| -> Result<_, TrainError> {
+            let t = Instant::now();
+            let mb = loader.next().ok_or_else(|| {
+                TrainError::Invalid(format!("step {step}: the loader ended before the plan did"))
+            })??;
+            *wait += t.elapsed().as_secs_f64();
+            let ctx = model.prepare(&mb)?;
+            Ok((mb, ctx))
+        };
+        let micro_batches = plan_step.micro_steps.len() * self.layout.per_micro_step();
+        let mut next = None;
+        for i in 0..micro_batches {
+            let (mb, mut ctx) = match next.take() {
+                Some(prepared) => prepared,
+                None => fetch(model, &mut wait)?,
+            };
+            // Micro-batch i+1's uploads go out before i's kernels: on CUDA they overlap.
+            if i + 1 < micro_batches {
+                next = Some(fetch(model, &mut wait)?);
+            }
+            if !sources.is_empty() {
+                let groups = loss_groups(&mb, &|index| s.data.source_of(index));
+                for &g in &groups {
+                    by_source[sources.len() + g as usize] += 1.0;
+                }
+                ctx.set_loss_groups(&groups, sources.len() as i64)?;
+            }
+            let (loss_sum, split) = model.forward_backward(ctx, 1.0 / divisor, &mut times)?;
+            for (sum, part) in by_source.iter_mut().zip(split.unwrap_or_default()) {
+                *sum += part;
+            }
+            local.add_batch(&mb, loss_sum);
+        }
+        let compute = started.elapsed().as_secs_f64() - wait;
+        let lr_factor = self.schedule.factor(step);
+        let t = Instant::now();
+        let stats = model.optimizer_step(lr_factor)?;
+        let grad_norm = stats.grad_norm;
+        times.insert("optimizer".into(), t.elapsed().as_secs_f64());
+        let mut totals = Tensor::from_slice(&[&local.to_array()[..], &by_source].concat());
+        // Per rank, in rank order: compute seconds, loader wait seconds, peak RSS (MiB).
+        let mine = [compute, wait, metrics::peak_rss_mib()];
+        let mut ranks = Tensor::zeros(
+            [(mine.len() * s.world_size) as i64],
+            (tch::Kind::Double, tch::Device::Cpu),
+        );
+        if s.world_size > 1 {
+            s.pg.all_reduce_sum(&mut totals, "step metrics")?.wait()?;
+            s.pg.all_gather_into(&mut ranks, &Tensor::from_slice(&mine), "step metrics")?
+                .wait()?;
+        } else {
+            ranks = Tensor::from_slice(&mine);
+        }
+        let totals: Vec<f64> = Vec::try_from(&totals)?;
+        let split = totals.get(StepTotals::LEN..).unwrap_or_default();
+        let loss_by_source = sources
+            .iter()
+            .enumerate()
+            .filter_map(|(k, name)| {
+                let (sum, count) = (split.get(k)?, split.get(sources.len() + k)?);
+                (*count > 0.0).then(|| (name.clone(), sum / count))
+            })
+            .collect();
+        let totals = StepTotals::from_slice(&totals);
+        let ranks: Vec<f64> = Vec::try_from(&ranks)?;
+        let column =
+            |i: usize| -> Vec<f64> { ranks.iter().skip(i).step_by(mine.len()).copied().collect() };
+        let (computes, waits, peak_rss_mib) = (column(0), column(1), column(2));
+        let mean_compute = computes.iter().sum::<f64>() / computes.len() as f64;
+        let max_compute = computes.iter().copied().fold(0.0, f64::max);
+        let secs = started.elapsed().as_secs_f64().max(1e-9);
+        let (loss_image, loss_text) = totals.loss_by_kind();
+        Ok(StepMetrics {
+            step,
+            loss: totals.loss_sum / divisor,
+            loss_image,
+            loss_text,
+            lr: self.schedule.lr(step),
+            grad_norm,
+            tokens_per_s: totals.tokens / secs,
+            real_tokens_per_s: totals.real_tokens / secs,
+            images_per_s: totals.images / secs,
+            loader_wait_frac: wait / secs,
+            imbalance: if mean_compute > 0.0 {
+                max_compute / mean_compute
+            } else {
+                1.0
+            },
+            step_time_s: secs,
+            tokens: totals.tokens as u64,
+            real_tokens: totals.real_tokens as u64,
+            supervised_tokens: totals.supervised_tokens as u64,
+            images: totals.images as u64,
+            unit_time_s: times,
+            rss_mib: metrics::rss_mib(),
+            bytes_sent: stats.bytes_sent,
+            bytes_sent_across_nodes: stats.bytes_sent_across,
+            store_retries: 0,
+            val_loss: None,
+            loss_by_source,
+            per_rank: PerRank {
+                loader_wait_frac: waits.iter().map(|w| w / secs).collect(),
+                compute_s: computes,
+                peak_rss_mib,
+            },
+        })
+    }
+
+    /// The checkpoint of `step`, saved as `--checkpoint-write` says (`checkpoint/save.rs`).
+    fn checkpoint(
+        &mut self,
+        model: &mut ShardedVlm,
+        step: u64,
+        next: &Position,
+    ) -> Result<(), TrainError> {
+        let (cfg, s) = (self.cfg, self.s);
+        let json = |what: &str| {
+            let what = format!("checkpoint of step {step}: {what}");
+            move |source| TrainError::Json { what, source }
+        };
+        let planner = serde_json::to_value(next).map_err(json("planner position"))?;
+        let state = RankState {
+            rank: s.rank,
+            next_step: step,
+            planner,
+            seed: cfg.seed,
+        };
+        let meta = if s.rank == 0 {
+            Some(CheckpointMeta {
+                format_version: FORMAT_VERSION,
+                step,
+                world_size: s.world_size,
+                strategy: cfg.strategy,
+                stage: cfg.stage.into(),
+                model: s.model_fingerprint.clone(),
+                data_fingerprint: s.data.fingerprint().to_string(),
+                config: serde_json::to_value(cfg).map_err(json("config"))?,
+                run: self.run_record(),
+                plan_world_size: Some(self.layout.plan_world_size),
+            })
+        } else {
+            None
+        };
+        if s.rank == 0 {
+            room::warn_if_no_room(&self.run, step, model.checkpoint_bytes());
+        }
+        let (rank, world_size) = (s.rank, s.world_size);
+        self.saver.save(
+            &self.run,
+            &s.writer_ranks(),
+            |copy| model.snapshot_sharded(rank, world_size, copy),
+            state,
+            meta,
+        )
+    }
+}
+
+/// One line of `plan.jsonl`.
+#[derive(serde::Serialize)]
+struct PlannedStep {
+    step: u64,
+    /// Global sample indices (shard order, then row order) of every rank's micro-batches,
+    /// fillers left out, in plan order.
+    samples: Vec<u64>,
+}
+
+/// Torch's generator seed for a rank's step: a pure function, so a resumed step draws exactly
+/// what the uninterrupted run drew.
+fn step_seed(seed: u64, step: u64, rank: usize) -> i64 {
+    let mut x = seed
+        ^ step.wrapping_mul(0x9E37_79B9_7F4A_7C15)
+        ^ (rank as u64).wrapping_mul(0xC2B2_AE3D_27D4_EB4F);
+    x ^= x >> 31;
+    (x & 0x7FFF_FFFF_FFFF_FFFF) as i64
+}
