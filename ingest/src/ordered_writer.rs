@@ -106,11 +106,13 @@ impl OrderedWriter {
                 }
                 let writer = match &mut self.current {
                     Some(w) => w,
-                    None => self.current.insert(ShardWriter::create(
-                        &self.dir,
-                        self.state.shards.len(),
-                        self.limits,
-                    )?),
+                    None => {
+                        let mut w =
+                            ShardWriter::create(&self.dir, self.state.shards.len(), self.limits)?;
+                        // What a full disk's message says the shard needs.
+                        w.expect_bytes(self.shard_size);
+                        self.current.insert(w)
+                    }
                 };
                 writer.append(*sample)?;
                 if writer.estimated_bytes() >= self.shard_size {

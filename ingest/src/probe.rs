@@ -1,9 +1,9 @@
 //! Image checks, cheapest first: the format from magic bytes (never the file name), width and
 //! height from the header, the pixel limit (a decompression bomb is refused before any
 //! decoding), then, unless `--no-verify`, a decode of the whole file. JPEGs are verified with a
-//! DCT-scaled decode (`jpeg-decoder`, 1/8 scale): every entropy-coded bit is read, so truncated
-//! or corrupt data still fails, but most of the inverse DCT and colour conversion is skipped.
-//! PNG and WebP are decoded fully with `image`.
+//! DCT-scaled decode (libjpeg-turbo at 1/8 scale, `jpeg_check.rs`): every entropy-coded bit is
+//! read, so truncated or corrupt data still fails, but most of the inverse DCT and colour
+//! conversion is skipped. PNG and WebP are decoded fully with `image`.
 use crate::reason::Reason;
 use std::io::Cursor;
 
@@ -160,13 +160,7 @@ pub(crate) fn verify_decode(bytes: &[u8], path: &str, info: &ImageInfo) -> Resul
         )
     };
     match info.format {
-        ImageFormat::Jpeg => {
-            let mut decoder = jpeg_decoder::Decoder::new(bytes);
-            let w = u16::try_from(info.width.div_ceil(8)).unwrap_or(u16::MAX);
-            let h = u16::try_from(info.height.div_ceil(8)).unwrap_or(u16::MAX);
-            decoder.scale(w, h).map_err(|e| corrupt(e.to_string()))?;
-            decoder.decode().map_err(|e| corrupt(e.to_string()))?;
-        }
+        ImageFormat::Jpeg => crate::jpeg_check::check_jpeg(bytes).map_err(corrupt)?,
         ImageFormat::Png | ImageFormat::Webp => {
             image::load_from_memory_with_format(bytes, to_image_format(info.format))
                 .map_err(|e| corrupt(e.to_string()))?;

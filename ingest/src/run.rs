@@ -156,13 +156,13 @@ pub fn run(config: &IngestConfig) -> Result<Summary, IngestError> {
             input.read_from(start, &mut |n, item| {
                 let record = match item {
                     Item::Earlier(id) => {
-                        seen.insert(id);
+                        seen.insert(id_key(&id));
                         return true;
                     }
                     Item::Record(record) => record,
                 };
                 let duplicate = match &record {
-                    Ok(r) => !seen.insert(r.id.clone()),
+                    Ok(r) => !seen.insert(id_key(&r.id)),
                     Err(_) => false,
                 };
                 let stop = record.is_err();
@@ -229,6 +229,20 @@ pub fn run(config: &IngestConfig) -> Result<Summary, IngestError> {
         writer.finish()
     })?;
     finalize(config, &encoder, final_state, started, start, earlier_s)
+}
+
+/// A record id as the duplicate check keeps it: 128 bits of two SipHash-1-3 hashes (16 bytes
+/// a record whatever the id's length; two different ids collide with probability about
+/// 2^-128 per pair, some 10^-27 over LLaVA-Pretrain's 558,128 records).
+fn id_key(id: &str) -> u128 {
+    use std::hash::{Hash, Hasher};
+    let half = |salt: u8| {
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        salt.hash(&mut h);
+        id.hash(&mut h);
+        h.finish()
+    };
+    (u128::from(half(0)) << 64) | u128::from(half(1))
 }
 
 /// Creates the output directory, or restores the state an interrupted run left in it.

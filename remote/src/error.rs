@@ -10,6 +10,19 @@ pub enum RemoteError {
         url: String,
         source: object_store::Error,
     },
+    /// A shard that index.json lists is not in the store (a 404, which is not retried).
+    #[error(
+        "{url}: not found, though index.json lists it (shard {file}: {rows} rows, {bytes} \
+         bytes): the object is gone from the store; put it back (or ingest again), then run \
+         again with --resume"
+    )]
+    ShardGone {
+        url: String,
+        file: String,
+        rows: u64,
+        bytes: u64,
+        source: object_store::Error,
+    },
     /// The URL does not parse, or object_store cannot build a store for it.
     #[error("{url}: not a shard directory URL")]
     BadUrl {
@@ -40,6 +53,23 @@ impl RemoteError {
         RemoteError::Store {
             url: url.into(),
             source,
+        }
+    }
+
+    /// A failed read of `shard`: a missing object says which shard of the index is gone.
+    pub(crate) fn of_shard(self, shard: &shards::ShardInfo) -> Self {
+        match self {
+            RemoteError::Store {
+                url,
+                source: source @ object_store::Error::NotFound { .. },
+            } => RemoteError::ShardGone {
+                url,
+                file: shard.file.clone(),
+                rows: shard.rows,
+                bytes: shard.bytes,
+                source,
+            },
+            other => other,
         }
     }
 

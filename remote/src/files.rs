@@ -2,6 +2,7 @@
 //! (the loader's worker threads) run their requests on a small tokio runtime of their own;
 //! the ranges of one call are fetched concurrently, adjacent ones merged into one request.
 use crate::cache::RangeCache;
+use crate::request_counts::{Counters, RequestCounts};
 use crate::RemoteError;
 use bytes::Bytes;
 use futures::{StreamExt, TryStreamExt};
@@ -39,6 +40,8 @@ pub struct ObjectFiles {
     latency: Duration,
     requests: AtomicU64,
     bytes: AtomicU64,
+    /// Every HTTP attempt of the store, retries included (`request_counts.rs`).
+    attempts: Arc<Counters>,
 }
 
 #[cfg(feature = "test-hooks")]
@@ -58,6 +61,7 @@ impl ObjectFiles {
         prefix: ObjectPath,
         can_list: bool,
         cache: Option<RangeCache>,
+        attempts: Arc<Counters>,
     ) -> Result<ObjectFiles, RemoteError> {
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
@@ -75,7 +79,14 @@ impl ObjectFiles {
             latency: injected_latency(),
             requests: AtomicU64::new(0),
             bytes: AtomicU64::new(0),
+            attempts,
         })
+    }
+
+    /// Every HTTP attempt so far, retries included, and the failed ones by cause: a run that
+    /// finished retried each failed one.
+    pub fn attempts(&self) -> RequestCounts {
+        self.attempts.snapshot()
     }
 
     /// The delay slept before each request: `TESSERA_REMOTE_LATENCY_MS` in builds with the
@@ -326,7 +337,7 @@ impl RemoteFiles for ObjectFiles {
             Some(cache) => self.read_cached(cache, shard, ranges),
             None => self.fetch(&shard.file, ranges),
         };
-        Ok(read?)
+        Ok(read.map_err(|e| e.of_shard(shard))?)
     }
 
     fn size(&self, name: &str) -> Result<u64, ShardError> {
@@ -346,10 +357,28 @@ impl RemoteFiles for ObjectFiles {
             return Ok(Vec::new());
         }
         let prefix = self.prefix.clone();
-        let listed = self.block_on(async {
-            let listing = self.store.list_with_delimiter(Some(&prefix)).await?;
-            Ok::<_, object_store::Error>(listing.objects)
-        });
+        let policy = crate::RetryPolicy::from_switches();
+        let mut wait = policy.first_backoff;
+        let mut tries = 0;
+        let listed = loop {
+            let listed = self.block_on(async {
+                let listing = self.store.list_with_delimiter(Some(&prefix)).await?;
+                Ok::<_, object_store::Error>(listing.objects)
+            });
+            // object_store retries a listing's request but not the reading of its answer: an
+            // answer cut mid-body ("list response body") is retried here, as reads are.
+            match listed {
+                Err(e)
+                    if tries < policy.retries && e.to_string().contains("list response body") =>
+                {
+                    tries += 1;
+                    tracing::debug!("{}: listing cut short, retry {tries}: {e}", self.url);
+                    std::thread::sleep(wait);
+                    wait = (wait * 2).min(std::time::Duration::from_secs(10));
+                }
+                other => break other,
+            }
+        };
         let objects = listed.map_err(|e| RemoteError::store(self.url.clone(), e))?;
         Ok(objects
             .into_iter()

@@ -1,18 +1,18 @@
 //! `--shards` arguments: a path, `file://` URL, or an object-store URL.
 use crate::cache::RangeCache;
 use crate::files::ObjectFiles;
+use crate::request_counts::{Counters, CountingConnector};
+use crate::retry::{config_value, RetryPolicy};
 use crate::RemoteError;
 use object_store::aws::{AmazonS3Builder, AmazonS3ConfigKey};
 use object_store::azure::{AzureConfigKey, MicrosoftAzureBuilder};
 use object_store::gcp::{GoogleCloudStorageBuilder, GoogleConfigKey};
 use object_store::http::HttpBuilder;
 use object_store::path::Path as ObjectPath;
-use object_store::{BackoffConfig, ClientConfigKey, ClientOptions, ObjectStore, RetryConfig};
+use object_store::{ClientConfigKey, ClientOptions, ObjectStore};
 use shards::DatasetLocation;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::Duration;
-use tessera_switches::Switches;
 
 /// Store settings on top of the environment's: object_store config keys and values, e.g.
 /// `("aws_endpoint", "http://127.0.0.1:9000")` (tests point at their own server this way).
@@ -59,44 +59,42 @@ pub fn open_remote(
         source,
     };
     let url = url::Url::parse(spec).map_err(|e| bad(Box::new(e)))?;
+    let policy = RetryPolicy::from_switches();
+    let counters = Arc::new(Counters::default());
     // A builder's `Generic` error says "Generic S3 error: ..." around the reason: keep the reason.
-    let (store, prefix, can_list) = build_store(spec, &url, settings).map_err(|e| match e {
-        object_store::Error::Generic { source, .. } => bad(source),
-        other => bad(Box::new(other)),
-    })?;
+    let (store, prefix, can_list) =
+        build_store(spec, &url, settings, &policy, &counters).map_err(|e| match e {
+            object_store::Error::Generic { source, .. } => bad(source),
+            other => bad(Box::new(other)),
+        })?;
     let cache = match cache {
         Some(c) => Some(RangeCache::open(&c.dir, c.limit)?),
         None => None,
     };
-    let files = ObjectFiles::new(spec.to_string(), store, prefix, can_list, cache)?;
+    let files = ObjectFiles::new(spec.to_string(), store, prefix, can_list, cache, counters)?;
     Ok(Arc::new(files))
 }
 
-/// Retries with backoff for at most `TESSERA_REMOTE_RETRY_S` (default 120 s).
-fn retry_config() -> RetryConfig {
-    RetryConfig {
-        backoff: BackoffConfig {
-            init_backoff: Duration::from_millis(100),
-            max_backoff: Duration::from_secs(10),
-            base: 2.0,
-        },
-        max_retries: 10,
-        retry_timeout: Switches::get().remote_retry,
-    }
-}
-
-/// A store for `url` from the environment's credentials, and the dataset's prefix in it.
+/// A store for `url` from the environment's credentials, timed out and retried as `policy`
+/// says, its requests counted into `counters`; and the dataset's prefix in it.
 fn build_store(
     spec: &str,
     url: &url::Url,
     settings: StoreSettings<'_>,
+    policy: &RetryPolicy,
+    counters: &Arc<Counters>,
 ) -> Result<(Arc<dyn ObjectStore>, ObjectPath, bool), object_store::Error> {
     // Set through `with_config` so that client settings from the environment (AWS_ALLOW_HTTP,
     // proxies) stay: `with_client_options` would replace them all.
     let timeouts = [
-        (ClientConfigKey::ConnectTimeout, "5 seconds"),
-        (ClientConfigKey::Timeout, "60 seconds"),
+        (
+            ClientConfigKey::ConnectTimeout,
+            config_value(policy.connect_timeout()),
+        ),
+        (ClientConfigKey::Timeout, config_value(policy.timeout)),
     ];
+    let retry = policy.retry_config();
+    let connector = || CountingConnector::new(counters.clone());
     let prefix = ObjectPath::from(url.path().trim_matches('/'));
     let store: Arc<dyn ObjectStore> = match url.scheme() {
         "s3" | "s3a" => {
@@ -107,7 +105,8 @@ fn build_store(
             for (key, value) in settings {
                 builder = builder.with_config(key.parse()?, *value);
             }
-            Arc::new(builder.with_retry(retry_config()).build()?)
+            let builder = builder.with_retry(retry).with_http_connector(connector());
+            Arc::new(builder.build()?)
         }
         "gs" => {
             let mut builder = GoogleCloudStorageBuilder::from_env().with_url(spec);
@@ -117,17 +116,19 @@ fn build_store(
             for (key, value) in settings {
                 builder = builder.with_config(key.parse()?, *value);
             }
-            Arc::new(builder.with_retry(retry_config()).build()?)
+            let builder = builder.with_retry(retry).with_http_connector(connector());
+            Arc::new(builder.build()?)
         }
         "http" | "https" => {
             let client = ClientOptions::new()
-                .with_connect_timeout(Duration::from_secs(5))
-                .with_timeout(Duration::from_secs(60))
+                .with_connect_timeout(policy.connect_timeout())
+                .with_timeout(policy.timeout)
                 .with_allow_http(true);
             let store = HttpBuilder::new()
                 .with_url(spec)
                 .with_client_options(client)
-                .with_retry(retry_config())
+                .with_retry(retry)
+                .with_http_connector(connector())
                 .build()?;
             // The URL is the store's root: object paths are relative to it.
             return Ok((Arc::new(store), ObjectPath::default(), false));
@@ -140,7 +141,8 @@ fn build_store(
             for (key, value) in settings {
                 builder = builder.with_config(key.parse()?, *value);
             }
-            Arc::new(builder.with_retry(retry_config()).build()?)
+            let builder = builder.with_retry(retry).with_http_connector(connector());
+            Arc::new(builder.build()?)
         }
     };
     Ok((store, prefix, true))

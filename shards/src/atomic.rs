@@ -5,6 +5,11 @@
 //! 2. flush and fsync it (its bytes are on disk before its name is);
 //! 3. rename it over `NAME`;
 //! 4. fsync the folder (the rename itself is on disk before the caller goes on).
+//!
+//! A write that fails removes its temporary file: a full disk is not left fuller. A write of
+//! known bytes that fails for lack of space says so ([`crate::NoSpace`]: the file, the bytes it
+//! needed, the bytes free once the temporary file is gone).
+use crate::disk_space::{is_out_of_space, NoSpace};
 use crate::error::ShardError;
 use std::fs::File;
 use std::io::{BufWriter, Write};
@@ -15,14 +20,20 @@ const BUFFER_BYTES: usize = 1 << 16;
 
 /// Writes `bytes` to `path` atomically and durably (see the module docs).
 pub fn write_atomically(path: &Path, bytes: &[u8]) -> Result<(), ShardError> {
-    write_atomically_with(path, |file, tmp| {
+    let written = write_atomically_with(path, |file, tmp| {
         file.write_all(bytes).map_err(|e| ShardError::io(tmp, e))
+    });
+    written.map_err(|e| match e {
+        ShardError::Io { source, .. } if is_out_of_space(&source) => {
+            NoSpace::measure(path, bytes.len() as u64).into()
+        }
+        other => other,
     })
 }
 
 /// [`write_atomically`] for content produced by `write`, which receives the buffered temporary
-/// file and its path (to name in its own errors). Nothing is renamed when `write` fails; the
-/// temporary file is then left for the caller's next run to overwrite.
+/// file and its path (to name in its own errors). Nothing is renamed when `write` fails, and
+/// the temporary file is removed.
 pub fn write_atomically_with<E>(
     path: &Path,
     write: impl FnOnce(&mut BufWriter<File>, &Path) -> Result<(), E>,
@@ -32,14 +43,30 @@ where
 {
     let tmp = temp_path(path);
     let file = File::create(&tmp).map_err(|e| ShardError::io(&tmp, e))?;
+    let written = write_and_sync(file, &tmp, write);
+    if written.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+        return written;
+    }
+    rename_durably(&tmp, path)?;
+    Ok(())
+}
+
+/// `write` into `file` (buffered), then flush and fsync it.
+fn write_and_sync<E>(
+    file: File,
+    tmp: &Path,
+    write: impl FnOnce(&mut BufWriter<File>, &Path) -> Result<(), E>,
+) -> Result<(), E>
+where
+    E: From<ShardError>,
+{
     let mut out = BufWriter::with_capacity(BUFFER_BYTES, file);
-    write(&mut out, &tmp)?;
+    write(&mut out, tmp)?;
     let file = out
         .into_inner()
-        .map_err(|e| ShardError::io(&tmp, e.into_error()))?;
-    file.sync_all().map_err(|e| ShardError::io(&tmp, e))?;
-    drop(file);
-    rename_durably(&tmp, path)?;
+        .map_err(|e| ShardError::io(tmp, e.into_error()))?;
+    file.sync_all().map_err(|e| ShardError::io(tmp, e))?;
     Ok(())
 }
 
@@ -109,6 +136,7 @@ mod tests {
         });
         assert!(result.is_err());
         assert_eq!(std::fs::read(&path)?, b"old");
+        assert!(!temp_path(&path).exists(), "the temporary file is removed");
         Ok(())
     }
 

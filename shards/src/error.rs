@@ -50,6 +50,9 @@ pub enum ShardError {
     OutOfRange { index: u64, len: usize },
     #[error("{shard}: {detail}")]
     Mismatch { shard: String, detail: String },
+    /// A write that found the disk full: the file, the bytes needed, the bytes free.
+    #[error(transparent)]
+    NoSpace(#[from] crate::disk_space::NoSpace),
     /// An object-store failure (the `remote` crate's error, which names the URL).
     #[error(transparent)]
     Remote(Box<dyn std::error::Error + Send + Sync>),

@@ -18,6 +18,7 @@
 //! through [`write_atomically`]: a temporary sibling, fsync, rename, fsync of the folder.
 mod atomic;
 pub mod chat;
+mod disk_space;
 mod error;
 mod location;
 mod manifest;
@@ -32,6 +33,7 @@ mod verify;
 mod writer;
 
 pub use atomic::{temp_path, write_atomically, write_atomically_with};
+pub use disk_space::{caused_by_full_disk, free_bytes, is_out_of_space, shown_bytes, NoSpace};
 pub use error::{with_causes, ShardError};
 pub use location::{DatasetLocation, FetchedRanges, RemoteFiles};
 pub use manifest::{

@@ -2,7 +2,9 @@
 //! written under a temporary name (`.shard-00000.parquet.tmp`), hashed while it is written
 //! (on the sink thread of [`crate::sink`]), synced, renamed, and its folder synced
 //! (`crate::atomic::rename_durably`). The metadata parquet's footer returns feeds
-//! [`ShardInfo`].
+//! [`ShardInfo`]. A shard that fails or is dropped unfinished removes its temporary file; one
+//! that finds the disk full says so ([`crate::NoSpace`]).
+use crate::disk_space::{caused_by_full_disk, NoSpace};
 use crate::error::ShardError;
 use crate::manifest::{shard_file_name, RowGroupInfo, ShardInfo};
 use crate::sample::{Kind, Sample};
@@ -86,6 +88,11 @@ pub struct ShardWriter {
     num_text_tokens: u64,
     num_supervised_tokens: u64,
     num_image_samples: u64,
+    /// What the finished shard is expected to take (the caller's shard size), for the message
+    /// of a full disk.
+    expected_bytes: u64,
+    /// Renamed to its final name: nothing to remove on drop.
+    finished: bool,
 }
 
 impl ShardWriter {
@@ -135,7 +142,26 @@ impl ShardWriter {
             num_text_tokens: 0,
             num_supervised_tokens: 0,
             num_image_samples: 0,
+            expected_bytes: 0,
+            finished: false,
         })
+    }
+
+    /// The size the finished shard is expected to reach (the ingest's `--shard-size`): what a
+    /// full disk's message says the write needs.
+    pub fn expect_bytes(&mut self, bytes: u64) {
+        self.expected_bytes = bytes;
+    }
+
+    /// `error`, or when it comes from a full disk a [`NoSpace`] naming this shard, measured
+    /// after its temporary file is removed.
+    fn explain(&self, error: ShardError) -> ShardError {
+        if !caused_by_full_disk(&error) {
+            return error;
+        }
+        let _ = std::fs::remove_file(&self.tmp_path);
+        let needed = self.expected_bytes.max(self.estimated_bytes);
+        NoSpace::measure(&self.final_path, needed).into()
     }
 
     pub fn name(&self) -> &str {
@@ -164,7 +190,7 @@ impl ShardWriter {
         self.pending.push(sample);
         if self.pending.len() >= self.limits.max_rows || self.pending_bytes >= self.limits.max_bytes
         {
-            self.write_row_group()?;
+            self.write_row_group().map_err(|e| self.explain(e))?;
         }
         Ok(())
     }
@@ -191,16 +217,15 @@ impl ShardWriter {
 
     /// Writes the last row group and the footer, syncs, renames to the final name.
     pub fn finish(mut self) -> Result<ShardInfo, ShardError> {
-        self.write_row_group()?;
-        let metadata = self
-            .writer
-            .finish()
-            .map_err(|e| ShardError::parquet(&self.name, e))?;
-        let done = self
-            .writer
-            .inner_mut()
-            .finish()
-            .map_err(|e| ShardError::io(&self.tmp_path, e))?;
+        self.write_row_group().map_err(|e| self.explain(e))?;
+        let metadata = match self.writer.finish() {
+            Ok(m) => m,
+            Err(e) => return Err(self.explain(ShardError::parquet(&self.name, e))),
+        };
+        let done = match self.writer.inner_mut().finish() {
+            Ok(done) => done,
+            Err(e) => return Err(self.explain(ShardError::io(&self.tmp_path, e))),
+        };
         let mut row_groups = Vec::with_capacity(metadata.num_row_groups());
         let mut first_row = 0u64;
         for rg in metadata.row_groups() {
@@ -213,10 +238,10 @@ impl ShardWriter {
             });
             first_row += rows;
         }
-        drop(self.writer);
         crate::atomic::rename_durably(&self.tmp_path, &self.final_path)?;
+        self.finished = true;
         Ok(ShardInfo {
-            file: self.name,
+            file: self.name.clone(),
             rows: self.rows,
             bytes: done.bytes,
             sha256: done.sha256,
@@ -225,5 +250,14 @@ impl ShardWriter {
             num_image_samples: self.num_image_samples,
             row_groups,
         })
+    }
+}
+
+impl Drop for ShardWriter {
+    /// An unfinished shard (an error, or an ingest that stopped) leaves no temporary file.
+    fn drop(&mut self) {
+        if !self.finished {
+            let _ = std::fs::remove_file(&self.tmp_path);
+        }
     }
 }

@@ -111,13 +111,17 @@ pub(crate) fn run(args: Args, quiet: bool, progress: bool) -> anyhow::Result<()>
         let sent = files
             .upload_dataset(&config.out)
             .with_context(|| format!("uploading {} to {url}", config.out.display()))?;
+        let attempts = files.attempts();
         if !quiet {
             eprintln!(
-                "uploaded {} files ({:.1} MB; {} already there) to {url}, index.json last",
+                "uploaded {} files ({:.1} MB; {} already there) to {url}, index.json last; {}",
                 sent.files_sent,
                 sent.bytes_sent as f64 / 1e6,
-                sent.files_already_there
+                sent.files_already_there,
+                attempts.describe()
             );
+        } else if attempts.failed() > 0 {
+            tracing::warn!("{url}: {}", attempts.describe());
         }
         if default_staging {
             std::fs::remove_dir_all(&config.out)

@@ -28,6 +28,15 @@ pub(crate) struct Args {
 /// `progress`: one overwritten progress line per step (a terminal, and no `--quiet` or
 /// NO_PROGRESS).
 pub(crate) fn run(args: Args, progress: bool) -> anyhow::Result<()> {
+    let rank_env =
+        tessera_fsdp::dist::RankEnv::from_env().context("reading the torchrun environment")?;
+    if let Some(env) = &rank_env {
+        if tessera_fsdp::dist::started_by_torchrun(|k| std::env::var(k).ok()) {
+            // torchrun starts ranks in sessions of their own: one whose agent dies must stop.
+            tessera_fsdp::dist::stop_with_torchrun_agent()
+                .with_context(|| format!("rank {}", env.rank))?;
+        }
+    }
     let file = match &args.config {
         Some(path) => ConfigLayer::from_file(path)?,
         None => ConfigLayer::default(),
@@ -40,8 +49,6 @@ pub(crate) fn run(args: Args, progress: bool) -> anyhow::Result<()> {
         resume_changing: args.resume_changing,
         progress,
     };
-    let rank_env =
-        tessera_fsdp::dist::RankEnv::from_env().context("reading the torchrun environment")?;
     if rank_env.is_none() && cfg.nproc > 1 {
         // Checked once here, so a refusal is one message rather than one per rank.
         tessera_train::check_model_dirs(&cfg)?;

@@ -64,6 +64,15 @@ pub struct Switches {
     /// `TESSERA_REMOTE_RETRY_S`: seconds an object-store request may keep being retried
     /// (default 120).
     pub remote_retry: Duration,
+    /// `TESSERA_REMOTE_RETRIES`: how many times one object-store request is retried at most
+    /// (default 10; 0 turns retries off).
+    pub remote_retries: usize,
+    /// `TESSERA_REMOTE_BACKOFF_MS`: the first wait before retrying an object-store request,
+    /// doubled at each retry up to 10 s (default 100).
+    pub remote_backoff: Duration,
+    /// `TESSERA_REMOTE_TIMEOUT_S`: seconds one object-store request may take, from connecting
+    /// to its last byte, before it counts as failed and is retried (default 60).
+    pub remote_timeout: Duration,
     /// `TESSERA_REFERENCE_LOADER`: the PIL reference loader script of `tessera bench loader`
     /// (default unset: the repository's `scripts/baselines/pil_loader.py`).
     pub reference_loader: Option<PathBuf>,
@@ -162,6 +171,21 @@ impl Switches {
             remote_retry: Duration::from_secs(
                 env.parse("TESSERA_REMOTE_RETRY_S", "whole seconds", number)?
                     .unwrap_or(120),
+            ),
+            remote_retries: env
+                .parse("TESSERA_REMOTE_RETRIES", "a number of retries", number)?
+                .unwrap_or(10),
+            remote_backoff: Duration::from_millis(
+                env.parse("TESSERA_REMOTE_BACKOFF_MS", "whole milliseconds", number)?
+                    .unwrap_or(100),
+            ),
+            remote_timeout: Duration::from_secs(
+                env.parse(
+                    "TESSERA_REMOTE_TIMEOUT_S",
+                    "whole seconds of at least 1",
+                    |v| number(v).filter(|&n: &u64| n > 0),
+                )?
+                .unwrap_or(60),
             ),
             reference_loader: env.path("TESSERA_REFERENCE_LOADER")?,
             python: env.path("TESSERA_PYTHON")?,
@@ -266,6 +290,9 @@ mod tests {
         assert_eq!(s.gloo_host, None);
         assert_eq!(s.cache_dir, None);
         assert_eq!(s.remote_retry, Duration::from_secs(120));
+        assert_eq!(s.remote_retries, 10);
+        assert_eq!(s.remote_backoff, Duration::from_millis(100));
+        assert_eq!(s.remote_timeout, Duration::from_secs(60));
         assert_eq!(
             (s.reference_loader, s.python, s.plot_sample),
             (None, None, None)
@@ -286,6 +313,9 @@ mod tests {
             ("TESSERA_GLOO_HOST", "10.0.0.2"),
             ("TESSERA_CACHE", "/tmp/cache"),
             ("TESSERA_REMOTE_RETRY_S", "3"),
+            ("TESSERA_REMOTE_RETRIES", "4"),
+            ("TESSERA_REMOTE_BACKOFF_MS", "10"),
+            ("TESSERA_REMOTE_TIMEOUT_S", "2"),
             ("TESSERA_REFERENCE_LOADER", "ref.py"),
             ("TESSERA_PYTHON", "/usr/bin/python3"),
             ("TESSERA_BENCH_THREADS", "2"),
@@ -300,6 +330,9 @@ mod tests {
         assert_eq!(s.gloo_host.as_deref(), Some("10.0.0.2"));
         assert_eq!(s.cache_dir, Some(PathBuf::from("/tmp/cache")));
         assert_eq!(s.remote_retry, Duration::from_secs(3));
+        assert_eq!(s.remote_retries, 4);
+        assert_eq!(s.remote_backoff, Duration::from_millis(10));
+        assert_eq!(s.remote_timeout, Duration::from_secs(2));
         assert_eq!(s.reference_loader, Some(PathBuf::from("ref.py")));
         assert_eq!(s.python, Some(PathBuf::from("/usr/bin/python3")));
         assert_eq!(s.bench_threads, Some(2));
@@ -331,6 +364,8 @@ mod tests {
             ("TESSERA_GLOO_HOST", " "),
             ("TESSERA_CACHE", ""),
             ("TESSERA_REMOTE_RETRY_S", "-1"),
+            ("TESSERA_REMOTE_RETRIES", "many"),
+            ("TESSERA_REMOTE_TIMEOUT_S", "0"),
             ("TESSERA_BENCH_THREADS", "all"),
             ("TESSERA_CHECKPOINT_PAUSE_AT", "6.5"),
             ("TESSERA_REMOTE_LATENCY_MS", "20ms"),

@@ -11,6 +11,8 @@ pub(crate) struct Step {
     pub val_loss: Option<f64>,
     pub bytes_sent: u64,
     pub bytes_sent_across_nodes: u64,
+    /// Object store requests retried during the step (0 when the key is absent).
+    pub store_retries: u64,
 }
 
 /// Every step of `path`, in file order; a line that is not a step's record is an error naming
@@ -35,6 +37,7 @@ pub(crate) fn read_metrics(path: &Path) -> Result<Vec<Step>> {
             val_loss: v.get("val_loss").and_then(serde_json::Value::as_f64),
             bytes_sent: unsigned("bytes_sent").unwrap_or(0),
             bytes_sent_across_nodes: unsigned("bytes_sent_across_nodes").unwrap_or(0),
+            store_retries: unsigned("store_retries").unwrap_or(0),
         });
     }
     Ok(steps)

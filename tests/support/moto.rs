@@ -83,6 +83,11 @@ impl MotoServer {
 
     /// One HTTP/1.1 request; returns the status code, or an error for no answer.
     fn request(&self, method: &str, path: &str, body: &[u8]) -> Result<u16> {
+        Ok(self.exchange(method, path, body)?.0)
+    }
+
+    /// One HTTP/1.1 request; returns the status code and the answer's body.
+    fn exchange(&self, method: &str, path: &str, body: &[u8]) -> Result<(u16, Vec<u8>)> {
         let mut stream = TcpStream::connect(("127.0.0.1", self.port))?;
         stream.set_read_timeout(Some(Duration::from_secs(30)))?;
         let head = format!(
@@ -101,7 +106,47 @@ impl MotoServer {
             .nth(1)
             .and_then(|s| s.parse().ok())
             .with_context(|| format!("no HTTP status in {text:?}"))?;
-        Ok(status)
+        let head_end = response
+            .windows(4)
+            .position(|w| w == b"\r\n\r\n")
+            .map_or(response.len(), |i| i + 4);
+        let head = String::from_utf8_lossy(&response[..head_end]).to_ascii_lowercase();
+        let mut body = response[head_end..].to_vec();
+        if head.contains("transfer-encoding: chunked") {
+            body = dechunk(&body)?;
+        }
+        Ok((status, body))
+    }
+
+    /// The bytes of `bucket/key`.
+    pub(crate) fn get(&self, bucket: &str, key: &str) -> Result<Vec<u8>> {
+        let (status, body) = self.exchange("GET", &format!("/{bucket}/{key}"), &[])?;
+        ensure!(status == 200, "GET {bucket}/{key}: HTTP {status}");
+        Ok(body)
+    }
+
+    /// Removes `bucket/key` (an object gone for good).
+    pub(crate) fn delete(&self, bucket: &str, key: &str) -> Result<()> {
+        let status = self.request("DELETE", &format!("/{bucket}/{key}"), &[])?;
+        ensure!(
+            status == 204 || status == 200,
+            "DELETE {bucket}/{key}: HTTP {status}"
+        );
+        Ok(())
+    }
+
+    /// The keys under `bucket/prefix/` (at most 1000, as one listing answers).
+    pub(crate) fn list(&self, bucket: &str, prefix: &str) -> Result<Vec<String>> {
+        let path = format!("/{bucket}?list-type=2&prefix={prefix}/");
+        let (status, body) = self.exchange("GET", &path, &[])?;
+        ensure!(status == 200, "listing {bucket}/{prefix}: HTTP {status}");
+        let text = String::from_utf8_lossy(&body);
+        Ok(text
+            .split("<Key>")
+            .skip(1)
+            .filter_map(|rest| rest.split("</Key>").next())
+            .map(str::to_string)
+            .collect())
     }
 
     pub(crate) fn create_bucket(&self, bucket: &str) -> Result<()> {
@@ -126,6 +171,27 @@ impl MotoServer {
             }
         }
         Ok(format!("s3://{bucket}/{prefix}"))
+    }
+}
+
+/// A chunked HTTP body, decoded.
+fn dechunk(mut raw: &[u8]) -> Result<Vec<u8>> {
+    let mut out = Vec::new();
+    loop {
+        let line_end = raw
+            .windows(2)
+            .position(|w| w == b"\r\n")
+            .context("a chunk size line without its end")?;
+        let size_text = String::from_utf8_lossy(&raw[..line_end]).into_owned();
+        let size = usize::from_str_radix(size_text.split(';').next().unwrap_or("").trim(), 16)
+            .with_context(|| format!("chunk size {size_text:?}"))?;
+        raw = &raw[line_end + 2..];
+        if size == 0 {
+            return Ok(out);
+        }
+        ensure!(raw.len() >= size + 2, "a chunk cut short");
+        out.extend_from_slice(&raw[..size]);
+        raw = &raw[size + 2..];
     }
 }
 

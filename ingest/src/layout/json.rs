@@ -8,13 +8,24 @@
 //! is a path under `--images` (LLaVA) or a list of them (LLaVA-OneVision's multi-image
 //! samples), taken by the `<image>` tags of the turns in order. A record with a `video` is
 //! refused (`video_unsupported`): tessera trains on images.
+//!
+//! Memory stays flat in the file's size: every pass over the mapping (hashing, splitting, the
+//! reader's parse in json order) hands the pages behind it back (`MADV_DONTNEED`; the page
+//! cache keeps them), so the process holds a window of the file, not all of it (LLaVA-Pretrain's
+//! json is 181 MB; a mixture's can be gigabytes).
 use crate::error::IngestError;
 use crate::reason::Reason;
 use crate::record::{ImageRef, Record};
 use serde::Deserialize;
+use sha2::Digest;
 use shards::Turn;
 use std::ops::Range;
 use std::path::Path;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+/// The mapping's page size for `MADV_DONTNEED` ranges (4 KiB pages; a larger page size only
+/// makes a release start inside a page, which the kernel rounds).
+const PAGE: usize = 4096;
 
 #[derive(Deserialize)]
 #[serde(untagged)]
@@ -72,11 +83,18 @@ enum ShapeImage {
     One(#[allow(dead_code)] serde::de::IgnoredAny),
 }
 
+/// Bytes read past before the pages behind are handed back.
+const RELEASE_WINDOW: usize = 8 << 20;
+
 /// The json file, memory-mapped, with the byte range of every top-level array element.
 pub(crate) struct RecordFile {
     path: std::path::PathBuf,
     map: memmap2::Mmap,
     spans: Vec<Range<usize>>,
+    /// The mapping's bytes before this offset were handed back ([`RecordFile::release_before`]).
+    released: AtomicUsize,
+    /// sha256 of the file, computed while it was split.
+    sha256: String,
 }
 
 impl RecordFile {
@@ -101,16 +119,59 @@ impl RecordFile {
         // SAFETY: the json is only read; a user editing it during ingest gets garbage records
         // (which fail to parse), never memory unsafety beyond what reading a file allows.
         let map = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| IngestError::io(path, e))?;
-        let spans = split_array(&map).map_err(|(offset, detail)| IngestError::Json {
+        let mut this = RecordFile {
+            path: path.to_path_buf(),
+            map,
+            spans: Vec::new(),
+            released: AtomicUsize::new(0),
+            sha256: String::new(),
+        };
+        // One pass: the splitter leads, the hash follows it window by window, and the pages
+        // both are done with go back.
+        let mut hasher = sha2::Sha256::new();
+        let mut hashed = 0;
+        let spans = split_array(&this.map, |pos| {
+            if pos >= hashed + RELEASE_WINDOW {
+                hasher.update(&this.map[hashed..pos]);
+                hashed = pos;
+                this.release_before(pos);
+            }
+        })
+        .map_err(|(offset, detail)| IngestError::Json {
             path: path.to_path_buf(),
             offset: offset as u64,
             detail,
         })?;
-        Ok(RecordFile {
-            path: path.to_path_buf(),
-            map,
-            spans,
-        })
+        hasher.update(&this.map[hashed..]);
+        this.release_before(this.map.len());
+        this.released.store(0, Ordering::Relaxed);
+        this.sha256 = hex::encode(hasher.finalize());
+        this.spans = spans;
+        Ok(this)
+    }
+
+    /// Hands the mapping's pages before `offset` back to the kernel once `offset` is a window
+    /// past the last release (the reader calls it as it goes; a later read of those bytes
+    /// only faults them in again from the page cache).
+    pub(crate) fn release_before(&self, offset: usize) {
+        let from = self.released.load(Ordering::Relaxed);
+        let to = offset.min(self.map.len()) / PAGE * PAGE;
+        if to <= from || (to < from + RELEASE_WINDOW && offset < self.map.len()) {
+            return;
+        }
+        let claimed =
+            self.released
+                .compare_exchange(from, to, Ordering::Relaxed, Ordering::Relaxed);
+        if claimed.is_err() {
+            return;
+        }
+        // SAFETY: the mapping is read-only and backed by the file: dropping its pages loses
+        // nothing, and a later access reads them back from the page cache or the file. No
+        // reference into the mapping is invalidated (its address range stays mapped).
+        let _ = unsafe {
+            self.map
+                .unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, from, to - from)
+        };
     }
 
     /// Number of records.
@@ -120,8 +181,12 @@ impl RecordFile {
 
     /// Hex sha256 of the json's bytes: what a resume checks the file against.
     pub(crate) fn sha256(&self) -> String {
-        use sha2::Digest;
-        hex::encode(sha2::Sha256::digest(&self.map[..]))
+        self.sha256.clone()
+    }
+
+    /// Where record `n` ends in the file (the reader releases the pages behind it).
+    pub(crate) fn end_of(&self, n: usize) -> usize {
+        self.spans.get(n).map_or(self.map.len(), |s| s.end)
     }
 
     /// Size of the json file in bytes.
@@ -178,7 +243,11 @@ impl RecordFile {
             };
             shape.image_lists += u64::from(matches!(only.image, Some(ShapeImage::Many(_))));
             shape.videos += u64::from(only.video.is_some());
+            self.release_before(span.end);
         }
+        self.release_before(self.map.len());
+        // The reader's pass releases from the start again.
+        self.released.store(0, Ordering::Relaxed);
         shape
     }
 }
@@ -239,8 +308,12 @@ fn value_end(bytes: &[u8], start: usize) -> Result<usize, (usize, String)> {
     }
 }
 
-/// Splits a top-level json array into element byte ranges.
-fn split_array(bytes: &[u8]) -> Result<Vec<Range<usize>>, (usize, String)> {
+/// Splits a top-level json array into element byte ranges; `progress` hears the offset after
+/// each element (the caller releases what is behind it).
+fn split_array(
+    bytes: &[u8],
+    mut progress: impl FnMut(usize),
+) -> Result<Vec<Range<usize>>, (usize, String)> {
     let mut pos = skip_ws(bytes, 0);
     if bytes[pos..].starts_with(b"\xEF\xBB\xBF") {
         pos = skip_ws(bytes, pos + 3);
@@ -262,6 +335,7 @@ fn split_array(bytes: &[u8]) -> Result<Vec<Range<usize>>, (usize, String)> {
             }
             let end = value_end(bytes, pos)?;
             spans.push(pos..end);
+            progress(end);
             pos = skip_ws(bytes, end);
             match bytes.get(pos) {
                 Some(b',') => pos = skip_ws(bytes, pos + 1),
@@ -293,7 +367,7 @@ mod tests {
     #[test]
     fn splits_elements_with_tricky_strings() {
         let text = br#" [ {"id":"a","conversations":[{"from":"gpt","value":"x}],\"{"}]} ,{"id":2,"conversations":[]}]  "#;
-        let spans = split_array(text).expect("valid json");
+        let spans = split_array(text, |_| {}).expect("valid json");
         assert_eq!(spans.len(), 2);
         let first: serde_json::Value =
             serde_json::from_slice(&text[spans[0].clone()]).expect("element 0");
@@ -303,9 +377,9 @@ mod tests {
     #[test]
     fn reports_offset_of_structural_errors() {
         let text = br#"[{"id":"a","conversations":[]} {"id":"b"}]"#;
-        let (offset, _) = split_array(text).expect_err("missing comma");
+        let (offset, _) = split_array(text, |_| {}).expect_err("missing comma");
         assert_eq!(offset, 31);
-        assert!(split_array(br#"[{"id":"a""#).is_err());
+        assert!(split_array(br#"[{"id":"a""#, |_| {}).is_err());
     }
 
     #[test]

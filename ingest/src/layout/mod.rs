@@ -227,6 +227,7 @@ impl Input {
             Input::Json(file) => {
                 for n in 0..file.len() {
                     let record = file.record(n);
+                    file.release_before(file.end_of(n));
                     if (n as u64) < start {
                         if let Ok(r) = record {
                             each(n as u64, Item::Earlier(r.id));

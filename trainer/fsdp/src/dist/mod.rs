@@ -6,6 +6,7 @@
 //!    or NCCL (CUDA, feature `cuda`) process group whose collectives all carry a timeout.
 //! 3. [`launch`] starts N local ranks with those variables set, prefixes their log
 //!    lines with the rank, and stops the others when one fails.
+mod agent;
 mod launcher;
 mod liveness;
 mod process_group;
@@ -13,6 +14,7 @@ mod store;
 
 use tessera_sys::c10d as ffi;
 
+pub use agent::{started_by_torchrun, stop_with_torchrun_agent};
 pub use launcher::{args_without_nproc, launch, LaunchError, LaunchSpec, LogSink, Stream};
 pub use liveness::Liveness;
 pub use process_group::{cuda_device_for, Backend, ProcessGroup, Work};
@@ -64,6 +66,9 @@ pub enum DistError {
         backend: Backend,
         message: String,
     },
+    /// The torchrun agent that started this rank is gone, or cannot be followed.
+    #[error("{message}")]
+    Agent { message: String },
     #[error("{}", collective_message(*rank, *op, unit, *timed_out, *timeout, message))]
     Collective {
         rank: usize,

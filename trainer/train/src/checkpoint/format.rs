@@ -100,6 +100,9 @@ pub enum CheckpointError {
     /// Hashing or atomically writing one of its files failed (the message names the file).
     #[error(transparent)]
     File(#[from] shards::ShardError),
+    /// The disk is full: the file, the bytes it needed, the bytes free.
+    #[error(transparent)]
+    NoSpace(#[from] shards::NoSpace),
 }
 
 fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> CheckpointError + '_ {
@@ -200,11 +203,18 @@ fn write_json_atomic<T: Serialize>(path: &Path, value: &T) -> Result<(), Checkpo
 }
 
 /// Flushes `path` (a file this rank wrote, or a folder after entries were renamed into it) to
-/// the disk, so a power cut cannot leave a committed checkpoint whose files are not there.
+/// the disk, so a power cut cannot leave a committed checkpoint whose files are not there. A
+/// filesystem that finds itself full only now (delayed allocation) says so like a write.
 fn sync(path: &Path) -> Result<(), CheckpointError> {
     std::fs::File::open(path)
         .and_then(|f| f.sync_all())
-        .map_err(io_err(path))
+        .map_err(|e| {
+            let size = std::fs::metadata(path).map_or(0, |m| m.len());
+            match shards::NoSpace::from_io(path, &e, size) {
+                Some(full) => full.into(),
+                None => io_err(path)(e),
+            }
+        })
 }
 
 fn read_json<T: for<'de> Deserialize<'de>>(dir: &Path, path: &Path) -> Result<T, CheckpointError> {
@@ -246,6 +256,14 @@ impl CheckpointWriter {
         &self.rank_dir
     }
 
+    /// After a failed write: removes what this rank wrote, and the step's folder once no rank
+    /// has anything left in it, so a full disk is not left fuller. A resume never reads an
+    /// uncommitted folder; this only gives the space back.
+    pub(super) fn abandon(&self) {
+        let _ = std::fs::remove_dir_all(&self.rank_dir);
+        let _ = std::fs::remove_dir(&self.tmp_root);
+    }
+
     /// Writes this rank's `state.json`, then its manifest (sha256 of every file in its folder),
     /// each file synced to disk before the manifest vouches for it.
     pub(crate) fn finish_rank(&self, state: &RankState) -> Result<(), CheckpointError> {
@@ -276,7 +294,11 @@ impl CheckpointWriter {
                 });
             }
         }
-        write_json_atomic(&self.tmp_root.join(META), meta)?;
+        if let Err(e) = write_json_atomic(&self.tmp_root.join(META), meta) {
+            // Every rank has finished writing into the folder: none of it can be committed.
+            let _ = std::fs::remove_dir_all(&self.tmp_root);
+            return Err(e);
+        }
         if self.final_root.exists() {
             let old = self.final_root.with_extension("old");
             std::fs::rename(&self.final_root, &old).map_err(io_err(&old))?;

@@ -4,6 +4,7 @@
 //! saver (`save.rs`: sync or async writes).
 pub(crate) mod format;
 pub(crate) mod pick;
+pub(crate) mod room;
 pub(crate) mod save;
 pub(crate) mod sharded_state;
 

@@ -76,10 +76,18 @@ impl CheckpointSaver {
         let in_background = self.mode == CheckpointWrite::Async;
         let snapshot = snapshot(in_background);
         let write = move || {
-            snapshot.write(writer.dir())?;
-            pause_mid_write_if_asked(step);
-            writer.finish_rank(&state)?;
-            Ok(writer)
+            let written = snapshot.write(writer.dir()).and_then(|()| {
+                pause_mid_write_if_asked(step);
+                writer.finish_rank(&state)
+            });
+            match written {
+                Ok(()) => Ok(writer),
+                Err(e) => {
+                    // A full disk is not left fuller; the last committed checkpoint is intact.
+                    writer.abandon();
+                    Err(e)
+                }
+            }
         };
         if !in_background {
             let writer = write()?;

@@ -79,8 +79,8 @@ pub(crate) fn snapshot(
             for (suffix, t) in view.tensors {
                 let host = match (t.device(), copy) {
                     (tch::Device::Cpu, true) => t.copy(),
-                    (tch::Device::Cpu, false) => t,
-                    _ => t.to_device(tch::Device::Cpu),
+                    (tch::Device::Cpu, false) => t.contiguous(),
+                    _ => t.to_device(tch::Device::Cpu).contiguous(),
                 };
                 tensors.push((format!("{}.{suffix}", view.key), host));
             }
@@ -91,7 +91,15 @@ pub(crate) fn snapshot(
 }
 
 impl StateSnapshot {
-    /// Writes the snapshot's files into the rank's checkpoint folder `dir`.
+    /// Bytes the snapshot's shards file takes: its tensors plus a generous allowance for the
+    /// safetensors header.
+    pub(crate) fn bytes(&self) -> u64 {
+        let data: u64 = self.tensors.iter().map(|(_, t)| tensor_bytes(t)).sum();
+        data + 8 + 160 * self.tensors.len() as u64
+    }
+
+    /// Writes the snapshot's files into the rank's checkpoint folder `dir`. A full disk is
+    /// reported with the file, its size and the bytes free once the partial file is removed.
     pub(crate) fn write(&self, dir: &Path) -> Result<(), CheckpointError> {
         if let Some(layout) = &self.layout {
             let path = dir.join(LAYOUT_FILE);
@@ -99,17 +107,107 @@ impl StateSnapshot {
                 dir: dir.to_path_buf(),
                 reason: format!("{LAYOUT_FILE} could not be serialised: {e}"),
             })?;
-            std::fs::write(&path, text).map_err(io_err(&path))?;
+            std::fs::write(&path, &text).map_err(|e| {
+                let _ = std::fs::remove_file(&path);
+                write_error(&path, e, text.len() as u64)
+            })?;
         }
         if self.tensors.is_empty() {
             return Ok(());
         }
         let path = dir.join(SHARDS_FILE);
-        Tensor::write_safetensors(&self.tensors, &path).map_err(|e| CheckpointError::Io {
-            path,
-            source: std::io::Error::other(e.to_string()),
-        })
+        let views = self
+            .tensors
+            .iter()
+            .map(|(name, t)| (name.as_str(), HostView::new(t)));
+        match safetensors::serialize_to_file(views, &None, &path) {
+            Ok(()) => Ok(()),
+            Err(safetensors::SafeTensorError::IoError(e)) => {
+                let _ = std::fs::remove_file(&path);
+                Err(write_error(&path, e, self.bytes()))
+            }
+            Err(e) => Err(CheckpointError::Io {
+                path,
+                source: std::io::Error::other(format!("safetensors: {e}")),
+            }),
+        }
     }
+}
+
+/// A write of `needed` bytes to `path` failed: a full disk says so plainly.
+fn write_error(path: &Path, e: std::io::Error, needed: u64) -> CheckpointError {
+    match shards::NoSpace::from_io(path, &e, needed) {
+        Some(full) => full.into(),
+        None => CheckpointError::Io {
+            path: path.to_path_buf(),
+            source: e,
+        },
+    }
+}
+
+fn tensor_bytes(t: &Tensor) -> u64 {
+    (t.numel() * t.kind().elt_size_in_bytes()) as u64
+}
+
+/// A contiguous CPU tensor of the snapshot as safetensors sees it: its bytes, borrowed.
+struct HostView<'a> {
+    tensor: &'a Tensor,
+    shape: Vec<usize>,
+}
+
+impl<'a> HostView<'a> {
+    fn new(tensor: &'a Tensor) -> Self {
+        let shape = tensor.size().iter().map(|&d| d as usize).collect();
+        HostView { tensor, shape }
+    }
+}
+
+impl safetensors::View for HostView<'_> {
+    fn dtype(&self) -> safetensors::Dtype {
+        match self.tensor.kind() {
+            Kind::Int64 => safetensors::Dtype::I64,
+            Kind::BFloat16 => safetensors::Dtype::BF16,
+            Kind::Half => safetensors::Dtype::F16,
+            _ => safetensors::Dtype::F32,
+        }
+    }
+
+    fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+
+    fn data(&self) -> std::borrow::Cow<'_, [u8]> {
+        let len = self.data_len();
+        if len == 0 {
+            return std::borrow::Cow::Borrowed(&[]);
+        }
+        if !self.tensor.is_contiguous() || self.tensor.device() != tch::Device::Cpu {
+            let mut bytes = vec![0u8; len];
+            let host = self.tensor.to_device(tch::Device::Cpu).contiguous();
+            host.copy_data_u8(&mut bytes, host.numel());
+            return std::borrow::Cow::Owned(bytes);
+        }
+        // SAFETY: a contiguous CPU tensor (checked above) of one of the kinds `dtype` names, so its data pointer addresses `len` bytes its storage owns; nothing
+        // writes them while the snapshot is written (a sync write runs between steps, an
+        // async one owns copies).
+        let bytes = unsafe { std::slice::from_raw_parts(self.tensor.data_ptr().cast::<u8>(), len) };
+        std::borrow::Cow::Borrowed(bytes)
+    }
+
+    fn data_len(&self) -> usize {
+        self.tensor.numel() * self.tensor.kind().elt_size_in_bytes()
+    }
+}
+
+/// Bytes a checkpoint of this model takes on disk, all ranks together: every writing rank's
+/// shards of every trainable buffer, with their two AdamW moments, in f32 (the layout and the
+/// small JSON files are left out).
+pub(crate) fn checkpoint_bytes(fsdp: &Fsdp<'_, VlmCtx>) -> u64 {
+    let writers = fsdp.shard_writers() as u64;
+    fsdp.trainable_layout()
+        .iter()
+        .map(|b| b.shard_len.max(0) as u64 * writers * SUFFIXES.len() as u64 * 4)
+        .sum()
 }
 
 /// Restores this rank's shards and moments from a format-4 checkpoint written at any world

@@ -48,6 +48,10 @@ pub struct StepMetrics {
     /// cross-node all-reduce); 0 otherwise, where every collective spans the whole job.
     #[serde(default)]
     pub bytes_sent_across_nodes: u64,
+    /// Object-store requests of this rank that failed and were retried during the step (at a
+    /// run's first step, since it opened `--shards`); 0 for shards on local disk.
+    #[serde(default)]
+    pub store_retries: u64,
     /// Mean token loss over the fixed validation set after this step's update (only on the
     /// steps `--val-every` picks, and the last).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -81,6 +85,9 @@ pub enum MetricsError {
         path: PathBuf,
         source: std::io::Error,
     },
+    /// The disk is full: the file, the bytes the line needed, the bytes free.
+    #[error(transparent)]
+    NoSpace(#[from] shards::NoSpace),
     #[error("per-step log {path} line {line}")]
     Json {
         path: PathBuf,
@@ -136,14 +143,29 @@ impl<T: Serialize> StepLog<T> {
         })
     }
 
+    /// Appends one line. A write that fails (a full disk) cuts the file back to where it was,
+    /// so no torn line is left; a full disk says so with the line's size and the bytes free.
     pub(crate) fn append(&mut self, value: &T) -> Result<(), MetricsError> {
-        let line = to_line(value);
-        writeln!(self.file, "{line}")
-            .and_then(|_| self.file.flush())
-            .map_err(|source| MetricsError::Io {
+        let mut line = to_line(value);
+        line.push('\n');
+        let before = self.file.metadata().map(|m| m.len());
+        let written = self
+            .file
+            .write_all(line.as_bytes())
+            .and_then(|_| self.file.flush());
+        let Err(source) = written else {
+            return Ok(());
+        };
+        if let Ok(len) = before {
+            let _ = self.file.set_len(len);
+        }
+        match shards::NoSpace::from_io(&self.path, &source, line.len() as u64) {
+            Some(full) => Err(full.into()),
+            None => Err(MetricsError::Io {
                 path: self.path.clone(),
                 source,
-            })
+            }),
+        }
     }
 }
 
@@ -298,6 +320,9 @@ pub struct Summary {
     pub mean_loader_wait_frac: f64,
     pub total_real_tokens: u64,
     pub total_images: u64,
+    /// Rank 0's object-store requests that failed and were retried (the sum of the steps').
+    #[serde(default)]
+    pub store_retries: u64,
     /// The lowest validation loss and the step it was measured at (runs with --val-shards).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub best_val_loss: Option<f64>,
@@ -333,6 +358,7 @@ impl Summary {
             mean_loader_wait_frac: mean(|m| m.loader_wait_frac),
             total_real_tokens: steps.iter().map(|m| m.real_tokens).sum(),
             total_images: steps.iter().map(|m| m.images).sum(),
+            store_retries: steps.iter().map(|m| m.store_retries).sum(),
             best_val_loss: best_val.map(|(_, v)| v),
             best_val_step: best_val.map(|(step, _)| step),
             final_val_loss: steps.iter().rev().find_map(|m| m.val_loss),

@@ -13,6 +13,7 @@ pub(crate) mod start;
 pub(crate) mod validate;
 
 use crate::checkpoint::format::{CheckpointMeta, RankState, FORMAT_VERSION};
+use crate::checkpoint::room;
 use crate::checkpoint::save::CheckpointSaver;
 use crate::config::{Dtype, Stage, TrainConfig};
 use crate::error::{io, TrainError};
@@ -167,7 +168,7 @@ fn train_rank(
             what: path.display().to_string(),
             source,
         })?;
-        std::fs::write(&path, text).map_err(io(&path))?;
+        shards::write_atomically(&path, text.as_bytes())?;
         plot_loss(&Losses::from_steps(&steps), &run.loss_plot())?;
     }
     Ok(summary)
@@ -312,7 +313,18 @@ impl<'a> TrainLoop<'a> {
         } else {
             None
         };
+        if s.rank == 0 && start.step < self.total_steps {
+            // Said now, before the steps up to the first checkpoint are spent.
+            let every = cfg.checkpoint_every;
+            let first = match every {
+                0 => self.total_steps,
+                n => ((start.step / n + 1) * n).min(self.total_steps),
+            };
+            room::warn_if_no_room(&self.run, first, model.checkpoint_bytes());
+        }
         let progress = Progress::new(self.total_steps, progress);
+        let store_failures = || -> u64 { s.stores.iter().map(|f| f.attempts().failed()).sum() };
+        let mut retried = 0;
         let mut step = start.step;
         let mut profiler = None;
         let mut position = start.position;
@@ -342,6 +354,8 @@ impl<'a> TrainLoop<'a> {
                     profiler = Some(Profiler::start(s.device.is_cuda())?);
                 }
                 let mut m = self.one_step(model, &mut loader, plan_step, step)?;
+                m.store_retries = store_failures() - retried;
+                retried += m.store_retries;
                 if step + 1 == start.step + cfg.profile || step + 1 == self.total_steps {
                     if let Some(p) = profiler.take() {
                         let path = self.run.profile(s.rank);
@@ -386,6 +400,16 @@ impl<'a> TrainLoop<'a> {
                 }
             }
             epoch += 1;
+        }
+        for store in &s.stores {
+            let counts = store.attempts();
+            let url = shards::RemoteFiles::url(store.as_ref());
+            let line = format!("rank {}: {url}: {}", s.rank, counts.describe());
+            if counts.failed() > 0 {
+                tracing::warn!("{line}");
+            } else {
+                tracing::info!("{line}");
+            }
         }
         self.saver.finish(&self.run, &s.writer_ranks())
     }
@@ -504,6 +528,7 @@ impl<'a> TrainLoop<'a> {
             rss_mib: metrics::rss_mib(),
             bytes_sent: stats.bytes_sent,
             bytes_sent_across_nodes: stats.bytes_sent_across,
+            store_retries: 0,
             val_loss: None,
             loss_by_source,
             per_rank: PerRank {
@@ -549,6 +574,9 @@ impl<'a> TrainLoop<'a> {
         } else {
             None
         };
+        if s.rank == 0 {
+            room::warn_if_no_room(&self.run, step, model.checkpoint_bytes());
+        }
         let (rank, world_size) = (s.rank, s.world_size);
         self.saver.save(
             &self.run,

@@ -24,6 +24,8 @@ pub(crate) struct Setup {
     pub rank: usize,
     pub world_size: usize,
     pub data: TrainData,
+    /// The object stores behind URL shard sets (their request counts: the run logs retries).
+    pub stores: Vec<Arc<remote::ObjectFiles>>,
     pub samples: Vec<shards::SampleMeta>,
     pub vlm: Arc<Vlm>,
     pub model_fingerprint: ModelFingerprint,
@@ -278,8 +280,12 @@ fn init_projector_file(path: &Path, scratch: &Path) -> Result<PathBuf, TrainErro
 }
 
 /// A shard set of `--shards` (the folder or URL itself, or a mixture file's source) as a
-/// location, a URL with its cache (`--cache-dir`, `--cache-limit`).
-fn dataset_location(cfg: &TrainConfig, spec: &str) -> Result<shards::DatasetLocation, TrainError> {
+/// location, a URL with its cache (`--cache-dir`, `--cache-limit`); for a URL also its store,
+/// whose requests the run counts.
+fn dataset_location(
+    cfg: &TrainConfig,
+    spec: &str,
+) -> Result<(shards::DatasetLocation, Option<Arc<remote::ObjectFiles>>), TrainError> {
     let limit = remote::parse_size(&cfg.cache_limit).map_err(|e| ConfigError::Invalid {
         field: "cache_limit",
         reason: e.to_string(),
@@ -290,8 +296,13 @@ fn dataset_location(cfg: &TrainConfig, spec: &str) -> Result<shards::DatasetLoca
         .or_else(|| tessera_switches::Switches::get().cache_dir.clone())
         .unwrap_or_else(|| RunDir::new(&cfg.out).shard_cache());
     let cache = remote::CacheConfig { dir, limit };
-    let location = remote::open_location(spec, Some(&cache)).map_err(shards::ShardError::from)?;
-    Ok(location)
+    if spec.starts_with("file://") || !remote::is_remote(spec) {
+        let location =
+            remote::open_location(spec, Some(&cache)).map_err(shards::ShardError::from)?;
+        return Ok((location, None));
+    }
+    let files = remote::open_remote(spec, Some(&cache), &[]).map_err(shards::ShardError::from)?;
+    Ok((shards::DatasetLocation::Remote(files.clone()), Some(files)))
 }
 
 /// The rank, and the source its shards are read from (opened checkpoints: drop it once the
@@ -302,9 +313,13 @@ pub(crate) fn build(
     mesh: Option<Mesh>,
 ) -> Result<(Setup, VlmInit), TrainError> {
     let (rank, world_size) = (pg.rank(), pg.world_size());
+    let stores = std::cell::RefCell::new(Vec::new());
     let data = TrainData::open(&cfg.shards.to_string_lossy(), &|spec| {
-        dataset_location(cfg, spec)
+        let (location, store) = dataset_location(cfg, spec)?;
+        stores.borrow_mut().extend(store);
+        Ok(location)
     })?;
+    let stores = stores.into_inner();
     let samples = data.metadata()?;
     if samples.is_empty() {
         return Err(ConfigError::Invalid {
@@ -367,6 +382,7 @@ pub(crate) fn build(
         rank,
         world_size,
         data,
+        stores,
         samples,
         vlm: Arc::new(vlm),
         model_fingerprint,

@@ -128,6 +128,12 @@ impl<'a> ShardedVlm<'a> {
         sharded_state::snapshot(&self.fsdp, rank, world_size, copy)
     }
 
+    /// Bytes a checkpoint of this model takes on disk, all ranks together (the layout's
+    /// estimate: shards and moments of every writing rank).
+    pub(crate) fn checkpoint_bytes(&self) -> u64 {
+        sharded_state::checkpoint_bytes(&self.fsdp)
+    }
+
     /// Restores a format-4 checkpoint at this run's world size (each rank reads its slices).
     pub(crate) fn load_sharded(&mut self, state: &ShardedState) -> Result<(), TrainError> {
         Ok(sharded_state::load(&mut self.fsdp, state)?)
