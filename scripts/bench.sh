@@ -24,6 +24,9 @@ echo "== ingest: verify / --no-verify vs the copy bound"
 cargo bench --no-default-features --bench ingest 2>&1 | tee "$OUT/ingest.log" | tail -n 1 > "$OUT/ingest.json"
 cargo build --release   # the ingest bench rebuilt the binary without libtorch
 
+echo "== ingest of the_cauldron-layout parquet vs pyarrow + PIL + tokenizers; peak RSS at 10K and 100K rows; loader on multi-image shards"
+bash scripts/cauldron_bench.sh "$OUT/cauldron" 2>&1 | tee "$OUT/cauldron.log" | tail -n 1 > "$OUT/cauldron.json"
+
 echo "== model: forward+backward tokens/s vs peak matmul"
 cargo bench --bench model --features bench 2>&1 | tee "$OUT/model.log" | tail -n 5
 
