@@ -49,6 +49,12 @@ pub enum ConfigError {
     },
     #[error("config field `{field}`: {reason}")]
     Invalid { field: &'static str, reason: String },
+    /// A size (`cache_limit`) that does not parse; the parser's error is the source.
+    #[error("config field `{field}`")]
+    BadSize {
+        field: &'static str,
+        source: remote::RemoteError,
+    },
     /// The run folder (`--out`) or an entry of it cannot be listed or cleared.
     #[error("--out {path}")]
     OutFolder {
@@ -430,8 +436,11 @@ impl TrainConfig {
                 "the loader needs at least 1 thread",
             ));
         }
-        if let Err(e) = remote::parse_size(&self.cache_limit) {
-            return Err(invalid("cache_limit", e.to_string()));
+        if let Err(source) = remote::parse_size(&self.cache_limit) {
+            return Err(ConfigError::BadSize {
+                field: "cache_limit",
+                source,
+            });
         }
         if self.heartbeat_timeout_s == 0 {
             return Err(invalid(

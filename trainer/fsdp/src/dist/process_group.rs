@@ -77,6 +77,7 @@ impl ProcessGroup {
                 ffi::tc_pg_nccl_new(store.raw, r, w, millis(timeout), &mut raw)
             },
         };
+        // SAFETY: `err` is what the shim just returned.
         unsafe { tessera_sys::take_error(err) }.map_err(pg_err)?;
         let device = match backend {
             Backend::Gloo => tch::Device::Cpu,

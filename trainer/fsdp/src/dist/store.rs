@@ -120,6 +120,7 @@ impl Store {
                 &mut raw,
             )
         };
+        // SAFETY: `err` is what the shim just returned.
         unsafe { tessera_sys::take_error(err) }.map_err(store_err)?;
         // SAFETY: raw is a live store on success.
         let port = unsafe { ffi::tc_store_port(raw) };

@@ -57,6 +57,12 @@ pub enum CheckpointError {
         path: PathBuf,
         source: std::io::Error,
     },
+    /// safetensors refused the tensors themselves (not an I/O error).
+    #[error("checkpoint {path}: writing the tensors")]
+    Tensors {
+        path: PathBuf,
+        source: safetensors::SafeTensorError,
+    },
     #[error("checkpoint {dir} is corrupt: {reason}")]
     Corrupt { dir: PathBuf, reason: String },
     /// One of its files cannot be read or parsed; the cause is the source.

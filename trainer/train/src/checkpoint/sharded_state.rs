@@ -126,10 +126,10 @@ impl StateSnapshot {
                 let _ = std::fs::remove_file(&path);
                 Err(write_error(&path, e, self.bytes()))
             }
-            Err(e) => Err(CheckpointError::Io {
-                path,
-                source: std::io::Error::other(format!("safetensors: {e}")),
-            }),
+            Err(source) => {
+                let _ = std::fs::remove_file(&path);
+                Err(CheckpointError::Tensors { path, source })
+            }
         }
     }
 }

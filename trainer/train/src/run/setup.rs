@@ -286,9 +286,9 @@ fn dataset_location(
     cfg: &TrainConfig,
     spec: &str,
 ) -> Result<(shards::DatasetLocation, Option<Arc<remote::ObjectFiles>>), TrainError> {
-    let limit = remote::parse_size(&cfg.cache_limit).map_err(|e| ConfigError::Invalid {
+    let limit = remote::parse_size(&cfg.cache_limit).map_err(|source| ConfigError::BadSize {
         field: "cache_limit",
-        reason: e.to_string(),
+        source,
     })?;
     let dir = cfg
         .cache_dir
