@@ -67,70 +67,44 @@ impl FileStamp {
 
 /// One line per field of `now` that differs from `recorded`: `what (field): old -> new`.
 fn changes(recorded: &Settings, now: &Settings) -> Vec<String> {
+    // Hashes are shown by their first 16 hex digits.
     let short = |s: &str| s.chars().take(16).collect::<String>();
-    let mut out = Vec::new();
-    let mut differ = |what: &str, field: &str, old: String, new: String| {
-        if old != new {
-            out.push(format!("{what} ({field}): {old} -> {new}"));
-        }
+    let shown = |s: &Settings| -> [String; 10] {
+        [
+            s.format.clone(),
+            short(&s.json_sha256),
+            s.json_bytes.to_string(),
+            s.json_records.to_string(),
+            short(&s.images_fingerprint),
+            short(&s.tokenizer_fingerprint),
+            s.template.clone(),
+            s.shard_size.to_string(),
+            (!s.verify).to_string(),
+            s.max_pixels.to_string(),
+        ]
     };
-    let (a, b) = (recorded, now);
-    differ("--format", "format", a.format.clone(), b.format.clone());
-    differ(
-        "the --input content",
-        "json_sha256",
-        short(&a.json_sha256),
-        short(&b.json_sha256),
-    );
-    differ(
-        "the --input size",
-        "json_bytes",
-        a.json_bytes.to_string(),
-        b.json_bytes.to_string(),
-    );
-    differ(
-        "the --input record count",
-        "json_records",
-        a.json_records.to_string(),
-        b.json_records.to_string(),
-    );
-    differ(
-        "the --images zip directory or folder listing",
-        "images_fingerprint",
-        short(&a.images_fingerprint),
-        short(&b.images_fingerprint),
-    );
-    differ(
-        "the --tokenizer",
-        "tokenizer_fingerprint",
-        short(&a.tokenizer_fingerprint),
-        short(&b.tokenizer_fingerprint),
-    );
-    differ(
-        "--template",
-        "template",
-        a.template.clone(),
-        b.template.clone(),
-    );
-    differ(
-        "--shard-size",
-        "shard_size",
-        a.shard_size.to_string(),
-        b.shard_size.to_string(),
-    );
-    differ(
-        "--no-verify",
-        "verify",
-        (!a.verify).to_string(),
-        (!b.verify).to_string(),
-    );
-    differ(
-        "--max-pixels",
-        "max_pixels",
-        a.max_pixels.to_string(),
-        b.max_pixels.to_string(),
-    );
-    out
+    // (what the user gave, the field recorded), in the order of `shown`.
+    const FIELDS: [(&str, &str); 10] = [
+        ("--format", "format"),
+        ("the --input content", "json_sha256"),
+        ("the --input size", "json_bytes"),
+        ("the --input record count", "json_records"),
+        (
+            "the --images zip directory or folder listing",
+            "images_fingerprint",
+        ),
+        ("the --tokenizer", "tokenizer_fingerprint"),
+        ("--template", "template"),
+        ("--shard-size", "shard_size"),
+        ("--no-verify", "verify"),
+        ("--max-pixels", "max_pixels"),
+    ];
+    FIELDS
+        .iter()
+        .zip(shown(recorded).into_iter().zip(shown(now)))
+        .filter(|(_, (old, new))| old != new)
+        .map(|((what, field), (old, new))| format!("{what} ({field}): {old} -> {new}"))
+        .collect()
 }
 
 /// Refuses when the inputs or settings given now differ from the ones `since` (the interrupted
