@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Writes a random Qwen2 LM directory of a chosen width and scale next to a copy of a vision
-tower: the sweep behind the tiny preset's init (BENCHMARKS.md, "Training").
+tower: the sweep behind the tiny preset's init (docs/performance-notes.md, "Stage 1 learning").
 
 Usage: .deps/venv/bin/python scripts/lm_variant.py MODEL_DIR OUT_DIR \
            --hidden 128 --layers 2 --kv-heads 2 --embed-std 0.177 [--qk-gain 1]

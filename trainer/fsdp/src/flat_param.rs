@@ -71,7 +71,7 @@ impl FlatBuffer {
     /// buffer's gradient in one concatenation. A `narrow` per parameter made autograd
     /// zero-fill and add a whole buffer-sized gradient for every parameter: 24 passes over a
     /// 60 MB Qwen2.5-0.5B layer in each backward, and a zero-filled copy of the 545 MB
-    /// embedding (BENCHMARKS.md, "Where the full-parameter step goes"). A buffer that is one
+    /// embedding (docs/performance-notes.md, "Where the full-parameter step goes"). A buffer that is one
     /// parameter and no padding is a plain `view`: no concatenation at all.
     pub fn views(&self, full: &Tensor) -> Vec<(String, Tensor)> {
         let padding = full.size()[0] - self.numel;

@@ -92,7 +92,7 @@ impl ShardedAdamW {
     /// One update of every shard from `grads` (indexed like the buffers); the learning rates are
     /// the configured ones times `lr_factor` (the schedule). Through ATen's fused kernel on
     /// every device: one pass over parameter, gradient and moments instead of the elementwise
-    /// ops' dozen (BENCHMARKS.md, "Where the full-parameter step goes").
+    /// ops' dozen (docs/performance-notes.md, "Where the full-parameter step goes").
     pub(super) fn update(
         &mut self,
         buffers: &[FlatBuffer],

@@ -88,7 +88,7 @@ pub enum ResizeBackend {
 }
 
 impl ResizeBackend {
-    /// `Planar` where the CPU has AVX2 (measured 2-3x faster there, BENCHMARKS.md);
+    /// `Planar` where the CPU has AVX2 (measured 1.75-1.88x faster there, BENCHMARKS.md);
     /// elsewhere `fast_image_resize`, whose SSE4.1 and NEON paths beat a scalar loop.
     pub fn detect() -> ResizeBackend {
         #[cfg(target_arch = "x86_64")]

@@ -115,7 +115,7 @@ impl<'a> RunWeights<'a> {
 /// after which the tensors kept and the transients that read or convert them share the heap,
 /// whose holes it cannot hand back: loading the Hub-shaped full fine-tune for generation
 /// peaked about 230 MB above its weights that way, 30 MB with the fixed threshold
-/// (BENCHMARKS.md, issue 20). The opposite of the trainer's one-rank setting (`setup.rs`),
+/// (docs/performance-notes.md, "Memory"). The opposite of the trainer's one-rank setting (`setup.rs`),
 /// which keeps freed memory for the next step's tensors.
 pub fn unmap_freed_tensors() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]

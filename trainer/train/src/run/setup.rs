@@ -67,7 +67,7 @@ fn share_cores(env: Option<&RankEnv>) {
 /// One-rank runs only: with several ranks every unit's parameters are gathered into fresh
 /// buffers, and a heap that never hands memory back grew a W=2 rank's peak past a W=1 run's
 /// (Hub-shaped model, bf16: 3.8 GB against 2.8 GB; 2.9 GB with glibc's defaults, at the same
-/// step time; BENCHMARKS.md "Per-rank sharded loading").
+/// step time; docs/performance-notes.md, "Memory").
 fn keep_freed_memory() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     // SAFETY: mallopt only changes the allocator's thresholds, under glibc's own arena lock.
