@@ -26,6 +26,9 @@
 # transformers (default python3). DEADLINE: seconds after which no stage starts (default 520).
 # ONLY: a comma list of the parts to run (s1, hf, s2, tiny, loader, switches, profile, peak;
 # default all), e.g. ONLY=s1,hf,switches for a before/after pair of one change.
+# LM_FAMILY: the Hub-shaped LM of the cuda stages: qwen (Qwen2.5-0.5B, default), qwen3
+# (Qwen3-0.6B-Base) or smollm2 (SmolLM2-360M; its shards use DIR/smollm2-tokenizer.json, copied
+# from .deps/smollm2-135m-instruct/tokenizer.json: the family's tokenizer, <image> added by ingest).
 set -uo pipefail
 DIR="$(cd "${1:?usage: device_round.sh DIR}" && pwd)"
 REPO="$(cd "$(dirname "$0")/.." && pwd)"
@@ -37,6 +40,12 @@ PY="${PY:-python3}"
 DEADLINE="${DEADLINE:-520}"
 T="$DIR/tessera"
 TOK="$DIR/tokenizer.json"
+LM_FAMILY="${LM_FAMILY:-qwen}"
+case "$LM_FAMILY" in
+  qwen|qwen3) ;;
+  smollm2) TOK="$DIR/smollm2-tokenizer.json" ;;
+  *) echo "device_round: LM_FAMILY must be qwen, qwen3 or smollm2, not $LM_FAMILY" >&2; exit 1 ;;
+esac
 BENCH="$REPO/scripts/baselines"
 mkdir -p "$OUT"
 rm -rf "$W" && mkdir -p "$W"
@@ -121,9 +130,11 @@ EOF
 
 # 0. fixtures: checkpoints, LLaVA-shaped shards, real-photo shards for the loader
 if on_cuda; then
-  stage "hub-shaped checkpoints" 240 "$PY" "$BENCH/make_hub_shaped_models.py" "$W/hub"
-  VISION="$W/hub/siglip" LM="$W/hub/qwen"
-  if [ ! -f "$LM/config.json" ]; then  # the same shapes from tessera's own preset
+  extra=()
+  [ "$LM_FAMILY" = qwen ] || extra=("$LM_FAMILY")
+  stage "hub-shaped checkpoints" 240 "$PY" "$BENCH/make_hub_shaped_models.py" "$W/hub" "${extra[@]}"
+  VISION="$W/hub/siglip" LM="$W/hub/$LM_FAMILY"
+  if [ ! -f "$LM/config.json" ] && [ "$LM_FAMILY" = qwen ]; then  # the same shapes from tessera's own preset
     stage "init-model qwen2.5-0.5b-shape" 150 "$T" init-model --quiet --preset qwen2.5-0.5b-shape \
       --out "$W/hub"
     VISION="$W/hub/vision" LM="$W/hub/lm"
