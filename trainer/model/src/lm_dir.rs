@@ -72,20 +72,7 @@ impl Generator {
     /// The language model folder `dir` alone, ready to generate, its weights held in `dtype`
     /// (default: the widest its checkpoint stores, bf16 only if every tensor is).
     pub fn from_lm_dir(dir: &Path, dtype: Option<Dtype>) -> Result<Generator> {
-        let kind = match dtype {
-            Some(dtype) => dtype.kind(),
-            None => {
-                let ckpt = HfCheckpoint::open(dir)?;
-                let narrow = ckpt
-                    .names()
-                    .all(|n| ckpt.stored_kind(n) == Some(Kind::BFloat16));
-                if narrow {
-                    Kind::BFloat16
-                } else {
-                    Kind::Float
-                }
-            }
-        };
+        let kind = HfCheckpoint::load_kind(dir, dtype)?;
         let (cfg, params) = load_language_model(dir, Some(kind))?;
         Generator::language_model(&cfg, params, kind)
     }

@@ -135,6 +135,19 @@ impl HfCheckpoint {
         })
     }
 
+    /// The dtype to hold the checkpoint of `dir` in: `dtype` when given, else the widest it
+    /// stores (bf16 only when every tensor is bf16, f32 otherwise).
+    pub fn load_kind(dir: &Path, dtype: Option<super::Dtype>) -> Result<Kind> {
+        if let Some(dtype) = dtype {
+            return Ok(dtype.kind());
+        }
+        let ckpt = HfCheckpoint::open(dir)?;
+        let narrow = ckpt
+            .names()
+            .all(|n| ckpt.stored_kind(n) == Some(Kind::BFloat16));
+        Ok(if narrow { Kind::BFloat16 } else { Kind::Float })
+    }
+
     /// Bytes [`Self::read_range_into`] has copied out of the files so far.
     pub fn bytes_read(&self) -> u64 {
         self.bytes_read.load(Ordering::Relaxed)

@@ -13,7 +13,6 @@ use crate::export::{newest_complete_trained, stored_config, ExportError, VlmDesc
 use crate::run_dir::RunDir;
 use pipeline::loader::ResizePolicy;
 use std::path::Path;
-use tch::Kind;
 use tessera_fsdp::ParamMap;
 use tessera_model::{
     load_llava_dir_as, CaptionError, Captioner, Dtype, Generator, HfCheckpoint, ModelError, Vlm,
@@ -131,20 +130,7 @@ pub fn load_run_model(run: &Path, dtype: Option<Dtype>) -> Result<GenerationMode
 /// Loads a llava-hf export, its weights in `dtype` (default: the widest dtype it stores them
 /// in); its template is ChatML when its chat template speaks ChatML.
 pub fn load_export_model(dir: &Path, dtype: Option<Dtype>) -> Result<GenerationModel, ModelError> {
-    let kind = match dtype {
-        Some(dtype) => dtype.kind(),
-        None => {
-            let ckpt = HfCheckpoint::open(dir)?;
-            let narrow = ckpt
-                .names()
-                .all(|n| ckpt.stored_kind(n) == Some(Kind::BFloat16));
-            if narrow {
-                Kind::BFloat16
-            } else {
-                Kind::Float
-            }
-        }
-    };
+    let kind = HfCheckpoint::load_kind(dir, dtype)?;
     let (vlm, params) = load_llava_dir_as(dir, Some(kind))?;
     let chat = std::fs::read_to_string(dir.join("chat_template.jinja")).unwrap_or_default();
     Ok(GenerationModel {
