@@ -21,7 +21,8 @@ pub enum RemoteError {
         file: String,
         rows: u64,
         bytes: u64,
-        source: object_store::Error,
+        /// Boxed: the variant's names would make every `RemoteError` larger.
+        source: Box<object_store::Error>,
     },
     /// The URL does not parse, or object_store cannot build a store for it.
     #[error("{url}: not a shard directory URL")]
@@ -67,7 +68,7 @@ impl RemoteError {
                 file: shard.file.clone(),
                 rows: shard.rows,
                 bytes: shard.bytes,
-                source,
+                source: Box::new(source),
             },
             other => other,
         }

@@ -99,7 +99,10 @@ fn statvfs_free(path: &Path) -> io::Result<u64> {
     }
     // SAFETY: statvfs returned 0, so it initialised the struct.
     let stat = unsafe { stat.assume_init() };
-    Ok(u64::from(stat.f_bavail).saturating_mul(u64::from(stat.f_frsize)))
+    // fsblkcnt_t and c_ulong are u64 on 64-bit Linux but narrower on some targets.
+    #[allow(clippy::useless_conversion)]
+    let (blocks, size) = (u64::from(stat.f_bavail), u64::from(stat.f_frsize));
+    Ok(blocks.saturating_mul(size))
 }
 
 #[cfg(not(unix))]
@@ -112,7 +115,7 @@ pub fn shown_bytes(bytes: u64) -> String {
     let digits = bytes.to_string();
     let mut grouped = String::new();
     for (i, c) in digits.chars().enumerate() {
-        if i > 0 && (digits.len() - i) % 3 == 0 {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
             grouped.push(',');
         }
         grouped.push(c);
