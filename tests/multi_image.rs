@@ -15,7 +15,7 @@ use std::process::Command;
 mod support;
 use support::layouts::{layouts, Layouts};
 use support::metrics::read_metrics;
-use support::{run_ok, tessera, tokenizer};
+use support::{run_ok, scratch_once, tessera, tokenizer};
 
 /// The layouts' the_cauldron parquet ingested with `template` into `out`.
 fn ingest(l: &Layouts, template: &str, out: &Path) -> Result<()> {
@@ -43,25 +43,15 @@ fn tiny_model() -> Result<(PathBuf, PathBuf)> {
     static MADE: std::sync::OnceLock<std::result::Result<PathBuf, String>> =
         std::sync::OnceLock::new();
     let made = MADE.get_or_init(|| {
-        let scratch = Path::new(env!("CARGO_TARGET_TMPDIR"));
-        let dir = scratch.join("tiny-model");
-        if dir.join("lm/model.safetensors").is_file() {
-            return Ok(dir);
-        }
-        let make = || -> Result<()> {
-            std::fs::create_dir_all(scratch)?;
-            let tmp = tempfile::tempdir_in(scratch)?;
+        scratch_once("tiny-model", "lm/model.safetensors", |dir| {
             run_ok(
                 tessera()
                     .args(["init-model", "--quiet", "--preset", "tiny", "--out"])
-                    .arg(tmp.path().join("model")),
-            )?;
-            if std::fs::rename(tmp.path().join("model"), &dir).is_err() && !dir.is_dir() {
-                anyhow::bail!("could not move the model to {}", dir.display());
-            }
-            Ok(())
-        };
-        make().map(|()| dir).map_err(|e| format!("{e:#}"))
+                    .arg(dir),
+            )
+            .map(drop)
+        })
+        .map_err(|e| format!("{e:#}"))
     });
     let dir = made.clone().map_err(anyhow::Error::msg)?;
     Ok((dir.join("vision"), dir.join("lm")))

@@ -110,13 +110,7 @@ impl FaultProxy {
 
     /// The S3 client environment pointing at the proxy instead of the server.
     pub(crate) fn env(&self) -> Vec<(&'static str, String)> {
-        vec![
-            ("AWS_ENDPOINT_URL", self.endpoint()),
-            ("AWS_ACCESS_KEY_ID", "test".into()),
-            ("AWS_SECRET_ACCESS_KEY", "test".into()),
-            ("AWS_REGION", "us-east-1".into()),
-            ("AWS_ALLOW_HTTP", "true".into()),
-        ]
+        crate::moto::client_env(self.endpoint())
     }
 
     pub(crate) fn log(&self) -> ProxyLog {

@@ -1,7 +1,7 @@
 //! The fixture of tests/layouts.rs, tests/multi_image.rs and tests/s3_shards.rs: crops of real
 //! photographs (`tessera synth --photos`) written by `tests/support/layouts.py` as the_cauldron's
 //! parquet, TRL's `messages` parquet and LLaVA-OneVision's json (see the script for the rows).
-use super::{run_ok, tessera};
+use super::{run_ok, scratch_once, tessera};
 use anyhow::Result;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -48,27 +48,16 @@ fn script() -> PathBuf {
 fn photos() -> Result<PathBuf> {
     static MADE: OnceLock<std::result::Result<PathBuf, String>> = OnceLock::new();
     let made = MADE.get_or_init(|| {
-        let scratch = Path::new(env!("CARGO_TARGET_TMPDIR"));
-        let dir = scratch.join("photo-crops-12-seed7");
-        if dir.join("images").is_dir() {
-            return Ok(dir);
-        }
-        let make = || -> Result<()> {
-            std::fs::create_dir_all(scratch)?;
-            let tmp = tempfile::tempdir_in(scratch)?;
+        scratch_once("photo-crops-12-seed7", "images", |dir| {
             run_ok(
                 tessera()
                     .args(["synth", "--quiet", "--samples", "12", "--seed", "7"])
                     .args(["--photos", PHOTOS, "--out"])
-                    .arg(tmp.path().join("crops")),
-            )?;
-            // Whole or not at all: another test process may have made it meanwhile.
-            if std::fs::rename(tmp.path().join("crops"), &dir).is_err() && !dir.is_dir() {
-                anyhow::bail!("could not move the crops to {}", dir.display());
-            }
-            Ok(())
-        };
-        make().map(|()| dir).map_err(|e| format!("{e:#}"))
+                    .arg(dir),
+            )
+            .map(drop)
+        })
+        .map_err(|e| format!("{e:#}"))
     });
     made.clone().map_err(anyhow::Error::msg)
 }

@@ -272,3 +272,27 @@ pub(crate) fn fixture_with(samples: usize, text_only: f64, lm: Lm) -> Result<Fix
         _tmp: tmp,
     })
 }
+
+/// `make(dir)` once into `CARGO_TARGET_TMPDIR/name`, a folder the tests share read only (also
+/// across test processes): made in a temporary sibling and renamed, so it is whole or absent;
+/// `done`, a path inside it, says an earlier process made it.
+pub(crate) fn scratch_once(
+    name: &str,
+    done: &str,
+    make: impl FnOnce(&Path) -> Result<()>,
+) -> Result<PathBuf> {
+    let scratch = Path::new(env!("CARGO_TARGET_TMPDIR"));
+    let dir = scratch.join(name);
+    if dir.join(done).exists() {
+        return Ok(dir);
+    }
+    std::fs::create_dir_all(scratch)?;
+    let tmp = tempfile::tempdir_in(scratch)?;
+    let made = tmp.path().join(name);
+    make(&made)?;
+    // Whole or not at all: another test process may have made it meanwhile.
+    if std::fs::rename(&made, &dir).is_err() && !dir.join(done).exists() {
+        anyhow::bail!("could not move {} to {}", made.display(), dir.display());
+    }
+    Ok(dir)
+}

@@ -72,13 +72,7 @@ impl MotoServer {
 
     /// The environment an S3 client needs for this server.
     pub(crate) fn env(&self) -> Vec<(&'static str, String)> {
-        vec![
-            ("AWS_ENDPOINT_URL", self.endpoint()),
-            ("AWS_ACCESS_KEY_ID", "test".into()),
-            ("AWS_SECRET_ACCESS_KEY", "test".into()),
-            ("AWS_REGION", "us-east-1".into()),
-            ("AWS_ALLOW_HTTP", "true".into()),
-        ]
+        client_env(self.endpoint())
     }
 
     /// One HTTP/1.1 request; returns the status code, or an error for no answer.
@@ -202,4 +196,16 @@ impl Drop for MotoServer {
     fn drop(&mut self) {
         self.kill();
     }
+}
+
+/// The environment an S3 client needs for a test server (or a proxy in front of it) at
+/// `endpoint`: moto's fixed credentials, plain HTTP.
+pub(crate) fn client_env(endpoint: String) -> Vec<(&'static str, String)> {
+    vec![
+        ("AWS_ENDPOINT_URL", endpoint),
+        ("AWS_ACCESS_KEY_ID", "test".into()),
+        ("AWS_SECRET_ACCESS_KEY", "test".into()),
+        ("AWS_REGION", "us-east-1".into()),
+        ("AWS_ALLOW_HTTP", "true".into()),
+    ]
 }
