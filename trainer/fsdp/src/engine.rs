@@ -4,7 +4,7 @@ use super::gather::Gathered;
 use super::optim::{AdamWConfig, ShardedAdamW};
 use super::{FsdpError, Recompute, Strategy};
 use crate::dist::{ProcessGroup, Work};
-use crate::unit::{ParamMap, ParamSource, Unit};
+use crate::unit::{ComputeError, ParamMap, ParamSource, Unit};
 use std::collections::{BTreeMap, HashMap};
 use std::time::Instant;
 use tch::{Device, Kind, Tensor};
@@ -236,12 +236,25 @@ impl<'a, C> Fsdp<'a, C> {
         *self.times.entry(key.to_string()).or_default() += since.elapsed().as_secs_f64();
     }
 
-    fn torch_err(&self, unit: usize) -> impl Fn(tch::TchError) -> FsdpError + '_ {
+    fn torch_err<E: Into<ComputeError>>(&self, unit: usize) -> impl Fn(E) -> FsdpError + '_ {
         move |source| FsdpError::Torch {
             rank: self.world.rank(),
             unit: self.units[unit].name().to_string(),
-            source,
+            source: source.into(),
         }
+    }
+
+    /// Unit `u`'s forward on `input`; a failure names the unit and this rank.
+    pub(super) fn run_unit(
+        &self,
+        u: usize,
+        params: &ParamMap,
+        input: &Tensor,
+        ctx: &C,
+    ) -> Result<Tensor, FsdpError> {
+        self.units[u]
+            .forward(params, input, ctx)
+            .map_err(self.torch_err(u))
     }
 
     /// Forward and backward of one micro-batch; gradients accumulate into the shards. `input` is
@@ -308,11 +321,11 @@ impl<'a, C> Fsdp<'a, C> {
                 let first_trained = backward_units.first() == Some(&u);
                 if !backward_units.contains(&u) {
                     let params = self.flat.param_map(u, &self.gathered.full);
-                    x = tch::no_grad(|| self.units[u].forward(&params, &x, ctx));
+                    x = tch::no_grad(|| self.run_unit(u, &params, &x, ctx))?;
                 } else if recompute {
                     saved.insert(u, x.shallow_clone());
                     let params = self.flat.param_map(u, &self.gathered.full);
-                    x = tch::no_grad(|| self.units[u].forward(&params, &x, ctx));
+                    x = tch::no_grad(|| self.run_unit(u, &params, &x, ctx))?;
                 } else {
                     let graph = self.graph(u, ctx, &x, !first_trained)?;
                     x = graph.output.detach();
@@ -413,7 +426,7 @@ impl<'a, C> Fsdp<'a, C> {
             }
         }
         let input = input.detach().set_requires_grad(need_input_grad);
-        let output = self.units[u].forward(&params, &input, ctx);
+        let output = self.run_unit(u, &params, &input, ctx)?;
         Ok(Graph {
             input,
             leaves,
@@ -566,7 +579,7 @@ impl<'a, C> Fsdp<'a, C> {
             .map_err(|source| FsdpError::Torch {
                 rank: self.world.rank(),
                 unit: "optimizer".into(),
-                source,
+                source: source.into(),
             })?;
         tch::no_grad(|| {
             for g in self.grads.iter_mut().flatten() {

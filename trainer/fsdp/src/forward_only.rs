@@ -25,7 +25,7 @@ impl<C> Fsdp<'_, C> {
                     .issue(&self.flat, next, next_name, self.pg, sharded)?;
             }
             let params = self.flat.param_map(u, &self.gathered.full);
-            x = tch::no_grad(|| self.units[u].forward(&params, &x, ctx));
+            x = tch::no_grad(|| self.run_unit(u, &params, &x, ctx))?;
             let keep = next.map_or_else(Vec::new, |n| self.flat.unit_buffers[n].clone());
             self.gathered.release(&self.flat, u, &keep, sharded);
         }

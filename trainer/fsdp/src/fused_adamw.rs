@@ -1,8 +1,9 @@
 //! ATen's fused AdamW kernel (`_fused_adamw_`, what `torch.optim.AdamW(fused=True)` runs), bound
 //! through `csrc/fused_adamw.cpp` (tch generates no binding for it). [`super::optim`] uses it on
 //! every device, where it replaces a dozen elementwise kernels per parameter slice with one.
-use tch::{TchError, Tensor};
+use tch::Tensor;
 use tessera_sys::kernels::tc_fused_adamw;
+use tessera_sys::ShimError;
 
 /// AdamW hyper-parameters of one fused call.
 #[derive(Clone, Copy, Debug)]
@@ -22,7 +23,7 @@ pub(super) fn fused_adamw_(
     exp_avg_sq: &Tensor,
     step: &Tensor,
     h: FusedHyper,
-) -> Result<(), TchError> {
+) -> Result<(), ShimError> {
     // SAFETY: tch tensors wrap `torch::Tensor*`; the kernel updates the storages in place
     // (which the shallow handles here share) and keeps no reference after returning.
     let err = unsafe {
@@ -40,6 +41,5 @@ pub(super) fn fused_adamw_(
         )
     };
     // SAFETY: `err` is what the shim just returned.
-    unsafe { tessera_sys::take_error(err) }
-        .map_err(|message| TchError::Torch(format!("_fused_adamw_: {message}")))
+    unsafe { tessera_sys::take_error(err, "_fused_adamw_") }
 }

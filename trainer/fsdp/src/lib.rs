@@ -37,7 +37,7 @@ pub use engine::{Fsdp, FsdpConfig, MemoryReport, StepStats};
 pub use full_state::OPTIMIZER_STEP_KEY;
 pub use optim::{AdamWConfig, ParamGroup};
 pub use state::{BufferLayout, ParamSlice, ShardView};
-pub use unit::{ParamMap, ParamSource, ParamSpec, SourceError, Unit};
+pub use unit::{ComputeError, ParamMap, ParamSource, ParamSpec, SourceError, Unit};
 
 use crate::dist::DistError;
 
@@ -112,7 +112,7 @@ pub enum FsdpError {
     Torch {
         rank: usize,
         unit: String,
-        source: tch::TchError,
+        source: ComputeError,
     },
     #[error("rank {rank}: unit '{unit}' ends the chain but its output has shape {shape:?}, not a scalar loss")]
     NotScalarLoss {

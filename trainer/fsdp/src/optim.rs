@@ -3,7 +3,8 @@
 //! trains the projector at a lower lr than LoRA), and global grad-norm clipping.
 use super::flat_param::FlatBuffer;
 use super::fused_adamw::{fused_adamw_, FusedHyper};
-use tch::{TchError, Tensor};
+use tch::Tensor;
+use tessera_sys::ShimError;
 
 /// AdamW hyper-parameters; `lr` and `weight_decay` apply to parameters no group claims.
 /// Weight decay skips every parameter of fewer than two dimensions (biases and norm weights),
@@ -98,7 +99,7 @@ impl ShardedAdamW {
         buffers: &[FlatBuffer],
         grads: &[Option<Tensor>],
         lr_factor: f64,
-    ) -> Result<(), TchError> {
+    ) -> Result<(), ShimError> {
         self.step += 1;
         self.update_fused(buffers, grads, lr_factor)
     }
@@ -111,7 +112,7 @@ impl ShardedAdamW {
         buffers: &[FlatBuffer],
         grads: &[Option<Tensor>],
         lr_factor: f64,
-    ) -> Result<(), TchError> {
+    ) {
         self.step += 1;
         let (b1, b2) = self.config.betas;
         let bias1 = 1.0 - b1.powi(self.step as i32);
@@ -141,7 +142,6 @@ impl ShardedAdamW {
                 }
             }
         });
-        Ok(())
     }
 
     /// The same update through `_fused_adamw_`, one call per segment (its own lr and decay).
@@ -151,7 +151,7 @@ impl ShardedAdamW {
         buffers: &[FlatBuffer],
         grads: &[Option<Tensor>],
         lr_factor: f64,
-    ) -> Result<(), TchError> {
+    ) -> Result<(), ShimError> {
         for s in &self.states {
             let Some(grad) = &grads[s.buffer] else {
                 continue;

@@ -61,11 +61,12 @@ fn run(elementwise: bool, start: &Tensor, grads: &[Tensor]) -> Vec<Tensor> {
         let grads = vec![Some(grad.copy())];
         let lr_factor = 1.0 - step as f64 * 0.1;
         if elementwise {
-            adamw.update_elementwise(&buffers, &grads, lr_factor)
+            adamw.update_elementwise(&buffers, &grads, lr_factor);
         } else {
-            adamw.update(&buffers, &grads, lr_factor)
+            adamw
+                .update(&buffers, &grads, lr_factor)
+                .expect("fused AdamW update");
         }
-        .expect("AdamW update");
     }
     let s = &adamw.states[0];
     vec![

@@ -35,7 +35,19 @@ pub trait Unit<C>: Send + Sync {
     fn runs_on(&self, ctx: &C) -> bool;
     /// Output of the unit. For "embed" the input is the projected image tokens (or an empty
     /// tensor); for "head" the output is the scalar sum of token losses over supervised labels.
-    fn forward(&self, params: &ParamMap, input: &Tensor, ctx: &C) -> Tensor;
+    /// A failing shim (a C++ kernel tessera binds itself) is an error, which FSDP reports with
+    /// the unit's name and the rank.
+    fn forward(&self, params: &ParamMap, input: &Tensor, ctx: &C) -> Result<Tensor, ComputeError>;
+}
+
+/// What a unit's forward or the optimizer's update fails with: a libtorch op that reported
+/// its error, or one of the shims of `tessera-sys` (which names its operation).
+#[derive(Debug, thiserror::Error)]
+pub enum ComputeError {
+    #[error(transparent)]
+    Torch(#[from] tch::TchError),
+    #[error(transparent)]
+    Shim(#[from] tessera_sys::ShimError),
 }
 
 /// Where FSDP reads each rank's initial shards from, one slice of one parameter at a time, so

@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 use tch::{Device, Kind, Tensor};
 use tessera_fsdp::dist::{local_groups, ProcessGroup};
 use tessera_fsdp::{AdamWConfig, Fsdp, FsdpConfig, MemoryReport, ParamGroup, Strategy};
-use tessera_fsdp::{ParamMap, ParamSpec, Unit};
+use tessera_fsdp::{ComputeError, ParamMap, ParamSpec, Unit};
 
 const D: i64 = 16;
 const VOCAB: i64 = 24;
@@ -45,8 +45,8 @@ impl Unit<Ctx> for Toy {
     fn runs_on(&self, ctx: &Ctx) -> bool {
         !matches!(self.name, "vision" | "projector") || ctx.pixels.is_some()
     }
-    fn forward(&self, m: &ParamMap, x: &Tensor, ctx: &Ctx) -> Tensor {
-        match self.name {
+    fn forward(&self, m: &ParamMap, x: &Tensor, ctx: &Ctx) -> Result<Tensor, ComputeError> {
+        Ok(match self.name {
             "vision" => x.matmul(p(m, "vision.w")).tanh(),
             "projector" => x.matmul(p(m, "proj.w")) + p(m, "proj.b"),
             "embed" => {
@@ -72,7 +72,7 @@ impl Unit<Ctx> for Toy {
                     0.0,
                 )
             }
-        }
+        })
     }
 }
 

@@ -2,7 +2,7 @@
 //! language model's is `lm_config.rs`). Field names are exactly HF's;
 //! what sparse Hub configs leave out gets HF's default from a small named function, so a
 //! config written by `save_pretrained` and a hand-trimmed one parse to the same values.
-use super::{ModelError, Result};
+use super::error::{ModelError, Result};
 use serde::{Deserialize, Serialize};
 use std::path::Path;
 

@@ -5,12 +5,12 @@
 //! [`VlmCtx::ready`] joins them to the compute stream, so the trainer prepares micro-batch k+1
 //! while k computes; [`VlmCtx::new`] does both at once.
 use super::attention::{block_causal_mask, row_spans, Span};
+use super::error::{ModelError, Result};
 use super::rope::rotary_tables;
-use super::side_stream::{pinned, SideUpload};
+use super::side_stream::{upload, SideUpload};
 use super::siglip;
 use super::varlen::{use_varlen, Varlen};
 use super::vlm::Vlm;
-use super::{ModelError, Result};
 use pipeline::{MicroBatch, IGNORE_INDEX};
 use std::sync::Mutex;
 use tch::{Device, Kind, Tensor};
@@ -287,19 +287,5 @@ impl VlmCtx {
             Some(p) => p.shallow_clone(),
             None => Tensor::empty([0], (Kind::Float, self.input_ids.device())),
         }
-    }
-}
-
-/// A host tensor on `device`. On CUDA the bytes go through pinned (page-locked) host memory
-/// with a non-blocking copy on the current stream: the host goes on enqueuing the step's
-/// kernels while the DMA runs, and the stream orders the copy before the kernels that read it
-/// (PyTorch's pinned allocator keeps the host block until the copy is done). Elsewhere a plain
-/// copy (a no-op on the CPU).
-pub(super) fn upload(host: Tensor, device: Device) -> Result<Tensor> {
-    if device.is_cuda() {
-        let kind = host.kind();
-        Ok(pinned(&host)?.to_device_(device, kind, true, false))
-    } else {
-        Ok(host.to_device(device))
     }
 }

@@ -18,6 +18,7 @@ use super::rope::apply_rotary;
 use super::varlen::{attend_varlen, Varlen};
 use tch::{Kind, Tensor};
 use tessera_fsdp::{ParamMap, ParamSpec};
+use tessera_sys::ShimError;
 
 fn frozen(name: String, shape: Vec<i64>) -> ParamSpec {
     ParamSpec {
@@ -123,7 +124,7 @@ impl DecoderLayer {
         params: &ParamMap,
         x: &Tensor,
         inputs: &LayerInputs,
-    ) -> Tensor {
+    ) -> Result<Tensor, ShimError> {
         let (rows, len, d) = x.size3().expect("decoder hidden is [rows, len, D]");
         let (heads, hd) = (cfg.num_attention_heads, cfg.head_dim());
         let i = self.index;
@@ -136,16 +137,16 @@ impl DecoderLayer {
 
         let residual = x;
         let h = rms_norm(x, param(params, &self.input_layernorm), cfg.rms_norm_eps);
-        let (q, k, v) = self.qkv(cfg, &lin, &h, salt);
+        let (q, k, v) = self.qkv(cfg, &lin, &h, salt)?;
         let q = apply_rotary(&q, inputs.cos, inputs.sin);
         let k = apply_rotary(&k, inputs.cos, inputs.sin);
         let attn = match (inputs.varlen, inputs.mask) {
-            (Some(varlen), _) => attend_varlen(&q, &k, &v, varlen),
+            (Some(varlen), _) => attend_varlen(&q, &k, &v, varlen)?,
             (None, Some(mask)) => attend(&q, &k, &v, Some(mask)),
             (None, None) => attend_spans(&q, &k, &v, inputs.spans),
         };
         let attn = attn.transpose(1, 2).reshape([rows, len, heads * hd]);
-        let h = residual + lin.apply(&attn, &self.o_proj, salt(3));
+        let h = residual + lin.apply(&attn, &self.o_proj, salt(3))?;
 
         let residual = &h;
         let m = rms_norm(
@@ -153,11 +154,11 @@ impl DecoderLayer {
             param(params, &self.post_attention_layernorm),
             cfg.rms_norm_eps,
         );
-        let gate = lin.apply(&m, &self.gate_proj, salt(4)).silu();
-        let up = lin.apply(&m, &self.up_proj, salt(5));
-        let out = residual + lin.apply(&(gate * up), &self.down_proj, salt(6));
+        let gate = lin.apply(&m, &self.gate_proj, salt(4))?.silu();
+        let up = lin.apply(&m, &self.up_proj, salt(5))?;
+        let out = residual + lin.apply(&(gate * up), &self.down_proj, salt(6))?;
         debug_assert_eq!(out.size(), vec![rows, len, d]);
-        out
+        Ok(out)
     }
 }
 
@@ -172,13 +173,13 @@ impl DecoderLayer {
         lin: &Linear,
         h: &Tensor,
         salt: impl Fn(u64) -> u64,
-    ) -> (Tensor, Tensor, Tensor) {
+    ) -> Result<(Tensor, Tensor, Tensor), ShimError> {
         let (rows, len, _) = h.size3().expect("decoder hidden is [rows, len, D]");
         let (heads, kv_heads, hd) = (cfg.num_attention_heads, cfg.kv_heads(), cfg.head_dim());
         let split = |t: Tensor, n: i64| t.view([rows, len, n, hd]);
-        let q = split(lin.apply(h, &self.q_proj, salt(0)), heads);
-        let k = split(lin.apply(h, &self.k_proj, salt(1)), kv_heads);
-        let v = split(lin.apply(h, &self.v_proj, salt(2)), kv_heads);
+        let q = split(lin.apply(h, &self.q_proj, salt(0))?, heads);
+        let k = split(lin.apply(h, &self.k_proj, salt(1))?, kv_heads);
+        let v = split(lin.apply(h, &self.v_proj, salt(2))?, kv_heads);
         let (q, k) = match &self.qk_norm {
             Some((q_norm, k_norm)) => {
                 let eps = cfg.rms_norm_eps;
@@ -187,7 +188,7 @@ impl DecoderLayer {
             }
             None => (q, k),
         };
-        (q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
+        Ok((q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)))
     }
 }
 
@@ -204,7 +205,7 @@ impl DecoderLayer {
         x: &Tensor,
         (cos, sin): (&Tensor, &Tensor),
         kv: &mut LayerKv,
-    ) -> Tensor {
+    ) -> Result<Tensor, ShimError> {
         let (rows, len, _) = x.size3().expect("decoder hidden is [1, len, D]");
         let (heads, hd) = (cfg.num_attention_heads, cfg.head_dim());
         let lin = Linear {
@@ -214,7 +215,7 @@ impl DecoderLayer {
         };
         let residual = x;
         let h = rms_norm(x, param(params, &self.input_layernorm), cfg.rms_norm_eps);
-        let (q, k, v) = self.qkv(cfg, &lin, &h, |_| 0);
+        let (q, k, v) = self.qkv(cfg, &lin, &h, |_| 0)?;
         let q = apply_rotary(&q, cos, sin);
         let k = apply_rotary(&k, cos, sin);
         let past = kv.len();
@@ -228,16 +229,16 @@ impl DecoderLayer {
             attend(&q, &k, &v, mask.as_ref())
                 .transpose(1, 2)
                 .reshape([rows, len, heads * hd]);
-        let h = residual + lin.apply(&attn, &self.o_proj, 0);
+        let h = residual + lin.apply(&attn, &self.o_proj, 0)?;
         let residual = &h;
         let m = rms_norm(
             &h,
             param(params, &self.post_attention_layernorm),
             cfg.rms_norm_eps,
         );
-        let gate = lin.apply(&m, &self.gate_proj, 0).silu();
-        let up = lin.apply(&m, &self.up_proj, 0);
-        residual + lin.apply(&(gate * up), &self.down_proj, 0)
+        let gate = lin.apply(&m, &self.gate_proj, 0)?.silu();
+        let up = lin.apply(&m, &self.up_proj, 0)?;
+        Ok(residual + lin.apply(&(gate * up), &self.down_proj, 0)?)
     }
 }
 
@@ -303,11 +304,11 @@ struct Linear<'a> {
 }
 
 impl Linear<'_> {
-    fn apply(&self, x: &Tensor, keys: &LinearKeys, salt: u64) -> Tensor {
+    fn apply(&self, x: &Tensor, keys: &LinearKeys, salt: u64) -> Result<Tensor, ShimError> {
         let w = param(self.params, &keys.weight);
         let b = keys.bias.as_deref().map(|b| param(self.params, b));
-        let base = gemm::linear(x, w, b);
-        match self.lora {
+        let base = gemm::linear(x, w, b)?;
+        Ok(match self.lora {
             Some(cfg) if lora::targets(cfg, &keys.path) => {
                 base + lora::delta(
                     cfg,
@@ -315,10 +316,10 @@ impl Linear<'_> {
                     &keys.path,
                     x,
                     self.dropout_seed.map(|s| s ^ salt),
-                )
+                )?
             }
             _ => base,
-        }
+        })
     }
 }
 

@@ -16,6 +16,7 @@ use std::sync::OnceLock;
 use tch::{Device, Kind, Tensor};
 use tessera_switches::{Bf16Gemm, Switches};
 use tessera_sys::kernels::tc_widened_linear;
+use tessera_sys::ShimError;
 
 /// Fewer rows than this keep the native kernel whatever the mode: below it, widening the
 /// weights costs more than the emulated product saves (`scripts/bf16_gemm_bench.py`: the
@@ -83,9 +84,9 @@ impl CpuBf16Gemm {
     /// `x · wᵀ + b` (`torch.nn.functional.linear`). Widened, it runs as one autograd node
     /// (`csrc/widened_linear.cpp`) that keeps the bf16 operands for backward and widens them
     /// again there, so no f32 copy of a weight outlives the product.
-    pub fn linear(self, x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> Tensor {
+    pub fn linear(self, x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> Result<Tensor, ShimError> {
         if !self.widens(x) || w.kind() != Kind::BFloat16 {
-            return x.linear(w, b);
+            return Ok(x.linear(w, b));
         }
         let mut out = std::ptr::null_mut();
         // SAFETY: tch tensors wrap `torch::Tensor*`; the shim only reads them (its autograd
@@ -99,11 +100,9 @@ impl CpuBf16Gemm {
             )
         };
         // SAFETY: `err` is what the shim just returned.
-        if let Err(message) = unsafe { tessera_sys::take_error(err) } {
-            panic!("widened bf16 linear: {message}");
-        }
+        unsafe { tessera_sys::take_error(err, "widened bf16 linear") }?;
         // SAFETY: on success `out` is a fresh heap tensor, owned from here.
-        unsafe { Tensor::from_ptr(out) }
+        Ok(unsafe { Tensor::from_ptr(out) })
     }
 
     /// `a · b` (`torch.matmul`).
@@ -131,7 +130,7 @@ fn wide(t: &Tensor) -> Tensor {
 }
 
 /// [`CpuBf16Gemm::linear`] with this process's choice.
-pub(crate) fn linear(x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> Tensor {
+pub(crate) fn linear(x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> Result<Tensor, ShimError> {
     CpuBf16Gemm::current().linear(x, w, b)
 }
 

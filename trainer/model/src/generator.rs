@@ -12,11 +12,12 @@
 //! picked from f32 logits.
 use super::config::{LoraConfig, SiglipVisionConfig};
 use super::decoder::{DecoderLayer, LayerKv};
+use super::error::{ModelError, Result};
 use super::lm_config::LmConfig;
 use super::rope::rotary_tables;
 use super::siglip::{self, VisionTower};
 use super::vocab;
-use super::{projector, ModelError, Result, Vlm};
+use super::{projector, Vlm};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use tch::{Device, Kind, Tensor};
@@ -154,13 +155,13 @@ impl Generator {
         (vision, tower): &(SiglipVisionConfig, VisionTower),
         pixels: &[u8],
         images: i64,
-    ) -> Tensor {
+    ) -> Result<Tensor> {
         let side = vision.image_size;
         let raw = Tensor::from_slice(pixels)
             .view([images, 3, side, side])
             .to_device(self.device());
-        let features = tower.features(&self.params, &siglip::normalize_pixels(&raw));
-        projector::forward(&self.params, &features).reshape([-1, self.lm.hidden_size])
+        let features = tower.features(&self.params, &siglip::normalize_pixels(&raw))?;
+        Ok(projector::forward(&self.params, &features)?.reshape([-1, self.lm.hidden_size]))
     }
 
     /// Input embeddings `[1, len, D]` of `ids` with the image tokens of `pixels` (one image per
@@ -210,13 +211,13 @@ impl Generator {
         let d = self.lm.hidden_size;
         Ok(embeds
             .reshape([-1, d])
-            .index_copy(0, &index, &self.image_embeds(vision, pixels, images))
+            .index_copy(0, &index, &self.image_embeds(vision, pixels, images)?)
             .view([1, -1, d]))
     }
 
     /// The decoder over `x` `[1, len, D]` following what `kv` caches; returns the final hidden
     /// states `[1, len, D]` (before the final norm).
-    fn decode(&self, x: &Tensor, kv: &mut [LayerKv]) -> Tensor {
+    fn decode(&self, x: &Tensor, kv: &mut [LayerKv]) -> Result<Tensor> {
         let past = kv.first().map_or(0, LayerKv::len);
         let len = x.size()[1];
         let positions =
@@ -231,9 +232,9 @@ impl Generator {
                 &h,
                 (&cos, &sin),
                 cache,
-            );
+            )?;
         }
-        h
+        Ok(h)
     }
 
     fn fresh_cache(&self) -> Vec<LayerKv> {
@@ -244,7 +245,7 @@ impl Generator {
     pub fn prompt_logits(&self, ids: &[i64], pixels: &[u8]) -> Result<Tensor> {
         tch::no_grad(|| {
             let x = self.prompt_embeds(ids, pixels)?;
-            let h = self.decode(&x, &mut self.fresh_cache());
+            let h = self.decode(&x, &mut self.fresh_cache())?;
             Ok(vocab::logits(&self.lm, &self.params, self.tied, &h)
                 .squeeze_dim(0)
                 .to_kind(Kind::Float))
@@ -276,9 +277,9 @@ impl Generator {
         let mut stopped = false;
         while tokens.len() < options.max_new_tokens {
             let h = if options.kv_cache {
-                self.decode(&next_input, &mut kv)
+                self.decode(&next_input, &mut kv)?
             } else {
-                self.decode(&sequence, &mut self.fresh_cache())
+                self.decode(&sequence, &mut self.fresh_cache())?
             };
             let last = h.narrow(1, h.size()[1] - 1, 1).squeeze_dim(0);
             let step = vocab::logits(&self.lm, &self.params, self.tied, &last)

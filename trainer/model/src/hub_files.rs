@@ -11,8 +11,8 @@
 //! renamed once complete, so a crash leaves no truncated file under a final name; weight files
 //! of an earlier export into the same folder that this one did not write are removed (a
 //! leftover `model.safetensors` beside a new index would be loaded instead of it).
+use super::error::{ModelError, Result};
 use super::weights::{INDEX_FILE, SINGLE_FILE};
-use super::{ModelError, Result};
 use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};

@@ -6,8 +6,9 @@
 //! N(0, 0.02²), norm weights 1 + N(0, 0.02²), except the tiny preset's language model, which
 //! is drawn at a trained model's scale (see [`LmInit`]).
 use super::config::SiglipVisionConfig;
+use super::error::{ModelError, Result};
 use super::lm_config::{LmConfig, LmFamily};
-use super::{decoder, siglip, vocab, weights, ModelError, Result};
+use super::{decoder, siglip, vocab, weights};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use std::collections::BTreeMap;

@@ -13,9 +13,10 @@
 //! | `model.X` (the LM)             | `language_model.model.X`                   |
 //! | `lm_head.weight` (untied only) | `language_model.lm_head.weight`            |
 use super::config::{read_json, LoraConfig, SiglipVisionConfig};
+use super::error::{ModelError, Result};
 use super::init::vision_config_json;
 use super::lm_config::LmConfig;
-use super::{lora, siglip, vocab, weights, HfCheckpoint, ModelError, Result, Vlm, VlmOptions};
+use super::{lora, siglip, vocab, weights, HfCheckpoint, Vlm, VlmOptions};
 use std::path::Path;
 use tch::{Kind, Tensor};
 use tessera_fsdp::{ParamMap, ParamSpec};

@@ -13,7 +13,7 @@
 //! `rope_scaling` or `rope_type` other than the default, a sliding window, an activation other
 //! than SiLU, or any other `model_type` is refused when the folder is read, naming it.
 use super::config::{parse, read_json};
-use super::{ModelError, Result};
+use super::error::{ModelError, Result};
 use serde::{Deserialize, Serialize};
 use std::path::Path;
 

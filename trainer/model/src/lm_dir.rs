@@ -3,10 +3,11 @@
 //! whose tensor names must be exactly those the config describes, so a checkpoint of another
 //! architecture (a Qwen2 folder whose config says `qwen3`, a truncated download) is refused by
 //! name before anything is loaded or any rank starts.
+use super::error::{ModelError, Result};
 use super::init::lm_checkpoint_specs;
 use super::lm_config::LmConfig;
 use super::weights::HfCheckpoint;
-use super::{vocab, Dtype, Generator, ModelError, Result};
+use super::{vocab, Dtype, Generator};
 use std::path::Path;
 use tch::Kind;
 use tessera_fsdp::ParamMap;

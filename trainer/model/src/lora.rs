@@ -4,15 +4,17 @@
 //! parameters are named `{module}.lora_A.weight`; PEFT's files prefix `base_model.model.`.
 //! The model passes in the linear layers an adapter may sit on; this file knows no model.
 use super::config::LoraConfig;
+use super::error::{ModelError, Result};
 use super::keys::{KeyPath, LinearKeys};
 use super::projector::uniform;
-use super::{gemm, param, weights, ModelError, Result};
+use super::{gemm, param, weights};
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 use tch::Tensor;
 use tessera_fsdp::{ParamMap, ParamSpec};
+use tessera_sys::ShimError;
 
 pub const ADAPTER_WEIGHTS: &str = "adapter_model.safetensors";
 pub const ADAPTER_CONFIG: &str = "adapter_config.json";
@@ -63,7 +65,7 @@ pub(crate) fn delta(
     module: &KeyPath,
     x: &Tensor,
     dropout_seed: Option<u64>,
-) -> Tensor {
+) -> Result<Tensor, ShimError> {
     let a = param(params, &module.key(LORA_A));
     let b = param(params, &module.key(LORA_B));
     let x = match dropout_seed {
@@ -73,7 +75,7 @@ pub(crate) fn delta(
         }
         _ => x.shallow_clone(),
     };
-    gemm::linear(&gemm::linear(&x, a, None), b, None) * cfg.scaling()
+    Ok(gemm::linear(&gemm::linear(&x, a, None)?, b, None)? * cfg.scaling())
 }
 
 /// Fresh values (PEFT init), seeded, for the adapter parameters among `specs` (the model's

@@ -8,6 +8,7 @@ use rand_chacha::ChaCha8Rng;
 use std::collections::BTreeMap;
 use tch::Tensor;
 use tessera_fsdp::{ParamMap, ParamSpec};
+use tessera_sys::ShimError;
 
 pub(super) const FC1: &str = "mm_projector.0";
 pub(super) const FC2: &str = "mm_projector.2";
@@ -27,12 +28,12 @@ pub(super) fn param_specs(vision_hidden: i64, lm_hidden: i64, trainable: bool) -
 }
 
 /// `[.., vision_hidden]` -> `[.., lm_hidden]`.
-pub(super) fn forward(params: &ParamMap, features: &Tensor) -> Tensor {
+pub(super) fn forward(params: &ParamMap, features: &Tensor) -> Result<Tensor, ShimError> {
     let h = gemm::linear(
         features,
         param(params, &format!("{FC1}.weight")),
         Some(param(params, &format!("{FC1}.bias"))),
-    );
+    )?;
     let h = h.gelu("none");
     gemm::linear(
         &h,

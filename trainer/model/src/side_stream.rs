@@ -5,9 +5,9 @@
 //! [`SideUpload::wait`], right before the first kernel that reads them, makes the compute stream
 //! wait on that event and records the tensors as used there. On the CPU, or with
 //! `TESSERA_SIDE_STREAM=0`, there is no side upload and copies go on the current stream.
-use super::{ModelError, Result};
+use super::error::Result;
 use std::ffi::c_char;
-use tch::{Device, TchError, Tensor};
+use tch::{Device, Tensor};
 use tessera_switches::Switches;
 use tessera_sys::stream::{
     tc_pin_memory, tc_side_upload_begin, tc_side_upload_end, tc_side_upload_free,
@@ -15,19 +15,35 @@ use tessera_sys::stream::{
 };
 use tessera_sys::C_tensor;
 
-fn shim_result(err: *mut c_char, what: &str) -> Result<()> {
+fn shim_result(err: *mut c_char, op: &'static str) -> Result<()> {
     // SAFETY: `err` is what a stream shim function just returned.
-    unsafe { tessera_sys::take_error(err) }
-        .map_err(|m| ModelError::Torch(TchError::Torch(format!("side-stream upload, {what}: {m}"))))
+    Ok(unsafe { tessera_sys::take_error(err, op) }?)
+}
+
+/// A host tensor on `device`. On CUDA the bytes go through pinned (page-locked) host memory
+/// with a non-blocking copy on the current stream: the host goes on enqueuing the step's
+/// kernels while the DMA runs, and the stream orders the copy before the kernels that read it
+/// (PyTorch's pinned allocator keeps the host block until the copy is done). Elsewhere a plain
+/// copy (a no-op on the CPU).
+pub(crate) fn upload(host: Tensor, device: Device) -> Result<Tensor> {
+    if device.is_cuda() {
+        let kind = host.kind();
+        Ok(pinned(&host)?.to_device_(device, kind, true, false))
+    } else {
+        Ok(host.to_device(device))
+    }
 }
 
 /// `host` copied into page-locked memory, so that a non-blocking copy to the GPU can overlap
 /// the host's work (PyTorch's pinned allocator keeps the block until the copy is done).
-pub(super) fn pinned(host: &Tensor) -> Result<Tensor> {
+fn pinned(host: &Tensor) -> Result<Tensor> {
     let mut out: *mut C_tensor = std::ptr::null_mut();
     // SAFETY: `host` is a live tch tensor, only read; `out` is a valid out-pointer that the
     // shim sets (to a tensor allocated as tch allocates its own) only on success.
-    shim_result(unsafe { tc_pin_memory(host.as_ptr(), &mut out) }, "pin")?;
+    shim_result(
+        unsafe { tc_pin_memory(host.as_ptr(), &mut out) },
+        "pin memory",
+    )?;
     // SAFETY: on success `out` is a new tensor that nothing else owns.
     Ok(unsafe { Tensor::from_ptr(out) })
 }
@@ -56,7 +72,7 @@ impl SideUpload {
         // SAFETY: `raw` is a valid out-pointer; the shim sets it only on success.
         shim_result(
             unsafe { tc_side_upload_begin(index as i8, &mut raw) },
-            "begin",
+            "side-stream upload begin",
         )?;
         Ok(Some(SideUpload { raw, ended: false }))
     }
@@ -68,7 +84,10 @@ impl SideUpload {
         }
         self.ended = true;
         // SAFETY: `raw` is live until drop.
-        shim_result(unsafe { tc_side_upload_end(self.raw) }, "end")
+        shim_result(
+            unsafe { tc_side_upload_end(self.raw) },
+            "side-stream upload end",
+        )
     }
 
     /// Before the first kernel that reads `tensors`: the current stream waits for the uploads,
@@ -78,7 +97,7 @@ impl SideUpload {
         let ptrs: Vec<*mut C_tensor> = tensors.iter().map(|t| t.as_ptr() as *mut _).collect();
         // SAFETY: `raw` is live; the pointers are tch tensors alive for the call, only read.
         let err = unsafe { tc_side_upload_wait(self.raw, ptrs.as_ptr(), ptrs.len() as i64) };
-        shim_result(err, "wait")
+        shim_result(err, "side-stream upload wait")
     }
 }
 

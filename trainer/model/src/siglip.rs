@@ -11,6 +11,7 @@ use super::keys::{KeyPath, LinearKeys};
 use super::param;
 use tch::Tensor;
 use tessera_fsdp::{ParamMap, ParamSpec};
+use tessera_sys::ShimError;
 
 const PREFIX: &str = "vision_model";
 
@@ -59,7 +60,7 @@ impl NormKeys {
     }
 }
 
-fn linear(params: &ParamMap, x: &Tensor, keys: &LinearKeys) -> Tensor {
+fn linear(params: &ParamMap, x: &Tensor, keys: &LinearKeys) -> Result<Tensor, ShimError> {
     gemm::linear(
         x,
         param(params, &keys.weight),
@@ -170,7 +171,7 @@ impl EncoderLayer {
         cfg: &SiglipVisionConfig,
         params: &ParamMap,
         x: &Tensor,
-    ) -> Tensor {
+    ) -> Result<Tensor, ShimError> {
         let (n, len, d) = x.size3().expect("vision hidden is [n, tokens, D]");
         let heads = cfg.num_attention_heads;
         let hd = cfg.head_dim();
@@ -178,18 +179,18 @@ impl EncoderLayer {
         let residual = x;
         let h = self.layer_norm1.forward(cfg, params, x);
         let split = |t: Tensor| t.view([n, len, heads, hd]).transpose(1, 2);
-        let q = split(linear(params, &h, &self.q_proj));
-        let k = split(linear(params, &h, &self.k_proj));
-        let v = split(linear(params, &h, &self.v_proj));
+        let q = split(linear(params, &h, &self.q_proj)?);
+        let k = split(linear(params, &h, &self.k_proj)?);
+        let v = split(linear(params, &h, &self.v_proj)?);
         let attn = attend(&q, &k, &v, None)
             .transpose(1, 2)
             .reshape([n, len, d]);
-        let h = residual + linear(params, &attn, &self.out_proj);
+        let h = residual + linear(params, &attn, &self.out_proj)?;
 
         let residual = &h;
         let m = self.layer_norm2.forward(cfg, params, &h);
-        let m = activation(cfg, &linear(params, &m, &self.fc1));
-        residual + linear(params, &m, &self.fc2)
+        let m = activation(cfg, &linear(params, &m, &self.fc1)?);
+        Ok(residual + linear(params, &m, &self.fc2)?)
     }
 }
 
@@ -222,12 +223,16 @@ impl VisionTower {
 
     /// Features of the layer before the last for normalised pixels `[n, 3, s, s]`:
     /// `[n, (s/p)^2, hidden]`.
-    pub(crate) fn features(&self, params: &ParamMap, pixel_values: &Tensor) -> Tensor {
+    pub(crate) fn features(
+        &self,
+        params: &ParamMap,
+        pixel_values: &Tensor,
+    ) -> Result<Tensor, ShimError> {
         let mut hidden = self.embeddings.forward(&self.cfg, params, pixel_values);
         for layer in &self.layers {
-            hidden = layer.forward(&self.cfg, params, &hidden);
+            hidden = layer.forward(&self.cfg, params, &hidden)?;
         }
-        hidden
+        Ok(hidden)
     }
 }
 

@@ -4,9 +4,10 @@
 //! chunk into the shard), so no rank ever holds the full model: its peak host memory is its
 //! shards plus one 64 MiB read buffer. Only the parameters no checkpoint provides (projector,
 //! LoRA adapters: a few percent of the model) are built whole, in f32.
+use super::error::{ModelError, Result};
+use super::siglip;
 use super::vlm::Vlm;
 use super::weights::HfCheckpoint;
-use super::{siglip, ModelError, Result};
 use std::collections::HashMap;
 use std::path::Path;
 use tch::Tensor;

@@ -4,8 +4,9 @@
 //! FLOPs are the textbook 6·N·T for the matmul weights plus the attention products. It runs in
 //! f32 or in bf16 (every parameter bf16, the compute FSDP's bf16 precision runs), each next to
 //! the peak matmul rate of its own dtype.
+use super::error::Result;
 use super::init::{random_params, Preset, INIT_STD};
-use super::{LmFamily, Result, Vlm, VlmOptions};
+use super::{LmFamily, Vlm, VlmOptions};
 use crate::Dtype;
 use pipeline::{MicroBatch, IGNORE_INDEX};
 use std::time::Instant;

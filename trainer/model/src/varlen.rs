@@ -7,12 +7,12 @@
 //! [`attend_varlen`] emulates the kernel sequence by sequence, from the same flattened
 //! tensors and boundaries, which is what the CPU tests compare with the dense-mask path.
 use super::attention::Span;
-use super::ctx::upload;
-use super::Result;
+use super::error::Result;
+use super::side_stream::upload;
 use tch::{Device, Tensor};
 use tessera_switches::Switches;
 use tessera_sys::kernels::tc_varlen_causal_attention;
-use tessera_sys::C_tensor;
+use tessera_sys::{C_tensor, ShimError};
 
 /// The packed rows' sequences as a varlen kernel takes them.
 pub struct Varlen {
@@ -52,22 +52,33 @@ impl Varlen {
 /// Causal attention within each sequence of `varlen` for `q` `[rows, heads, len, hd]` and `k`,
 /// `v` `[rows, kv_heads, len, hd]` (grouped-query: heads a multiple of kv_heads); returns
 /// `[rows, heads, len, hd]`, what [`super::attention::attend`] gives with the block-causal mask.
-pub fn attend_varlen(q: &Tensor, k: &Tensor, v: &Tensor, varlen: &Varlen) -> Tensor {
+pub fn attend_varlen(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    varlen: &Varlen,
+) -> Result<Tensor, ShimError> {
     let (rows, heads, len, hd) = q.size4().expect("q is [rows, heads, len, head_dim]");
     let flat = |t: &Tensor| t.transpose(1, 2).reshape([rows * len, t.size()[1], hd]);
     let (qf, kf, vf) = (flat(q), flat(k), flat(v));
     let scale = (hd as f64).powf(-0.5);
     let out = if q.device().is_cuda() {
-        cuda_varlen(&qf, &kf, &vf, varlen, scale)
+        cuda_varlen(&qf, &kf, &vf, varlen, scale)?
     } else {
         emulate_varlen(&qf, &kf, &vf, &varlen.bounds, scale)
     };
-    out.view([rows, len, heads, hd]).transpose(1, 2)
+    Ok(out.view([rows, len, heads, hd]).transpose(1, 2))
 }
 
-/// The shim's kernel call; a failure is a bug or an unsupported device, so it panics with the
-/// kernel's message (as any failing tch op does).
-fn cuda_varlen(q: &Tensor, k: &Tensor, v: &Tensor, varlen: &Varlen, scale: f64) -> Tensor {
+/// The shim's kernel call; a failure (an unsupported device, dtype or head size) comes back as
+/// the kernel's message.
+fn cuda_varlen(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    varlen: &Varlen,
+    scale: f64,
+) -> Result<Tensor, ShimError> {
     let mut out: *mut C_tensor = std::ptr::null_mut();
     // SAFETY: every pointer is a live tch tensor borrowed for the call; on success the shim
     // hands over a heap `at::Tensor` that `Tensor::from_ptr` owns (and frees) from then on.
@@ -81,10 +92,8 @@ fn cuda_varlen(q: &Tensor, k: &Tensor, v: &Tensor, varlen: &Varlen, scale: f64) 
             scale,
             &mut out,
         );
-        if let Err(message) = tessera_sys::take_error(err) {
-            panic!("varlen attention kernel: {message}");
-        }
-        Tensor::from_ptr(out)
+        tessera_sys::take_error(err, "varlen attention kernel")?;
+        Ok(Tensor::from_ptr(out))
     }
 }
 

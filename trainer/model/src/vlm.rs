@@ -8,13 +8,14 @@
 //! projector units skip text-only micro-batches, so `embed` then receives the empty tensor.
 use super::config::{LoraConfig, SiglipVisionConfig};
 use super::ctx::VlmCtx;
+use super::error::{ModelError, Result};
 use super::lm_config::LmConfig;
 use super::lm_dir::check_lm_tensors;
 use super::vlm_units::{
     EmbedUnit, HeadUnit, LayerUnit, ProjectorUnit, VisionEmbedUnit, VisionLayerUnit,
 };
 use super::weights::{self, HfCheckpoint};
-use super::{lora, projector, siglip, vocab, ModelError, Result};
+use super::{lora, projector, siglip, vocab};
 use std::collections::BTreeMap;
 use std::path::Path;
 use tch::{Device, Kind, Tensor};
@@ -350,7 +351,12 @@ impl Vlm {
         let mut x = ctx.first_input();
         for unit in &self.units {
             if unit.runs_on(&ctx) {
-                x = unit.forward(params, &x, &ctx);
+                x = unit
+                    .forward(params, &x, &ctx)
+                    .map_err(|source| ModelError::Compute {
+                        unit: unit.name().to_string(),
+                        source,
+                    })?;
             }
         }
         Ok((x, ctx.supervised))
@@ -362,7 +368,12 @@ impl Vlm {
         let mut x = ctx.first_input();
         for unit in &self.units[..self.units.len() - 1] {
             if unit.runs_on(&ctx) {
-                x = unit.forward(params, &x, &ctx);
+                x = unit
+                    .forward(params, &x, &ctx)
+                    .map_err(|source| ModelError::Compute {
+                        unit: unit.name().to_string(),
+                        source,
+                    })?;
             }
         }
         Ok(vocab::logits(&self.lm, params, self.tied, &x))

@@ -2,7 +2,8 @@
 //! `vision.layers.{i}`, `projector`, `embed`, `layers.{i}` and `head`. Each lists the
 //! parameters it reads and computes from them alone. Both towers are wrapped layer by layer
 //! (as torchtitan and FSDP's transformer wrap policy do), so a rank gathers one layer at a
-//! time, never a whole tower.
+//! time, never a whole tower. What the kinds share (name, component, parameters, whether a
+//! text-only micro-batch skips them) is [`ChainUnit`]; each kind adds only its computation.
 use super::config::{LoraConfig, SiglipVisionConfig};
 use super::ctx::VlmCtx;
 use super::decoder::{self, DecoderLayer, LayerInputs};
@@ -11,7 +12,50 @@ use super::siglip::{Embeddings, EncoderLayer};
 use super::vocab;
 use super::{loss, param, projector};
 use tch::{Kind, Tensor};
-use tessera_fsdp::{ParamMap, ParamSpec, Unit};
+use tessera_fsdp::{ComputeError, ParamMap, ParamSpec, Unit};
+
+/// The computation of one kind of unit.
+pub(super) trait UnitKind: Send + Sync {
+    fn compute(
+        &self,
+        params: &ParamMap,
+        input: &Tensor,
+        ctx: &VlmCtx,
+    ) -> Result<Tensor, ComputeError>;
+}
+
+/// One unit of the chain: a kind's computation `K` with the unit's name, the component its
+/// time is booked under, its parameters, and whether it runs only on micro-batches with images.
+pub(super) struct ChainUnit<K> {
+    name: String,
+    component: &'static str,
+    images_only: bool,
+    specs: Vec<ParamSpec>,
+    kind: K,
+}
+
+impl<K: UnitKind> Unit<VlmCtx> for ChainUnit<K> {
+    fn name(&self) -> &str {
+        &self.name
+    }
+    fn component(&self) -> &str {
+        self.component
+    }
+    fn params(&self) -> &[ParamSpec] {
+        &self.specs
+    }
+    fn runs_on(&self, ctx: &VlmCtx) -> bool {
+        !self.images_only || ctx.has_images()
+    }
+    fn forward(
+        &self,
+        params: &ParamMap,
+        input: &Tensor,
+        ctx: &VlmCtx,
+    ) -> Result<Tensor, ComputeError> {
+        self.kind.compute(params, input, ctx)
+    }
+}
 
 /// `specs` with their base weights (created frozen) trained when `train` (a unit's base weights
 /// train or not as one); what always trains (the added tokens' rows) stays trainable.
@@ -26,35 +70,32 @@ fn trained(mut specs: Vec<ParamSpec>, train: bool) -> Vec<ParamSpec> {
 pub(super) struct VisionEmbedUnit {
     cfg: SiglipVisionConfig,
     embeddings: Embeddings,
-    specs: Vec<ParamSpec>,
 }
 
 impl VisionEmbedUnit {
-    pub(super) fn new(cfg: &SiglipVisionConfig, train: bool) -> Self {
+    pub(super) fn new(cfg: &SiglipVisionConfig, train: bool) -> ChainUnit<Self> {
         let embeddings = Embeddings::new();
-        Self {
-            cfg: cfg.clone(),
+        ChainUnit {
+            name: "vision.embeddings".into(),
+            component: "vision",
+            images_only: true,
             specs: trained(embeddings.specs(cfg), train),
-            embeddings,
+            kind: Self {
+                cfg: cfg.clone(),
+                embeddings,
+            },
         }
     }
 }
 
-impl Unit<VlmCtx> for VisionEmbedUnit {
-    fn name(&self) -> &str {
-        "vision.embeddings"
-    }
-    fn component(&self) -> &str {
-        "vision"
-    }
-    fn params(&self) -> &[ParamSpec] {
-        &self.specs
-    }
-    fn runs_on(&self, ctx: &VlmCtx) -> bool {
-        ctx.has_images()
-    }
-    fn forward(&self, params: &ParamMap, input: &Tensor, _ctx: &VlmCtx) -> Tensor {
-        self.embeddings.forward(&self.cfg, params, input)
+impl UnitKind for VisionEmbedUnit {
+    fn compute(
+        &self,
+        params: &ParamMap,
+        input: &Tensor,
+        _: &VlmCtx,
+    ) -> Result<Tensor, ComputeError> {
+        Ok(self.embeddings.forward(&self.cfg, params, input))
     }
 }
 
@@ -63,104 +104,95 @@ impl Unit<VlmCtx> for VisionEmbedUnit {
 pub(super) struct VisionLayerUnit {
     cfg: SiglipVisionConfig,
     layer: EncoderLayer,
-    name: String,
-    specs: Vec<ParamSpec>,
 }
 
 impl VisionLayerUnit {
-    pub(super) fn new(cfg: &SiglipVisionConfig, index: i64, train: bool) -> Self {
+    pub(super) fn new(cfg: &SiglipVisionConfig, index: i64, train: bool) -> ChainUnit<Self> {
         let layer = EncoderLayer::new(cfg, index);
-        Self {
-            cfg: cfg.clone(),
+        ChainUnit {
             name: format!("vision.layers.{index}"),
+            component: "vision",
+            images_only: true,
             specs: trained(layer.specs(cfg), train),
-            layer,
+            kind: Self {
+                cfg: cfg.clone(),
+                layer,
+            },
         }
     }
 }
 
-impl Unit<VlmCtx> for VisionLayerUnit {
-    fn name(&self) -> &str {
-        &self.name
-    }
-    fn component(&self) -> &str {
-        "vision"
-    }
-    fn params(&self) -> &[ParamSpec] {
-        &self.specs
-    }
-    fn runs_on(&self, ctx: &VlmCtx) -> bool {
-        ctx.has_images()
-    }
-    fn forward(&self, params: &ParamMap, input: &Tensor, _ctx: &VlmCtx) -> Tensor {
-        self.layer.forward(&self.cfg, params, input)
+impl UnitKind for VisionLayerUnit {
+    fn compute(
+        &self,
+        params: &ParamMap,
+        input: &Tensor,
+        _: &VlmCtx,
+    ) -> Result<Tensor, ComputeError> {
+        Ok(self.layer.forward(&self.cfg, params, input)?)
     }
 }
 
 /// Features `[n, tokens, Dv]` -> image tokens `[n * tokens, D]` (in placeholder order).
 pub(super) struct ProjectorUnit {
     lm_hidden: i64,
-    specs: Vec<ParamSpec>,
 }
 
 impl ProjectorUnit {
-    pub(super) fn new(vision_hidden: i64, lm_hidden: i64, trainable: bool) -> Self {
-        Self {
-            lm_hidden,
+    pub(super) fn new(vision_hidden: i64, lm_hidden: i64, trainable: bool) -> ChainUnit<Self> {
+        ChainUnit {
+            name: "projector".into(),
+            component: "projector",
+            images_only: true,
             specs: projector::param_specs(vision_hidden, lm_hidden, trainable),
+            kind: Self { lm_hidden },
         }
     }
 }
 
-impl Unit<VlmCtx> for ProjectorUnit {
-    fn name(&self) -> &str {
-        "projector"
-    }
-    fn params(&self) -> &[ParamSpec] {
-        &self.specs
-    }
-    fn runs_on(&self, ctx: &VlmCtx) -> bool {
-        ctx.has_images()
-    }
-    fn forward(&self, params: &ParamMap, input: &Tensor, _ctx: &VlmCtx) -> Tensor {
-        projector::forward(params, input).reshape([-1, self.lm_hidden])
+impl UnitKind for ProjectorUnit {
+    fn compute(
+        &self,
+        params: &ParamMap,
+        input: &Tensor,
+        _: &VlmCtx,
+    ) -> Result<Tensor, ComputeError> {
+        Ok(projector::forward(params, input)?.reshape([-1, self.lm_hidden]))
     }
 }
 
 /// Image tokens `[n * tokens, D]` (or an empty tensor) -> input embeddings `[rows, len, D]`
 /// with the image tokens written at the placeholder positions, in order.
-pub(super) struct EmbedUnit {
-    specs: Vec<ParamSpec>,
-}
+pub(super) struct EmbedUnit;
 
 impl EmbedUnit {
-    pub(super) fn new(cfg: &LmConfig, train: bool, added: i64) -> Self {
-        Self {
+    pub(super) fn new(cfg: &LmConfig, train: bool, added: i64) -> ChainUnit<Self> {
+        ChainUnit {
+            name: "embed".into(),
+            component: "embed",
+            images_only: false,
             specs: trained(vocab::embed_specs(cfg, added), train),
+            kind: Self,
         }
     }
 }
 
-impl Unit<VlmCtx> for EmbedUnit {
-    fn name(&self) -> &str {
-        "embed"
-    }
-    fn params(&self) -> &[ParamSpec] {
-        &self.specs
-    }
-    fn runs_on(&self, _ctx: &VlmCtx) -> bool {
-        true
-    }
-    fn forward(&self, params: &ParamMap, input: &Tensor, ctx: &VlmCtx) -> Tensor {
+impl UnitKind for EmbedUnit {
+    fn compute(
+        &self,
+        params: &ParamMap,
+        input: &Tensor,
+        ctx: &VlmCtx,
+    ) -> Result<Tensor, ComputeError> {
         let embeds = vocab::embed(params, &ctx.input_ids);
         if input.numel() == 0 {
-            return embeds;
+            return Ok(embeds);
         }
         let d = embeds.size()[2];
-        embeds
+        Ok(embeds
             .reshape([-1, d])
             .index_copy(0, &ctx.placeholder_index, &input.to_kind(embeds.kind()))
-            .view([ctx.rows, ctx.row_len, d])
+            .view([ctx.rows, ctx.row_len, d]))
     }
 }
 
@@ -170,41 +202,41 @@ pub(super) struct LayerUnit {
     cfg: LmConfig,
     lora: Option<LoraConfig>,
     layer: DecoderLayer,
-    name: String,
-    specs: Vec<ParamSpec>,
 }
 
 impl LayerUnit {
-    pub(super) fn new(cfg: &LmConfig, index: i64, lora: Option<&LoraConfig>, train: bool) -> Self {
+    pub(super) fn new(
+        cfg: &LmConfig,
+        index: i64,
+        lora: Option<&LoraConfig>,
+        train: bool,
+    ) -> ChainUnit<Self> {
         let layer = DecoderLayer::new(cfg, index);
         let mut specs = trained(layer.specs(None), train);
         if let Some(lora) = lora {
             specs.extend(layer.adapter_specs(lora));
         }
-        Self {
-            cfg: cfg.clone(),
-            lora: lora.cloned(),
+        ChainUnit {
             name: format!("layers.{index}"),
+            component: "lm_layers",
+            images_only: false,
             specs,
-            layer,
+            kind: Self {
+                cfg: cfg.clone(),
+                lora: lora.cloned(),
+                layer,
+            },
         }
     }
 }
 
-impl Unit<VlmCtx> for LayerUnit {
-    fn name(&self) -> &str {
-        &self.name
-    }
-    fn component(&self) -> &str {
-        "lm_layers"
-    }
-    fn params(&self) -> &[ParamSpec] {
-        &self.specs
-    }
-    fn runs_on(&self, _ctx: &VlmCtx) -> bool {
-        true
-    }
-    fn forward(&self, params: &ParamMap, input: &Tensor, ctx: &VlmCtx) -> Tensor {
+impl UnitKind for LayerUnit {
+    fn compute(
+        &self,
+        params: &ParamMap,
+        input: &Tensor,
+        ctx: &VlmCtx,
+    ) -> Result<Tensor, ComputeError> {
         let (cos, sin) = ctx.rotary_as(input.kind());
         let inputs = LayerInputs {
             mask: ctx.mask.as_ref(),
@@ -214,8 +246,9 @@ impl Unit<VlmCtx> for LayerUnit {
             sin: &sin,
             dropout_seed: ctx.dropout_seed,
         };
-        self.layer
-            .forward(&self.cfg, self.lora.as_ref(), params, input, &inputs)
+        Ok(self
+            .layer
+            .forward(&self.cfg, self.lora.as_ref(), params, input, &inputs)?)
     }
 }
 
@@ -226,34 +259,40 @@ pub(super) struct HeadUnit {
     cfg: LmConfig,
     tied: bool,
     chunk: i64,
-    specs: Vec<ParamSpec>,
 }
 
 impl HeadUnit {
-    pub(super) fn new(cfg: &LmConfig, tied: bool, added: i64, chunk: i64, train: bool) -> Self {
-        Self {
-            cfg: cfg.clone(),
-            tied,
-            chunk,
+    pub(super) fn new(
+        cfg: &LmConfig,
+        tied: bool,
+        added: i64,
+        chunk: i64,
+        train: bool,
+    ) -> ChainUnit<Self> {
+        ChainUnit {
+            name: "head".into(),
+            component: "head",
+            images_only: false,
             specs: trained(vocab::head_specs(cfg, tied, added), train),
+            kind: Self {
+                cfg: cfg.clone(),
+                tied,
+                chunk,
+            },
         }
     }
 }
 
-impl Unit<VlmCtx> for HeadUnit {
-    fn name(&self) -> &str {
-        "head"
-    }
-    fn params(&self) -> &[ParamSpec] {
-        &self.specs
-    }
-    fn runs_on(&self, _ctx: &VlmCtx) -> bool {
-        true
-    }
-    fn forward(&self, params: &ParamMap, input: &Tensor, ctx: &VlmCtx) -> Tensor {
+impl UnitKind for HeadUnit {
+    fn compute(
+        &self,
+        params: &ParamMap,
+        input: &Tensor,
+        ctx: &VlmCtx,
+    ) -> Result<Tensor, ComputeError> {
         if ctx.supervised == 0 {
             // Zero-loss micro-batch: a zero that still reaches every input, so backward runs.
-            return input.sum(Kind::Float) * 0.0;
+            return Ok(input.sum(Kind::Float) * 0.0);
         }
         let d = input.size()[2];
         let h = input
@@ -268,6 +307,6 @@ impl Unit<VlmCtx> for HeadUnit {
             let sums = Tensor::zeros([*count], (Kind::Float, tokens.device()));
             ctx.put_group_loss(sums.index_add(0, group, &tokens.to_kind(Kind::Float)));
         }
-        sum
+        Ok(sum)
     }
 }

@@ -7,7 +7,7 @@
 //! the bytes of its shards). Writing (F32, or BF16 for exports) goes through the same format
 //! with `{"format": "pt"}` metadata, as `save_pretrained` writes it (`hub_files.rs` streams one
 //! tensor at a time).
-use super::{ModelError, Result};
+use super::error::{ModelError, Result};
 use memmap2::Mmap;
 use safetensors::{Dtype, SafeTensors, View};
 use std::borrow::Cow;

@@ -3,7 +3,8 @@
 //! else in the workspace declares a foreign function.
 //!
 //! Each fallible entry point returns null on success or a malloc'd message, which
-//! [`take_error`] turns into a `String` and frees (the convention of `csrc/shim_error.h`).
+//! [`take_error`] turns into a [`ShimError`] naming the operation, and frees (the convention of
+//! `csrc/shim_error.h`).
 //! Callers wrap these raw functions in safe types ([`c10d`] in `tessera-fsdp`'s `dist`,
 //! [`kernels`], [`stream`] in `tessera-model`, [`profiler`] in `tessera-train`).
 pub mod c10d;
@@ -12,5 +13,5 @@ pub mod kernels;
 pub mod profiler;
 pub mod stream;
 
-pub use error::take_error;
+pub use error::{take_error, ShimError};
 pub use torch_sys::C_tensor;

@@ -75,8 +75,12 @@ pub enum TrainError {
         ranks: Vec<usize>,
         source: Box<TrainError>,
     },
-    #[error("profiler: {0}")]
-    Profiler(String),
+    /// The profiler shim failed (starting, or stopping and writing the trace to `path`).
+    #[error("profiler{}", path.as_ref().map(|p| format!(", trace {}", p.display())).unwrap_or_default())]
+    Profiler {
+        path: Option<std::path::PathBuf>,
+        source: tessera_sys::ShimError,
+    },
 }
 
 pub(crate) fn io(path: &std::path::Path) -> impl FnOnce(std::io::Error) -> TrainError + '_ {

@@ -81,7 +81,7 @@ fn fsdp_torch() -> FsdpError {
     FsdpError::Torch {
         rank: 1,
         unit: "layers.3".into(),
-        source: torch_cause(),
+        source: torch_cause().into(),
     }
 }
 
@@ -96,9 +96,27 @@ fn dist_timeout() -> DistError {
     }
 }
 
+/// A shim that fails in a unit's forward: the message names the rank, the unit and the op.
+fn fsdp_shim() -> FsdpError {
+    FsdpError::Torch {
+        rank: 1,
+        unit: "layers.3".into(),
+        source: tessera_sys::ShimError {
+            op: "varlen attention kernel",
+            message: CAUSE.into(),
+        }
+        .into(),
+    }
+}
+
 #[test]
 fn fsdp_and_dist_errors_print_their_cause_once() {
     assert_printed_once(fsdp_torch(), CAUSE, "layers.3");
+    assert_printed_once(
+        fsdp_shim(),
+        CAUSE,
+        "rank 1: unit 'layers.3': varlen attention kernel: ",
+    );
     assert_printed_once(FsdpError::Dist(dist_timeout()), CAUSE, "vision");
     assert_printed_once(dist_timeout(), CAUSE, "vision");
     let group = DistError::ProcessGroup {

@@ -78,7 +78,7 @@ impl ProcessGroup {
             },
         };
         // SAFETY: `err` is what the shim just returned.
-        unsafe { tessera_sys::take_error(err) }.map_err(pg_err)?;
+        unsafe { tessera_sys::take_error(err, "process group") }.map_err(|e| pg_err(e.message))?;
         let device = match backend {
             Backend::Gloo => tch::Device::Cpu,
             Backend::Nccl => cuda_device_for(rank),
@@ -248,7 +248,7 @@ impl ProcessGroup {
         let mut raw = std::ptr::null_mut();
         let err = call(&mut raw);
         // SAFETY: err is null or a fresh shim error string.
-        match unsafe { tessera_sys::take_error(err) } {
+        match unsafe { tessera_sys::take_error(err, "collective") }.map_err(|e| e.message) {
             Ok(()) => Ok(Work {
                 raw,
                 op,
@@ -346,7 +346,9 @@ impl Work {
     pub fn wait(self) -> Result<(), DistError> {
         // SAFETY: raw is a live work handle.
         let err = unsafe { ffi::tc_work_wait(self.raw, millis(self.timeout)) };
-        let result = unsafe { tessera_sys::take_error(err) }.and_then(|()| self.staged.copy_back());
+        let result = unsafe { tessera_sys::take_error(err, "collective wait") }
+            .map_err(|e| e.message)
+            .and_then(|()| self.staged.copy_back());
         result.map_err(|message| DistError::Collective {
             rank: self.rank,
             op: self.op,

@@ -121,7 +121,8 @@ impl Store {
             )
         };
         // SAFETY: `err` is what the shim just returned.
-        unsafe { tessera_sys::take_error(err) }.map_err(store_err)?;
+        unsafe { tessera_sys::take_error(err, "store connect") }
+            .map_err(|e| store_err(e.message))?;
         // SAFETY: raw is a live store on success.
         let port = unsafe { ffi::tc_store_port(raw) };
         Ok(Store {
@@ -156,7 +157,8 @@ impl Store {
         // SAFETY: `raw` is live; key and value outlive the call, which copies them.
         let err = unsafe { ffi::tc_store_set(self.raw, c_key.as_ptr(), value.as_ptr(), len) };
         // SAFETY: `err` is what the shim just returned.
-        unsafe { tessera_sys::take_error(err) }.map_err(|m| self.err(&format!("set {key}"), m))
+        unsafe { tessera_sys::take_error(err, "store set") }
+            .map_err(|e| self.err(&format!("set {key}"), e.message))
     }
 
     /// `key`'s value (its first 64 bytes at most), or `None` while no rank has set it. Does not
@@ -176,7 +178,8 @@ impl Store {
             )
         };
         // SAFETY: `err` is what the shim just returned.
-        unsafe { tessera_sys::take_error(err) }.map_err(|m| self.err(&format!("get {key}"), m))?;
+        unsafe { tessera_sys::take_error(err, "store get") }
+            .map_err(|e| self.err(&format!("get {key}"), e.message))?;
         Ok(usize::try_from(len)
             .ok()
             .map(|n| buf[..n.min(buf.len())].to_vec()))

@@ -173,7 +173,7 @@ fn a_siglip2_fixed_resolution_checkpoint_reads_as_siglip() -> anyhow::Result<()>
         &ctx,
         ("vision.embeddings", ctx.first_input()),
         &last_layer,
-    );
+    )?;
     assert_close(
         &features,
         get(&out, "vision_features"),

@@ -4,6 +4,7 @@
 //! row counts and f32 tensors take the plain kernels untouched.
 use tch::{Device, Kind, Tensor};
 use tessera_model::CpuBf16Gemm::{Native, ViaF32};
+use tessera_sys::ShimError;
 
 fn randn(shape: &[i64], seed: i64) -> Tensor {
     tch::manual_seed(seed);
@@ -28,7 +29,8 @@ fn error_over_max(got: &Tensor, exact: &Tensor) -> f64 {
 const ONE_ROUNDING: f64 = 1.0 / 256.0;
 
 #[test]
-fn widened_linear_matmul_and_patch_conv_match_the_exact_product_like_native_bf16() {
+fn widened_linear_matmul_and_patch_conv_match_the_exact_product_like_native_bf16(
+) -> Result<(), ShimError> {
     let (x, w, b) = (
         bf16(&randn(&[2, 40, 96], 1)),
         bf16(&randn(&[80, 96], 2)),
@@ -38,7 +40,7 @@ fn widened_linear_matmul_and_patch_conv_match_the_exact_product_like_native_bf16
         .to_kind(Kind::Double)
         .linear(&w.to_kind(Kind::Double), Some(&b.to_kind(Kind::Double)));
     for mode in [Native, ViaF32] {
-        let e = error_over_max(&mode.linear(&x, &w, Some(&b)), &exact);
+        let e = error_over_max(&mode.linear(&x, &w, Some(&b))?, &exact);
         assert!(e <= ONE_ROUNDING, "{mode:?} linear: error {e} of max");
     }
 
@@ -60,10 +62,11 @@ fn widened_linear_matmul_and_patch_conv_match_the_exact_product_like_native_bf16
         let e = error_over_max(&mode.patch_conv(&pixels, &kernel, &bias, 7), &exact);
         assert!(e <= ONE_ROUNDING, "{mode:?} patch conv: error {e} of max");
     }
+    Ok(())
 }
 
 #[test]
-fn gradients_through_the_widened_linear_are_bf16_and_match_native() {
+fn gradients_through_the_widened_linear_are_bf16_and_match_native() -> Result<(), ShimError> {
     let x0 = bf16(&randn(&[48, 64], 11));
     let w0 = bf16(&randn(&[56, 64], 12));
     let b0 = bf16(&randn(&[56], 14));
@@ -72,12 +75,12 @@ fn gradients_through_the_widened_linear_are_bf16_and_match_native() {
         let x = x0.detach().set_requires_grad(true);
         let w = w0.detach().set_requires_grad(true);
         let b = b0.detach().set_requires_grad(true);
-        let y = mode.linear(&x, &w, Some(&b));
+        let y = mode.linear(&x, &w, Some(&b))?;
         (&y * &upstream).sum(Kind::Float).backward();
-        (x.grad(), w.grad(), b.grad())
+        Ok::<_, ShimError>((x.grad(), w.grad(), b.grad()))
     };
-    let (gx_native, gw_native, gb_native) = grads(Native);
-    let (gx_wide, gw_wide, gb_wide) = grads(ViaF32);
+    let (gx_native, gw_native, gb_native) = grads(Native)?;
+    let (gx_wide, gw_wide, gb_wide) = grads(ViaF32)?;
     let d = |t: &Tensor| t.to_kind(Kind::Double);
     let exact_gx = d(&upstream).matmul(&d(&w0));
     let exact_gw = d(&upstream).tr().matmul(&d(&x0));
@@ -93,18 +96,37 @@ fn gradients_through_the_widened_linear_are_bf16_and_match_native() {
         let e = error_over_max(got, exact);
         assert!(e <= ONE_ROUNDING, "{name}: error {e} of max");
     }
+    Ok(())
 }
 
 #[test]
-fn few_rows_and_f32_operands_take_the_plain_kernels() {
+fn few_rows_and_f32_operands_take_the_plain_kernels() -> Result<(), ShimError> {
     // 8 rows: a decode step's product stays on the native kernel, bit for bit.
     let (x, w) = (bf16(&randn(&[8, 96], 21)), bf16(&randn(&[80, 96], 22)));
     assert!(ViaF32
-        .linear(&x, &w, None)
+        .linear(&x, &w, None)?
         .equal(&x.linear::<Tensor>(&w, None)));
     // f32 operands: nothing to widen, the f32 kernel's own result.
     let (x, w) = (randn(&[64, 96], 23), randn(&[80, 96], 24));
-    let y = ViaF32.linear(&x, &w, None);
+    let y = ViaF32.linear(&x, &w, None)?;
     assert_eq!(y.kind(), Kind::Float);
     assert!(y.equal(&x.linear::<Tensor>(&w, None)));
+    Ok(())
+}
+
+/// A product the shim cannot compute (the weight's width is not the input's) comes back as an
+/// error naming the operation, with libtorch's message, instead of a panic.
+#[test]
+fn a_failing_widened_linear_is_an_error_naming_the_op() {
+    let (x, w) = (bf16(&randn(&[64, 96], 31)), bf16(&randn(&[80, 95], 32)));
+    let err = match ViaF32.linear(&x, &w, None) {
+        Err(e) => e,
+        Ok(y) => panic!("a [64, 96] x [80, 95]ᵀ product gave {:?}", y.size()),
+    };
+    assert_eq!(err.op, "widened bf16 linear");
+    assert!(!err.message.is_empty());
+    assert!(
+        err.to_string().starts_with("widened bf16 linear: "),
+        "{err}"
+    );
 }

@@ -68,14 +68,14 @@ fn vision_features_and_projector_match_transformers() -> anyhow::Result<()> {
     );
     let pixels = ("vision.embeddings", ctx.first_input());
     let last_layer = format!("vision.layers.{}", vlm.vision.num_hidden_layers - 2);
-    let features = run_units(&vlm, &params, &ctx, pixels, &last_layer);
+    let features = run_units(&vlm, &params, &ctx, pixels, &last_layer)?;
     assert_close(
         &features,
         get(&out, "vision_features"),
         TOL,
         "vision hidden_states[-2]",
     );
-    let projected = run_units(&vlm, &params, &ctx, ("projector", features), "projector");
+    let projected = run_units(&vlm, &params, &ctx, ("projector", features), "projector")?;
     let expected = get(&out, "projected").reshape([-1, vlm.lm.hidden_size]);
     assert_close(&projected, &expected, TOL, "projector output");
     Ok(())

@@ -110,7 +110,7 @@ fn image_tokens_land_at_placeholders_in_order() -> anyhow::Result<()> {
     let mb = micro_batch(&rows, side, tokens);
     let ctx = vlm.ctx(&params, &mb)?;
     let pixels = ("vision.embeddings", ctx.first_input());
-    let image_tokens = run_units(&vlm, &params, &ctx, pixels, "projector");
+    let image_tokens = run_units(&vlm, &params, &ctx, pixels, "projector")?;
     assert_eq!(
         image_tokens.size(),
         vec![2 * tokens as i64, vlm.lm.hidden_size]
@@ -121,10 +121,10 @@ fn image_tokens_land_at_placeholders_in_order() -> anyhow::Result<()> {
         &ctx,
         ("embed", image_tokens.shallow_clone()),
         "embed",
-    )
+    )?
     .reshape([-1, vlm.lm.hidden_size]);
     let text_only = Tensor::empty([0], (Kind::Float, tch::Device::Cpu));
-    let plain = run_units(&vlm, &params, &ctx, ("embed", text_only), "embed");
+    let plain = run_units(&vlm, &params, &ctx, ("embed", text_only), "embed")?;
     let plain = plain.reshape([-1, vlm.lm.hidden_size]);
 
     let mut next_image_token = 0;
@@ -271,7 +271,7 @@ fn varlen_sequences_equal_dense_mask_attention() -> anyhow::Result<()> {
         Ok(grads)
     };
     let dense = run(attend(&q, &k, &v, Some(&mask)))?;
-    let varlen_out = run(attend_varlen(&q, &k, &v, &varlen))?;
+    let varlen_out = run(attend_varlen(&q, &k, &v, &varlen)?)?;
     for (what, (a, b)) in ["output", "dq", "dk", "dv"]
         .iter()
         .zip(dense.iter().zip(&varlen_out))

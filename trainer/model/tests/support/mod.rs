@@ -187,7 +187,7 @@ pub(crate) fn run_units(
     ctx: &VlmCtx,
     first: (&str, Tensor),
     last: &str,
-) -> Tensor {
+) -> Result<Tensor, tessera_fsdp::ComputeError> {
     let units = vlm.units();
     let position = |name: &str| {
         units
@@ -198,10 +198,10 @@ pub(crate) fn run_units(
     let (from, mut x) = (position(first.0), first.1);
     for unit in &units[from..=position(last)] {
         if unit.runs_on(ctx) {
-            x = unit.forward(params, &x, ctx);
+            x = unit.forward(params, &x, ctx)?;
         }
     }
-    x
+    Ok(x)
 }
 
 /// One optimizer step over `batches`, split over the group's ranks (rank r runs micro-batches

@@ -7,13 +7,16 @@ use std::ffi::{c_char, c_int, CString};
 use std::path::Path;
 use tessera_sys::profiler::{tc_profiler_start, tc_profiler_stop};
 
-/// Turns a shim error into a `TrainError`, freeing it.
+/// Turns a shim error into a `TrainError` naming `op` (and the trace's `path`), freeing it.
 ///
 /// # Safety
 /// `err` is null or a string one of the shim's functions returned, not yet freed.
-unsafe fn check(err: *mut c_char) -> Result<(), TrainError> {
+unsafe fn check(err: *mut c_char, op: &'static str, path: Option<&Path>) -> Result<(), TrainError> {
     // SAFETY: the caller's contract.
-    unsafe { tessera_sys::take_error(err) }.map_err(TrainError::Profiler)
+    unsafe { tessera_sys::take_error(err, op) }.map_err(|source| TrainError::Profiler {
+        path: path.map(Path::to_path_buf),
+        source,
+    })
 }
 
 /// The profiler while it records; [`Profiler::save`] stops it. Dropped unsaved (a step
@@ -26,20 +29,27 @@ impl Profiler {
     /// Starts recording this thread's ops (and CUDA kernels and copies with `cuda`).
     pub(crate) fn start(cuda: bool) -> Result<Self, TrainError> {
         // SAFETY: no arguments to keep alive; the result is checked and freed.
-        unsafe { check(tc_profiler_start(c_int::from(cuda)))? };
+        unsafe { check(tc_profiler_start(c_int::from(cuda)), "start", None)? };
         Ok(Profiler { recording: true })
     }
 
     /// Stops recording and writes the Chrome trace to `path`.
     pub(crate) fn save(mut self, path: &Path) -> Result<(), TrainError> {
         self.recording = false;
-        let c_path = CString::new(path.to_string_lossy().as_bytes())
-            .map_err(|_| TrainError::Profiler(format!("{}: path holds a NUL", path.display())))?;
+        let c_path = CString::new(path.to_string_lossy().as_bytes()).map_err(|_| {
+            TrainError::Invalid(format!(
+                "profiler trace {}: the path holds a NUL",
+                path.display()
+            ))
+        })?;
         // SAFETY: `c_path` outlives the call; the result is checked and freed.
-        unsafe { check(tc_profiler_stop(c_path.as_ptr())) }.map_err(|e| match e {
-            TrainError::Profiler(m) => TrainError::Profiler(format!("{}: {m}", path.display())),
-            other => other,
-        })
+        unsafe {
+            check(
+                tc_profiler_stop(c_path.as_ptr()),
+                "stop and save",
+                Some(path),
+            )
+        }
     }
 }
 
@@ -48,7 +58,7 @@ impl Drop for Profiler {
         if self.recording {
             // SAFETY: as in `save`; the trace goes nowhere, an error is only logged.
             let err = unsafe { tc_profiler_stop(c"/dev/null".as_ptr()) };
-            if let Err(e) = unsafe { check(err) } {
+            if let Err(e) = unsafe { check(err, "stop", None) } {
                 tracing::warn!("stopping the profiler: {e}");
             }
         }

@@ -1,0 +1,106 @@
+//! [`ModelError`]: everything that can go wrong loading, building, running or saving the model.
+use std::path::PathBuf;
+
+/// Everything that can go wrong loading, building or saving the model. Messages name the file
+/// and tensor involved.
+#[derive(Debug, thiserror::Error)]
+pub enum ModelError {
+    #[error("{path}")]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{path}: invalid JSON")]
+    Json {
+        path: PathBuf,
+        source: serde_json::Error,
+    },
+    #[error("{path}: not a readable safetensors file")]
+    Safetensors {
+        path: PathBuf,
+        source: safetensors::SafeTensorError,
+    },
+    #[error("{path}: not a usable safetensors checkpoint: {reason}")]
+    SafetensorsLayout { path: PathBuf, reason: String },
+    #[error("{dir}: neither model.safetensors nor model.safetensors.index.json is present")]
+    NoWeights { dir: PathBuf },
+    #[error("{dir}: tensor `{name}` is missing from the checkpoint")]
+    MissingTensor { dir: PathBuf, name: String },
+    #[error(
+        "{dir}: tensor `{name}` is missing from the checkpoint (a {model_type} model with this \
+         config.json has it)"
+    )]
+    MissingLmTensor {
+        dir: PathBuf,
+        model_type: String,
+        name: String,
+    },
+    #[error("{path}: tensor `{name}` has shape {found:?}, expected {expected:?}")]
+    ShapeMismatch {
+        path: PathBuf,
+        name: String,
+        expected: Vec<i64>,
+        found: Vec<i64>,
+    },
+    #[error("{path}: tensor `{name}` has dtype {dtype}; tessera loads F32, BF16 and F16")]
+    UnsupportedDtype {
+        path: PathBuf,
+        name: String,
+        dtype: String,
+    },
+    #[error("invalid model config: {0}")]
+    InvalidConfig(String),
+    /// A config.json tessera reads but whose values do not hold together.
+    #[error("{dir}/config.json: {reason}")]
+    BadConfig { dir: PathBuf, reason: String },
+    /// A model folder of a kind, or with a setting, tessera does not implement.
+    #[error("{dir}: {reason} (model_type {model_type:?}; tessera supports {supported})")]
+    Unsupported {
+        dir: PathBuf,
+        model_type: String,
+        reason: String,
+        supported: &'static str,
+    },
+    #[error(
+        "{dir}: the checkpoint holds {} tensor(s) a {model_type} model with this config.json \
+         does not have: {}", names.len(), names.iter().take(4).map(|n| format!("`{n}`"))
+         .collect::<Vec<_>>().join(", ")
+    )]
+    UnexpectedTensors {
+        dir: PathBuf,
+        model_type: String,
+        names: Vec<String>,
+    },
+    #[error("micro-batch of samples {samples:?}: {reason}")]
+    BadBatch {
+        samples: Vec<String>,
+        reason: String,
+    },
+    #[error("torch")]
+    Torch(#[from] tch::TchError),
+    /// A unit of the chain failed computing its output (run whole, outside FSDP).
+    #[error("unit '{unit}'")]
+    Compute {
+        unit: String,
+        source: tessera_fsdp::ComputeError,
+    },
+    /// One of the C++ shims (the varlen attention kernel, the widened bf16 linear, a
+    /// side-stream upload) failed.
+    #[error(transparent)]
+    Shim(#[from] tessera_sys::ShimError),
+}
+
+impl ModelError {
+    /// An [`ModelError::InvalidConfig`] of the config.json in `dir`, said with the folder.
+    pub(crate) fn in_dir(self, dir: &std::path::Path) -> Self {
+        match self {
+            ModelError::InvalidConfig(reason) => ModelError::BadConfig {
+                dir: dir.to_path_buf(),
+                reason,
+            },
+            other => other,
+        }
+    }
+}
+
+pub(crate) type Result<T, E = ModelError> = std::result::Result<T, E>;
