@@ -216,8 +216,9 @@ impl<'a, C> Fsdp<'a, C> {
         world.bytes_sent() + own + replicas.map_or(0, ProcessGroup::bytes_sent)
     }
 
-    pub fn flat(&self) -> &FlatParams {
-        &self.flat
+    /// How many flat buffers this rank holds (one per unit and dtype/trainability class).
+    pub fn buffer_count(&self) -> usize {
+        self.flat.buffers.len()
     }
 
     /// Whether buffers are split over ranks. At W=1 every strategy holds whole buffers, so

@@ -11,38 +11,36 @@ use tch::{Device, Kind, Tensor};
 
 /// Where one parameter sits in its flat buffer.
 #[derive(Clone, Debug)]
-pub struct FlatEntry {
-    pub name: String,
-    pub shape: Vec<i64>,
-    pub offset: i64,
-    pub numel: i64,
+pub(crate) struct FlatEntry {
+    pub(crate) name: String,
+    pub(crate) shape: Vec<i64>,
+    pub(crate) offset: i64,
+    pub(crate) numel: i64,
 }
 
 /// One flat buffer: layout plus this rank's shard of it.
-pub struct FlatBuffer {
-    /// Index of the unit that owns the buffer.
-    pub owner: usize,
-    pub unit_name: String,
-    pub trainable: bool,
-    pub entries: Vec<FlatEntry>,
+pub(crate) struct FlatBuffer {
+    pub(crate) unit_name: String,
+    pub(crate) trainable: bool,
+    pub(crate) entries: Vec<FlatEntry>,
     /// Elements before padding.
-    pub numel: i64,
+    pub(crate) numel: i64,
     /// Elements after padding to a multiple of W.
-    pub padded: i64,
+    pub(crate) padded: i64,
     /// Elements this rank keeps (`padded / W`, or `padded` without sharding).
-    pub shard_len: i64,
+    pub(crate) shard_len: i64,
     /// First element of this rank's shard within the padded buffer.
-    pub shard_start: i64,
+    pub(crate) shard_start: i64,
     /// This rank's elements: the f32 master of a trainable buffer, or a frozen buffer in the
     /// compute dtype (frozen weights need no master: under bf16 they are stored in bf16).
-    pub shard: Tensor,
+    pub(crate) shard: Tensor,
     /// Dtype of the gathered (full) buffer the units compute with.
-    pub compute_kind: Kind,
+    pub(crate) compute_kind: Kind,
 }
 
 impl FlatBuffer {
     /// "vision.layers.3.frozen", "layers.3.trainable": the buffer's name in logs and checkpoints.
-    pub fn key(&self) -> String {
+    pub(crate) fn key(&self) -> String {
         format!(
             "{}.{}",
             self.unit_name,
@@ -56,7 +54,7 @@ impl FlatBuffer {
 
     /// The shard in the compute dtype: itself when it is stored so, else a converted copy
     /// (a trainable f32 master gathered for bf16 compute).
-    pub fn compute_shard(&self) -> Tensor {
+    pub(crate) fn compute_shard(&self) -> Tensor {
         if self.shard.kind() == self.compute_kind {
             self.shard.shallow_clone()
         } else {
@@ -73,7 +71,7 @@ impl FlatBuffer {
     /// 60 MB Qwen2.5-0.5B layer in each backward, and a zero-filled copy of the 545 MB
     /// embedding (docs/performance-notes.md, "Where the full-parameter step goes"). A buffer that is one
     /// parameter and no padding is a plain `view`: no concatenation at all.
-    pub fn views(&self, full: &Tensor) -> Vec<(String, Tensor)> {
+    pub(crate) fn views(&self, full: &Tensor) -> Vec<(String, Tensor)> {
         let padding = full.size()[0] - self.numel;
         if let ([e], 0) = (self.entries.as_slice(), padding) {
             return vec![(e.name.clone(), full.view(e.shape.as_slice()))];
@@ -92,30 +90,30 @@ impl FlatBuffer {
 }
 
 /// All buffers of a unit chain and which buffers each unit reads.
-pub struct FlatParams {
-    pub buffers: Vec<FlatBuffer>,
+pub(crate) struct FlatParams {
+    pub(crate) buffers: Vec<FlatBuffer>,
     /// For unit i, the buffers its forward needs (its own and borrowed ones).
-    pub unit_buffers: Vec<Vec<usize>>,
+    pub(crate) unit_buffers: Vec<Vec<usize>>,
 }
 
 /// Options that fix the buffers' layout on this rank.
 #[derive(Clone, Copy, Debug)]
-pub struct ShardSpec {
-    pub rank: usize,
-    pub world_size: usize,
+pub(crate) struct ShardSpec {
+    pub(crate) rank: usize,
+    pub(crate) world_size: usize,
     /// False for NO_SHARD: every rank keeps whole buffers.
-    pub sharded: bool,
+    pub(crate) sharded: bool,
     /// Dtype of trainable shards (the masters the optimizer updates).
-    pub kind: Kind,
+    pub(crate) kind: Kind,
     /// Dtype of gathered buffers and of the compute; frozen shards are stored in it.
-    pub compute_kind: Kind,
-    pub device: Device,
+    pub(crate) compute_kind: Kind,
+    pub(crate) device: Device,
 }
 
 impl FlatParams {
     /// Lays out every unit's parameters and fills this rank's shards from `init`, which is asked
     /// only for the slices of each parameter that fall in this rank's shards.
-    pub fn new<C>(
+    pub(crate) fn new<C>(
         units: &[Box<dyn Unit<C>>],
         init: &dyn ParamSource,
         spec: ShardSpec,
@@ -163,14 +161,7 @@ impl FlatParams {
                 for p in &own {
                     buffer_of.insert(p.name.clone(), b);
                 }
-                buffers.push(build_buffer(
-                    index,
-                    unit.name(),
-                    trainable,
-                    &own,
-                    init,
-                    spec,
-                )?);
+                buffers.push(build_buffer(unit.name(), trainable, &own, init, spec)?);
                 needed.push(b);
             }
             unit_buffers.push(needed);
@@ -182,7 +173,7 @@ impl FlatParams {
     }
 
     /// The parameters unit `unit` reads, as views of the gathered buffers in `full`.
-    pub fn param_map(&self, unit: usize, full: &HashMap<usize, Tensor>) -> ParamMap {
+    pub(crate) fn param_map(&self, unit: usize, full: &HashMap<usize, Tensor>) -> ParamMap {
         let mut map = ParamMap::new();
         for b in &self.unit_buffers[unit] {
             if let Some(t) = full.get(b) {
@@ -194,7 +185,6 @@ impl FlatParams {
 }
 
 fn build_buffer(
-    owner: usize,
     unit_name: &str,
     trainable: bool,
     params: &[ParamSpec],
@@ -245,7 +235,6 @@ fn build_buffer(
         })?;
     }
     Ok(FlatBuffer {
-        owner,
         unit_name: unit_name.to_string(),
         trainable,
         entries,
@@ -280,7 +269,6 @@ mod tests {
             })
             .collect();
         FlatBuffer {
-            owner: 0,
             unit_name: "unit".into(),
             trainable: true,
             entries,

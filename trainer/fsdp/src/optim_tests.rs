@@ -22,7 +22,6 @@ fn buffer(start: &Tensor) -> FlatBuffer {
         },
     ];
     FlatBuffer {
-        owner: 0,
         unit_name: "unit".into(),
         trainable: true,
         entries,

@@ -40,26 +40,9 @@ fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> ModelError + '_ {
     }
 }
 
-/// Writes `tensors` into `dir` in `kind` (BFloat16, Half or Float), split into shards of at
-/// most `max_shard_bytes` (a tensor larger than that gets a shard of its own); returns the
-/// files written. The map's tensors are written as they are (see [`write_hub_files`]).
-pub fn save_hub_files(
-    dir: &Path,
-    tensors: &BTreeMap<String, Tensor>,
-    kind: Kind,
-    max_shard_bytes: u64,
-) -> Result<Vec<PathBuf>> {
-    let entries: Vec<(String, Vec<i64>)> = tensors
-        .iter()
-        .map(|(name, t)| (name.clone(), t.size()))
-        .collect();
-    write_hub_files(dir, &entries, kind, max_shard_bytes, |name| {
-        Ok::<_, ModelError>(tensors[name].shallow_clone())
-    })
-}
-
-/// Writes the tensors `entries` names (key, shape; in this order) into `dir` in `kind`, shards
-/// as [`save_hub_files`] plans them, asking `tensor(key)` for each one only when its bytes are
+/// Writes the tensors `entries` names (key, shape; in this order) into `dir` in `kind` (BFloat16,
+/// Half or Float), split into shards of at most `max_shard_bytes` (a tensor larger than that
+/// gets a shard of its own), asking `tensor(key)` for each one only when its bytes are
 /// due (any float dtype, any device; its shape must be the entry's). Returns the files
 /// written: the weight files, then the index when there are several.
 pub fn write_hub_files<E: From<ModelError>>(

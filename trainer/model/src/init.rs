@@ -247,6 +247,7 @@ pub fn write_preset(out: &Path, preset: Preset, family: LmFamily, seed: u64) -> 
 }
 
 /// Writes `out/vision` and `out/lm` for any pair of configs, every tensor at N(0, 0.02²).
+#[cfg(feature = "testing")]
 pub fn write_checkpoints(
     out: &Path,
     vision: &SiglipVisionConfig,

@@ -22,6 +22,7 @@
 //!    checkpoints.
 //! 6. `init.rs`: random-weight checkpoints for `tessera init-model`; `throughput.rs` (feature
 //!    `bench`): the forward+backward measurement of `benches/model.rs`.
+#[cfg_attr(not(feature = "testing"), allow(unreachable_pub))]
 mod attention;
 mod caption;
 mod config;
@@ -32,12 +33,14 @@ mod error;
 mod gemm;
 mod generator;
 mod hub_files;
+#[cfg_attr(not(feature = "testing"), allow(unreachable_pub))]
 mod init;
 mod keys;
 mod llava;
 mod lm_config;
 mod lm_dir;
 mod lora;
+#[cfg_attr(not(feature = "testing"), allow(unreachable_pub))]
 mod loss;
 mod projector;
 mod rope;
@@ -46,13 +49,13 @@ mod siglip;
 mod source;
 #[cfg(feature = "bench")]
 mod throughput;
+#[cfg_attr(not(feature = "testing"), allow(unreachable_pub))]
 mod varlen;
 mod vlm;
 mod vlm_units;
 mod vocab;
 mod weights;
 
-pub use attention::{attend, attend_spans, block_causal_mask, row_spans, Span};
 pub use caption::{held_out_prompt, image_sample, CaptionError, Captioner, DEFAULT_INSTRUCTION};
 pub use config::read_json as read_config_json;
 pub use config::{LoraConfig, SiglipVisionConfig};
@@ -61,30 +64,37 @@ pub use dtype::Dtype;
 pub use error::ModelError;
 pub use gemm::CpuBf16Gemm;
 pub use generator::{GenerateOptions, Generation, Generator};
-pub use hub_files::{save_hub_files, write_hub_files, HUB_SHARD_BYTES};
-pub use init::{
-    lm_checkpoint_specs, random_params, write_checkpoints, write_preset, Preset, INIT_STD,
-};
+pub use hub_files::{write_hub_files, HUB_SHARD_BYTES};
+pub use init::{write_preset, Preset};
 pub use llava::{
     added_rows_of, export_specs, llava_config_json, llava_key, load_llava_dir, load_llava_dir_as,
     LLAVA_ADAPTER_DIR,
 };
-pub use lm_config::{LmConfig, LmFamily, RopeParameters, SUPPORTED_LMS};
-pub use lm_dir::load_language_model;
+pub use lm_config::{LmConfig, LmFamily, RopeParameters};
 pub use lora::{
     adapter_keys, init_adapters, load_adapter, merge_adapters, merge_weight, save_adapter,
     save_adapter_as, ADAPTER_CONFIG, ADAPTER_WEIGHTS,
 };
-pub use loss::{chunked_cross_entropy, chunked_cross_entropy_sum, full_cross_entropy_sum};
 pub use source::VlmInit;
 #[cfg(feature = "bench")]
 pub use throughput::{measure_throughput, peak_matmul_flops, ThroughputReport};
-pub use varlen::{attend_varlen, emulate_varlen, Varlen};
 pub use vlm::{VisionTraining, Vlm, VlmOptions};
 pub use vocab::{ADDED_EMBED, ADDED_HEAD};
 pub use weights::{
     load_safetensors, read_exact_into, save_safetensors, save_safetensors_as, HfCheckpoint,
 };
+
+/// What the tests compare the model's kernels with and build their fixtures from (the dense
+/// and per-span attention references, the varlen emulation, the unchunked loss, random
+/// checkpoints); not part of the training API. Feature `testing`, which the workspace's own
+/// tests turn on through their dev-dependencies.
+#[cfg(feature = "testing")]
+pub mod testing {
+    pub use super::attention::{attend, attend_spans, block_causal_mask, row_spans, Span};
+    pub use super::init::{lm_checkpoint_specs, random_params, write_checkpoints, INIT_STD};
+    pub use super::loss::{chunked_cross_entropy_sum, full_cross_entropy_sum};
+    pub use super::varlen::{attend_varlen, emulate_varlen, Varlen};
+}
 
 /// Reads a parameter a unit needs; a missing key is a bug in the caller (FSDP gathered the
 /// wrong unit), so it panics naming the key.

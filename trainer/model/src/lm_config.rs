@@ -30,7 +30,8 @@ pub enum LmFamily {
 }
 
 /// What the refusal messages list as supported.
-pub const SUPPORTED_LMS: &str = "qwen2 (Qwen2, Qwen2.5), qwen3 (Qwen3) and llama (Llama, SmolLM2) \
+pub(crate) const SUPPORTED_LMS: &str =
+    "qwen2 (Qwen2, Qwen2.5), qwen3 (Qwen3) and llama (Llama, SmolLM2) \
                                  language models with the default RoPE";
 
 impl LmFamily {

@@ -53,7 +53,7 @@ pub(super) fn check_lm_tensors(
 
 /// A language model folder read whole: its config and every tensor of its checkpoint, each
 /// converted to `kind` as it is read (kept in its stored dtype when `None`).
-pub fn load_language_model(dir: &Path, kind: Option<Kind>) -> Result<(LmConfig, ParamMap)> {
+pub(crate) fn load_language_model(dir: &Path, kind: Option<Kind>) -> Result<(LmConfig, ParamMap)> {
     let cfg = LmConfig::from_dir(dir)?;
     let checkpoint = HfCheckpoint::open(dir)?;
     check_lm_tensors(dir, &cfg, &checkpoint)?;

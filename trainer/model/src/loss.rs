@@ -19,6 +19,7 @@ pub(super) fn default_chunk(vocab: i64) -> i64 {
 
 /// Σ_t CE(h_t Wᵀ, target_t) for `hidden` `[n, D]`, `weight` `[V, D]` and `targets` `[n]`
 /// (every target supervised, none `IGNORE_INDEX`).
+#[cfg(feature = "testing")]
 pub fn chunked_cross_entropy_sum(
     hidden: &Tensor,
     weight: &Tensor,
@@ -30,7 +31,7 @@ pub fn chunked_cross_entropy_sum(
 
 /// [`chunked_cross_entropy_sum`], and with `per_token` each token's cross-entropy too
 /// (`[n]` f32, detached): what splitting the loss by source sums up.
-pub fn chunked_cross_entropy(
+pub(crate) fn chunked_cross_entropy(
     hidden: &Tensor,
     weight: &Tensor,
     targets: &Tensor,
@@ -152,7 +153,9 @@ fn dot_surrogate(weight: &Tensor, g: &Tensor) -> Tensor {
     }
 }
 
-/// The plain computation (full logits, one cross-entropy), for tests and small vocabularies.
+/// The plain computation (full logits, one cross-entropy), what the tests compare the chunked
+/// loss with.
+#[cfg(feature = "testing")]
 pub fn full_cross_entropy_sum(hidden: &Tensor, weight: &Tensor, targets: &Tensor) -> Tensor {
     hidden.matmul(&weight.tr()).cross_entropy_loss::<Tensor>(
         targets,

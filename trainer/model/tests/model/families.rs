@@ -377,7 +377,8 @@ fn smollm2_chat_logits_and_greedy_answer_match_transformers() -> anyhow::Result<
 /// checkpoint already held that row computes, for ids that include it (tied and untied).
 #[test]
 fn added_token_rows_extend_the_embedding_and_the_head() -> anyhow::Result<()> {
-    use tessera_model::{random_params, ADDED_EMBED, ADDED_HEAD};
+    use tessera_model::testing::random_params;
+    use tessera_model::{ADDED_EMBED, ADDED_HEAD};
     for (family, tied) in [(LmFamily::Qwen3, true), (LmFamily::Llama, false)] {
         let options = || VlmOptions {
             image_token_id: IMAGE_ID,

@@ -72,7 +72,7 @@ fn adapter_round_trip_and_merge() -> anyhow::Result<()> {
     };
     let vlm = Vlm::new(tiny_vision(), tiny_lm(), true, options)?;
     // Random (non-zero) A and B, so the adapters matter.
-    let params = tessera_model::random_params(&vlm.param_specs(), 5, 0.1);
+    let params = tessera_model::testing::random_params(&vlm.param_specs(), 5, 0.1);
     let mb = micro_batch(&[vec![text_sample(8, 1), text_sample(5, 3)]], 0, 0);
     let with_lora = vlm.logits(&params, &mb)?;
 

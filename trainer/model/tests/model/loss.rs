@@ -4,7 +4,7 @@
 use crate::support::*;
 use pipeline::IGNORE_INDEX;
 use tch::{Kind, Tensor};
-use tessera_model::{chunked_cross_entropy_sum, full_cross_entropy_sum};
+use tessera_model::testing::{chunked_cross_entropy_sum, full_cross_entropy_sum};
 
 fn leaf(t: Tensor) -> Tensor {
     t.set_requires_grad(true)

@@ -5,9 +5,10 @@
 use crate::support::*;
 use pipeline::IGNORE_INDEX;
 use tch::{Device, Kind, Tensor};
-use tessera_model::{
-    attend, attend_spans, attend_varlen, block_causal_mask, row_spans, Varlen, VlmCtx,
+use tessera_model::testing::{
+    attend, attend_spans, attend_varlen, block_causal_mask, row_spans, Varlen,
 };
+use tessera_model::VlmCtx;
 
 const TOL: f64 = 1e-5;
 

@@ -5,8 +5,9 @@ use crate::support::*;
 use std::collections::BTreeMap;
 use tch::{Kind, Tensor};
 use tessera_fsdp::ParamSpec;
-use tessera_model::{random_params, write_checkpoints, write_preset, LmFamily, Preset};
+use tessera_model::testing::{random_params, write_checkpoints};
 use tessera_model::{save_safetensors, HfCheckpoint};
+use tessera_model::{write_preset, LmFamily, Preset};
 use tessera_model::{LmConfig, ModelError, SiglipVisionConfig, Vlm, VlmOptions};
 
 fn spec(name: &str, shape: &[i64]) -> ParamSpec {
@@ -128,7 +129,7 @@ fn missing_and_misshaped_tensors_are_named() -> anyhow::Result<()> {
 #[test]
 fn sharded_checkpoint_and_bf16_load_like_a_single_file() -> anyhow::Result<()> {
     let (vlm, _) = tiny_vlm(None);
-    let specs = tessera_model::lm_checkpoint_specs(&vlm.lm);
+    let specs = tessera_model::testing::lm_checkpoint_specs(&vlm.lm);
     let params = random_params(&specs, 3, 0.1);
     let single = tempfile::tempdir()?;
     save_safetensors(&single.path().join("model.safetensors"), &params)?;
@@ -179,7 +180,7 @@ fn sharded_checkpoint_and_bf16_load_like_a_single_file() -> anyhow::Result<()> {
 #[test]
 fn streamed_shards_ask_for_one_tensor_at_a_time_and_read_back() -> anyhow::Result<()> {
     let (vlm, _) = tiny_vlm(None);
-    let specs = tessera_model::lm_checkpoint_specs(&vlm.lm);
+    let specs = tessera_model::testing::lm_checkpoint_specs(&vlm.lm);
     let params = random_params(&specs, 5, 0.1);
     let entries: Vec<(String, Vec<i64>)> =
         params.iter().map(|(k, t)| (k.clone(), t.size())).collect();

@@ -5,7 +5,7 @@ use pipeline::{MicroBatch, IGNORE_INDEX};
 use shards::Kind as SampleKind;
 use tch::Tensor;
 use tessera_fsdp::ParamMap;
-use tessera_model::random_params;
+use tessera_model::testing::random_params;
 use tessera_model::{LmConfig, LmFamily, LoraConfig, SiglipVisionConfig, Vlm, VlmCtx, VlmOptions};
 
 /// Placeholder id of the tiny test vocabulary.

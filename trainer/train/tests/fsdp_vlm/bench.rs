@@ -10,7 +10,8 @@ use std::time::{Duration, Instant};
 use tessera_fsdp::dist::{local_groups, ProcessGroup};
 use tessera_fsdp::ParamMap;
 use tessera_fsdp::{Fsdp, FsdpConfig, Strategy};
-use tessera_model::{random_params, LmFamily, Preset};
+use tessera_model::testing::random_params;
+use tessera_model::{LmFamily, Preset};
 use tessera_model::{LoraConfig, Vlm, VlmOptions};
 
 const STEPS: usize = 6;

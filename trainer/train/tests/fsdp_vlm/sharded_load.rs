@@ -12,7 +12,8 @@ use tch::Kind;
 use tessera_fsdp::dist::{local_groups, ProcessGroup};
 use tessera_fsdp::ParamMap;
 use tessera_fsdp::{Fsdp, FsdpConfig};
-use tessera_model::{load_safetensors, write_checkpoints, LoraConfig, Vlm, VlmOptions};
+use tessera_model::testing::write_checkpoints;
+use tessera_model::{load_safetensors, LoraConfig, Vlm, VlmOptions};
 
 /// Rewrites `dir/model.safetensors` with every tensor in bf16, as the Hub ships them.
 fn to_bf16(dir: &Path) -> anyhow::Result<()> {
@@ -83,7 +84,7 @@ fn each_rank_reads_only_its_slices_of_a_bf16_checkpoint() -> anyhow::Result<()> 
                 s.spawn(move || -> anyhow::Result<_> {
                     let init = vlm.init_source(vision_dir, lm_dir, None, 3)?;
                     let fsdp = Fsdp::new(vlm.units(), pg, &init, FsdpConfig::default())?;
-                    let buffers = fsdp.flat().buffers.len();
+                    let buffers = fsdp.buffer_count();
                     Ok((init.bytes_read(), buffers, fsdp.gather_params(false)?))
                 })
             })

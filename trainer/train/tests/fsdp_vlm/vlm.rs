@@ -14,7 +14,8 @@ use std::time::Duration;
 use tessera_fsdp::dist::{local_groups, ProcessGroup};
 use tessera_fsdp::ParamMap;
 use tessera_fsdp::{AdamWConfig, Fsdp, FsdpConfig, ParamGroup, Recompute, Strategy};
-use tessera_model::{random_params, LmFamily, LoraConfig, VisionTraining, Vlm, VlmOptions};
+use tessera_model::testing::random_params;
+use tessera_model::{LmFamily, LoraConfig, VisionTraining, Vlm, VlmOptions};
 
 const STEPS: usize = 6;
 
