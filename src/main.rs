@@ -55,7 +55,7 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
             // Each cause once, even where a library's message repeats its own source.
-            eprintln!("error: {}", shards::with_causes(err.as_ref()));
+            eprintln!("error: {}", tessera_errors::with_causes(err.as_ref()));
             ExitCode::FAILURE
         }
     }

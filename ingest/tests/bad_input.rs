@@ -159,7 +159,7 @@ fn a_record_that_is_not_a_llava_record_fails_the_run() -> anyhow::Result<()> {
     let config = f.config(Template::Plain);
     std::fs::write(&config.input, br#"[{"id": "1", "image": "x.jpg"}]"#)?;
     let err = ingest::run(&config).expect_err("no conversations");
-    let message = shards::with_causes(&err);
+    let message = tessera_errors::with_causes(&err);
     assert!(message.contains("conversations"), "{message}");
     Ok(())
 }

@@ -100,7 +100,7 @@ mod tests {
             source: "404 Not Found".into(),
         };
         let error = shards::ShardError::from(RemoteError::store(url, missing));
-        let text = shards::with_causes(&error);
+        let text = tessera_errors::with_causes(&error);
         assert!(text.starts_with(url), "{text}");
         assert_eq!(text.matches(url).count(), 1, "{text}");
         // object_store's message holds its source too: anyhow's `{:#}` would print it twice.
@@ -113,7 +113,7 @@ mod tests {
             panic!("a URL without a scheme opened");
         };
         assert!(std::error::Error::source(&error).is_some());
-        let text = shards::with_causes(&error);
+        let text = tessera_errors::with_causes(&error);
         assert!(
             text.starts_with("bucket/data: not a shard directory URL: "),
             "{text}"

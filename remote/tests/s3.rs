@@ -4,8 +4,8 @@
 use anyhow::{ensure, Context, Result};
 use remote::{CacheConfig, ObjectFiles};
 use shards::{
-    Dataset, DatasetLocation, Image, IngestReport, Kind, Manifest, RowGroupLimits, Sample,
-    ShardWriter, Turn, FORMAT_VERSION,
+    Dataset, DatasetLocation, IngestReport, Manifest, RowGroupLimits, Sample, ShardWriter,
+    FORMAT_VERSION,
 };
 use std::path::Path;
 use std::sync::Arc;
@@ -18,48 +18,9 @@ use moto::MotoServer;
 /// 6-9 KB incompressible images, so ranged reads cover the nested image list too.
 fn sample(i: u32) -> Sample {
     let count = if i.is_multiple_of(4) { 0 } else { 1 + i % 2 };
-    let images: Vec<Image> = (0..count)
-        .map(|k| {
-            let mut state = 0x9e37_79b9_u32.wrapping_mul(i + 1 + 1000 * k);
-            let bytes: Vec<u8> = (0..6000 + (i % 4) * 1000)
-                .map(|_| {
-                    state ^= state << 13;
-                    state ^= state >> 17;
-                    state ^= state << 5;
-                    state as u8
-                })
-                .collect();
-            Image {
-                crc32c: Some(crc32c::crc32c(&bytes)),
-                bytes,
-                format: "jpeg".into(),
-                width: 32,
-                height: 24,
-            }
-        })
-        .collect();
-    let mut ids: Vec<u32> =
-        vec![shards::SpecialTokens::qwen_before_recorded().image.id; count as usize];
-    ids.extend((0..(8 + i % 13)).map(|t| t * 100 + i));
-    let mask: Vec<bool> = (0..ids.len()).map(|t| t % 2 == 1).collect();
-    Sample {
-        id: format!("sample-{i:04}"),
-        kind: if images.is_empty() {
-            Kind::Text
-        } else {
-            Kind::Image
-        },
-        input_ids_crc32c: Some(shards::input_ids_crc32c(&ids)),
-        images,
-        conversation: vec![Turn {
-            role: "user".into(),
-            text: format!("question {i}"),
-        }],
-        num_text_tokens: ids.len() as u32,
-        num_supervised_tokens: mask.iter().skip(1).filter(|&&m| m).count() as u32,
-        input_ids: ids,
-        label_mask: mask,
-    }
+    tessera_testing::sample(i, count, |k| {
+        tessera_testing::noise_bytes(i + 1 + 1000 * k, 6000 + (i % 4) * 1000)
+    })
 }
 
 /// 3 shards of 64 samples, row groups of 32 rows.

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 ///
 /// A wrapped library error is the `source()`, never part of the message: the message says what
 /// failed (the file, the shard), the source why, and a chain printer (anyhow's `{:#}`, or
-/// [`with_causes`] for a log line or a report) prints each once.
+/// `tessera_errors::with_causes` for a log line or a report) prints each once.
 #[derive(Debug, thiserror::Error)]
 pub enum ShardError {
     #[error("{path}")]
@@ -81,39 +81,11 @@ impl ShardError {
     }
 }
 
-/// `error`'s message and every cause below it, joined by `": "`: what the CLI prints for an
-/// error (`error: {with_causes}`), and the form of an error kept as text (a log line, a
-/// verify report). A cause whose message the text already holds is not repeated: some
-/// libraries' errors (parquet's `External`, arrow's `ExternalError`, object_store's) print
-/// their source inside their own message *and* return it from `source()`. Trailing newlines
-/// (toml ends its multi-line messages with one) are dropped.
-pub fn with_causes(error: &(dyn std::error::Error + 'static)) -> String {
-    let mut text = error.to_string().trim_end().to_string();
-    let mut cause = error.source();
-    while let Some(error) = cause {
-        let message = error.to_string();
-        let message = message.trim_end();
-        if !message.is_empty() && !text.contains(message) {
-            text.push_str(": ");
-            text.push_str(message);
-        }
-        cause = error.source();
-    }
-    text
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// `error` printed as the CLI prints it holds `cause`'s text exactly once, and so does
-    /// anyhow's `{:#}` (each error of the chain, joined by ": ").
-    fn assert_cause_printed_once(error: ShardError, cause: &str) {
-        let text = with_causes(&error);
-        assert_eq!(text.matches(cause).count(), 1, "{text}");
-        let text = format!("{:#}", anyhow::Error::new(error));
-        assert_eq!(text.matches(cause).count(), 1, "{text}");
-    }
+    use tessera_errors::with_causes;
+    use tessera_testing::assert_cause_printed_once;
 
     #[test]
     fn a_library_error_that_prints_its_own_source_prints_it_once() {

@@ -34,7 +34,7 @@ mod writer;
 
 pub use atomic::{temp_path, write_atomically, write_atomically_with};
 pub use disk_space::{caused_by_full_disk, free_bytes, is_out_of_space, shown_bytes, NoSpace};
-pub use error::{with_causes, ShardError};
+pub use error::ShardError;
 pub use location::{DatasetLocation, FetchedRanges, RemoteFiles};
 pub use manifest::{
     shard_file_name, IngestReport, IngestSettings, Manifest, RowGroupInfo, ShardInfo, INDEX_FILE,

@@ -3,7 +3,7 @@
 //! consistency (token counts, label mask length, image and token crc32c, kind vs images, one
 //! placeholder per image); and
 //! that no `shard-*.parquet` lies in the directory without being listed.
-use crate::error::{with_causes, ShardError};
+use crate::error::ShardError;
 use crate::location::DatasetLocation;
 use crate::manifest::{Manifest, ShardInfo};
 use crate::reader::OpenShard;
@@ -12,6 +12,7 @@ use crate::schema::schema_for;
 use sha2::{Digest, Sha256};
 use std::io::Read;
 use std::path::Path;
+use tessera_errors::with_causes;
 
 /// The outcome of [`verify`]: an empty `problems` list means the directory is sound.
 #[derive(Debug, Default)]

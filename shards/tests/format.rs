@@ -1,58 +1,16 @@
 //! The shard format on its own: write shards, read samples back by global index (random
 //! order, repeats), scan metadata, verify, and catch a flipped byte.
 use shards::{
-    Dataset, Image, IngestReport, Kind, Manifest, RowGroupLimits, Sample, ShardWriter, Turn,
-    FORMAT_VERSION,
+    Dataset, IngestReport, Manifest, RowGroupLimits, Sample, ShardWriter, FORMAT_VERSION,
 };
 use std::path::Path;
 
 /// Sample `i`: text-only when `i` is a multiple of 3, else `images_of(i)` images.
 fn sample_with(i: u32, images_of: impl Fn(u32) -> u32) -> Sample {
     let count = if i.is_multiple_of(3) { 0 } else { images_of(i) };
-    let images: Vec<Image> = (0..count)
-        .map(|k| {
-            let bytes: Vec<u8> = (0..(100 + i * 13 + k * 5))
-                .map(|b| (b * 7 + i + k) as u8)
-                .collect();
-            Image {
-                crc32c: Some(crc32c::crc32c(&bytes)),
-                bytes,
-                format: "jpeg".into(),
-                width: 10 + i + k,
-                height: 20 + i,
-            }
-        })
-        .collect();
-    let placeholder = shards::SpecialTokens::qwen_before_recorded().image.id;
-    let mut ids: Vec<u32> = vec![placeholder; count as usize];
-    ids.extend((0..(5 + i % 11)).map(|t| t * 1000 + i));
-    let mask: Vec<bool> = (0..ids.len())
-        .map(|t| t >= count as usize && t % 2 == 1)
-        .collect();
-    Sample {
-        id: format!("sample-{i:04}"),
-        kind: if images.is_empty() {
-            Kind::Text
-        } else {
-            Kind::Image
-        },
-        input_ids_crc32c: Some(shards::input_ids_crc32c(&ids)),
-        images,
-        conversation: vec![
-            Turn {
-                role: "user".into(),
-                text: format!("question {i} {}", "<image>".repeat(count as usize)),
-            },
-            Turn {
-                role: "assistant".into(),
-                text: format!("answer {i}"),
-            },
-        ],
-        num_text_tokens: ids.len() as u32,
-        num_supervised_tokens: mask.iter().skip(1).filter(|&&m| m).count() as u32,
-        input_ids: ids,
-        label_mask: mask,
-    }
+    tessera_testing::sample(i, count, |k| {
+        tessera_testing::pattern_bytes(i + k, 100 + i * 13 + k * 5)
+    })
 }
 
 /// Sample `i` with one to three images (text-only every third).
@@ -351,7 +309,7 @@ fn a_missing_shard_file_is_an_io_error_naming_its_path_once() -> anyhow::Result<
     let cause = source.map_or(cause, ToString::to_string);
     assert_eq!(err.to_string(), missing.display().to_string());
     // As the CLI prints it (and as anyhow's `{:#}` does): the path, then the cause, once each.
-    let printed = shards::with_causes(&err);
+    let printed = tessera_errors::with_causes(&err);
     assert_eq!(printed, format!("{}: {cause}", missing.display()));
     assert_eq!(format!("{:#}", anyhow::Error::new(err)), printed);
     // verify names it the same way.

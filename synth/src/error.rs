@@ -49,12 +49,7 @@ impl SynthError {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// `error` under anyhow's `{:#}` (the CLI's format) holds `cause`'s text exactly once.
-    fn assert_cause_printed_once(error: SynthError, cause: &str) {
-        let text = format!("{:#}", anyhow::Error::new(error));
-        assert_eq!(text.matches(cause).count(), 1, "{text}");
-    }
+    use tessera_testing::assert_cause_printed_once;
 
     #[test]
     fn every_wrapped_error_prints_once() {

@@ -2,7 +2,7 @@
 //!
 //! Errors of other tessera crates (`shards`) and of the loader's own stages (`decode`, `resize`)
 //! are kept as `source()` and left out of the message, so the CLI's chain printer prints each
-//! cause once; [`shards::with_causes`] gives the same text for a log line.
+//! cause once; [`tessera_errors::with_causes`] gives the same text for a log line.
 use super::decode::DecodeError;
 use super::resize::ResizeError;
 
@@ -121,12 +121,7 @@ impl LoaderError {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// `error` under anyhow's `{:#}` (the CLI's format) holds `cause`'s text exactly once.
-    fn assert_cause_printed_once(error: LoaderError, cause: &str) {
-        let text = format!("{:#}", anyhow::Error::new(error));
-        assert_eq!(text.matches(cause).count(), 1, "{text}");
-    }
+    use tessera_testing::assert_cause_printed_once;
 
     #[test]
     fn every_wrapped_error_prints_once() {
@@ -167,7 +162,7 @@ mod tests {
             source: DecodeError::UnknownFormat,
         };
         assert_eq!(
-            shards::with_causes(&error),
+            tessera_errors::with_causes(&error),
             "sample s-3: decoding its image: not a JPEG, PNG or WebP (unknown magic bytes)"
         );
         let second = LoaderError::Decode {

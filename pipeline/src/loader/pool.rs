@@ -187,7 +187,7 @@ fn spawn(
         threads.push(std::thread::spawn(move || {
             for indices in ahead_rx.iter() {
                 if let Err(e) = source.read_ahead(&indices) {
-                    let why = shards::with_causes(&e);
+                    let why = tessera_errors::with_causes(&e);
                     tracing::debug!("read-ahead failed (the worker's read will retry): {why}");
                 }
             }

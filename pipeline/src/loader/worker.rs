@@ -88,7 +88,7 @@ impl Worker {
                     }),
                     Err(e) if self.config.on_bad_image == BadImagePolicy::Fail => return Err(e),
                     Err(e) => {
-                        let why = shards::with_causes(&e);
+                        let why = tessera_errors::with_causes(&e);
                         tracing::warn!(sample = %sample.id, "dropped from its micro-batch: {why}");
                         self.stats.skipped.fetch_add(1, Relaxed);
                         // A stand-in keeps the sample's tokens: only when those are sound.

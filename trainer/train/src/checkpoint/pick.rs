@@ -73,7 +73,7 @@ impl RunDir {
                 }
                 Err(e) => skipped.push(Skipped {
                     checkpoint,
-                    reason: shards::with_causes(&e),
+                    reason: tessera_errors::with_causes(&e),
                 }),
             }
         }

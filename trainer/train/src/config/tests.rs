@@ -169,7 +169,7 @@ fn file_errors_name_the_file_and_the_key() -> anyhow::Result<()> {
     let path = dir.path().join("bad.toml");
     // As the CLI prints it: the message names the file, toml's error (the source) the line
     // and the key.
-    let printed = |e: ConfigError| shards::with_causes(&e);
+    let printed = |e: ConfigError| tessera_errors::with_causes(&e);
     std::fs::write(&path, "stage = 1\nlearning_rate = 0.1\n")?;
     let err = ConfigLayer::from_file(&path).expect_err("unknown key");
     assert!(std::error::Error::source(&err).is_some());
@@ -373,7 +373,7 @@ fn a_stored_config_without_a_newer_knob_reads_with_its_default() -> anyhow::Resu
     let mut stored = serde_json::to_value(&cfg)?;
     stored["zero_stage"] = 3.into();
     let err = TrainConfig::from_stored(stored).expect_err("unknown knob");
-    let msg = shards::with_causes(&err);
+    let msg = tessera_errors::with_causes(&err);
     assert!(
         msg.contains("stored config") && msg.contains("zero_stage"),
         "{msg}"
