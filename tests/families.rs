@@ -117,8 +117,8 @@ fn greedy_both(f: &Fixture, export: &Path, tokens: usize) -> Result<Greedy> {
         .into_iter()
         .next()
         .context("the image sample's bytes")?;
-    let prompt = captioner.prompt_ids(Some(tessera_model::DEFAULT_INSTRUCTION), 1)?;
-    let sample = tessera_model::image_sample("first".into(), vec![image.bytes], prompt);
+    let prompt = captioner.prompt_ids(Some(tessera_train::DEFAULT_INSTRUCTION), 1)?;
+    let sample = tessera_train::image_sample("first".into(), vec![image.bytes], prompt);
     let mb = captioner.batches(vec![sample])?.remove(0);
     let options = tessera_model::GenerateOptions {
         max_new_tokens: tokens,

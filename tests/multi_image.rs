@@ -242,7 +242,7 @@ fn a_multi_image_run_exports_and_transformers_generates_what_tessera_generates_f
         (2, 2),
         "plain: two placeholders, no text"
     );
-    let sample = tessera_model::image_sample("pair".into(), images, prompt);
+    let sample = tessera_train::image_sample("pair".into(), images, prompt);
     let mb = captioner.batches(vec![sample])?.remove(0);
     assert_eq!(mb.num_images, 2);
     let ours = captioner

@@ -1,7 +1,7 @@
 //! `tessera generate`: captions images (`--image`, once per image) or held-out shard samples
 //! (`--shards`)
 //! with a run's newest complete checkpoint and its tokenizer (`--run`) or a llava-hf export
-//! (`--model`), through `tessera_model::Captioner` (the training loader for the image, the
+//! (`--model`), through `tessera_train::Captioner` (the training loader for the image, the
 //! run's template for the prompt, generation with a KV cache, greedily unless `--temperature`
 //! is set, until the template's end token or `--max-new-tokens`). With `--lm DIR` it chats
 //! with a language model folder alone: `--prompt` as one user turn through the model's own
@@ -10,7 +10,7 @@ use anyhow::{bail, Context};
 use shards::Kind;
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use tessera_model::{held_out_prompt, image_sample, Captioner};
+use tessera_train::{held_out_prompt, image_sample, Captioner};
 use tessera_train::{load_export_model, load_run_model, RunDir};
 
 /// Arguments of `tessera generate`.

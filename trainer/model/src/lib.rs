@@ -15,16 +15,14 @@
 //!    `layers.{i}`, `head`; `vlm_units.rs`) that FSDP runs over the per-micro-batch context
 //!    [`VlmCtx`] (`ctx.rs`), and [`Vlm::loss`], the plain composition.
 //! 5. `generator.rs`: [`Generator`], inference with a KV cache (greedy or top-p) over weights
-//!    held in one dtype, and beside it `caption.rs`: [`Captioner`], the generator with its
-//!    tokenizer, chat template and image loader (what `tessera generate` runs; tessera-train's
-//!    `export/for_generation.rs` builds it from a run or an export); `llava.rs` and `hub_files.rs`:
+//!    held in one dtype (tessera-train's `export/caption.rs` puts the tokenizer, the chat
+//!    template and the image loader around it for `tessera generate`); `llava.rs` and `hub_files.rs`:
 //!    transformers' `LlavaForConditionalGeneration` config, keys and streamed, sharded
 //!    checkpoints.
 //! 6. `init.rs`: random-weight checkpoints for `tessera init-model`; `throughput.rs` (feature
 //!    `bench`): the forward+backward measurement of `benches/model.rs`.
 #[cfg_attr(not(feature = "testing"), allow(unreachable_pub))]
 mod attention;
-mod caption;
 mod config;
 mod ctx;
 mod decoder;
@@ -56,7 +54,6 @@ mod vlm_units;
 mod vocab;
 mod weights;
 
-pub use caption::{held_out_prompt, image_sample, CaptionError, Captioner, DEFAULT_INSTRUCTION};
 pub use config::read_json as read_config_json;
 pub use config::{LoraConfig, SiglipVisionConfig};
 pub use ctx::VlmCtx;

@@ -34,6 +34,9 @@ pub use config::{
     ResizePolicy, Stage, Strategy, TrainConfig, TrainParts,
 };
 pub use error::TrainError;
+pub use export::caption::{
+    held_out_prompt, image_sample, CaptionError, Captioner, DEFAULT_INSTRUCTION,
+};
 pub use export::for_generation::{load_export_model, load_run_model, GenerationModel};
 pub use export::llava_hf::{
     export_llava_hf, weight_kind, write_llava_hf, LlavaHfOptions, LlavaHfReport, LlavaSources,

@@ -8,6 +8,7 @@
 //! export generate alike; f32 for f32 checkpoints). Each tensor is read and converted before
 //! the next is read, so the model is in memory once, in that dtype: never an f32 copy beside a
 //! bf16 one, nor the source map beside the converted one.
+use super::caption::{CaptionError, Captioner};
 use crate::export::run_weights::{initial_projector, RunWeights};
 use crate::export::{newest_complete_trained, stored_config, ExportError, VlmDescription};
 use crate::run_dir::RunDir;
@@ -15,8 +16,7 @@ use pipeline::loader::ResizePolicy;
 use std::path::Path;
 use tessera_fsdp::ParamMap;
 use tessera_model::{
-    load_llava_dir_as, CaptionError, Captioner, Dtype, Generator, HfCheckpoint, ModelError, Vlm,
-    VlmOptions,
+    load_llava_dir_as, Dtype, Generator, HfCheckpoint, ModelError, Vlm, VlmOptions,
 };
 
 /// A model ready to generate, with what preprocessing it needs.

@@ -14,6 +14,7 @@
 //!   never holds a tower in memory;
 //! - `config.json`: the VLM (vision and LM source directories, projector type, image token
 //!   count and id, template, resize policy), using LLaVA's config key names where LLaVA has one.
+pub(crate) mod caption;
 pub(crate) mod for_generation;
 pub(crate) mod llava_hf;
 pub(crate) mod run_weights;

@@ -4,14 +4,13 @@
 //! `chatml`, a user turn holding the framed image and the instruction, then the assistant
 //! header) with the dataset's special tokens, and the model generates until the tokenizer's
 //! end of sequence (or, for `chatml`, `<|im_end|>`) or `max_new_tokens`.
-use super::error::ModelError;
-use super::generator::{GenerateOptions, Generator};
 use pipeline::loader::{BadImagePolicy, Loader, LoaderConfig, LoaderError, ResizePolicy};
 use pipeline::{MicroBatch, MicroBatchPlan};
 use shards::chat::{Role, Template, IMAGE_TAG, IM_END};
 use shards::{Image, Kind, Sample, SpecialTokens};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use tessera_model::{GenerateOptions, Generator, ModelError};
 
 /// The instruction of a `chatml` prompt when none is given.
 pub const DEFAULT_INSTRUCTION: &str = "Describe the image.";
