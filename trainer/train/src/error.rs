@@ -3,7 +3,7 @@
 //! names only what this layer adds (a path): the cause is the `source`, so `{:#}` prints it once.
 use crate::checkpoint::format::CheckpointError;
 use crate::config::ConfigError;
-use crate::export::ExportError;
+use crate::export::error::ExportError;
 use crate::report::event_file::EventFileError;
 use crate::report::metrics::MetricsError;
 use crate::report::plot::PlotError;

@@ -24,11 +24,13 @@ mod report;
 mod run;
 mod run_dir;
 mod run_tokenizer;
+mod vlm_description;
 mod vocabulary;
 
 // The CLI's and the tests' entry points, and the types their signatures name.
 pub use checkpoint::format::{Checkpoint, CheckpointError};
 pub use checkpoint::sharded_state::ShardedState;
+pub use checkpoint::trained::TrainedTensors;
 pub use config::{
     BadImagePolicy, CheckpointWrite, ConfigError, ConfigLayer, Device, Dtype, Recompute,
     ResizePolicy, Stage, Strategy, TrainConfig, TrainParts,
@@ -37,12 +39,14 @@ pub use error::TrainError;
 pub use export::caption::{
     held_out_prompt, image_sample, CaptionError, Captioner, DEFAULT_INSTRUCTION,
 };
+pub use export::error::ExportError;
 pub use export::for_generation::{load_export_model, load_run_model, GenerationModel};
 pub use export::llava_hf::{
     export_llava_hf, weight_kind, write_llava_hf, LlavaHfOptions, LlavaHfReport, LlavaSources,
 };
+pub use export::run_checkpoint::newest_complete_trained;
 pub use export::run_weights::unmap_freed_tensors;
-pub use export::{export_as, newest_complete_trained, ExportError, ExportReport, TrainedTensors};
+pub use export::{export_as, ExportReport};
 pub use report::metrics::{MetricsError, Summary};
 pub use report::plot::PlotError;
 pub use run::setup::check_model_dirs;

@@ -3,8 +3,9 @@
 //! generation find it there (or take `--tokenizer`), refusing one with another fingerprint.
 use crate::config::ConfigError;
 use crate::error::TrainError;
-use crate::export::{ExportError, VlmDescription};
+use crate::export::error::ExportError;
 use crate::run_dir::RunDir;
+use crate::vlm_description::VlmDescription;
 use sha2::{Digest, Sha256};
 use std::path::{Path, PathBuf};
 

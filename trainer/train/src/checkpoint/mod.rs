@@ -7,6 +7,7 @@ pub(crate) mod pick;
 pub(crate) mod room;
 pub(crate) mod save;
 pub(crate) mod sharded_state;
+pub(crate) mod trained;
 
 #[cfg(test)]
 mod tests;

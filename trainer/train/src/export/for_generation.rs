@@ -9,9 +9,11 @@
 //! the next is read, so the model is in memory once, in that dtype: never an f32 copy beside a
 //! bf16 one, nor the source map beside the converted one.
 use super::caption::{CaptionError, Captioner};
+use crate::export::error::ExportError;
+use crate::export::run_checkpoint::{newest_complete_trained, stored_config};
 use crate::export::run_weights::{initial_projector, RunWeights};
-use crate::export::{newest_complete_trained, stored_config, ExportError, VlmDescription};
 use crate::run_dir::RunDir;
+use crate::vlm_description::VlmDescription;
 use pipeline::loader::ResizePolicy;
 use std::path::Path;
 use tessera_fsdp::ParamMap;

@@ -21,11 +21,12 @@
 //!   token, expanded to `image_seq_length` copies, as tessera's loader does),
 //!   `preprocessor_config.json` (SigLIP: bicubic resize to the tower's size, mean/std 0.5) and
 //!   `generation_config.json` (stop where `tessera generate` stops).
+use crate::checkpoint::trained::TrainedTensors;
+use crate::export::error::ExportError;
+use crate::export::run_checkpoint::{newest_complete_trained, stored_config};
 use crate::export::run_weights::{initial_projector, RunWeights};
-use crate::export::{
-    newest_complete_trained, stored_config, ExportError, TrainedTensors, VlmDescription,
-};
 use crate::run_dir::RunDir;
+use crate::vlm_description::VlmDescription;
 use shards::chat::{Template, IM_END};
 use shards::SpecialTokens;
 use std::collections::BTreeMap;
@@ -80,7 +81,7 @@ pub struct LlavaSources<'a> {
     /// for it), LoRA adapters when `lora` is set, the LM's and tower's of a full fine-tune.
     pub trainable: &'a TrainedTensors,
     /// The projector of a run that did not train one: the one it started from
-    /// ([`crate::export::TrainedTensors`] hold none then).
+    /// ([`TrainedTensors`] hold none then).
     pub initial_projector: Option<&'a ParamMap>,
     pub lora: Option<LoraConfig>,
     /// The special tokens the run's shards were tokenized with (the image token's id is the

@@ -9,8 +9,10 @@
 //! Nothing is read before it is asked for, and what is read is the one tensor asked for: a
 //! caller that writes or converts each tensor before asking for the next never holds the model
 //! twice.
+use crate::checkpoint::trained::TrainedTensors;
 use crate::config::TrainConfig;
-use crate::export::{newest_complete, ExportError, TrainedTensors};
+use crate::export::error::ExportError;
+use crate::export::run_checkpoint::newest_complete;
 use std::path::Path;
 use tch::{Kind, Tensor};
 use tessera_fsdp::ParamMap;

@@ -3,10 +3,10 @@
 //! checked against, and the per-parameter peak learning rates.
 use crate::checkpoint::format::ModelFingerprint;
 use crate::checkpoint::save::WriterRanks;
+use crate::checkpoint::trained::{TrainedTensors, TRAINABLE_FILE};
 use crate::config::{ConfigError, Device, TrainConfig};
 use crate::data::TrainData;
 use crate::error::{io, TrainError};
-use crate::export::{TrainedTensors, TRAINABLE_FILE};
 use crate::run_dir::RunDir;
 use crate::vocabulary;
 use sha2::{Digest, Sha256};

@@ -4,9 +4,9 @@
 //! saves / restores the trainable parameters and optimizer moments per parameter (any world
 //! size), and evaluates a micro-batch forward only.
 use crate::checkpoint::sharded_state::{self, ShardedState};
+use crate::checkpoint::trained::TRAINABLE_FILE;
 use crate::config::{Stage, TrainConfig};
 use crate::error::TrainError;
-use crate::export::TRAINABLE_FILE;
 use pipeline::MicroBatch;
 use std::collections::BTreeMap;
 use std::path::Path;

@@ -1,0 +1,116 @@
+//! [`VlmDescription`]: the VLM a run trains, written once as the run's `vlm.json` and, with what
+//! export wrote, as an export's `config.json`.
+use crate::config::{ResizePolicy, TrainConfig};
+use crate::export::error::ExportError;
+use serde::{Deserialize, Serialize};
+use std::path::{Path, PathBuf};
+use tessera_model::{LoraConfig, Vlm};
+
+/// The VLM a run trains, as exported in `config.json` (LLaVA's key names where it has them).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub(crate) struct VlmDescription {
+    pub model_type: String,
+    /// Vision tower source directory (absolute).
+    pub mm_vision_tower: PathBuf,
+    /// Language model source directory (absolute).
+    pub language_model: PathBuf,
+    pub mm_projector_type: String,
+    /// Features come from the layer before the last.
+    pub mm_vision_select_layer: i64,
+    pub mm_vision_select_feature: String,
+    pub mm_hidden_size: i64,
+    pub hidden_size: i64,
+    pub image_size: i64,
+    /// Vision tokens per image: each placeholder expands to this many.
+    pub image_token_count: i64,
+    pub image_token_id: u32,
+    pub image_token: String,
+    /// `square` (resize straight) or `pad` (expand2square), as LLaVA's `image_aspect_ratio`.
+    pub image_aspect_ratio: String,
+    /// Chat template the shards were tokenized with (`plain` or `chatml`).
+    pub template: String,
+    pub tokenizer_fingerprint: String,
+    pub stage: u8,
+    #[serde(default)]
+    pub lora: Option<LoraConfig>,
+    /// Filled by `export`: the checkpoint step exported and the files written.
+    #[serde(default)]
+    pub step: Option<u64>,
+    #[serde(default)]
+    pub projector_file: Option<String>,
+    #[serde(default)]
+    pub adapter_dir: Option<String>,
+    /// The special tokens the shards were tokenized with (`None` in runs from before they
+    /// were recorded, which used Qwen's: see [`VlmDescription::special_tokens`]).
+    #[serde(default)]
+    pub special_tokens: Option<shards::SpecialTokens>,
+    /// Rows the LM appended for tokens ingest added (`<image>`), trained with the projector.
+    #[serde(default)]
+    pub added_tokens: i64,
+}
+
+impl VlmDescription {
+    /// The run of `cfg` training `vlm` on the shards of `manifest`.
+    pub(crate) fn new(cfg: &TrainConfig, vlm: &Vlm, manifest: &shards::Manifest) -> Self {
+        let abs = |p: &Path| std::fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf());
+        let (vision, lm) = (&vlm.vision, &vlm.lm);
+        let tokens = manifest.special_tokens();
+        VlmDescription {
+            model_type: format!("llava_{}", lm.family().model_type()),
+            mm_vision_tower: abs(&cfg.vision),
+            language_model: abs(&cfg.lm),
+            mm_projector_type: "mlp2x_gelu".into(),
+            mm_vision_select_layer: -2,
+            mm_vision_select_feature: "patch".into(),
+            mm_hidden_size: vision.hidden_size,
+            hidden_size: lm.hidden_size,
+            image_size: vision.image_size,
+            image_token_count: vision.num_patches(),
+            image_token_id: manifest.image_placeholder_id,
+            image_token: tokens.image.text.clone(),
+            image_aspect_ratio: match cfg.resize {
+                ResizePolicy::Squash => "square".into(),
+                ResizePolicy::Pad => "pad".into(),
+            },
+            template: manifest.template.clone(),
+            tokenizer_fingerprint: manifest.tokenizer_fingerprint.clone(),
+            stage: cfg.stage.into(),
+            lora: vlm.options.lora.clone(),
+            step: None,
+            projector_file: None,
+            adapter_dir: None,
+            special_tokens: Some(tokens),
+            added_tokens: vlm.options.added_tokens,
+        }
+    }
+
+    /// The special tokens the run's shards were tokenized with.
+    pub(crate) fn special_tokens(&self) -> shards::SpecialTokens {
+        self.special_tokens
+            .clone()
+            .unwrap_or_else(shards::SpecialTokens::qwen_before_recorded)
+    }
+
+    pub(crate) fn save(&self, path: &Path) -> Result<(), ExportError> {
+        let text = serde_json::to_string_pretty(self).map_err(|e| ExportError::Io {
+            path: path.to_path_buf(),
+            source: std::io::Error::other(e),
+        })?;
+        std::fs::write(path, text).map_err(|source| ExportError::Io {
+            path: path.to_path_buf(),
+            source,
+        })
+    }
+
+    pub(crate) fn load(path: &Path) -> Result<Self, ExportError> {
+        let unreadable = |what: String, source| ExportError::Unreadable {
+            run: path.parent().unwrap_or(path).to_path_buf(),
+            what,
+            source,
+        };
+        let text = std::fs::read(path)
+            .map_err(|e| unreadable(format!("cannot read {}", path.display()), e.into()))?;
+        serde_json::from_slice(&text)
+            .map_err(|e| unreadable(format!("{} is not valid", path.display()), e.into()))
+    }
+}
