@@ -273,6 +273,22 @@ fn header_dtypes(path: &Path) -> Result<std::collections::BTreeMap<String, Strin
         .collect())
 }
 
+/// The bf16 matrix-product kernels a run's checkpoint at `step` recorded (`native` or `f32`).
+fn recorded_gemm(run: &Path, step: u64) -> Result<String> {
+    let meta = run
+        .join("checkpoints")
+        .join(format!("step-{step:08}"))
+        .join("meta.json");
+    let meta: serde_json::Value = serde_json::from_slice(&std::fs::read(&meta)?)?;
+    meta["run"]["cpu_bf16_gemm"]
+        .as_str()
+        .map(String::from)
+        .with_context(|| format!("{}: no cpu_bf16_gemm in its run record", run.display()))
+}
+
+/// The straight run measures the CPU's bf16 kernels (rank 0 times both, both ranks take its
+/// choice) and records the choice; the interrupted run is forced to the same one, and its
+/// resume, forced to nothing, must take it from the checkpoint: the same losses follow.
 #[test]
 fn bf16_run_saves_f32_masters_resumes_with_the_same_losses_and_exports_bf16() -> Result<()> {
     let f = fixture(80, 0.0)?;
@@ -287,21 +303,50 @@ fn bf16_run_saves_f32_masters_resumes_with_the_same_losses_and_exports_bf16() ->
         "bf16",
     ];
     let straight = f.root.join("straight");
-    run_ok(train(&f, 2, &straight, &steps).args(["--lora-r", "4"]))?;
+    run_ok(
+        train(&f, 2, &straight, &steps)
+            .args(["--lora-r", "4"])
+            .env_remove("TESSERA_CPU_BF16_GEMM"),
+    )?;
+    let measured = recorded_gemm(&straight, 6)?;
+    ensure!(
+        measured == "native" || measured == "f32",
+        "recorded {measured:?}"
+    );
     let resumed = f.root.join("resumed");
     let mut first = train(&f, 2, &resumed, &steps);
-    first.args(["--lora-r", "4"]);
+    first
+        .args(["--lora-r", "4"])
+        .env("TESSERA_CPU_BF16_GEMM", &measured);
     interrupt_after_checkpoint(first, &resumed, 3)?;
+    assert_eq!(recorded_gemm(&resumed, 3)?, measured);
     ensure!(
         losses(&resumed)?.len() < 6,
         "the interrupted run finished all 6 steps; nothing was resumed"
     );
-    run_ok(train(&f, 2, &resumed, &steps).args(["--lora-r", "4", "--resume"]))?;
+    run_ok(
+        train(&f, 2, &resumed, &steps)
+            .args(["--lora-r", "4", "--resume"])
+            .env_remove("TESSERA_CPU_BF16_GEMM"),
+    )?;
     let (a, b) = (losses(&straight)?, losses(&resumed)?);
     assert_eq!(a.len(), 6);
     assert_eq!(
         a, b,
         "resumed bf16 losses differ from the uninterrupted run's"
+    );
+    assert_eq!(recorded_gemm(&resumed, 6)?, measured);
+    // Resuming with the other kernels forced is a changed setting, refused by name.
+    let other = if measured == "f32" { "native" } else { "f32" };
+    let msg = run_err(
+        train(&f, 2, &resumed, &steps)
+            .args(["--lora-r", "4", "--resume"])
+            .env("TESSERA_CPU_BF16_GEMM", other),
+    )?;
+    assert!(
+        msg.contains(&format!("cpu_bf16_gemm: {measured} -> {other}"))
+            && msg.contains("--resume-changing cpu_bf16_gemm"),
+        "{msg}"
     );
 
     // The checkpoint holds f32 masters and moments; its stored config says bf16.

@@ -10,9 +10,15 @@
 //! is rounded to bf16. That is the definition above; only the accumulation order differs from
 //! the native kernel, so results agree to within one bf16 rounding step.
 //!
-//! The choice is made once per process from the CPU's flags; `TESSERA_CPU_BF16_GEMM=native` or
-//! `=f32` overrides it. CUDA tensors and f32 tensors always take the plain kernels.
-use std::sync::OnceLock;
+//! The flags are not the speed: a KVM Xeon that reports `avx512_bf16` (no AMX) runs libtorch's
+//! native bf16 GEMMs at ~1.9x the f32 time, an AMD EPYC with the same flag faster than f32. So
+//! a bf16 CPU run measures both ways once at its start ([`CpuBf16Gemm::measure`], on rank 0,
+//! which tells the other ranks) and records the choice in its checkpoints, so a resume
+//! multiplies the same way ([`CpuBf16Gemm::use_for_process`]). `TESSERA_CPU_BF16_GEMM=native`
+//! or `=f32` overrides it; elsewhere (generation, tests) the choice comes from the CPU's flags
+//! ([`CpuBf16Gemm::detect`]). CUDA tensors and f32 tensors always take the plain kernels.
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::time::Instant;
 use tch::{Device, Kind, Tensor};
 use tessera_switches::{Bf16Gemm, Switches};
 use tessera_sys::kernels::tc_widened_linear;
@@ -32,15 +38,117 @@ pub enum CpuBf16Gemm {
     ViaF32,
 }
 
-impl CpuBf16Gemm {
-    /// `TESSERA_CPU_BF16_GEMM` (`native` | `f32`) if set, else [`Self::detect`] (once).
-    pub fn current() -> Self {
-        static DETECTED: OnceLock<CpuBf16Gemm> = OnceLock::new();
-        match Switches::get().cpu_bf16_gemm {
-            Some(Bf16Gemm::Native) => CpuBf16Gemm::Native,
-            Some(Bf16Gemm::F32) => CpuBf16Gemm::ViaF32,
-            None => *DETECTED.get_or_init(Self::detect),
+/// This process's choice: 0 while none is made, else [`CpuBf16Gemm::code`].
+static CHOSEN: AtomicU8 = AtomicU8::new(0);
+
+/// What [`CpuBf16Gemm::measure`] found: the best of three timings of one product each way.
+#[derive(Clone, Copy, Debug)]
+pub struct GemmTiming {
+    pub native_s: f64,
+    pub widened_s: f64,
+}
+
+impl GemmTiming {
+    /// `ViaF32` when the widened product takes under 0.9x the native one's time, else
+    /// `Native` (near parity the native kernel keeps its one rounding).
+    pub fn faster(&self) -> CpuBf16Gemm {
+        if self.widened_s < 0.9 * self.native_s {
+            CpuBf16Gemm::ViaF32
+        } else {
+            CpuBf16Gemm::Native
         }
+    }
+}
+
+impl CpuBf16Gemm {
+    /// `TESSERA_CPU_BF16_GEMM` (`native` | `f32`) if set, else the choice this process made
+    /// ([`Self::use_for_process`]), else [`Self::detect`].
+    pub fn current() -> Self {
+        if let Some(forced) = Self::forced() {
+            return forced;
+        }
+        match Self::from_code(CHOSEN.load(Ordering::Relaxed)) {
+            Some(chosen) => chosen,
+            None => {
+                let detected = Self::detect();
+                CHOSEN.store(detected.code(), Ordering::Relaxed);
+                detected
+            }
+        }
+    }
+
+    /// The choice `TESSERA_CPU_BF16_GEMM` forces, if it is set.
+    pub fn forced() -> Option<Self> {
+        match Switches::get().cpu_bf16_gemm {
+            Some(Bf16Gemm::Native) => Some(CpuBf16Gemm::Native),
+            Some(Bf16Gemm::F32) => Some(CpuBf16Gemm::ViaF32),
+            None => None,
+        }
+    }
+
+    /// Makes `self` this process's choice from now on (a run's measured or recorded one).
+    pub fn use_for_process(self) {
+        CHOSEN.store(self.code(), Ordering::Relaxed);
+    }
+
+    fn code(self) -> u8 {
+        match self {
+            CpuBf16Gemm::Native => 1,
+            CpuBf16Gemm::ViaF32 => 2,
+        }
+    }
+
+    fn from_code(code: u8) -> Option<Self> {
+        match code {
+            1 => Some(CpuBf16Gemm::Native),
+            2 => Some(CpuBf16Gemm::ViaF32),
+            _ => None,
+        }
+    }
+
+    /// How a run records the choice (`native`, `f32`: `TESSERA_CPU_BF16_GEMM`'s values).
+    pub fn record_name(self) -> &'static str {
+        match self {
+            CpuBf16Gemm::Native => "native",
+            CpuBf16Gemm::ViaF32 => "f32",
+        }
+    }
+
+    /// The choice a run recorded with [`Self::record_name`].
+    pub fn from_record(name: &str) -> Option<Self> {
+        match name {
+            "native" => Some(CpuBf16Gemm::Native),
+            "f32" => Some(CpuBf16Gemm::ViaF32),
+            _ => None,
+        }
+    }
+
+    /// Times one bf16 product of a language model's MLP shape (`[256, 1024] · [4096, 1024]ᵀ`)
+    /// natively and through the f32 kernels on this CPU, after one warm-up each: the best of
+    /// three runs of each (about half a second on 2 cores).
+    pub fn measure() -> Result<GemmTiming, ShimError> {
+        tch::no_grad(|| {
+            tch::manual_seed(0);
+            let opts = (Kind::BFloat16, Device::Cpu);
+            let x = Tensor::randn([256, 1024], opts);
+            let w = Tensor::randn([4096, 1024], opts);
+            let best = |mode: CpuBf16Gemm| -> Result<f64, ShimError> {
+                let mut fastest = f64::INFINITY;
+                for round in 0..4 {
+                    let t = Instant::now();
+                    let y = mode.linear(&x, &w, None)?;
+                    let _ = y.sum(Kind::Float).double_value(&[]);
+                    if round > 0 {
+                        fastest = fastest.min(t.elapsed().as_secs_f64());
+                    }
+                }
+                Ok(fastest)
+            };
+            Ok(GemmTiming {
+                native_s: best(CpuBf16Gemm::Native)?,
+                widened_s: best(CpuBf16Gemm::ViaF32)?,
+            })
+        })
     }
 
     /// `Native` when the CPU has bf16 arithmetic (`avx512_bf16` or `amx_bf16` in
@@ -63,7 +171,7 @@ impl CpuBf16Gemm {
     pub fn name(self) -> &'static str {
         match self {
             CpuBf16Gemm::Native => "native bf16",
-            CpuBf16Gemm::ViaF32 => "f32 kernels (no bf16 arithmetic on this CPU)",
+            CpuBf16Gemm::ViaF32 => "f32 kernels over the widened bf16 operands",
         }
     }
 

@@ -59,7 +59,7 @@ pub use config::{LoraConfig, SiglipVisionConfig};
 pub use ctx::VlmCtx;
 pub use dtype::Dtype;
 pub use error::ModelError;
-pub use gemm::CpuBf16Gemm;
+pub use gemm::{CpuBf16Gemm, GemmTiming};
 pub use generator::{GenerateOptions, Generation, Generator};
 pub use hub_files::{write_hub_files, HUB_SHARD_BYTES};
 pub use init::{write_preset, Preset};

@@ -130,3 +130,23 @@ fn a_failing_widened_linear_is_an_error_naming_the_op() {
         "{err}"
     );
 }
+
+/// The start-of-run measurement times both kernels and picks by its one rule: the widened
+/// product when it takes under 0.9x the native one's time.
+#[test]
+fn the_measurement_times_both_kernels_and_picks_the_faster() -> Result<(), ShimError> {
+    let timing = tessera_model::CpuBf16Gemm::measure()?;
+    assert!(timing.native_s > 0.0 && timing.widened_s > 0.0, "{timing:?}");
+    let want = if timing.widened_s < 0.9 * timing.native_s {
+        ViaF32
+    } else {
+        Native
+    };
+    assert_eq!(timing.faster(), want, "{timing:?}");
+    let parity = tessera_model::GemmTiming {
+        native_s: 1.0,
+        widened_s: 0.95,
+    };
+    assert_eq!(parity.faster(), Native);
+    Ok(())
+}

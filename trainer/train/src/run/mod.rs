@@ -4,6 +4,7 @@
 //! the plan's ranks onto this run's), scale each micro-batch's summed token loss by
 //! 1 / (supervised tokens of the whole step across ranks), all-reduce, clip, AdamW, log the
 //! step (`metrics.jsonl`) and its samples (`plan.jsonl`), validate (`validate.rs`), checkpoint.
+pub(crate) mod cpu_gemm;
 pub(crate) mod rank_plan;
 pub(crate) mod restore;
 pub(crate) mod schedule;
@@ -15,7 +16,7 @@ pub(crate) mod validate;
 use crate::checkpoint::format::{CheckpointMeta, RankState, FORMAT_VERSION};
 use crate::checkpoint::room;
 use crate::checkpoint::save::CheckpointSaver;
-use crate::config::{Dtype, Stage, TrainConfig};
+use crate::config::{Stage, TrainConfig};
 use crate::error::{io, TrainError};
 use crate::report::event_file::EventFile;
 use crate::report::metrics::{self, PerRank, Progress, StepLog, StepMetrics, Summary};
@@ -138,22 +139,18 @@ fn train_rank(
         s.world_size,
         mib(held.param_bytes),
     );
-    if s.rank == 0 && cfg.precision == Dtype::Bf16 && s.device == tch::Device::Cpu {
-        tracing::info!(
-            "bf16 matrix products on this CPU: {}",
-            CpuBf16Gemm::current().name()
-        );
-    }
     let pick = if start.resume {
         Some(run.newest_complete_checkpoint()?)
     } else {
         None
     };
-    let plan_world_size = pick
+    let resumed = pick
         .as_ref()
         .and_then(|p| p.checkpoint.as_ref())
-        .map_or(s.world_size, |c| c.meta.plan_world_size());
-    let mut train_loop = TrainLoop::new(&cfg, &s, plan_world_size)?;
+        .map(|c| &c.meta);
+    let plan_world_size = resumed.map_or(s.world_size, CheckpointMeta::plan_world_size);
+    let cpu_gemm = cpu_gemm::settle(&cfg, &s, resumed)?;
+    let mut train_loop = TrainLoop::new(&cfg, &s, plan_world_size, cpu_gemm)?;
     let first = train_loop.restore(pick, start, &mut model)?;
     train_loop.run(&mut model, first, start.progress)?;
     drop(model);
@@ -186,6 +183,8 @@ struct TrainLoop<'a> {
     layout: RankLayout,
     validation: Option<Validation>,
     saver: CheckpointSaver,
+    /// A bf16 CPU run's matrix-product kernels, kept in the run record (`cpu_gemm.rs`).
+    cpu_gemm: Option<CpuBf16Gemm>,
 }
 
 /// Stage 1 trains only the projector, which text-only samples never reach: it plans image
@@ -197,7 +196,12 @@ fn planned_kind(stage: Stage) -> Option<shards::Kind> {
 impl<'a> TrainLoop<'a> {
     /// `plan_world_size`: the ranks the data plan is laid out for (this run's W, or the one
     /// the resumed run started with).
-    fn new(cfg: &'a TrainConfig, s: &'a Setup, plan_world_size: usize) -> Result<Self, TrainError> {
+    fn new(
+        cfg: &'a TrainConfig,
+        s: &'a Setup,
+        plan_world_size: usize,
+        cpu_gemm: Option<CpuBf16Gemm>,
+    ) -> Result<Self, TrainError> {
         if let Some(kind) = planned_kind(cfg.stage) {
             let left_out = s.samples.iter().filter(|m| m.kind != kind).count();
             if left_out == s.samples.len() {
@@ -249,6 +253,7 @@ impl<'a> TrainLoop<'a> {
             },
             validation,
             saver: CheckpointSaver::new(cfg),
+            cpu_gemm,
         };
         train_loop.total_steps = match cfg.steps {
             Some(n) => n,

@@ -78,6 +78,12 @@ impl TrainLoop<'_> {
         ] {
             r.insert(key.to_string(), value);
         }
+        if let Some(choice) = self.cpu_gemm {
+            r.insert(
+                super::cpu_gemm::RECORD_KEY.to_string(),
+                choice.record_name().to_string(),
+            );
+        }
         r
     }
 
