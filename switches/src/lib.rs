@@ -46,7 +46,8 @@ pub struct Switches {
     /// stream instead of a CUDA side stream (default `1`: the side stream).
     pub side_stream: bool,
     /// `TESSERA_CPU_BF16_GEMM`: `native` or `f32`, how bf16 matrix products run on the CPU
-    /// (default unset: chosen from the CPU's flags, see `tessera_model::CpuBf16Gemm`).
+    /// (default unset: a bf16 training run measures both and records its choice, elsewhere the
+    /// CPU's flags decide; see `tessera_model::CpuBf16Gemm`).
     pub cpu_bf16_gemm: Option<Bf16Gemm>,
     /// `TESSERA_DENSE_ATTENTION`: `1` runs packed rows on CUDA through the dense block-causal
     /// mask instead of the varlen kernels (default `0`).
