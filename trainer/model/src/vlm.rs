@@ -348,36 +348,31 @@ impl Vlm {
     /// supervised labels and their count. `params` holds every parameter the micro-batch needs.
     pub fn loss(&self, params: &ParamMap, mb: &pipeline::MicroBatch) -> Result<(Tensor, i64)> {
         let ctx = self.ctx(params, mb)?;
-        let mut x = ctx.first_input();
-        for unit in &self.units {
-            if unit.runs_on(&ctx) {
-                x = unit
-                    .forward(params, &x, &ctx)
-                    .map_err(|source| ModelError::Compute {
-                        unit: unit.name().to_string(),
-                        source,
-                    })?;
-            }
-        }
-        Ok((x, ctx.supervised))
+        let loss = run_chain(&self.units, params, &ctx)?;
+        Ok((loss, ctx.supervised))
     }
 
     /// Full logits `[rows, len, vocab]` (evaluation and tests; never used for training).
     pub fn logits(&self, params: &ParamMap, mb: &pipeline::MicroBatch) -> Result<Tensor> {
         let ctx = self.ctx(params, mb)?;
-        let mut x = ctx.first_input();
-        for unit in &self.units[..self.units.len() - 1] {
-            if unit.runs_on(&ctx) {
-                x = unit
-                    .forward(params, &x, &ctx)
-                    .map_err(|source| ModelError::Compute {
-                        unit: unit.name().to_string(),
-                        source,
-                    })?;
-            }
-        }
-        Ok(vocab::logits(&self.lm, params, self.tied, &x))
+        let hidden = run_chain(&self.units[..self.units.len() - 1], params, &ctx)?;
+        Ok(vocab::logits(&self.lm, params, self.tied, &hidden))
     }
+}
+
+/// The output of `units` (those that run on `ctx`, in order) from the micro-batch's first
+/// input; a failing unit is named.
+fn run_chain(units: &[Box<dyn Unit<VlmCtx>>], params: &ParamMap, ctx: &VlmCtx) -> Result<Tensor> {
+    let mut x = ctx.first_input();
+    for unit in units.iter().filter(|u| u.runs_on(ctx)) {
+        x = unit
+            .forward(params, &x, ctx)
+            .map_err(|source| ModelError::Compute {
+                unit: unit.name().to_string(),
+                source,
+            })?;
+    }
+    Ok(x)
 }
 
 fn load_projector(path: &Path, specs: &[ParamSpec]) -> Result<ParamMap> {

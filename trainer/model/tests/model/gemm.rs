@@ -136,7 +136,10 @@ fn a_failing_widened_linear_is_an_error_naming_the_op() {
 #[test]
 fn the_measurement_times_both_kernels_and_picks_the_faster() -> Result<(), ShimError> {
     let timing = tessera_model::CpuBf16Gemm::measure()?;
-    assert!(timing.native_s > 0.0 && timing.widened_s > 0.0, "{timing:?}");
+    assert!(
+        timing.native_s > 0.0 && timing.widened_s > 0.0,
+        "{timing:?}"
+    );
     let want = if timing.widened_s < 0.9 * timing.native_s {
         ViaF32
     } else {
