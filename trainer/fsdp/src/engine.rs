@@ -237,8 +237,8 @@ impl<'a, C> Fsdp<'a, C> {
         *self.times.entry(key.to_string()).or_default() += since.elapsed().as_secs_f64();
     }
 
-    fn torch_err<E: Into<ComputeError>>(&self, unit: usize) -> impl Fn(E) -> FsdpError + '_ {
-        move |source| FsdpError::Torch {
+    fn compute_err<E: Into<ComputeError>>(&self, unit: usize) -> impl Fn(E) -> FsdpError + '_ {
+        move |source| FsdpError::Compute {
             rank: self.world.rank(),
             unit: self.units[unit].name().to_string(),
             source: source.into(),
@@ -255,7 +255,7 @@ impl<'a, C> Fsdp<'a, C> {
     ) -> Result<Tensor, FsdpError> {
         self.units[u]
             .forward(params, input, ctx)
-            .map_err(self.torch_err(u))
+            .map_err(self.compute_err(u))
     }
 
     /// Forward and backward of one micro-batch; gradients accumulate into the shards. `input` is
@@ -394,7 +394,7 @@ impl<'a, C> Fsdp<'a, C> {
         }
         y.reshape([-1])
             .f_double_value(&[0])
-            .map_err(self.torch_err(unit))
+            .map_err(self.compute_err(unit))
     }
 
     /// Runs unit `u` on `input` with autograd on: trainable buffers become leaves, the input a
@@ -465,7 +465,7 @@ impl<'a, C> Fsdp<'a, C> {
         }
         inputs.extend(leaves.iter().map(|(_, t)| t));
         let mut grads =
-            Tensor::f_run_backward(&[root], &inputs, false, false).map_err(self.torch_err(u))?;
+            Tensor::f_run_backward(&[root], &inputs, false, false).map_err(self.compute_err(u))?;
         let input_grad = if need_input_grad {
             Some(grads.remove(0))
         } else {
@@ -532,7 +532,7 @@ impl<'a, C> Fsdp<'a, C> {
         self.world
             .all_gather_into(&mut all, &mine, "schedule check")?
             .wait()?;
-        let all = Vec::<i64>::try_from(&all).map_err(self.torch_err(0))?;
+        let all = Vec::<i64>::try_from(&all).map_err(self.compute_err(0))?;
         for (i, unit) in self.units.iter().enumerate() {
             let runs: Vec<usize> = (0..w)
                 .filter(|r| all[r * self.units.len() + i] != 0)
@@ -561,7 +561,7 @@ impl<'a, C> Fsdp<'a, C> {
         };
         let mut totals = Tensor::from_slice(&[sq, self.loss_sum]);
         self.world.all_reduce_sum(&mut totals, "step")?.wait()?;
-        let totals = Vec::<f64>::try_from(&totals).map_err(self.torch_err(0))?;
+        let totals = Vec::<f64>::try_from(&totals).map_err(self.compute_err(0))?;
         let grad_norm = totals[0].sqrt();
         let mut clipped = false;
         if let Some(max) = self.config.max_grad_norm {
@@ -577,7 +577,7 @@ impl<'a, C> Fsdp<'a, C> {
         }
         self.optim
             .update(&self.flat.buffers, &self.grads, lr_factor)
-            .map_err(|source| FsdpError::Torch {
+            .map_err(|source| FsdpError::Compute {
                 rank: self.world.rank(),
                 unit: "optimizer".into(),
                 source: source.into(),

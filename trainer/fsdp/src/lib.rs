@@ -108,8 +108,9 @@ pub enum FsdpError {
         unit: String,
         source: Box<crate::unit::SourceError>,
     },
+    /// A libtorch op or a shim failed in a unit's forward or backward, or in the optimizer.
     #[error("rank {rank}: unit '{unit}'")]
-    Torch {
+    Compute {
         rank: usize,
         unit: String,
         source: ComputeError,

@@ -11,7 +11,8 @@
 //! the native kernel, so results agree to within one bf16 rounding step.
 //!
 //! The flags are not the speed: a KVM Xeon that reports `avx512_bf16` (no AMX) runs libtorch's
-//! native bf16 GEMMs at ~1.9x the f32 time, an AMD EPYC with the same flag faster than f32. So
+//! native bf16 GEMMs at ~1.9x the f32 time, while an AMD EPYC with the same flag ran the bf16
+//! training step faster than the f32 one (BENCHMARKS.md). So
 //! a bf16 CPU run measures both ways once at its start ([`CpuBf16Gemm::measure`], on rank 0,
 //! which tells the other ranks) and records the choice in its checkpoints, so a resume
 //! multiplies the same way ([`CpuBf16Gemm::use_for_process`]). `TESSERA_CPU_BF16_GEMM=native`
@@ -125,7 +126,7 @@ impl CpuBf16Gemm {
 
     /// Times one bf16 product of a language model's MLP shape (`[256, 1024] · [4096, 1024]ᵀ`)
     /// natively and through the f32 kernels on this CPU, after one warm-up each: the best of
-    /// three runs of each (about half a second on 2 cores).
+    /// three runs of each (the model test that runs it takes 0.23 s on a 2-core Xeon).
     pub fn measure() -> Result<GemmTiming, ShimError> {
         tch::no_grad(|| {
             tch::manual_seed(0);

@@ -78,7 +78,7 @@ fn model_errors_print_their_cause_once() {
 }
 
 fn fsdp_torch() -> FsdpError {
-    FsdpError::Torch {
+    FsdpError::Compute {
         rank: 1,
         unit: "layers.3".into(),
         source: torch_cause().into(),
@@ -98,7 +98,7 @@ fn dist_timeout() -> DistError {
 
 /// A shim that fails in a unit's forward: the message names the rank, the unit and the op.
 fn fsdp_shim() -> FsdpError {
-    FsdpError::Torch {
+    FsdpError::Compute {
         rank: 1,
         unit: "layers.3".into(),
         source: tessera_sys::ShimError {

@@ -144,11 +144,8 @@ fn train_rank(
     } else {
         None
     };
-    let resumed = pick
-        .as_ref()
-        .and_then(|p| p.checkpoint.as_ref())
-        .map(|c| &c.meta);
-    let plan_world_size = resumed.map_or(s.world_size, CheckpointMeta::plan_world_size);
+    let resumed = pick.as_ref().and_then(|p| p.checkpoint.as_ref());
+    let plan_world_size = resumed.map_or(s.world_size, |c| c.meta.plan_world_size());
     let cpu_gemm = cpu_gemm::settle(&cfg, &s, resumed)?;
     let mut train_loop = TrainLoop::new(&cfg, &s, plan_world_size, cpu_gemm)?;
     let first = train_loop.restore(pick, start, &mut model)?;
