@@ -344,7 +344,7 @@ impl<'a, C> Fsdp<'a, C> {
                         self.graph(u, ctx, &input, !first)?
                     }
                 };
-                upstream = self.backward_unit(u, graph, upstream.take(), &mut pending)?;
+                upstream = self.backward_unit(u, ctx, graph, upstream.take(), &mut pending)?;
             }
             self.book(self.units[u].component(), t);
             let t = Instant::now();
@@ -435,12 +435,13 @@ impl<'a, C> Fsdp<'a, C> {
         })
     }
 
-    /// Back-propagates `upstream` (or the loss scale for the last unit) through unit `u`'s
-    /// graph and issues the reduction of its parameter grads. Returns the gradient of the
+    /// Back-propagates `upstream` (or the loss scale for the last unit), plus the unit's side
+    /// loss, through unit `u`'s graph and issues the reduction of its parameter grads. Returns the gradient of the
     /// unit's input when the previous unit needs it.
     fn backward_unit(
         &self,
         u: usize,
+        ctx: &C,
         graph: Graph,
         upstream: Option<Tensor>,
         pending: &mut Vec<PendingGrad>,
@@ -458,6 +459,10 @@ impl<'a, C> Fsdp<'a, C> {
                 y.sum(y.kind()) * self.loss_scale
             }
             Some(g) => (&y * g).sum(y.kind()),
+        };
+        let root = match self.units[u].side_loss(ctx) {
+            Some(side) => root.to_kind(side.kind()) + side,
+            None => root,
         };
         let mut inputs: Vec<&Tensor> = Vec::new();
         if need_input_grad {

@@ -49,6 +49,29 @@ impl<C> Fsdp<'_, C> {
         Ok(out)
     }
 
+    /// The gradients accumulated since the last [`Fsdp::step`], full, by parameter name (the
+    /// trainable ones); every rank must call it (it all-gathers). What a test compares with a
+    /// reference's autograd, and what a debugger inspects before the update.
+    pub fn gather_grads(&self) -> Result<ParamMap, FsdpError> {
+        let mut out = ParamMap::new();
+        for (b, grad) in self.flat.buffers.iter().zip(&self.grads) {
+            let Some(grad) = grad else { continue };
+            let full = if self.sharded() {
+                let mut full = Tensor::empty([b.padded], (grad.kind(), grad.device()));
+                self.pg
+                    .all_gather_into(&mut full, grad, &b.unit_name)?
+                    .wait()?;
+                full
+            } else {
+                grad.shallow_clone()
+            };
+            for (name, view) in b.views(&full) {
+                out.insert(name, view.copy());
+            }
+        }
+        Ok(out)
+    }
+
     /// This rank's trainable shards and optimizer state as named tensors
     /// ("projector.trainable.param", ".exp_avg", ".exp_avg_sq", "optimizer.step"). Frozen
     /// buffers are left out: they never change, so the model directories they were loaded from

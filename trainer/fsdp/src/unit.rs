@@ -38,6 +38,13 @@ pub trait Unit<C>: Send + Sync {
     /// A failing shim (a C++ kernel tessera binds itself) is an error, which FSDP reports with
     /// the unit's name and the rank.
     fn forward(&self, params: &ParamMap, input: &Tensor, ctx: &C) -> Result<Tensor, ComputeError>;
+    /// A loss term of the unit's own, read right after the forward with autograd that
+    /// backward runs through: a scalar carrying that forward's graph, already weighted, which
+    /// backward adds to what it propagates (an MoE layer's share of the router balance loss).
+    /// Its value is not part of the chain's loss (the model reports it apart).
+    fn side_loss(&self, _ctx: &C) -> Option<Tensor> {
+        None
+    }
 }
 
 /// What a unit's forward or the optimizer's update fails with: a libtorch op that reported

@@ -6,6 +6,7 @@
 //! while k computes; [`VlmCtx::new`] does both at once.
 use super::attention::{block_causal_mask, row_spans, Span};
 use super::error::{ModelError, Result};
+use super::moe::RouterLog;
 use super::rope::rotary_tables;
 use super::side_stream::{upload, SideUpload};
 use super::siglip;
@@ -51,6 +52,14 @@ pub struct VlmCtx {
     /// group into [`Self::take_group_loss`].
     pub loss_groups: Option<(Tensor, i64)>,
     group_loss: std::sync::Mutex<Option<Tensor>>,
+    /// Flat indices of the real tokens (segment id ≥ 0) when the micro-batch has padding:
+    /// what a sparse layer routes.
+    pub real_index: Option<Tensor>,
+    /// The sparse layers' routing of the last forward (empty for dense LMs).
+    pub router_log: RouterLog,
+    /// What the balance loss weighs in this micro-batch's loss: `router_aux_loss_coef`, divided
+    /// by the micro-batches of the optimizer step (see [`Self::share_balance_loss`]).
+    pub balance_weight: f64,
     /// Uploads still on the side stream (CUDA, between `prepare` and `ready`).
     uploads: Option<SideUpload>,
     /// `cos`/`sin` cast to the decoder's compute dtype, made by the first layer that asks
@@ -167,6 +176,14 @@ impl VlmCtx {
             .then(|| Varlen::from_spans(&spans, shape[1], device))
             .transpose()?;
         let placeholder_index = upload(Tensor::from_slice(&placeholders), device)?;
+        let real_index = if mb.segment_ids.iter().any(|&s| s < 0) {
+            let real: Vec<i64> = (0..n as i64)
+                .filter(|&i| mb.segment_ids[i as usize] >= 0)
+                .collect();
+            Some(upload(Tensor::from_slice(&real), device)?)
+        } else {
+            None
+        };
         let supervised_index = upload(Tensor::from_slice(&supervised), device)?;
         let targets = upload(Tensor::from_slice(&targets), device)?;
         if let Some(u) = uploads.as_mut() {
@@ -191,6 +208,9 @@ impl VlmCtx {
             sample_ids: mb.sample_ids.clone(),
             loss_groups: None,
             group_loss: std::sync::Mutex::new(None),
+            real_index,
+            router_log: RouterLog::default(),
+            balance_weight: lm.router_aux_loss_coef(),
             uploads,
             rotary_cast: Mutex::new(None),
         })
@@ -212,6 +232,7 @@ impl VlmCtx {
             &self.targets,
         ];
         tensors.extend(self.mask.iter());
+        tensors.extend(self.real_index.iter());
         tensors.extend(self.pixel_values.iter());
         tensors.extend(self.varlen.iter().map(|v| &v.cu_seqlens));
         uploads.wait(&tensors)
@@ -267,6 +288,13 @@ impl VlmCtx {
     pub fn take_group_loss(&self) -> Option<Vec<f64>> {
         let sums = self.group_loss.lock().ok()?.take()?;
         Vec::<f64>::try_from(sums.to_kind(Kind::Double).to_device(Device::Cpu)).ok()
+    }
+
+    /// The balance loss of a step of `micro_batches` micro-batches (over every rank): each
+    /// weighs `router_aux_loss_coef / micro_batches`, so the step's loss holds the mean of their
+    /// balance losses, as data-parallel transformers with gradient accumulation adds them.
+    pub fn share_balance_loss(&mut self, coef: f64, micro_batches: usize) {
+        self.balance_weight = coef / micro_batches.max(1) as f64;
     }
 
     /// Turns on LoRA dropout with masks drawn from `seed` (use a different seed per

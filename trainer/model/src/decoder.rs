@@ -5,19 +5,22 @@
 //! `model.embed_tokens.weight` when the config says so). The families differ only in the
 //! switches `LmConfig` reads from config.json (see `lm_config.rs`): which linear layers have a
 //! bias, and whether queries and keys go through a per-head RMSNorm (`q_norm`, `k_norm`,
-//! Qwen3) before RoPE; `head_dim` and the RoPE base come from the config too. LoRA adapters
-//! (see [`super::lora`]) add to the seven linear layers.
+//! Qwen3) before RoPE; `head_dim` and the RoPE base come from the config too. A `qwen3_moe`
+//! layer's MLP slot holds the sparse block of `moe.rs` instead of the dense SwiGLU where the
+//! config says so. LoRA adapters (see [`super::lora`]) add to the attention projections and
+//! the dense MLP's three (never to experts).
 use super::attention::{attend, attend_spans, Span};
 use super::config::LoraConfig;
 use super::gemm;
 use super::keys::{KeyPath, LinearKeys};
 use super::lm_config::LmConfig;
 use super::lora;
+use super::moe::{RouterLog, SparseMlp};
 use super::param;
 use super::rope::apply_rotary;
 use super::varlen::{attend_varlen, Varlen};
 use tch::{Kind, Tensor};
-use tessera_fsdp::{ParamMap, ParamSpec};
+use tessera_fsdp::{ComputeError, ParamMap, ParamSpec};
 use tessera_sys::ShimError;
 
 fn frozen(name: String, shape: Vec<i64>) -> ParamSpec {
@@ -40,11 +43,21 @@ pub(crate) struct DecoderLayer {
     qk_norm: Option<(String, String)>,
     v_proj: LinearKeys,
     o_proj: LinearKeys,
-    gate_proj: LinearKeys,
-    up_proj: LinearKeys,
-    down_proj: LinearKeys,
+    mlp: Mlp,
     hidden_size: i64,
     head_dim: i64,
+}
+
+/// What fills a layer's MLP slot.
+enum Mlp {
+    /// SwiGLU: down(silu(gate(x)) · up(x)).
+    Dense {
+        gate_proj: LinearKeys,
+        up_proj: LinearKeys,
+        down_proj: LinearKeys,
+    },
+    /// The router and experts of a `qwen3_moe` sparse layer.
+    Sparse(SparseMlp),
 }
 
 impl DecoderLayer {
@@ -70,25 +83,42 @@ impl DecoderLayer {
             }),
             v_proj: LinearKeys::new(&attn / "v_proj", kv, d, cfg.qkv_bias()),
             o_proj: LinearKeys::new(&attn / "o_proj", d, q, cfg.o_bias()),
-            gate_proj: LinearKeys::new(&mlp / "gate_proj", ff, d, cfg.mlp_bias()),
-            up_proj: LinearKeys::new(&mlp / "up_proj", ff, d, cfg.mlp_bias()),
-            down_proj: LinearKeys::new(&mlp / "down_proj", d, ff, cfg.mlp_bias()),
+            mlp: if cfg.is_sparse_layer(i) {
+                Mlp::Sparse(SparseMlp::new(cfg, &mlp))
+            } else {
+                Mlp::Dense {
+                    gate_proj: LinearKeys::new(&mlp / "gate_proj", ff, d, cfg.mlp_bias()),
+                    up_proj: LinearKeys::new(&mlp / "up_proj", ff, d, cfg.mlp_bias()),
+                    down_proj: LinearKeys::new(&mlp / "down_proj", d, ff, cfg.mlp_bias()),
+                }
+            },
             hidden_size: d,
             head_dim: cfg.head_dim(),
         }
     }
 
-    /// The seven linear layers in checkpoint order (the modules LoRA can target).
-    fn linears(&self) -> [&LinearKeys; 7] {
-        [
-            &self.q_proj,
-            &self.k_proj,
-            &self.v_proj,
-            &self.o_proj,
-            &self.gate_proj,
-            &self.up_proj,
-            &self.down_proj,
-        ]
+    /// The linear layers in checkpoint order that LoRA can target: the four attention
+    /// projections and a dense MLP's three.
+    fn linears(&self) -> Vec<&LinearKeys> {
+        let mut linears = vec![&self.q_proj, &self.k_proj, &self.v_proj, &self.o_proj];
+        if let Mlp::Dense {
+            gate_proj,
+            up_proj,
+            down_proj,
+        } = &self.mlp
+        {
+            linears.extend([gate_proj, up_proj, down_proj]);
+        }
+        linears
+    }
+
+    pub(crate) fn index(&self) -> i64 {
+        self.index
+    }
+
+    /// Whether the layer's MLP is the sparse block.
+    pub(crate) fn is_sparse(&self) -> bool {
+        matches!(self.mlp, Mlp::Sparse(_))
     }
 
     /// The layer's base weights (frozen) followed by its LoRA adapters (trainable), if any.
@@ -104,6 +134,9 @@ impl DecoderLayer {
         if let Some((q_norm, k_norm)) = &self.qk_norm {
             specs.push(frozen(q_norm.clone(), vec![self.head_dim]));
             specs.push(frozen(k_norm.clone(), vec![self.head_dim]));
+        }
+        if let Mlp::Sparse(sparse) = &self.mlp {
+            specs.extend(sparse.specs());
         }
         if let Some(lora) = lora {
             specs.extend(self.adapter_specs(lora));
@@ -124,8 +157,8 @@ impl DecoderLayer {
         params: &ParamMap,
         x: &Tensor,
         inputs: &LayerInputs,
-    ) -> Result<Tensor, ShimError> {
-        let (rows, len, d) = x.size3().expect("decoder hidden is [rows, len, D]");
+    ) -> Result<Tensor, ComputeError> {
+        let (rows, len, d) = x.size3()?;
         let (heads, hd) = (cfg.num_attention_heads, cfg.head_dim());
         let i = self.index;
         let salt = |k: u64| ((i as u64) << 8 | k).wrapping_mul(0x9E37_79B9_7F4A_7C15);
@@ -154,11 +187,45 @@ impl DecoderLayer {
             param(params, &self.post_attention_layernorm),
             cfg.rms_norm_eps,
         );
-        let gate = lin.apply(&m, &self.gate_proj, salt(4))?.silu();
-        let up = lin.apply(&m, &self.up_proj, salt(5))?;
-        let out = residual + lin.apply(&(gate * up), &self.down_proj, salt(6))?;
-        debug_assert_eq!(out.size(), vec![rows, len, d]);
-        Ok(out)
+        let mlp = match &self.mlp {
+            Mlp::Sparse(sparse) => {
+                // Padding never reaches the router: it would count in the balance loss and
+                // cost expert compute, and nothing real attends to it.
+                let flat = m.reshape([rows * len, d]);
+                let log = inputs.router_log.map(|log| (log, i));
+                match inputs.real_index {
+                    Some(real) => {
+                        let y = sparse.forward(params, &flat.index_select(0, real), log)?;
+                        flat.zeros_like().index_copy(0, real, &y)
+                    }
+                    None => sparse.forward(params, &flat, log)?,
+                }
+                .view([rows, len, d])
+            }
+            Mlp::Dense { .. } => self.dense_mlp(&lin, &m, salt)?,
+        };
+        Ok(residual + mlp)
+    }
+
+    /// The dense SwiGLU over `m`; `salt(k)` seeds the LoRA dropout of projection k (4 gate,
+    /// 5 up, 6 down).
+    fn dense_mlp(
+        &self,
+        lin: &Linear,
+        m: &Tensor,
+        salt: impl Fn(u64) -> u64,
+    ) -> Result<Tensor, ComputeError> {
+        let Mlp::Dense {
+            gate_proj,
+            up_proj,
+            down_proj,
+        } = &self.mlp
+        else {
+            return Ok(m.zeros_like());
+        };
+        let gate = lin.apply(m, gate_proj, salt(4))?.silu();
+        let up = lin.apply(m, up_proj, salt(5))?;
+        Ok(lin.apply(&(gate * up), down_proj, salt(6))?)
     }
 }
 
@@ -173,8 +240,8 @@ impl DecoderLayer {
         lin: &Linear,
         h: &Tensor,
         salt: impl Fn(u64) -> u64,
-    ) -> Result<(Tensor, Tensor, Tensor), ShimError> {
-        let (rows, len, _) = h.size3().expect("decoder hidden is [rows, len, D]");
+    ) -> Result<(Tensor, Tensor, Tensor), ComputeError> {
+        let (rows, len, _) = h.size3()?;
         let (heads, kv_heads, hd) = (cfg.num_attention_heads, cfg.kv_heads(), cfg.head_dim());
         let split = |t: Tensor, n: i64| t.view([rows, len, n, hd]);
         let q = split(lin.apply(h, &self.q_proj, salt(0))?, heads);
@@ -205,8 +272,8 @@ impl DecoderLayer {
         x: &Tensor,
         (cos, sin): (&Tensor, &Tensor),
         kv: &mut LayerKv,
-    ) -> Result<Tensor, ShimError> {
-        let (rows, len, _) = x.size3().expect("decoder hidden is [1, len, D]");
+    ) -> Result<Tensor, ComputeError> {
+        let (rows, len, d) = x.size3()?;
         let (heads, hd) = (cfg.num_attention_heads, cfg.head_dim());
         let lin = Linear {
             params,
@@ -236,9 +303,13 @@ impl DecoderLayer {
             param(params, &self.post_attention_layernorm),
             cfg.rms_norm_eps,
         );
-        let gate = lin.apply(&m, &self.gate_proj, 0)?.silu();
-        let up = lin.apply(&m, &self.up_proj, 0)?;
-        Ok(residual + lin.apply(&(gate * up), &self.down_proj, 0)?)
+        let mlp = match &self.mlp {
+            Mlp::Sparse(sparse) => sparse
+                .forward(params, &m.reshape([rows * len, d]), None)?
+                .view([rows, len, d]),
+            Mlp::Dense { .. } => self.dense_mlp(&lin, &m, |_| 0)?,
+        };
+        Ok(residual + mlp)
     }
 }
 
@@ -295,6 +366,10 @@ pub(super) struct LayerInputs<'a> {
     /// `Some(seed)` applies LoRA dropout with a mask drawn from that seed (so FSDP's recompute
     /// draws the same mask); `None` runs without dropout (evaluation).
     pub dropout_seed: Option<u64>,
+    /// Flat indices of the real (not padding) tokens of `[rows * len]`; `None` when all are.
+    pub real_index: Option<&'a Tensor>,
+    /// Where sparse layers record their routing (the balance loss and the expert loads).
+    pub router_log: Option<&'a RouterLog>,
 }
 
 struct Linear<'a> {

@@ -90,6 +90,15 @@ pub enum ModelError {
     Shim(#[from] tessera_sys::ShimError),
 }
 
+impl From<tessera_fsdp::ComputeError> for ModelError {
+    fn from(e: tessera_fsdp::ComputeError) -> Self {
+        match e {
+            tessera_fsdp::ComputeError::Torch(e) => ModelError::Torch(e),
+            tessera_fsdp::ComputeError::Shim(e) => ModelError::Shim(e),
+        }
+    }
+}
+
 impl ModelError {
     /// An [`ModelError::InvalidConfig`] of the config.json in `dir`, said with the folder.
     pub(crate) fn in_dir(self, dir: &std::path::Path) -> Self {

@@ -7,7 +7,7 @@
 //! is drawn at a trained model's scale (see [`LmInit`]).
 use super::config::SiglipVisionConfig;
 use super::error::{ModelError, Result};
-use super::lm_config::{LmConfig, LmFamily};
+use super::lm_config::{LmConfig, LmFamily, MoeConfig};
 use super::{decoder, siglip, vocab, weights};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -34,7 +34,10 @@ impl Preset {
     /// The preset's tower and LM, the LM of `family`: Qwen2 as Qwen2.5 (q/k/v bias, tied,
     /// RoPE base 1e6); Qwen3 as Qwen3 (no bias, q/k norms, an explicit `head_dim` twice
     /// hidden/heads as in Qwen3-0.6B, tied, 1e6); Llama as SmolLM2 (no bias, RoPE base 1e5,
-    /// RMSNorm eps 1e-5) but untied, so the untied head of the family is exercised too.
+    /// RMSNorm eps 1e-5) but untied, so the untied head of the family is exercised too;
+    /// Qwen3-MoE as Qwen3 with every layer sparse (8 experts of a quarter of the dense
+    /// width, top-2 renormalised, as Qwen3-30B-A3B routes) and an untied head, as
+    /// Qwen3-30B-A3B has.
     pub fn configs(self, family: LmFamily) -> (SiglipVisionConfig, LmConfig) {
         let vision = |hidden, ff, layers, heads, image, patch| SiglipVisionConfig {
             hidden_size: hidden,
@@ -51,6 +54,7 @@ impl Preset {
             let (head_dim, rope_theta, eps, tied) = match family {
                 LmFamily::Qwen2 => (None, 1e6, 1e-6, true),
                 LmFamily::Qwen3 => (Some(2 * hidden / heads), 1e6, 1e-6, true),
+                LmFamily::Qwen3Moe => (Some(2 * hidden / heads), 1e6, 1e-6, false),
                 LmFamily::Llama => (None, 1e5, 1e-5, false),
             };
             LmConfig {
@@ -72,6 +76,19 @@ impl Preset {
                 mlp_bias: (family == LmFamily::Llama).then_some(false),
                 use_sliding_window: (family != LmFamily::Llama).then_some(false),
                 tie_word_embeddings: tied,
+                moe: match family {
+                    LmFamily::Qwen3Moe => MoeConfig {
+                        num_experts: Some(8),
+                        num_experts_per_tok: Some(2),
+                        moe_intermediate_size: Some(ff / 4),
+                        norm_topk_prob: Some(true),
+                        router_aux_loss_coef: Some(0.001),
+                        decoder_sparse_step: Some(1),
+                        mlp_only_layers: Some(vec![]),
+                        output_router_logits: Some(false),
+                    },
+                    _ => MoeConfig::default(),
+                },
             }
         };
         match self {

@@ -8,7 +8,8 @@
 //! 2. `weights.rs`: safetensors loading (single file or sharded index) and writing;
 //!    `source.rs`: [`VlmInit`], the checkpoints as FSDP's per-rank, slice-by-slice source.
 //! 3. `siglip.rs` (vision tower), `projector.rs` (`mlp2x_gelu`), `decoder.rs` (the LM: one
-//!    decoder for Qwen2, Qwen3 and Llama, switched by `lm_config.rs`; with `rope.rs`,
+//!    decoder for Qwen2, Qwen3, Qwen3-MoE and Llama, switched by `lm_config.rs`; `moe.rs`, the
+//!    sparse MLP and its balance loss; with `rope.rs`,
 //!    `attention.rs` and `lora.rs` adapters), `loss.rs` (chunked cross-entropy);
 //!    `keys.rs` builds their checkpoint keys as paths, each spelled once.
 //! 4. `vlm.rs`: the unit chain (`vision.embeddings`, `vision.layers.{i}`, `projector`, `embed`,
@@ -40,6 +41,7 @@ mod lm_dir;
 mod lora;
 #[cfg_attr(not(feature = "testing"), allow(unreachable_pub))]
 mod loss;
+mod moe;
 mod projector;
 mod rope;
 mod side_stream;
@@ -67,11 +69,12 @@ pub use llava::{
     added_rows_of, export_specs, llava_config_json, llava_key, load_llava_dir, load_llava_dir_as,
     LLAVA_ADAPTER_DIR,
 };
-pub use lm_config::{LmConfig, LmFamily, RopeParameters};
+pub use lm_config::{LmConfig, LmFamily, MoeConfig, RopeParameters};
 pub use lora::{
     adapter_keys, init_adapters, load_adapter, merge_adapters, merge_weight, save_adapter,
     save_adapter_as, ADAPTER_CONFIG, ADAPTER_WEIGHTS,
 };
+pub use moe::{RouterLog, RouterStats};
 pub use source::VlmInit;
 #[cfg(feature = "bench")]
 pub use throughput::{measure_throughput, peak_matmul_flops, ThroughputReport};

@@ -1,12 +1,19 @@
-//! The language model's `config.json`, for every family tessera trains. The three decoders
-//! (transformers' `Qwen2ForCausalLM`, `Qwen3ForCausalLM`, `LlamaForCausalLM`) differ only in
-//! a few switches, which this file reads from the config and `decoder.rs` obeys:
+//! The language model's `config.json`, for every family tessera trains. The four decoders
+//! (transformers' `Qwen2ForCausalLM`, `Qwen3ForCausalLM`, `Qwen3MoeForCausalLM`,
+//! `LlamaForCausalLM`) differ only in a few switches, which this file reads from the config and
+//! `decoder.rs` obeys:
 //!
-//! | `model_type` | q/k/v bias              | o_proj bias      | MLP bias   | q/k norm | `head_dim` default |
-//! |--------------|-------------------------|------------------|------------|----------|--------------------|
-//! | `qwen2`      | always                  | never            | never      | no       | hidden / heads     |
-//! | `qwen3`      | `attention_bias` (false)| `attention_bias` | never      | yes      | 128                |
-//! | `llama`      | `attention_bias` (false)| `attention_bias` | `mlp_bias` | no       | hidden / heads     |
+//! | `model_type` | q/k/v bias              | o_proj bias      | MLP bias   | q/k norm | `head_dim` default | MLP            |
+//! |--------------|-------------------------|------------------|------------|----------|--------------------|----------------|
+//! | `qwen2`      | always                  | never            | never      | no       | hidden / heads     | dense          |
+//! | `qwen3`      | `attention_bias` (false)| `attention_bias` | never      | yes      | 128                | dense          |
+//! | `qwen3_moe`  | `attention_bias` (false)| `attention_bias` | never      | yes      | hidden / heads     | sparse or dense|
+//! | `llama`      | `attention_bias` (false)| `attention_bias` | `mlp_bias` | no       | hidden / heads     | dense          |
+//!
+//! A `qwen3_moe` layer's MLP is the sparse block (see `moe.rs`) unless `mlp_only_layers` lists
+//! it or `decoder_sparse_step` skips it ([`MoeConfig`]). MoE variants tessera does not
+//! implement (a shared expert as in `qwen2_moe`, sigmoid or group-limited routers, an expert
+//! bias) are refused by the key that asks for them.
 //!
 //! RoPE is the default kind for all three, its base `rope_theta` (top level in released
 //! configs, inside `rope_parameters` as transformers 5 writes them, 10,000 when absent). A
@@ -19,23 +26,30 @@ use std::path::Path;
 
 /// The language model families (config.json's `model_type`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
+#[serde(rename_all = "snake_case")]
 pub enum LmFamily {
     /// Qwen2, Qwen2.5.
     Qwen2,
     /// Qwen3 (dense).
     Qwen3,
+    /// Qwen3-MoE (Qwen3-30B-A3B, Qwen3-235B-A22B; Qwen3-VL-MoE's text model).
+    Qwen3Moe,
     /// Llama and Llama-architecture checkpoints (SmolLM2, TinyLlama, ...).
     Llama,
 }
 
 /// What the refusal messages list as supported.
 pub(crate) const SUPPORTED_LMS: &str =
-    "qwen2 (Qwen2, Qwen2.5), qwen3 (Qwen3) and llama (Llama, SmolLM2) \
-                                 language models with the default RoPE";
+    "qwen2 (Qwen2, Qwen2.5), qwen3 (Qwen3), qwen3_moe (Qwen3-MoE) and llama (Llama, SmolLM2) \
+     language models with the default RoPE";
 
 impl LmFamily {
-    pub const ALL: [LmFamily; 3] = [LmFamily::Qwen2, LmFamily::Qwen3, LmFamily::Llama];
+    pub const ALL: [LmFamily; 4] = [
+        LmFamily::Qwen2,
+        LmFamily::Qwen3,
+        LmFamily::Qwen3Moe,
+        LmFamily::Llama,
+    ];
 
     /// The family of a config.json `model_type`, if tessera trains it.
     pub fn from_model_type(model_type: &str) -> Option<Self> {
@@ -46,6 +60,7 @@ impl LmFamily {
         match self {
             LmFamily::Qwen2 => "qwen2",
             LmFamily::Qwen3 => "qwen3",
+            LmFamily::Qwen3Moe => "qwen3_moe",
             LmFamily::Llama => "llama",
         }
     }
@@ -55,13 +70,14 @@ impl LmFamily {
         match self {
             LmFamily::Qwen2 => "Qwen2ForCausalLM",
             LmFamily::Qwen3 => "Qwen3ForCausalLM",
+            LmFamily::Qwen3Moe => "Qwen3MoeForCausalLM",
             LmFamily::Llama => "LlamaForCausalLM",
         }
     }
 
     fn default_vocab_size(self) -> i64 {
         match self {
-            LmFamily::Qwen2 | LmFamily::Qwen3 => 151_936,
+            LmFamily::Qwen2 | LmFamily::Qwen3 | LmFamily::Qwen3Moe => 151_936,
             LmFamily::Llama => 32_000,
         }
     }
@@ -71,7 +87,7 @@ impl std::str::FromStr for LmFamily {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
         Self::from_model_type(s)
-            .ok_or_else(|| format!("unknown family {s:?} (qwen2, qwen3, llama)"))
+            .ok_or_else(|| format!("unknown family {s:?} (qwen2, qwen3, qwen3_moe, llama)"))
     }
 }
 
@@ -105,7 +121,7 @@ pub struct LmConfig {
     /// Defaults to `num_attention_heads` (no GQA) when absent.
     #[serde(default)]
     pub num_key_value_heads: Option<i64>,
-    /// Defaults to `hidden_size / num_attention_heads` (Qwen2, Llama) or 128 (Qwen3).
+    /// Defaults to `hidden_size / num_attention_heads` (Qwen2, Qwen3-MoE, Llama) or 128 (Qwen3).
     #[serde(default)]
     pub head_dim: Option<i64>,
     #[serde(default = "hidden_act")]
@@ -133,6 +149,75 @@ pub struct LmConfig {
     pub use_sliding_window: Option<bool>,
     #[serde(default)]
     pub tie_word_embeddings: bool,
+    /// `qwen3_moe`'s sparse-MLP keys (all absent in a dense config).
+    #[serde(flatten)]
+    pub moe: MoeConfig,
+}
+
+/// The mixture-of-experts keys of transformers' `Qwen3MoeConfig`, as config.json spells them;
+/// absent ones take transformers' defaults through the accessors of [`LmConfig`].
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct MoeConfig {
+    /// Experts per sparse layer (128). transformers 5 writes it as `num_local_experts`.
+    #[serde(
+        default,
+        alias = "num_local_experts",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub num_experts: Option<i64>,
+    /// Experts each token is routed to, `k` of top-k (8).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub num_experts_per_tok: Option<i64>,
+    /// Each expert's SwiGLU width (768).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub moe_intermediate_size: Option<i64>,
+    /// Renormalise the top-k probabilities to sum to 1 (false; Qwen3-30B-A3B: true).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub norm_topk_prob: Option<bool>,
+    /// Weight of the load-balancing loss in the training loss (0.001).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub router_aux_loss_coef: Option<f64>,
+    /// Every this-many-th layer is sparse (1: all of them).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub decoder_sparse_step: Option<i64>,
+    /// Layers whose MLP stays dense whatever `decoder_sparse_step` says.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mlp_only_layers: Option<Vec<i64>>,
+    /// transformers adds the balance loss only when this is on; tessera's trainer always adds
+    /// it (the value is kept so an export writes what was read).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output_router_logits: Option<bool>,
+}
+
+/// Keys of MoE variants tessera does not implement, with what they ask for.
+const UNIMPLEMENTED_MOE_KEYS: [(&str, &str); 7] = [
+    ("shared_expert_intermediate_size", "a shared expert"),
+    ("n_shared_experts", "shared experts"),
+    (
+        "scoring_func",
+        "a router scoring function other than softmax",
+    ),
+    ("topk_method", "a top-k method other than plain top-k"),
+    ("n_group", "group-limited routing"),
+    ("routed_scaling_factor", "a scaled routed output"),
+    ("moe_router_bias", "an expert bias in the router"),
+];
+
+/// What tessera says of MoE model types it does not train.
+fn moe_type_refusal(model_type: &str) -> Option<&'static str> {
+    Some(match model_type {
+        "qwen2_moe" => {
+            "qwen2_moe is not implemented: its shared expert (shared_expert_intermediate_size, \
+             mlp.shared_expert, mlp.shared_expert_gate) is missing from tessera's sparse block, \
+             which implements qwen3_moe"
+        }
+        "mixtral" | "deepseek_v2" | "deepseek_v3" | "olmoe" | "granitemoe" | "jamba" | "dbrx"
+        | "phimoe" | "gpt_oss" | "glm4_moe" => {
+            "this mixture-of-experts type is not implemented (qwen3_moe is: softmax router, \
+             top-k, SwiGLU experts, no shared expert or expert bias)"
+        }
+        _ => return None,
+    })
 }
 
 /// `rope_parameters` as transformers 5 writes it (only the default rope type is supported).
@@ -169,11 +254,16 @@ impl LmConfig {
         let Some(family) = LmFamily::from_model_type(&model_type) else {
             let reason = if model_type.is_empty() {
                 "config.json has no model_type".to_string()
+            } else if let Some(moe) = moe_type_refusal(&model_type) {
+                moe.to_string()
             } else {
                 "this language model type is not supported".to_string()
             };
             return Err(unsupported(reason));
         };
+        if let Some(reason) = unimplemented_moe_key(&value) {
+            return Err(unsupported(reason));
+        }
         let mut cfg: Self = parse(&origin.join("config.json"), value)?;
         if cfg.vocab_size == 0 {
             cfg.vocab_size = family.default_vocab_size();
@@ -181,11 +271,16 @@ impl LmConfig {
         if cfg.head_dim.is_none() && family == LmFamily::Qwen3 {
             cfg.head_dim = Some(128);
         }
-        if let Some(reason) = cfg.unsupported_setting() {
+        if let Some(reason) = cfg.unsupported_setting_or_moe() {
             return Err(unsupported(reason));
         }
         cfg.validate().map_err(|e| e.in_dir(origin))?;
         Ok(cfg)
+    }
+
+    /// A setting tessera does not implement, said as the refusal says it.
+    fn unsupported_setting_or_moe(&self) -> Option<String> {
+        self.unsupported_setting().or_else(|| self.moe_problem())
     }
 
     /// A setting tessera does not implement, said as the refusal says it.
@@ -238,10 +333,48 @@ impl LmConfig {
                 self.head_dim()
             )));
         }
-        if let Some(reason) = self.unsupported_setting() {
+        if let Some(reason) = self.unsupported_setting_or_moe() {
             return Err(ModelError::InvalidConfig(reason));
         }
         Ok(())
+    }
+
+    /// MoE keys in a dense family, or sparse settings that do not hold together.
+    fn moe_problem(&self) -> Option<String> {
+        if self.model_type != LmFamily::Qwen3Moe {
+            let experts = self.moe.num_experts.unwrap_or(0);
+            return (experts > 0).then(|| {
+                format!(
+                    "{} is a dense model type but config.json sets num_experts {experts}: \
+                     is it qwen3_moe?",
+                    self.model_type.model_type()
+                )
+            });
+        }
+        let (experts, k) = (self.num_experts(), self.experts_per_token());
+        if experts <= 0 || k <= 0 || k > experts {
+            return Some(format!(
+                "num_experts_per_tok {k} must be in 1..=num_experts ({experts})"
+            ));
+        }
+        if self.moe_intermediate_size() <= 0 || self.decoder_sparse_step() <= 0 {
+            return Some(format!(
+                "moe_intermediate_size {} and decoder_sparse_step {} must be positive",
+                self.moe_intermediate_size(),
+                self.decoder_sparse_step()
+            ));
+        }
+        let layers = self.num_hidden_layers;
+        if let Some(bad) = self
+            .mlp_only_layers()
+            .iter()
+            .find(|&&l| l < 0 || l >= layers)
+        {
+            return Some(format!(
+                "mlp_only_layers names layer {bad}, outside 0..{layers}"
+            ));
+        }
+        None
     }
 
     pub fn family(&self) -> LmFamily {
@@ -250,6 +383,55 @@ impl LmConfig {
 
     pub fn kv_heads(&self) -> i64 {
         self.num_key_value_heads.unwrap_or(self.num_attention_heads)
+    }
+
+    /// Experts per sparse layer (0 for dense families).
+    pub fn num_experts(&self) -> i64 {
+        match self.model_type {
+            LmFamily::Qwen3Moe => self.moe.num_experts.unwrap_or(128),
+            _ => 0,
+        }
+    }
+
+    /// `k` of the router's top-k.
+    pub fn experts_per_token(&self) -> i64 {
+        self.moe.num_experts_per_tok.unwrap_or(8)
+    }
+
+    pub fn moe_intermediate_size(&self) -> i64 {
+        self.moe.moe_intermediate_size.unwrap_or(768)
+    }
+
+    pub fn norm_topk_prob(&self) -> bool {
+        self.moe.norm_topk_prob.unwrap_or(false)
+    }
+
+    /// The balance loss's weight in the training loss.
+    pub fn router_aux_loss_coef(&self) -> f64 {
+        self.moe.router_aux_loss_coef.unwrap_or(0.001)
+    }
+
+    fn decoder_sparse_step(&self) -> i64 {
+        self.moe.decoder_sparse_step.unwrap_or(1)
+    }
+
+    fn mlp_only_layers(&self) -> &[i64] {
+        self.moe.mlp_only_layers.as_deref().unwrap_or(&[])
+    }
+
+    /// Whether layer `i`'s MLP is the sparse block (transformers' rule: not in
+    /// `mlp_only_layers`, experts configured, and `(i + 1) % decoder_sparse_step == 0`).
+    pub fn is_sparse_layer(&self, i: i64) -> bool {
+        self.num_experts() > 0
+            && !self.mlp_only_layers().contains(&i)
+            && (i + 1) % self.decoder_sparse_step() == 0
+    }
+
+    /// The sparse layers' indices, in order.
+    pub fn sparse_layers(&self) -> Vec<i64> {
+        (0..self.num_hidden_layers)
+            .filter(|&i| self.is_sparse_layer(i))
+            .collect()
     }
 
     pub fn head_dim(&self) -> i64 {
@@ -270,7 +452,7 @@ impl LmConfig {
     pub fn qkv_bias(&self) -> bool {
         match self.model_type {
             LmFamily::Qwen2 => true,
-            LmFamily::Qwen3 | LmFamily::Llama => self.attention_bias.unwrap_or(false),
+            _ => self.attention_bias.unwrap_or(false),
         }
     }
 
@@ -278,7 +460,7 @@ impl LmConfig {
     pub fn o_bias(&self) -> bool {
         match self.model_type {
             LmFamily::Qwen2 => false,
-            LmFamily::Qwen3 | LmFamily::Llama => self.attention_bias.unwrap_or(false),
+            _ => self.attention_bias.unwrap_or(false),
         }
     }
 
@@ -289,7 +471,7 @@ impl LmConfig {
 
     /// Whether queries and keys go through a per-head RMSNorm (`q_norm`, `k_norm`) before RoPE.
     pub fn qk_norm(&self) -> bool {
-        self.model_type == LmFamily::Qwen3
+        matches!(self.model_type, LmFamily::Qwen3 | LmFamily::Qwen3Moe)
     }
 }
 
@@ -322,6 +504,19 @@ impl LmConfig {
                 json["use_sliding_window"] = false.into();
                 json["attention_bias"] = self.o_bias().into();
             }
+            LmFamily::Qwen3Moe => {
+                json["use_sliding_window"] = false.into();
+                json["attention_bias"] = self.o_bias().into();
+                json["num_experts"] = self.num_experts().into();
+                json["num_experts_per_tok"] = self.experts_per_token().into();
+                json["moe_intermediate_size"] = self.moe_intermediate_size().into();
+                json["norm_topk_prob"] = self.norm_topk_prob().into();
+                json["router_aux_loss_coef"] = self.router_aux_loss_coef().into();
+                json["decoder_sparse_step"] = self.decoder_sparse_step().into();
+                json["mlp_only_layers"] = self.mlp_only_layers().into();
+                json["output_router_logits"] =
+                    self.moe.output_router_logits.unwrap_or(false).into();
+            }
             LmFamily::Llama => {
                 json["attention_bias"] = self.o_bias().into();
                 json["mlp_bias"] = self.mlp_bias().into();
@@ -329,4 +524,22 @@ impl LmConfig {
         }
         json
     }
+}
+
+/// The first key of `config` that asks for an MoE variant tessera does not implement, said as
+/// the refusal says it (a `scoring_func` of "softmax" and a `routed_scaling_factor` of 1 are
+/// what tessera computes, so they pass).
+fn unimplemented_moe_key(config: &serde_json::Value) -> Option<String> {
+    UNIMPLEMENTED_MOE_KEYS.iter().find_map(|&(key, what)| {
+        let v = config.get(key).filter(|v| !v.is_null())?;
+        let harmless = match key {
+            "scoring_func" => v.as_str() == Some("softmax"),
+            "routed_scaling_factor" => v.as_f64() == Some(1.0),
+            "shared_expert_intermediate_size" | "n_shared_experts" | "n_group" => {
+                v.as_i64() == Some(0)
+            }
+            _ => false,
+        };
+        (!harmless).then(|| format!("{key} = {v} asks for {what}, which is not implemented"))
+    })
 }

@@ -352,6 +352,19 @@ impl Vlm {
         Ok((loss, ctx.supervised))
     }
 
+    /// [`Self::loss`] plus, for an MoE LM, the router balance loss of the same forward
+    /// (transformers' `aux_loss`, without its coefficient; differentiable). transformers'
+    /// training loss is `sum / supervised + router_aux_loss_coef · balance`.
+    pub fn loss_and_balance(
+        &self,
+        params: &ParamMap,
+        mb: &pipeline::MicroBatch,
+    ) -> Result<(Tensor, i64, Option<Tensor>)> {
+        let ctx = self.ctx(params, mb)?;
+        let loss = run_chain(&self.units, params, &ctx)?;
+        Ok((loss, ctx.supervised, ctx.router_log.aux_loss()))
+    }
+
     /// Full logits `[rows, len, vocab]` (evaluation and tests; never used for training).
     pub fn logits(&self, params: &ParamMap, mb: &pipeline::MicroBatch) -> Result<Tensor> {
         let ctx = self.ctx(params, mb)?;

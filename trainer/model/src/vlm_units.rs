@@ -22,6 +22,11 @@ pub(super) trait UnitKind: Send + Sync {
         input: &Tensor,
         ctx: &VlmCtx,
     ) -> Result<Tensor, ComputeError>;
+
+    /// See [`Unit::side_loss`].
+    fn side_loss(&self, _ctx: &VlmCtx) -> Option<Tensor> {
+        None
+    }
 }
 
 /// One unit of the chain: a kind's computation `K` with the unit's name, the component its
@@ -54,6 +59,9 @@ impl<K: UnitKind> Unit<VlmCtx> for ChainUnit<K> {
         ctx: &VlmCtx,
     ) -> Result<Tensor, ComputeError> {
         self.kind.compute(params, input, ctx)
+    }
+    fn side_loss(&self, ctx: &VlmCtx) -> Option<Tensor> {
+        self.kind.side_loss(ctx)
     }
 }
 
@@ -245,10 +253,19 @@ impl UnitKind for LayerUnit {
             cos: &cos,
             sin: &sin,
             dropout_seed: ctx.dropout_seed,
+            real_index: ctx.real_index.as_ref(),
+            router_log: Some(&ctx.router_log),
         };
-        Ok(self
-            .layer
-            .forward(&self.cfg, self.lora.as_ref(), params, input, &inputs)?)
+        self.layer
+            .forward(&self.cfg, self.lora.as_ref(), params, input, &inputs)
+    }
+
+    fn side_loss(&self, ctx: &VlmCtx) -> Option<Tensor> {
+        if !self.layer.is_sparse() {
+            return None;
+        }
+        ctx.router_log
+            .side_loss(self.layer.index(), ctx.balance_weight)
     }
 }
 

@@ -9,5 +9,6 @@ mod gemm;
 mod golden;
 mod lora;
 mod loss;
+mod moe;
 mod packing;
 mod weights;

@@ -31,7 +31,7 @@ pub(crate) fn tiny_lm() -> LmConfig {
 }
 
 /// The tiny LM with `family`'s switches (Qwen3: q/k norms and a head_dim of 16, twice
-/// hidden/heads; Llama: no bias).
+/// hidden/heads; Llama: no bias; Qwen3-MoE: one sparse layer of 4 experts, one dense).
 pub(crate) fn tiny_lm_of(family: LmFamily) -> LmConfig {
     let mut config = serde_json::json!({
         "model_type": family.model_type(), "vocab_size": VOCAB, "hidden_size": 32,
@@ -40,6 +40,17 @@ pub(crate) fn tiny_lm_of(family: LmFamily) -> LmConfig {
     });
     if family == LmFamily::Qwen3 {
         config["head_dim"] = 16.into();
+    }
+    if family == LmFamily::Qwen3Moe {
+        // Layer 0 sparse (4 experts, top-2, renormalised), layer 1 dense; a balance weight far
+        // above the default so its gradient is more than rounding.
+        let moe = serde_json::json!({
+            "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 24,
+            "norm_topk_prob": true, "mlp_only_layers": [1], "router_aux_loss_coef": 0.05,
+        });
+        for (k, v) in moe.as_object().expect("an object") {
+            config[k] = v.clone();
+        }
     }
     LmConfig::from_json(config, std::path::Path::new("tiny_lm")).expect("tiny LM config parses")
 }
