@@ -46,6 +46,11 @@ def expected(metrics_path):
             for name in PER_RANK:
                 for rank, v in enumerate(m["per_rank"][name]):
                     want[(f"{name}/rank{rank}", m["step"])] = v
+            moe = m.get("moe")
+            if moe is not None:
+                want[("moe/aux_loss", m["step"])] = moe["aux_loss"]
+                for layer, v in moe["load_max_over_mean"].items():
+                    want[(f"moe/load_max_over_mean/layer_{layer}", m["step"])] = v
     return want
 
 

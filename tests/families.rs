@@ -1,6 +1,8 @@
 //! The whole job on the language model families beyond Qwen2 (whose runs `train.rs`,
 //! `train_elastic.rs` and `generate.rs` cover), through the binary: a Qwen3-shaped folder
-//! (`init-model --family qwen3`: q/k norms, no bias, head_dim twice hidden/heads) and the real
+//! (`init-model --family qwen3`: q/k norms, no bias, head_dim twice hidden/heads), a Qwen3-MoE
+//! one (`--family qwen3_moe`: sparse layers, whose router balance the metrics and TensorBoard
+//! must show) and the real
 //! SmolLM2-135M-Instruct (Llama; its own tokenizer, which has no image token, so ingest adds
 //! `<image>` and the LM grows a row for it). For each: the shards are ingested with the LM's
 //! tokenizer; stage 1 and stage 2 (`--train projector,lm`) train at W=2; FULL_SHARD and
@@ -16,7 +18,7 @@ use std::path::Path;
 use std::process::Command;
 
 mod support;
-use support::metrics::losses;
+use support::metrics::{check_tensorboard_events, losses};
 use support::{
     fixture_with, run_err, run_ok, smollm2, tessera, train_command, Fixture, Lm, TrainArgs,
 };
@@ -247,6 +249,56 @@ fn whole_job(f: &Fixture, model_type: &str, vocab_rows: i64) -> Result<()> {
 fn the_whole_job_on_a_qwen3_shaped_model() -> Result<()> {
     let f = fixture_with(24, 0.0, Lm::Tiny("qwen3"))?;
     whole_job(&f, "qwen3", 151_936)
+}
+
+#[test]
+fn the_whole_job_on_a_qwen3_moe_model() -> Result<()> {
+    // init-model's tiny Qwen3-MoE: two sparse layers of 8 experts, top-2 renormalised.
+    let f = fixture_with(24, 0.0, Lm::Tiny("qwen3_moe"))?;
+    whole_job(&f, "qwen3_moe", 151_936)?;
+    // The router's balance in plain sight: every step of the stage-2 run reports the balance
+    // loss, its weight, and each sparse layer's expert loads (every token reached 2 experts),
+    // and its loss is the token loss plus the weighted balance loss.
+    let run = f.root.join("full_shard");
+    let text = std::fs::read_to_string(run.join("metrics.jsonl"))?;
+    for line in text.lines() {
+        let m: serde_json::Value = serde_json::from_str(line)?;
+        let moe = &m["moe"];
+        let aux = moe["aux_loss"].as_f64().context("moe.aux_loss")?;
+        ensure!(
+            (1.0..=8.0).contains(&aux) && moe["aux_weight"] == 0.001,
+            "balance loss {aux} (1 is even, 8 all on one expert pair): {moe}"
+        );
+        let loads = moe["tokens_per_expert"].as_object().context("loads")?;
+        ensure!(loads.len() == 2, "two sparse layers: {moe}");
+        for (layer, load) in loads {
+            let load: Vec<f64> = serde_json::from_value(load.clone())?;
+            let slots: f64 = load.iter().sum();
+            ensure!(
+                load.len() == 8
+                    && slots > 0.0
+                    && slots == 2.0 * m["real_tokens"].as_f64().unwrap_or(0.0),
+                "layer {layer}: {load:?} for {} tokens",
+                m["real_tokens"]
+            );
+            let ratio = moe["load_max_over_mean"][layer].as_f64().context("ratio")?;
+            let max = load.iter().copied().fold(0.0, f64::max);
+            ensure!(
+                (ratio - max / (slots / 8.0)).abs() < 1e-9,
+                "layer {layer}: ratio {ratio}"
+            );
+        }
+    }
+    let events = check_tensorboard_events(&run)?;
+    ensure!(
+        events.per_tag.get("moe/aux_loss") == Some(&2)
+            && events
+                .per_tag
+                .contains_key("moe/load_max_over_mean/layer_1"),
+        "TensorBoard tags: {:?}",
+        events.per_tag.keys()
+    );
+    Ok(())
 }
 
 #[test]

@@ -1,6 +1,6 @@
 //! `tessera init-model`: writes small random-weight Hugging Face checkpoints (DIR/vision, a
-//! SigLIP vision tower, and DIR/lm, a causal LM of the family asked for: Qwen2, Qwen3 or
-//! Llama) for tests and the demo; with `--tokenizer`, the LM folder gets that tokenizer.json,
+//! SigLIP vision tower, and DIR/lm, a causal LM of the family asked for: Qwen2, Qwen3,
+//! Qwen3-MoE or Llama) for tests and the demo; with `--tokenizer`, the LM folder gets that tokenizer.json,
 //! as a Hub folder holds its own (so `train` checks the shards were made with it).
 use anyhow::Context;
 use std::path::PathBuf;
@@ -23,6 +23,10 @@ pub(crate) enum FamilyArg {
     Qwen2,
     /// Qwen3: q/k norms, no bias, head_dim twice hidden/heads (as Qwen3-0.6B), tied.
     Qwen3,
+    /// Qwen3-MoE: Qwen3's attention, every layer sparse (8 experts, top-2 renormalised, each
+    /// a quarter of the dense width), untied head.
+    #[value(name = "qwen3_moe")]
+    Qwen3Moe,
     /// Llama (SmolLM2's switches: no bias, RoPE base 1e5, RMSNorm eps 1e-5), untied head.
     Llama,
 }
@@ -56,6 +60,7 @@ pub(crate) fn run(args: Args) -> anyhow::Result<()> {
     let family = match args.family {
         FamilyArg::Qwen2 => LmFamily::Qwen2,
         FamilyArg::Qwen3 => LmFamily::Qwen3,
+        FamilyArg::Qwen3Moe => LmFamily::Qwen3Moe,
         FamilyArg::Llama => LmFamily::Llama,
     };
     let params = write_preset(&args.out, preset, family, args.seed).with_context(|| {

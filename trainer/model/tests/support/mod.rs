@@ -223,10 +223,13 @@ pub(crate) fn fsdp_step(
     pg: &tessera_fsdp::dist::ProcessGroup,
     batches: &[MicroBatch],
 ) -> anyhow::Result<tessera_fsdp::StepStats> {
-    let ctxs: Vec<VlmCtx> = batches
+    let mut ctxs: Vec<VlmCtx> = batches
         .iter()
         .map(|mb| vlm.ctx(&ParamMap::new(), mb))
         .collect::<Result<_, _>>()?;
+    for ctx in &mut ctxs {
+        ctx.share_balance_loss(vlm.lm.router_aux_loss_coef(), batches.len());
+    }
     let tokens: i64 = ctxs.iter().map(|c| c.supervised).sum();
     for ctx in ctxs.iter().skip(pg.rank()).step_by(pg.world_size()) {
         fsdp.forward_backward(ctx, &ctx.first_input(), 1.0 / tokens as f64)?;

@@ -10,7 +10,8 @@ use std::path::{Path, PathBuf};
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct StepMetrics {
     pub step: u64,
-    /// Mean token cross-entropy over the step's supervised tokens, all ranks.
+    /// Mean token cross-entropy over the step's supervised tokens, all ranks; for an MoE LM
+    /// plus `moe.aux_weight × moe.aux_loss`, the loss the gradients are of.
     pub loss: f64,
     /// The same over the step's image micro-batches alone (absent when it ran none).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -63,6 +64,82 @@ pub struct StepMetrics {
     /// What differs between ranks, one value per rank in rank order.
     #[serde(default)]
     pub per_rank: PerRank,
+    /// An MoE LM's router balance in the step, all ranks (absent for dense LMs).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub moe: Option<MoeMetrics>,
+}
+
+/// The experts' load in one step, over every rank and micro-batch.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct MoeMetrics {
+    /// transformers' `aux_loss` (load_balancing_loss_func over every sparse layer), the mean
+    /// of the step's micro-batches: 1.0 is perfectly balanced routing.
+    pub aux_loss: f64,
+    /// `router_aux_loss_coef`: what `aux_loss` weighs in `loss`.
+    pub aux_weight: f64,
+    /// Per sparse layer (by index): the most loaded expert's top-k slots over the mean
+    /// expert's (1.0 = even).
+    pub load_max_over_mean: BTreeMap<String, f64>,
+    /// Per sparse layer (by index): the top-k slots each expert received.
+    pub tokens_per_expert: BTreeMap<String, Vec<f64>>,
+}
+
+impl MoeMetrics {
+    /// From the summed balance losses of `micro_batches` micro-batches and the summed slot
+    /// counts of each sparse layer (`layers[j]` is layer j's index, `loads` row-major
+    /// `[layers, experts]`).
+    pub(crate) fn new(
+        aux_sum: f64,
+        micro_batches: usize,
+        aux_weight: f64,
+        layers: &[i64],
+        loads: &[f64],
+    ) -> Self {
+        let experts = loads.len() / layers.len().max(1);
+        let mut m = MoeMetrics {
+            aux_loss: aux_sum / micro_batches.max(1) as f64,
+            aux_weight,
+            ..Default::default()
+        };
+        for (layer, load) in layers.iter().zip(loads.chunks(experts.max(1))) {
+            let mean = load.iter().sum::<f64>() / load.len().max(1) as f64;
+            let max = load.iter().copied().fold(0.0, f64::max);
+            let ratio = if mean > 0.0 { max / mean } else { 1.0 };
+            m.load_max_over_mean.insert(layer.to_string(), ratio);
+            m.tokens_per_expert.insert(layer.to_string(), load.to_vec());
+        }
+        m
+    }
+
+    /// The run log's line: the balance loss, and the most and least loaded (layer, expert)
+    /// with their share of that layer's slots.
+    pub(crate) fn describe(&self) -> String {
+        let mut most = (String::new(), 0, f64::MIN);
+        let mut least = (String::new(), 0, f64::MAX);
+        for (layer, load) in &self.tokens_per_expert {
+            let total = load.iter().sum::<f64>().max(1.0);
+            for (e, &c) in load.iter().enumerate() {
+                let share = c / total;
+                if share > most.2 {
+                    most = (layer.clone(), e, share);
+                }
+                if share < least.2 {
+                    least = (layer.clone(), e, share);
+                }
+            }
+        }
+        format!(
+            "router balance loss {:.4} (1 is even); most loaded: layer {} expert {} ({:.1}% of \
+             its slots), least loaded: layer {} expert {} ({:.1}%)",
+            self.aux_loss,
+            most.0,
+            most.1,
+            100.0 * most.2,
+            least.0,
+            least.1,
+            100.0 * least.2
+        )
+    }
 }
 
 /// Per-rank values of one step (each list has one entry per rank).

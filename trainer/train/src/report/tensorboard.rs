@@ -45,6 +45,14 @@ pub(crate) fn scalars(m: &StepMetrics) -> Vec<(String, f64)> {
         ("time/imbalance", m.imbalance),
     ];
     out.extend(always.into_iter().map(|(tag, v)| (tag.to_string(), v)));
+    if let Some(moe) = &m.moe {
+        out.push(("moe/aux_loss".into(), moe.aux_loss));
+        out.extend(
+            moe.load_max_over_mean
+                .iter()
+                .map(|(layer, &v)| (format!("moe/load_max_over_mean/layer_{layer}"), v)),
+        );
+    }
     let per_rank = [
         ("loader_wait_frac", &m.per_rank.loader_wait_frac),
         ("compute_s", &m.per_rank.compute_s),

@@ -19,7 +19,7 @@ use crate::checkpoint::save::CheckpointSaver;
 use crate::config::{Stage, TrainConfig};
 use crate::error::{io, TrainError};
 use crate::report::event_file::EventFile;
-use crate::report::metrics::{self, PerRank, Progress, StepLog, StepMetrics, Summary};
+use crate::report::metrics::{self, MoeMetrics, PerRank, Progress, StepLog, StepMetrics, Summary};
 use crate::report::plot::{plot_loss, Losses};
 use crate::report::profile::Profiler;
 use crate::report::tensorboard;
@@ -443,6 +443,12 @@ impl<'a> TrainLoop<'a> {
             Ok((mb, ctx))
         };
         let micro_batches = plan_step.micro_steps.len() * self.layout.per_micro_step();
+        // An MoE LM's balance loss (each micro-batch's weighs coef / all micro-batches of the
+        // step) and its sparse layers' expert loads, summed here, reduced with the totals.
+        let lm = &model.vlm().lm;
+        let (coef, sparse) = (lm.router_aux_loss_coef(), lm.sparse_layers());
+        let all_micro_batches = micro_batches * s.world_size;
+        let mut moe = vec![0.0f64; moe_len(&sparse, lm.num_experts())];
         let mut next = None;
         for i in 0..micro_batches {
             let (mb, mut ctx) = match next.take() {
@@ -460,11 +466,15 @@ impl<'a> TrainLoop<'a> {
                 }
                 ctx.set_loss_groups(&groups, sources.len() as i64)?;
             }
-            let (loss_sum, split) = model.forward_backward(ctx, 1.0 / divisor, &mut times)?;
-            for (sum, part) in by_source.iter_mut().zip(split.unwrap_or_default()) {
+            ctx.share_balance_loss(coef, all_micro_batches);
+            let out = model.forward_backward(ctx, 1.0 / divisor, &mut times)?;
+            for (sum, part) in by_source.iter_mut().zip(out.by_group.unwrap_or_default()) {
                 *sum += part;
             }
-            local.add_batch(&mb, loss_sum);
+            if let Some(router) = out.router {
+                add_router(&mut moe, &router);
+            }
+            local.add_batch(&mb, out.loss_sum);
         }
         let compute = started.elapsed().as_secs_f64() - wait;
         let lr_factor = self.schedule.factor(step);
@@ -472,7 +482,7 @@ impl<'a> TrainLoop<'a> {
         let stats = model.optimizer_step(lr_factor)?;
         let grad_norm = stats.grad_norm;
         times.insert("optimizer".into(), t.elapsed().as_secs_f64());
-        let mut totals = Tensor::from_slice(&[&local.to_array()[..], &by_source].concat());
+        let mut totals = Tensor::from_slice(&[&local.to_array()[..], &by_source, &moe].concat());
         // Per rank, in rank order: compute seconds, loader wait seconds, peak RSS (MiB).
         let mine = [compute, wait, metrics::peak_rss_mib()];
         let mut ranks = Tensor::zeros(
@@ -488,6 +498,12 @@ impl<'a> TrainLoop<'a> {
         }
         let totals: Vec<f64> = Vec::try_from(&totals)?;
         let split = totals.get(StepTotals::LEN..).unwrap_or_default();
+        let moe = split.get(2 * sources.len()..).unwrap_or_default();
+        let moe = (!moe.is_empty())
+            .then(|| MoeMetrics::new(moe[0], all_micro_batches, coef, &sparse, &moe[1..]));
+        if let Some(m) = moe.as_ref().filter(|_| s.rank == 0) {
+            tracing::info!("step {step}: {}", m.describe());
+        }
         let loss_by_source = sources
             .iter()
             .enumerate()
@@ -507,7 +523,8 @@ impl<'a> TrainLoop<'a> {
         let (loss_image, loss_text) = totals.loss_by_kind();
         Ok(StepMetrics {
             step,
-            loss: totals.loss_sum / divisor,
+            loss: totals.loss_sum / divisor
+                + moe.as_ref().map_or(0.0, |m| m.aux_weight * m.aux_loss),
             loss_image,
             loss_text,
             lr: self.schedule.lr(step),
@@ -538,6 +555,7 @@ impl<'a> TrainLoop<'a> {
                 compute_s: computes,
                 peak_rss_mib,
             },
+            moe,
         })
     }
 
@@ -587,6 +605,28 @@ impl<'a> TrainLoop<'a> {
             state,
             meta,
         )
+    }
+}
+
+/// Length of a step's MoE totals: the summed balance loss, then every sparse layer's slot
+/// counts per expert (nothing for a dense LM).
+fn moe_len(sparse: &[i64], experts: i64) -> usize {
+    if sparse.is_empty() {
+        0
+    } else {
+        1 + sparse.len() * experts as usize
+    }
+}
+
+/// Adds one micro-batch's routing to the step's MoE totals (see [`moe_len`]).
+fn add_router(totals: &mut [f64], router: &tessera_model::RouterStats) {
+    let Some((aux, loads)) = totals.split_first_mut() else {
+        return;
+    };
+    *aux += router.aux_loss;
+    let counts = router.loads.iter().flat_map(|(_, load)| load.iter());
+    for (total, count) in loads.iter_mut().zip(counts) {
+        *total += count;
     }
 }
 

@@ -24,6 +24,16 @@ pub(crate) const OPTIMIZER_FILE: &str = "optimizer.safetensors";
 /// Seconds spent per part of the step: `Fsdp::take_times`' components plus "optimizer".
 pub(crate) type UnitTimes = BTreeMap<String, f64>;
 
+/// What [`ShardedVlm::forward_backward`] reports of one micro-batch.
+pub(crate) struct MicroBatchLoss {
+    /// The summed token loss (unscaled).
+    pub(crate) loss_sum: f64,
+    /// That sum by loss group (a mixture's sources).
+    pub(crate) by_group: Option<Vec<f64>>,
+    /// An MoE LM's balance loss and expert loads.
+    pub(crate) router: Option<tessera_model::RouterStats>,
+}
+
 /// The VLM sharded over the ranks of `pg`, with its optimizer.
 pub(crate) struct ShardedVlm<'a> {
     vlm: &'a Vlm,
@@ -89,22 +99,32 @@ impl<'a> ShardedVlm<'a> {
     }
 
     /// Forward and backward of one prepared micro-batch; gradients of `loss_sum * loss_scale`
-    /// accumulate. Returns the micro-batch's summed token loss (unscaled) and, when the
-    /// context has loss groups (a mixture's sources), that sum split by group.
+    /// (plus, for an MoE LM, the context's share of the balance loss) accumulate. Returns the
+    /// micro-batch's summed token loss (unscaled), that sum split by group when the context
+    /// has loss groups (a mixture's sources), and an MoE LM's routing.
     pub(crate) fn forward_backward(
         &mut self,
         mut ctx: VlmCtx,
         loss_scale: f64,
         times: &mut UnitTimes,
-    ) -> Result<(f64, Option<Vec<f64>>), TrainError> {
+    ) -> Result<MicroBatchLoss, TrainError> {
         ctx.ready()?;
-        let loss = self
+        let loss_sum = self
             .fsdp
             .forward_backward(&ctx, &ctx.first_input(), loss_scale)?;
         for (component, secs) in self.fsdp.take_times() {
             *times.entry(component).or_default() += secs;
         }
-        Ok((loss, ctx.take_group_loss()))
+        Ok(MicroBatchLoss {
+            loss_sum,
+            by_group: ctx.take_group_loss(),
+            router: ctx.router_log.stats(),
+        })
+    }
+
+    /// The model this rank trains.
+    pub(crate) fn vlm(&self) -> &Vlm {
+        self.vlm
     }
 
     /// Reduces gradients across ranks, clips the global norm to the run's `grad_clip`, updates

@@ -143,6 +143,9 @@ fn full_finetune_every_strategy_two_ranks_match_one_rank_over_20_steps() -> anyh
         (LmFamily::Qwen2, false, 0),
         (LmFamily::Qwen3, true, 1),
         (LmFamily::Llama, false, 1),
+        // Experts and router learn; the balance loss's gradient comes through each sparse
+        // layer's backward.
+        (LmFamily::Qwen3Moe, false, 0),
     ] {
         let (vlm, init) = full_finetune_vlm(family, tied, added)?;
         let trained = vlm.param_specs().iter().filter(|s| s.trainable).count();
