@@ -21,8 +21,9 @@
 #                           projector,lm[,vision], the baseline --train lm[,vision]
 #        NPROC=1|2          tessera's ranks (peak RSS is per rank: /usr/bin/time on the launcher
 #                           reports the largest child)
-#        LM=qwen|qwen3|smollm2  the language model (Hub-shaped): Qwen2.5-0.5B (default),
-#                           Qwen3-0.6B-Base or SmolLM2-360M (make_hub_shaped_models.py's options;
+#        LM=qwen|qwen3|smollm2|qwen3moe  the language model (Hub-shaped): Qwen2.5-0.5B (default),
+#                           Qwen3-0.6B-Base, SmolLM2-360M or Qwen3-30B-A3B's shapes with 2
+#                           layers (make_hub_shaped_models.py's options;
 #                           SmolLM2's shards are made with its family's tokenizer, the one of
 #                           .deps/smollm2-135m-instruct, which gets <image> added)
 #        BENCH=dir          where the baseline scripts are (default scripts/baselines, the
@@ -49,8 +50,8 @@ TRAIN=${TRAIN:-}
 NPROC=${NPROC:-1}
 LM=${LM:-qwen}
 case "$LM" in
-  qwen|qwen3|smollm2) ;;
-  *) echo "cpu_vs_hf: LM must be qwen, qwen3 or smollm2, not $LM" >&2; exit 1 ;;
+  qwen|qwen3|smollm2|qwen3moe) ;;
+  *) echo "cpu_vs_hf: LM must be qwen, qwen3, smollm2 or qwen3moe, not $LM" >&2; exit 1 ;;
 esac
 STAGE_ARGS=(--stage 1)
 if [ -n "$TRAIN" ]; then

@@ -12,7 +12,9 @@ SUPERVISED supervised tokens, plus peak RSS. The model is the LLaVA composition:
     one layer more work);
   * mlp2x_gelu projector: Linear(vision hidden, lm hidden) -> exact GELU -> Linear, f32 weights;
   * the LM as AutoModelForCausalLM loads it (any transformers causal LM: Qwen2, Qwen3,
-    Llama/SmolLM2), SDPA attention; projected image features replace the embeddings of
+    Llama/SmolLM2, Qwen3-MoE with its default experts kernel and its router balance loss,
+    router_aux_loss_coef x load_balancing_loss_func, added as its own forward adds it), SDPA
+    attention; projected image features replace the embeddings of
     the row's positions 1..IMAGES*729; the loss is cross-entropy of the LM head on the
     SUPERVISED positions before the last only (--full-logits: HF's own labels path, logits for
     every position).
@@ -140,6 +142,17 @@ def main():
           f"row of {args.tokens} tokens, {args.supervised} supervised", flush=True)
 
     mixed = compute_dtype == torch.bfloat16
+    moe = getattr(lm.config, "num_experts", 0) or 0
+    if moe:
+        # An MoE LM (qwen3_moe): its router balance loss joins the loss as transformers' own
+        # forward adds it (output_router_logits), with the config's coefficient.
+        from transformers.models.qwen3_moe.modeling_qwen3_moe import load_balancing_loss_func
+
+        def moe_balance(router_logits):
+            aux = load_balancing_loss_func(router_logits, moe, lm.config.num_experts_per_tok)
+            return lm.config.router_aux_loss_coef * aux
+        if args.full_logits:
+            raise SystemExit("--full-logits leaves out an MoE LM's balance loss")
     step_times = []
     for step in range(args.steps):
         pixels = torch.randn(args.images, 3, side, side, dtype=pixel_dtype, device=dev)
@@ -159,8 +172,12 @@ def main():
                 labels[0, loss_pos + 1] = targets  # HF shifts: logits at p predict labels at p + 1
                 loss = lm(inputs_embeds=embeds, labels=labels, use_cache=False).loss
             else:
-                last = lm.model(inputs_embeds=embeds, use_cache=False).last_hidden_state[0]
+                out = lm.model(inputs_embeds=embeds, use_cache=False,
+                               **({"output_router_logits": True} if moe else {}))
+                last = out.last_hidden_state[0]
                 loss = F.cross_entropy(lm.lm_head(last[loss_pos]), targets)
+                if moe:
+                    loss = loss + moe_balance(out.router_logits)
         sync()
         t_forward = time.perf_counter()
         loss.backward()

@@ -10,13 +10,17 @@ and, when named after OUT_DIR:
   qwen3   -> OUT_DIR/qwen3:   Qwen/Qwen3-0.6B-Base, Qwen3ForCausalLM (28 layers, 1024 wide, 16
                               heads of head_dim 128, 8 KV heads, q/k norms, no bias, tied);
   smollm2 -> OUT_DIR/smollm2: HuggingFaceTB/SmolLM2-360M, LlamaForCausalLM (32 layers, 960 wide,
-                              15 heads, 5 KV heads, rope_theta 1e5, tied, vocab 49,152).
+                              15 heads, 5 KV heads, rope_theta 1e5, tied, vocab 49,152);
+  qwen3moe -> OUT_DIR/qwen3moe: Qwen/Qwen3-30B-A3B-Base's config with 2 of its 48 layers,
+                              Qwen3MoeForCausalLM (128 experts of width 768, top 8 renormalised,
+                              hidden 2048, 32 heads / 4 KV of head_dim 128, untied; per-expert
+                              keys as the Hub's; 3.7 GB, ~8 GB of RAM while writing).
 Weights: transformers' own random initialisation (seed 0), stored as bf16 model.safetensors.
 What it measures: nothing; it is the fixture the benchmarks (scripts/cpu_vs_hf.sh,
 scripts/device_bench.sh, hf_train_step.py) load. About 2.7 GB on disk (1.2 GB more for qwen3,
 0.7 GB for smollm2), ~6 GB of RAM while writing, a few minutes on 2 cores.
 
-Run: python scripts/baselines/make_hub_shaped_models.py OUT_DIR [qwen3] [smollm2] [--layers N]
+Run: python scripts/baselines/make_hub_shaped_models.py OUT_DIR [qwen3] [smollm2] [qwen3moe] [--layers N]
   (a Python with torch and transformers, e.g. .deps/hfvenv/bin/python). --layers N gives every
   tower N layers instead (quick tests only: config.json then differs from the Hub's).
 """
@@ -28,7 +32,8 @@ import time
 
 import torch
 from transformers import (LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config,
-                          Qwen3ForCausalLM, SiglipConfig, SiglipModel)
+                          Qwen3ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM, SiglipConfig,
+                          SiglipModel)
 
 # config.json of google/siglip-so400m-patch14-384 (the two vision defaults written out).
 SIGLIP_SO400M_384 = {
@@ -140,10 +145,50 @@ SMOLLM2_360M = {
     "vocab_size": 49152,
 }
 
+# config.json of Qwen/Qwen3-30B-A3B-Base, its 48 layers cut to 2 (set by --moe-layers): the
+# per-layer shapes (128 experts of width 768, top 8, hidden 2048, 32/4 heads of 128) are the
+# Hub's, so a step costs what two of its layers cost.
+QWEN3_30B_A3B_2L = {
+    "architectures": ["Qwen3MoeForCausalLM"],
+    "attention_bias": False,
+    "attention_dropout": 0.0,
+    "bos_token_id": 151643,
+    "decoder_sparse_step": 1,
+    "eos_token_id": 151643,
+    "head_dim": 128,
+    "hidden_act": "silu",
+    "hidden_size": 2048,
+    "initializer_range": 0.02,
+    "intermediate_size": 6144,
+    "max_position_embeddings": 32768,
+    "max_window_layers": 2,
+    "mlp_only_layers": [],
+    "model_type": "qwen3_moe",
+    "moe_intermediate_size": 768,
+    "norm_topk_prob": True,
+    "num_attention_heads": 32,
+    "num_experts": 128,
+    "num_experts_per_tok": 8,
+    "num_hidden_layers": 2,
+    "num_key_value_heads": 4,
+    "output_router_logits": False,
+    "rms_norm_eps": 1e-06,
+    "rope_scaling": None,
+    "rope_theta": 1000000.0,
+    "router_aux_loss_coef": 0.001,
+    "sliding_window": None,
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+    "use_cache": True,
+    "use_sliding_window": False,
+    "vocab_size": 151936,
+}
+
 # The optional LMs: name -> (Hub config, config class, model class).
 EXTRA_LMS = {
     "qwen3": (QWEN3_06B_BASE, Qwen3Config, Qwen3ForCausalLM),
     "smollm2": (SMOLLM2_360M, LlamaConfig, LlamaForCausalLM),
+    "qwen3moe": (QWEN3_30B_A3B_2L, Qwen3MoeConfig, Qwen3MoeForCausalLM),
 }
 
 # Keys of a config.json that describe the file, not the model: not constructor arguments.
