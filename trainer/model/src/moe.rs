@@ -21,6 +21,7 @@ use super::lm_config::LmConfig;
 use super::{gemm, param};
 use std::collections::BTreeMap;
 use std::sync::Mutex;
+use std::time::Instant;
 use tch::{Kind, Tensor};
 use tessera_fsdp::{ComputeError, ParamMap, ParamSpec};
 
@@ -113,6 +114,9 @@ impl SparseMlp {
         log: Option<(&RouterLog, i64)>,
     ) -> Result<Tensor, ComputeError> {
         let (n, d) = x.size2()?;
+        let clock = log
+            .filter(|_| x.device() == tch::Device::Cpu)
+            .map(|_| Instant::now());
         let routing = self.route(params, x)?;
         let num_experts = self.experts.len() as i64;
         // (token, slot) pairs sorted by expert: a stable sort keeps each expert's tokens in
@@ -139,6 +143,7 @@ impl SparseMlp {
         }
         let counts = Vec::<i64>::try_from(&counts)?;
         let routed = x.index_select(0, &tokens);
+        let dispatched = clock.map(|c| (c, Instant::now()));
         let mut outputs = Vec::with_capacity(self.experts.len());
         let mut start = 0;
         for (expert, &count) in self.experts.iter().zip(&counts) {
@@ -159,7 +164,14 @@ impl SparseMlp {
             return Ok(x.zeros_like());
         }
         let y = Tensor::cat(&outputs, 0) * weights.unsqueeze(1);
-        Ok(Tensor::zeros([n, d], (x.kind(), x.device())).index_add(0, &tokens, &y))
+        let out = Tensor::zeros([n, d], (x.kind(), x.device())).index_add(0, &tokens, &y);
+        if let (Some((log, _)), Some((start, dispatched))) = (log, dispatched) {
+            log.add_times(
+                (dispatched - start).as_secs_f64(),
+                dispatched.elapsed().as_secs_f64(),
+            );
+        }
+        Ok(out)
     }
 }
 
@@ -179,6 +191,10 @@ pub(crate) struct RouterRecord {
 #[derive(Default)]
 pub struct RouterLog {
     records: Mutex<BTreeMap<i64, RouterRecord>>,
+    /// Seconds in the router and the dispatch (sort, gather), then in the experts and the
+    /// combine, every forward and recompute of the micro-batch together; CPU only (CUDA
+    /// kernels run asynchronously, so a host clock would time their launch).
+    times: Mutex<(f64, f64)>,
 }
 
 /// The balance numbers of one forward, for metrics.
@@ -188,6 +204,9 @@ pub struct RouterStats {
     pub aux_loss: f64,
     /// Per sparse layer (in layer order): its index and the top-k slots each expert received.
     pub loads: Vec<(i64, Vec<f64>)>,
+    /// Seconds in router + dispatch and in experts + combine (see [`RouterLog::times`]).
+    pub router_s: f64,
+    pub experts_s: f64,
 }
 
 impl RouterLog {
@@ -257,10 +276,31 @@ impl RouterLog {
                 .map(|(l, c)| c.map(|c| (l, c)))
                 .collect::<Result<Vec<_>, _>>()
         });
+        let (router_s, experts_s) = self.times();
         Some(RouterStats {
             aux_loss,
             loads: loads.ok()?,
+            router_s,
+            experts_s,
         })
+    }
+
+    fn add_times(&self, router: f64, experts: f64) {
+        let mut times = self
+            .times
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        times.0 += router;
+        times.1 += experts;
+    }
+
+    /// Seconds in the router and dispatch, and in the experts and combine, since the
+    /// context was made (CPU; zero on CUDA).
+    pub fn times(&self) -> (f64, f64) {
+        *self
+            .times
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// Forgets every record (a new micro-batch).

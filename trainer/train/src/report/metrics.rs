@@ -38,7 +38,9 @@ pub struct StepMetrics {
     pub images: u64,
     /// Seconds of the step per part, this rank, all micro-steps: each unit component's
     /// forward, backward and recompute (`vision`, `projector`, `embed`, `lm_layers`, `head`),
-    /// then `gather_wait`, `reduce_wait` and `optimizer`.
+    /// then `gather_wait`, `reduce_wait` and `optimizer`; for an MoE LM on the CPU also the
+    /// part of `lm_layers`' forwards and recomputes its sparse blocks spent in the router and
+    /// dispatch (`moe_router_dispatch`) and in the experts and combine (`moe_experts`).
     pub unit_time_s: BTreeMap<String, f64>,
     /// Resident memory of this process, MiB.
     pub rss_mib: f64,

@@ -473,6 +473,9 @@ impl<'a> TrainLoop<'a> {
             }
             if let Some(router) = out.router {
                 add_router(&mut moe, &router);
+                // Inside lm_layers' time: what the sparse blocks took of it (CPU).
+                *times.entry("moe_router_dispatch".into()).or_default() += router.router_s;
+                *times.entry("moe_experts".into()).or_default() += router.experts_s;
             }
             local.add_batch(&mb, out.loss_sum);
         }
