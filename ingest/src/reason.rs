@@ -35,6 +35,8 @@ pub enum Reason {
     BadConversation,
     /// A turn's `from` is none of human/user, gpt/assistant, system.
     UnknownRole,
+    /// Longer than `--max-tokens` (text tokens plus `--image-tokens` per image).
+    TooLong,
 }
 
 impl Reason {
@@ -55,6 +57,7 @@ impl Reason {
             Reason::EmptyCaption => "empty_caption",
             Reason::BadConversation => "bad_conversation",
             Reason::UnknownRole => "unknown_role",
+            Reason::TooLong => "too_long",
         }
     }
 }

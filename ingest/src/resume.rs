@@ -69,7 +69,12 @@ impl FileStamp {
 fn changes(recorded: &Settings, now: &Settings) -> Vec<String> {
     // Hashes are shown by their first 16 hex digits.
     let short = |s: &str| s.chars().take(16).collect::<String>();
-    let shown = |s: &Settings| -> [String; 10] {
+    let limit = |s: &Settings| match (s.max_tokens, s.max_tokens_image_tokens) {
+        (Some(n), Some(t)) => format!("{n} ({t} per image)"),
+        (Some(n), None) => n.to_string(),
+        _ => "none".to_string(),
+    };
+    let shown = |s: &Settings| -> [String; 11] {
         [
             s.format.clone(),
             short(&s.json_sha256),
@@ -81,10 +86,11 @@ fn changes(recorded: &Settings, now: &Settings) -> Vec<String> {
             s.shard_size.to_string(),
             (!s.verify).to_string(),
             s.max_pixels.to_string(),
+            limit(s),
         ]
     };
     // (what the user gave, the field recorded), in the order of `shown`.
-    const FIELDS: [(&str, &str); 10] = [
+    const FIELDS: [(&str, &str); 11] = [
         ("--format", "format"),
         ("the --input content", "json_sha256"),
         ("the --input size", "json_bytes"),
@@ -98,6 +104,7 @@ fn changes(recorded: &Settings, now: &Settings) -> Vec<String> {
         ("--shard-size", "shard_size"),
         ("--no-verify", "verify"),
         ("--max-pixels", "max_pixels"),
+        ("--max-tokens / --image-tokens", "max_tokens"),
     ];
     FIELDS
         .iter()
@@ -271,6 +278,8 @@ mod tests {
             shard_size: 1,
             verify: true,
             max_pixels: 1,
+            max_tokens: None,
+            max_tokens_image_tokens: None,
         };
         let journal = Journal {
             settings: settings.clone(),

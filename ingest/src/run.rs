@@ -46,6 +46,12 @@ pub struct IngestConfig {
     pub max_rejected_fraction: f64,
     /// Images with more pixels than this are rejected as decompression bombs.
     pub max_pixels: u64,
+    /// Reject records longer than this many tokens (`too_long`), each image counted as
+    /// `image_tokens`; `None`: no limit (train then skips or refuses them by its row length).
+    pub max_tokens: Option<u64>,
+    /// What an image counts for `max_tokens` (the vision tower's tokens per image: 729 for
+    /// SigLIP-so400m at 384 px).
+    pub image_tokens: u64,
     pub row_groups: RowGroupLimits,
     /// Show a progress bar (the caller decides: a terminal, and no `--quiet` or NO_PROGRESS).
     pub progress: bool,
@@ -78,6 +84,8 @@ impl IngestConfig {
             resume: false,
             max_rejected_fraction: 0.01,
             max_pixels: Self::DEFAULT_MAX_PIXELS,
+            max_tokens: None,
+            image_tokens: 729,
             row_groups: RowGroupLimits::default(),
             progress: false,
         }
@@ -116,6 +124,8 @@ pub fn run(config: &IngestConfig) -> Result<Summary, IngestError> {
         shard_size: config.shard_size,
         verify: config.verify,
         max_pixels: config.max_pixels,
+        max_tokens: config.max_tokens,
+        max_tokens_image_tokens: config.max_tokens.map(|_| config.image_tokens),
     };
     let dir = &config.out;
     if config.resume && dir.join(INDEX_FILE).exists() {
@@ -188,6 +198,7 @@ pub fn run(config: &IngestConfig) -> Result<Summary, IngestError> {
                 format,
                 verify: config.verify,
                 max_pixels: config.max_pixels,
+                max_tokens: config.max_tokens.map(|n| (n, config.image_tokens)),
             };
             scope.spawn(move || {
                 for jobs in job_rx {

@@ -40,6 +40,8 @@ pub(crate) struct Worker {
     pub format: Format,
     pub verify: bool,
     pub max_pixels: u64,
+    /// `--max-tokens` and what an image counts for it.
+    pub max_tokens: Option<(u64, u64)>,
 }
 
 /// A rejected record's reason and detail.
@@ -93,6 +95,20 @@ impl Worker {
             Ok(t) => t,
             Err(refusal) => return rejected(refusal),
         };
+        if let Some((limit, per_image)) = self.max_tokens {
+            let n = images.len() as u64;
+            let len = tokens.input_ids.len() as u64 - n + n * per_image;
+            if len > limit {
+                return rejected((
+                    Reason::TooLong,
+                    format!(
+                        "{len} tokens ({} text, {n} image(s) x {per_image}) exceed --max-tokens \
+                         {limit}",
+                        tokens.input_ids.len() as u64 - n
+                    ),
+                ));
+            }
+        }
         let supervised = tokens.label_mask.iter().skip(1).filter(|&&m| m).count() as u32;
         // Roles are stored by their canonical names, whatever the layout called them.
         let conversation = roles

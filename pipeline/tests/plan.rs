@@ -1,7 +1,7 @@
 //! Planner properties over many random datasets (fixed seeds) and world sizes 1..16: type
 //! alignment, every sample exactly once, budgets, loss divisors, determinism, resume and
 //! elastic resume; plus the LLaVA-Pretrain-shaped quality targets and the input errors.
-use pipeline::plan::{synthetic_llava, Mode, Plan, PlanError, Planner, PlannerBuilder};
+use pipeline::plan::{synthetic_llava, Mode, OverLong, Plan, PlanError, Planner, PlannerBuilder};
 use pipeline::MicroBatchPlan;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -528,5 +528,73 @@ fn an_image_kind_running_out_is_completed_with_zero_loss_image_copies() -> anyho
         );
     }
     assert_eq!(plan.stats.samples, 43);
+    Ok(())
+}
+
+#[test]
+fn over_long_samples_are_skipped_by_every_rank_and_resume_stays_exact() -> anyhow::Result<()> {
+    // 300 samples, three of them longer than a row: with `skip` the plan holds every other
+    // sample exactly once, the three are listed with their lengths, and a W=2 plan resumed at
+    // W=1 (or W=3) halfway finishes the same set.
+    let mut samples = synthetic_llava(300, 0.2, 5);
+    for &i in &[7usize, 150, 299] {
+        samples[i] = SampleMeta {
+            kind: Kind::Text,
+            num_images: 0,
+            num_text_tokens: 40_000 + i as u32,
+            num_supervised_tokens: 40,
+        };
+    }
+    let builder = |w: usize| {
+        Planner::builder()
+            .samples(&samples)
+            .world_size(w)
+            .token_budget(4096)
+            .seq_len(2048)
+            .micro_steps(2)
+            .fingerprint("over-long")
+    };
+    let err = build_err(builder(2));
+    assert!(
+        matches!(err, PlanError::SampleTooLong { index: 7, .. }),
+        "fail is the planner's default: {err}"
+    );
+    let planner = builder(2).over_long(OverLong::Skip).build()?;
+    let skipped: Vec<(u64, u64, u64)> = planner
+        .skipped()
+        .iter()
+        .map(|s| (s.index, s.tokens, s.limit))
+        .collect();
+    assert_eq!(
+        skipped,
+        [(7, 40_007, 2048), (150, 40_150, 2048), (299, 40_299, 2048)]
+    );
+    let plan = planner.plan();
+    let want: Vec<u64> = (0..300u64).filter(|i| ![7, 150, 299].contains(i)).collect();
+    assert_eq!(real_samples(&plan.steps), want);
+    for k in [1, plan.steps.len() / 2, plan.steps.len() - 1] {
+        for after in [1, 3] {
+            let rest = builder(after)
+                .over_long(OverLong::Skip)
+                .build()?
+                .plan_from(&plan.resume_position(k)?)?;
+            let mut done = real_samples(&plan.steps[..k]);
+            done.extend(real_samples(&rest.steps));
+            done.sort_unstable();
+            assert_eq!(done, want, "resumed at step {k} with W={after}");
+        }
+    }
+    // Without over-long samples the order is the one a build without the policy makes (a
+    // position from a run that predates the flag stays valid).
+    let clean = synthetic_llava(300, 0.2, 5);
+    let a = Planner::builder().samples(&clean).fingerprint("f").build()?.plan();
+    let b = Planner::builder()
+        .samples(&clean)
+        .fingerprint("f")
+        .over_long(OverLong::Skip)
+        .build()?
+        .plan();
+    assert_eq!(real_samples(&a.steps), real_samples(&b.steps));
+    assert_eq!(a.resume_position(1)?, b.resume_position(1)?);
     Ok(())
 }

@@ -96,6 +96,12 @@ pub struct IngestSettings {
     pub shard_size: u64,
     pub verify: bool,
     pub max_pixels: u64,
+    /// `--max-tokens`: records longer than this were rejected (`too_long`), each image counted
+    /// as `max_tokens_image_tokens` tokens; absent when no limit was given.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_tokens: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_tokens_image_tokens: Option<u64>,
 }
 
 fn llava_format() -> String {
@@ -237,6 +243,8 @@ mod tests {
             shard_size: 1 << 20,
             verify: true,
             max_pixels: 40,
+            max_tokens: None,
+            max_tokens_image_tokens: None,
         };
         let with = manifest(Some(settings));
         let text = serde_json::to_vec(&with)?;

@@ -59,6 +59,15 @@ pub(crate) struct Args {
     /// Reject images whose header announces more pixels than this (decompression bombs).
     #[arg(long, default_value_t = IngestConfig::DEFAULT_MAX_PIXELS)]
     max_pixels: u64,
+    /// Reject records longer than this many tokens (reason `too_long` in rejected.jsonl, with
+    /// the count), each image counted as --image-tokens. Default: no limit (train leaves
+    /// longer-than-a-row samples out, or stops with --over-long fail).
+    #[arg(long)]
+    max_tokens: Option<u64>,
+    /// What one image counts toward --max-tokens: the vision tower's tokens per image (729:
+    /// SigLIP-so400m at 384 px).
+    #[arg(long, default_value_t = 729)]
+    image_tokens: u64,
 }
 
 /// `quiet`: the global `--quiet` (no summary on stderr; failures still say everything).
@@ -86,6 +95,8 @@ pub(crate) fn run(args: Args, quiet: bool, progress: bool) -> anyhow::Result<()>
     config.resume = args.resume;
     config.max_rejected_fraction = args.max_rejected_fraction;
     config.max_pixels = args.max_pixels;
+    config.max_tokens = args.max_tokens;
+    config.image_tokens = args.image_tokens;
     config.progress = progress;
     let summary =
         ingest::run(&config).with_context(|| format!("ingest into {}", config.out.display()))?;

@@ -58,6 +58,35 @@ impl CostModel {
     }
 }
 
+/// What the planner does with a sample longer than a row can be (`min(seq_len, token_budget)`).
+/// Either way nothing is truncated: a cut caption or image would train on a wrong target.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[cfg_attr(
+    feature = "clap",
+    derive(clap::ValueEnum),
+    value(rename_all = "snake_case")
+)]
+pub enum OverLong {
+    /// `build()` refuses the dataset, naming the first such sample.
+    #[default]
+    Fail,
+    /// The sample is left out of every epoch's plan and listed in [`Planner::skipped`]; every
+    /// rank leaves out the same samples, so resume stays exact at any world size.
+    Skip,
+}
+
+/// A sample the plan leaves out for its length.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct SkippedSample {
+    /// Its index in the dataset (shard order, then row order).
+    pub index: u64,
+    /// Its tokens with every image expanded.
+    pub tokens: u64,
+    /// The longest a row can be.
+    pub limit: u64,
+}
+
 /// Builder for a [`Planner`]; `build()` validates every setting and every sample.
 #[derive(Clone, Debug)]
 pub struct PlannerBuilder {
@@ -75,6 +104,7 @@ pub struct PlannerBuilder {
     fixed_samples: Option<usize>,
     only: Option<Kind>,
     draws: Option<(Vec<u64>, String)>,
+    over_long: OverLong,
 }
 
 impl Default for PlannerBuilder {
@@ -94,6 +124,7 @@ impl Default for PlannerBuilder {
             fixed_samples: None,
             only: None,
             draws: None,
+            over_long: OverLong::Fail,
         }
     }
 }
@@ -173,6 +204,12 @@ impl PlannerBuilder {
         self
     }
 
+    /// What to do with samples longer than a row can be (default: fail).
+    pub fn over_long(mut self, policy: OverLong) -> Self {
+        self.over_long = policy;
+        self
+    }
+
     pub fn build(self) -> Result<Planner, PlanError> {
         if self.token_budget == 0 {
             return Err(PlanError::ZeroBudget);
@@ -239,17 +276,25 @@ impl PlannerBuilder {
             (self.token_budget, "token budget")
         };
         let mut lens = Vec::with_capacity(self.samples.len());
+        let mut skipped = Vec::new();
         for (i, s) in self.samples.iter().enumerate() {
             let len = sample_len(i as u64, s, self.image_tokens)?;
             if len > row_cap {
-                return Err(PlanError::SampleTooLong {
+                if self.over_long == OverLong::Fail {
+                    return Err(PlanError::SampleTooLong {
+                        index: i as u64,
+                        len,
+                        limit: row_cap,
+                        limit_name: cap_name,
+                    });
+                }
+                skipped.push(SkippedSample {
                     index: i as u64,
-                    len,
+                    tokens: len,
                     limit: row_cap,
-                    limit_name: cap_name,
                 });
             }
-            lens.push(len as u32);
+            lens.push(len.min(u64::from(u32::MAX)) as u32);
         }
         // Per item: every sample once (a seeded shuffle), or a mixture's draw (its order).
         let (metas, lens, order_of, drawn): (Vec<SampleMeta>, Vec<u32>, _, _) = match self.draws {
@@ -267,6 +312,9 @@ impl PlannerBuilder {
         };
         if let Some(keep) = self.only {
             order.keep_only(keep, &kinds);
+        }
+        if !skipped.is_empty() {
+            order.drop_longer_than(row_cap as u32, &lens);
         }
         Ok(Planner {
             supervised: metas.iter().map(|s| s.num_supervised_tokens).collect(),
@@ -286,6 +334,7 @@ impl PlannerBuilder {
             epoch: self.epoch,
             mode: self.mode,
             fixed_samples,
+            skipped,
         })
     }
 }
@@ -329,6 +378,8 @@ pub struct Planner {
     pub(crate) epoch: u64,
     pub(crate) mode: Mode,
     pub(crate) fixed_samples: usize,
+    /// Samples left out for their length (with [`OverLong::Skip`]), in index order.
+    pub(crate) skipped: Vec<SkippedSample>,
 }
 
 impl Planner {
@@ -352,6 +403,12 @@ impl Planner {
 
     pub fn mode(&self) -> Mode {
         self.mode
+    }
+
+    /// The samples every epoch leaves out for their length (empty unless built with
+    /// [`OverLong::Skip`]).
+    pub fn skipped(&self) -> &[SkippedSample] {
+        &self.skipped
     }
 
     pub fn world_size(&self) -> usize {

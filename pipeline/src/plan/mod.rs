@@ -12,8 +12,9 @@
 //!    [`Position`] before it. A position counts samples consumed per kind, so resuming with a
 //!    different W continues from the same samples: none repeated, none skipped.
 //!
-//! Samples longer than `min(seq_len, token_budget)` are rejected by `build()` with their
-//! index (they are not truncated: a truncated caption or image would train on a wrong target).
+//! Samples longer than `min(seq_len, token_budget)` are never truncated (a truncated caption
+//! or image would train on a wrong target): `build()` rejects them with their index, or with
+//! [`OverLong::Skip`] leaves them out of every epoch and lists them ([`Planner::skipped`]).
 //!
 //! ```
 //! use pipeline::plan::{Mode, Planner, synthetic_llava};
@@ -48,7 +49,7 @@ mod stats;
 mod synthetic;
 mod types;
 
-pub use config::{CostModel, Mode, Planner, PlannerBuilder};
+pub use config::{CostModel, Mode, OverLong, Planner, PlannerBuilder, SkippedSample};
 pub use error::PlanError;
 pub use synthetic::synthetic_llava;
 pub use types::{MicroStep, Plan, PlanStats, Position, Step};

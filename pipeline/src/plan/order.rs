@@ -66,6 +66,33 @@ impl SampleOrder {
         self.streams[keep as usize] = (0..self.order.len() as u32).collect();
     }
 
+    /// Drops every item longer than `limit` tokens (`lens` per item), keeping the others in
+    /// their order. The key names the limit: a position counted in the unfiltered order
+    /// means something else here.
+    pub(crate) fn drop_longer_than(&mut self, limit: u32, lens: &[u32]) {
+        self.key = format!("{}-within-{limit}", self.key);
+        let kind_of: Vec<Option<usize>> = {
+            let mut k = vec![None; self.order.len()];
+            for (kind, stream) in self.streams.iter().enumerate() {
+                for &pos in stream {
+                    k[pos as usize] = Some(kind);
+                }
+            }
+            k
+        };
+        let mut order = Vec::with_capacity(self.order.len());
+        let mut streams = [Vec::new(), Vec::new()];
+        for (pos, &item) in self.order.iter().enumerate() {
+            let Some(kind) = kind_of[pos] else { continue };
+            if lens[item as usize] <= limit {
+                streams[kind].push(order.len() as u32);
+                order.push(item);
+            }
+        }
+        self.order = order;
+        self.streams = streams;
+    }
+
     pub(crate) fn stream_len(&self, kind: Kind) -> usize {
         self.streams[kind as usize].len()
     }

@@ -20,6 +20,7 @@ use knobs::record_value;
 
 mod train_parts;
 pub use pipeline::loader::{BadImagePolicy, ResizePolicy};
+use pipeline::plan::OverLong;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
@@ -246,6 +247,10 @@ knobs! {
     /// A sample whose image does not decode or fails its stored crc32c (shard corrupt on
     /// disk): fail (default; names shard, row and sample) or skip (warn and drop it).
     on_bad_image: BadImagePolicy = default(BadImagePolicy::Fail),
+    /// A sample longer than a row (--seq-len, or --token-budget if smaller; never truncated):
+    /// skip (default: the plan leaves it out on every rank and epoch, and OUT/skipped.jsonl
+    /// names it with its shard and length) or fail (stop before the first step, naming it).
+    over_long: OverLong = default(OverLong::Skip),
     /// Where to train.
     device: Device = default(Device::Cpu),
     /// Vision input size in pixels (default: the vision config's image_size).

@@ -22,6 +22,7 @@ pub(crate) const TOKENIZER_FILE: &str = shards::TOKENIZER_FILE;
 pub(crate) const METRICS_FILE: &str = "metrics.jsonl";
 const PLAN_FILE: &str = "plan.jsonl";
 const RESUMES_FILE: &str = "resumes.jsonl";
+const SKIPPED_FILE: &str = "skipped.jsonl";
 pub(crate) const SUMMARY_FILE: &str = "summary.json";
 pub(crate) const LOSS_PLOT_FILE: &str = "loss.png";
 pub(crate) const CHECKPOINTS_DIR: &str = "checkpoints";
@@ -71,6 +72,11 @@ impl RunDir {
     /// `plan.jsonl`: the samples each step trained on.
     pub fn plan(&self) -> PathBuf {
         self.root.join(PLAN_FILE)
+    }
+
+    /// `skipped.jsonl`: the samples the plan leaves out for their length (`--over-long skip`).
+    pub fn skipped(&self) -> PathBuf {
+        self.root.join(SKIPPED_FILE)
     }
 
     /// `resumes.jsonl`: one line per resume.

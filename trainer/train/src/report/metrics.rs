@@ -410,6 +410,10 @@ pub struct Summary {
     /// The validation loss after the last step.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub final_val_loss: Option<f64>,
+    /// Samples the plan left out for their length (`--over-long skip`; listed in
+    /// skipped.jsonl).
+    #[serde(default)]
+    pub skipped_over_long: u64,
 }
 
 impl Summary {
@@ -441,6 +445,7 @@ impl Summary {
             best_val_loss: best_val.map(|(_, v)| v),
             best_val_step: best_val.map(|(step, _)| step),
             final_val_loss: steps.iter().rev().find_map(|m| m.val_loss),
+            skipped_over_long: 0,
         })
     }
 }

@@ -155,7 +155,11 @@ fn train_rank(
         return Ok(None);
     }
     let steps = metrics::read_metrics(&run.metrics())?;
-    let summary = Summary::from_steps(&steps);
+    let mut summary = Summary::from_steps(&steps);
+    if let Some(summary) = summary.as_mut() {
+        summary.skipped_over_long = std::fs::read_to_string(run.skipped())
+            .map_or(0, |t| t.lines().filter(|l| !l.trim().is_empty()).count() as u64);
+    }
     if let Some(summary) = &summary {
         let path = run.summary();
         let text = serde_json::to_string_pretty(summary).map_err(|source| TrainError::Json {
@@ -253,7 +257,9 @@ impl<'a> TrainLoop<'a> {
             cpu_gemm,
         };
         train_loop.total_steps = match cfg.steps {
-            Some(n) => n,
+            // Planned once anyway: a dataset the plan refuses (an over-long sample under
+            // --over-long fail) stops here, before the run's logs are opened.
+            Some(n) => train_loop.planner(0).map(|_| n)?,
             None => {
                 let mut n = 0;
                 for epoch in 0..u64::from(cfg.epochs) {
@@ -282,7 +288,68 @@ impl<'a> TrainLoop<'a> {
             .epoch(epoch)
             .fingerprint(self.s.data.fingerprint())
             .only(planned_kind(self.cfg.stage))
-            .build()?)
+            .over_long(self.cfg.over_long)
+            .build()
+            .map_err(|e| self.name_sample(e))?)
+    }
+
+    /// A planner error about one sample, said with the sample's id and where it is stored
+    /// (the planner knows only its index).
+    fn name_sample(&self, e: pipeline::plan::PlanError) -> TrainError {
+        let pipeline::plan::PlanError::SampleTooLong {
+            index,
+            len,
+            limit,
+            limit_name,
+        } = e
+        else {
+            return e.into();
+        };
+        TrainError::Invalid(format!(
+            "sample {} ({}): {len} tokens exceed the {limit_name} ({limit}); over-long samples \
+             are never truncated: --over-long skip (the default) leaves them out and lists them \
+             in skipped.jsonl, `ingest --max-tokens` rejects them at ingest",
+            self.sample_id(index),
+            self.s.data.source().locate(index)
+        ))
+    }
+
+    /// Sample `index`'s id, as its shard stores it (its index when it cannot be read).
+    fn sample_id(&self, index: u64) -> String {
+        match self.s.data.source().read(&[index]) {
+            Ok(mut samples) if !samples.is_empty() => samples.swap_remove(0).id,
+            _ => format!("#{index}"),
+        }
+    }
+
+    /// Rank 0: `skipped.jsonl` lists the samples the plan leaves out for their length (id,
+    /// where it is stored, tokens, the row limit), and the log counts them.
+    fn report_skipped(&self, planner: &Planner) -> Result<usize, TrainError> {
+        let skipped = planner.skipped();
+        if self.s.rank != 0 || skipped.is_empty() {
+            return Ok(skipped.len());
+        }
+        let mut text = String::new();
+        for s in skipped {
+            let line = serde_json::json!({
+                "id": self.sample_id(s.index),
+                "index": s.index,
+                "location": self.s.data.source().locate(s.index),
+                "tokens": s.tokens,
+                "limit": s.limit,
+            });
+            text.push_str(&line.to_string());
+            text.push('\n');
+        }
+        shards::write_atomically(&self.run.skipped(), text.as_bytes())?;
+        tracing::warn!(
+            "{} sample(s) longer than a row ({} tokens) are left out of every epoch (--over-long \
+             skip): {}",
+            skipped.len(),
+            skipped[0].limit,
+            self.run.skipped().display()
+        );
+        Ok(skipped.len())
     }
 
     /// `progress`: [`RunStart::progress`].
@@ -331,8 +398,13 @@ impl<'a> TrainLoop<'a> {
         let mut profiler = None;
         let mut position = start.position;
         let mut epoch = position.as_ref().map_or(0, |p| p.epoch);
+        let mut reported = false;
         while step < self.total_steps {
             let planner = self.planner(epoch)?;
+            if !reported {
+                self.report_skipped(&planner)?;
+                reported = true;
+            }
             let plan: Plan = match position.take() {
                 Some(p) if p.epoch == epoch => planner.plan_from(&p)?,
                 _ => planner.plan(),
