@@ -19,11 +19,12 @@ demo: build
 # cannot replace the train-capable target/release/tessera the tests run). Tests and lints both
 # build with the test hooks (TEST_FEATURES: the crash-safety tests pause a checkpoint write
 # through TESSERA_CHECKPOINT_PAUSE_AT), so neither rebuilds what the other built; `make build`
-# and `make demo` leave the hooks out.
+# and `make demo` leave the hooks out. `--no-fail-fast`: a failing test binary does not hide the
+# results of the ones after it.
 TEST_FEATURES ?= --features test-hooks
 
 test: setup
-	$(CARGO) test --release --workspace $(TEST_FEATURES)
+	$(CARGO) test --release --workspace --no-fail-fast $(TEST_FEATURES)
 
 lint: setup
 	$(CARGO) clippy --release --workspace --all-targets $(TEST_FEATURES) -- -D warnings

@@ -2,7 +2,8 @@
 """Writes demo-models/MANIFEST.json from the last JSON lines of the four pretraining runs that
 scripts/make_demo_models.sh makes: each part's folder, recipe (the script's arguments), seeds,
 held-out scores, a provenance line (the demo prints it), the sha256 of every file, and the
-reduced-budget run's arguments and checksum (tests/demo_parts.rs recomputes it).
+reduced-budget run's arguments and measures (its losses, an output norm and every tensor's
+norm: tests/demo_parts.rs reruns it and compares them within a relative tolerance).
 
 Usage: python3 scripts/demo_manifest.py PARTS_DIR TOWER.log TOWER_REDUCED.log LM.log LM_REDUCED.log
 """
@@ -56,7 +57,7 @@ def main():
                 f"objects and background; on held-out scenes its head finds "
                 f"{held['objects_found']:.0%} of the objects, but {held['false_objects']:.0%} of "
                 f"the objects it names are not there"),
-            "reduced": {"args": tower_r["args"], "sha256": tower_r["sha256"]},
+            "reduced": {"args": tower_r["args"], "measures": tower_r["measures"]},
         },
         "lm": {
             "folder": "lm", "made_by": "scripts/pretrain_lm.py", "args": lm["args"],
@@ -68,7 +69,7 @@ def main():
                 f"{texts:,} synth captions and conversations (seeds "
                 f"{', '.join(map(str, lm_seeds))}), each caption read off word slots in its "
                 f"context; text only: it has never seen an image"),
-            "reduced": {"args": lm_r["args"], "sha256": lm_r["sha256"]},
+            "reduced": {"args": lm_r["args"], "measures": lm_r["measures"]},
         },
     }
     with open(os.path.join(out, "MANIFEST.json"), "w") as f:

@@ -2,8 +2,9 @@
 # Makes the demo's pretrained parts in demo-models/ (committed; run this only to remake them):
 #   vision/  the tiny SigLIP tower, by scripts/pretrain_tower.py on drawn scenes
 #   lm/      the tiny Qwen2 LM, compact form, by scripts/pretrain_lm.py on synth's text alone
-#   MANIFEST.json  each part's command, seeds, held-out scores, file sha256s, and the sha256
-#            of a reduced-budget run with --reproducible that tests/demo_parts.rs recomputes
+#   MANIFEST.json  each part's command, seeds, held-out scores, file sha256s, and the measures
+#            (losses, an output norm, every tensor's norm) of a reduced-budget run with
+#            --reproducible, which tests/demo_parts.rs reruns and compares within a tolerance
 # The full runs use the fast (machine-dependent) kernels on 1 thread (2 threads crawled on a
 # busy 2-core machine): another machine makes parts as good but not the same bytes. About 30
 # minutes on 2 shared cores.

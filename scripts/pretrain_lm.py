@@ -29,7 +29,11 @@ their ids (`token_ids`); scripts/expand_lm.py writes the full `Qwen2ForCausalLM`
 Usage (the Python of scripts/setup.sh's .deps/hfvenv):
   .deps/hfvenv/bin/python scripts/pretrain_lm.py --out DIR [--records N] [--epochs E] ...
   --reproducible: one thread and libtorch's portable kernels (see pretrain_tower.py).
-Prints the loss per epoch, held-out loss and a greedy caption, and the sha256 of the file.
+Prints the loss per epoch, held-out loss and a greedy caption, and a last JSON line with the
+recipe, the held-out loss, the sha256 of compact.safetensors and `measures`: the loss of every
+epoch and of the last step, the norm of the logits over the first training record, and the
+norm of every saved float tensor (tests/demo_parts.rs compares a reduced run's with
+demo-models/MANIFEST.json's, within a relative tolerance).
 """
 import argparse
 import os
@@ -273,7 +277,30 @@ def save(model, cfg_json, token_ids, out):
         json.dump(cfg_json, f, indent=2)
         f.write("\n")
     with open(path, "rb") as f:
-        return hashlib.sha256(f.read()).hexdigest()
+        return hashlib.sha256(f.read()).hexdigest(), tensors
+
+
+def significant(x):
+    """`x` to 7 significant digits: the measures' precision in the manifest."""
+    return float(f"{x:.7g}")
+
+
+def measures(epoch_losses, last_loss, model, sample, tensors):
+    """What the run made, as numbers that hold across CPUs to far better than the test's
+    tolerance: the loss of every epoch and of the last step, the L2 norm of the compact logits
+    over `sample` (ids, no context slots), and the L2 norm of every saved float tensor
+    (`token_ids` is the used vocabulary, not a weight)."""
+    model.eval()
+    with torch.no_grad():
+        ids = torch.tensor([sample])
+        logits = model(ids, torch.ones_like(ids))[0, :, :-1]
+    return {
+        "epoch_losses": [significant(v) for v in epoch_losses],
+        "last_step_loss": significant(last_loss),
+        "logits_norm": significant(logits.double().norm().item()),
+        "tensor_norms": {k: significant(v.double().norm().item())
+                         for k, v in sorted(tensors.items()) if v.is_floating_point()},
+    }
 
 
 def check_expanded(model, out, token_ids, sample):
@@ -363,6 +390,7 @@ def main():
     schedule = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda s: min((s + 1) / warmup, 0.5 * (1 + math.cos(math.pi * min(s / total, 1.0)))))
     held_loss = None
+    epoch_losses = []
     for epoch in range(args.epochs):
         losses = []
         order = torch.randperm(len(train)).tolist()
@@ -375,6 +403,7 @@ def main():
             opt.step()
             schedule.step()
             losses.append(loss.item())
+        epoch_losses.append(float(np.mean(losses)))
         line = f"epoch {epoch + 1}/{args.epochs}: loss {np.mean(losses):.4f}"
         if test:
             model.eval()
@@ -389,10 +418,12 @@ def main():
         said = greedy(model, shown[1], compact[end_of_text])
         print("greedy from context:", repr(tokenizer.decode([token_ids[i] for i in said])),
               "| reference:", repr(tokenizer.decode([token_ids[i] for i in shown[0]])))
-    digest = save(model, full_config_json(args, end_of_text), token_ids, args.out)
+    last_loss = losses[-1] if args.epochs and losses else float("nan")
+    digest, tensors = save(model, full_config_json(args, end_of_text), token_ids, args.out)
     check_expanded(model, args.out, token_ids, (test or train)[0][0])
     print(json.dumps({"sha256": digest, "args": recipe_args(), "used_ids": len(token_ids),
-                      "held_out_loss": held_loss}))
+                      "held_out_loss": held_loss,
+                      "measures": measures(epoch_losses, last_loss, model, train[0][0], tensors)}))
 
 
 if __name__ == "__main__":

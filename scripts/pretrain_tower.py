@@ -24,9 +24,15 @@ SigLIP's normalisation); random horizontal flips (the labels are sets, so a flip
 
 Usage (the Python of scripts/setup.sh's .deps/hfvenv):
   .deps/hfvenv/bin/python scripts/pretrain_tower.py --out DIR [--scenes N] [--epochs E] ...
-  --reproducible: one thread and libtorch's portable kernels, so a run's weights are the same
-  bytes on any x86 machine (tests/demo_parts.rs recomputes a reduced run's checksum).
-Prints the loss per epoch, the held-out scores and the sha256 of model.safetensors.
+  --reproducible: one thread and libtorch's portable kernels, so that a run's numbers differ
+  from machine to machine only in their last bits (not bit for bit: an AMD EPYC and an Intel
+  Xeon made different bytes).
+Prints the loss per epoch, the held-out scores, and a last JSON line with the recipe, the
+held-out scores, the sha256 of model.safetensors and `measures`: the loss of every epoch and
+of the last step, the norm of the features of the first 8 training scenes, and the norm of
+every saved tensor but the key biases (see `measures`). tests/demo_parts.rs reruns a reduced
+run and compares its measures with the ones demo-models/MANIFEST.json records, within a
+relative tolerance.
 """
 import argparse
 import os
@@ -196,7 +202,8 @@ def tower_config(args):
 def save(tower, out):
     """config.json + model.safetensors as tessera's init-model writes a tower: the Hub's key
     names (`vision_model.` first; transformers 5 drops the prefix in its own state dict and
-    adds it back when loading), no pooling head. Returns the file's sha256."""
+    adds it back when loading), no pooling head. Returns the file's sha256 and the tensors
+    saved, by key."""
     os.makedirs(out, exist_ok=True)
     tensors = {}
     for key, value in tower.state_dict().items():
@@ -217,7 +224,34 @@ def save(tower, out):
         }, f, indent=2)
         f.write("\n")
     with open(path, "rb") as f:
-        return hashlib.sha256(f.read()).hexdigest()
+        return hashlib.sha256(f.read()).hexdigest(), tensors
+
+
+def significant(x):
+    """`x` to 7 significant digits: the measures' precision in the manifest."""
+    return float(f"{x:.7g}")
+
+
+def measures(epoch_losses, last_loss, tower, pixels, tensors):
+    """What the run made, as numbers that hold across CPUs to far better than the test's
+    tolerance: the loss of every epoch and of the last step, the L2 norm of the feature layer
+    (`hidden_states[-2]`) for `pixels`, and the L2 norm of every saved tensor but the key
+    biases. A key bias adds the same number to every score of a query's row, which the softmax
+    ignores, so its gradient is rounding noise that AdamW scales up to full steps: its norm
+    moved by 27-32% between libtorch's portable and fast kernels, the other numbers by at most
+    5e-7 (relative)."""
+    tower.eval()
+    with torch.no_grad():
+        out = tower(pixel_values=normalise(pixels), output_hidden_states=True)
+        features = out.hidden_states[-2]
+    return {
+        "epoch_losses": [significant(v) for v in epoch_losses],
+        "last_step_loss": significant(last_loss),
+        "features_norm": significant(features.double().norm().item()),
+        "tensor_norms": {k: significant(v.double().norm().item())
+                         for k, v in sorted(tensors.items())
+                         if not k.endswith("self_attn.k_proj.bias")},
+    }
 
 
 def check_reload(tower, out, pixels):
@@ -272,6 +306,7 @@ def main():
     schedule = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda s: min((s + 1) / warmup, 0.5 * (1 + np.cos(np.pi * min(s / total, 1.0)))))
     x_all, o_all, b_all = train
+    epoch_losses = []
     for epoch in range(args.epochs):
         order = torch.randperm(len(x_all)).numpy()
         losses = []
@@ -287,14 +322,17 @@ def main():
             opt.step()
             schedule.step()
             losses.append(loss.item())
+        epoch_losses.append(float(np.mean(losses)))
         line = f"epoch {epoch + 1}/{args.epochs}: loss {np.mean(losses):.4f}"
         if test is not None:
             line += " held out: " + ", ".join(f"{k} {v:.1%}" for k, v in scores(model, *test).items())
         print(f"{line} ({time.time() - t0:.0f}s)", flush=True)
-    digest = save(tower, args.out)
+    last_loss = losses[-1] if args.epochs and losses else float("nan")
+    digest, tensors = save(tower, args.out)
     check_reload(tower, args.out, x_all[:8])
-    print(json.dumps({"sha256": digest, "args": recipe_args(),
-                      "held_out": scores(model, *test) if test is not None else None}))
+    held_out = scores(model, *test) if test is not None else None
+    print(json.dumps({"sha256": digest, "args": recipe_args(), "held_out": held_out,
+                      "measures": measures(epoch_losses, last_loss, tower, x_all[:8], tensors)}))
 
 
 if __name__ == "__main__":

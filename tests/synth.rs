@@ -272,12 +272,11 @@ fn same_seed_gives_identical_bytes_whatever_the_workers() -> Result<()> {
 
 #[test]
 fn photo_crops_decode_at_photo_sizes() -> Result<()> {
-    if !Path::new(PHOTOS).is_dir() {
-        eprintln!(
-            "note: {PHOTOS} is absent (Debian's mate-backgrounds); skipping the --photos check"
-        );
-        return Ok(());
-    }
+    ensure!(
+        Path::new(PHOTOS).is_dir(),
+        "{PHOTOS} (Debian's mate-backgrounds, the photographs of --photos) is missing: \
+         scripts/setup.sh installs it"
+    );
     let tmp = tempfile::tempdir()?;
     let mut cfg = SynthConfig::new(tmp.path(), 60);
     cfg.photos = Some(PHOTOS.into());

@@ -83,9 +83,6 @@ pub struct Switches {
     /// `TESSERA_BENCH_THREADS`: torch threads of `cargo bench --bench model` (default unset:
     /// all cores).
     pub bench_threads: Option<usize>,
-    /// `TESSERA_PLOT_SAMPLE`: a path where the plot unit test writes a sample `loss.png` to
-    /// look at by eye (default unset: none written).
-    pub plot_sample: Option<PathBuf>,
     /// `NO_PROGRESS`, set to any value: no progress bars and no per-step progress line, as with
     /// `--quiet` (default unset).
     pub no_progress: bool,
@@ -195,7 +192,6 @@ impl Switches {
                 "a thread count of at least 1",
                 count,
             )?,
-            plot_sample: env.path("TESSERA_PLOT_SAMPLE")?,
             no_progress: env.0("NO_PROGRESS").is_some(),
             checkpoint_pause_at: env.parse(
                 "TESSERA_CHECKPOINT_PAUSE_AT",
@@ -294,10 +290,7 @@ mod tests {
         assert_eq!(s.remote_retries, 10);
         assert_eq!(s.remote_backoff, Duration::from_millis(100));
         assert_eq!(s.remote_timeout, Duration::from_secs(60));
-        assert_eq!(
-            (s.reference_loader, s.python, s.plot_sample),
-            (None, None, None)
-        );
+        assert_eq!((s.reference_loader, s.python), (None, None));
         assert_eq!(s.bench_threads, None);
         assert_eq!(s.checkpoint_pause_at, None);
         assert_eq!(s.remote_latency, Duration::ZERO);
@@ -320,7 +313,6 @@ mod tests {
             ("TESSERA_REFERENCE_LOADER", "ref.py"),
             ("TESSERA_PYTHON", "/usr/bin/python3"),
             ("TESSERA_BENCH_THREADS", "2"),
-            ("TESSERA_PLOT_SAMPLE", "loss.png"),
             ("NO_PROGRESS", ""),
             ("TESSERA_CHECKPOINT_PAUSE_AT", "8"),
             ("TESSERA_REMOTE_LATENCY_MS", "20"),
@@ -337,7 +329,6 @@ mod tests {
         assert_eq!(s.reference_loader, Some(PathBuf::from("ref.py")));
         assert_eq!(s.python, Some(PathBuf::from("/usr/bin/python3")));
         assert_eq!(s.bench_threads, Some(2));
-        assert_eq!(s.plot_sample, Some(PathBuf::from("loss.png")));
         assert_eq!(s.checkpoint_pause_at, Some(8));
         assert_eq!(s.remote_latency, Duration::from_millis(20));
         Ok(())

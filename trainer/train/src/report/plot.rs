@@ -571,35 +571,6 @@ mod tests {
         assert!(labels(-1e308, 1e308, false).is_empty());
     }
 
-    /// Writes a `loss.png` of a noisy falling curve with validation points into
-    /// `$TESSERA_PLOT_SAMPLE` when that is set, to look at by eye.
-    #[test]
-    fn sample_plot_for_a_look() -> anyhow::Result<()> {
-        let Some(path) = &tessera_switches::Switches::get().plot_sample else {
-            return Ok(());
-        };
-        let losses: Vec<(u64, f64)> = (1..=237)
-            .map(|i| {
-                let noise = ((i * 7919) % 101) as f64 / 101.0 - 0.5;
-                (i, 7.1 + 5.8 * (-(i as f64) / 60.0).exp() + 0.4 * noise)
-            })
-            .collect();
-        let val: Vec<(u64, f64)> = (1..=4)
-            .map(|j| (j * 50, 7.3 + 5.0 * (-(j as f64) * 50.0 / 60.0).exp()))
-            .collect();
-        // Every fourth step is text-only, with a lower loss (shorter, easier answers).
-        let (text_only, image): (Vec<_>, Vec<_>) = losses.iter().partition(|p| p.0 % 4 == 0);
-        let text_only = text_only.iter().map(|&(s, l)| (s, l - 1.5)).collect();
-        let losses = Losses {
-            image,
-            text_only,
-            validation: val,
-            ..Losses::default()
-        };
-        plot_loss(&losses, path)?;
-        Ok(())
-    }
-
     #[test]
     fn a_falling_loss_is_drawn_high_on_the_left_and_low_on_the_right() {
         let losses: Vec<(u64, f64)> = (0..100).map(|i| (i, 5.0 - 0.04 * i as f64)).collect();
