@@ -245,6 +245,38 @@ fn three_layouts_ingest_to_the_same_samples_rejections_and_shard_bytes() -> Resu
     // A finished parquet ingest resumed with the same input is left as it is.
     run_ok(&mut ingest(&l.cauldron(), &outs[0].1, &["--resume"]))?;
     ensure!(shard_files(&outs[0].1)? == want);
+
+    // Without --template a chat layout takes chatml, its own: the same shards. Given the
+    // plain template, its multi-turn rows are refused and the stop names the flag to use.
+    let bare = |out: &Path, extra: &[&str]| {
+        let mut cmd = tessera();
+        cmd.args(["ingest", "--quiet", "--input"])
+            .arg(l.cauldron())
+            .arg("--tokenizer")
+            .arg(tokenizer())
+            .args(extra)
+            .arg("--out")
+            .arg(out);
+        cmd
+    };
+    let default_template = l.root.join("cauldron-default-template");
+    run_ok(&mut bare(
+        &default_template,
+        &["--max-rejected-fraction", "0.5"],
+    ))?;
+    ensure!(
+        shard_files(&default_template)? == want,
+        "chatml is the cauldron default"
+    );
+    ensure!(index(&default_template)?["template"] == "chatml");
+    let err = run_err(&mut bare(
+        &l.root.join("plain"),
+        &["--template", "plain", "--max-rejected-fraction", "0.01"],
+    ))?;
+    ensure!(
+        err.contains("bad_conversation") && err.contains("need --template chatml"),
+        "{err}"
+    );
     Ok(())
 }
 

@@ -36,7 +36,9 @@ pub struct IngestConfig {
     pub images: Option<PathBuf>,
     pub tokenizer: PathBuf,
     pub out: PathBuf,
-    pub template: Template,
+    /// The chat template; `None`: the layout's own ([`Format::default_template`]: plain for
+    /// LLaVA-Pretrain's json, chatml for the chat layouts).
+    pub template: Option<Template>,
     /// A shard closes once its estimated size reaches this many bytes.
     pub shard_size: u64,
     pub workers: usize,
@@ -77,7 +79,7 @@ impl IngestConfig {
             images: None,
             tokenizer,
             out,
-            template: Template::Plain,
+            template: None,
             shard_size: Self::DEFAULT_SHARD_SIZE,
             workers: std::thread::available_parallelism().map_or(2, |n| n.get()),
             verify: true,
@@ -96,7 +98,8 @@ impl IngestConfig {
 pub fn run(config: &IngestConfig) -> Result<Summary, IngestError> {
     let started = Instant::now();
     let (input, format) = Input::open(&config.input, config.format)?;
-    let encoder = Arc::new(Encoder::load(&config.tokenizer, config.template)?);
+    let template = config.template.unwrap_or(format.default_template());
+    let encoder = Arc::new(Encoder::load(&config.tokenizer, template)?);
     let source = match &config.images {
         Some(images) => Some(ImageSource::open(images)?),
         None if format.images_outside() => {
@@ -120,7 +123,7 @@ pub fn run(config: &IngestConfig) -> Result<Summary, IngestError> {
             None => String::new(),
         },
         tokenizer_fingerprint: encoder.fingerprint.clone(),
-        template: config.template.name().to_string(),
+        template: template.name().to_string(),
         shard_size: config.shard_size,
         verify: config.verify,
         max_pixels: config.max_pixels,
@@ -326,7 +329,7 @@ fn finalize(
             format_version: FORMAT_VERSION,
             tokenizer_fingerprint: kept,
             source_tokenizer_fingerprint: added.then(|| encoder.fingerprint.clone()),
-            template: config.template.name().to_string(),
+            template: encoder.template.name().to_string(),
             image_placeholder_id: encoder.tokens.image.id,
             special_tokens: Some(encoder.tokens.clone()),
             num_samples: state.shards.iter().map(|s| s.rows).sum(),

@@ -160,7 +160,7 @@ fn a_resume_into_a_finished_folder_with_other_settings_or_images_is_refused() ->
     let before = snapshot(&f.out())?;
     let mut other = config.clone();
     other.shard_size = 12_345;
-    other.template = Template::Chatml;
+    other.template = Some(Template::Chatml);
     let err = ingest::run(&other).expect_err("other settings").to_string();
     assert!(
         err.contains("--shard-size (shard_size)") && err.contains("--template (template)"),
@@ -190,7 +190,7 @@ fn a_resume_into_an_older_finished_folder_checks_what_its_index_records() -> any
     let before = snapshot(&f.out())?;
     assert!(ingest::run(&config)?.complete);
     let mut other = config.clone();
-    other.template = Template::Chatml;
+    other.template = Some(Template::Chatml);
     let err = ingest::run(&other).expect_err("other template").to_string();
     assert!(
         err.contains("--template (template): plain -> chatml"),

@@ -37,9 +37,10 @@ pub(crate) struct Args {
     #[arg(long)]
     staging: Option<PathBuf>,
     /// Chat template: plain (LLaVA-Pretrain: <image> + caption) or chatml (multi-turn ChatML,
-    /// for tokenizers with <|im_start|> and <|im_end|>).
-    #[arg(long, default_value = "plain")]
-    template: Template,
+    /// for tokenizers with <|im_start|> and <|im_end|>). Default: the layout's own, plain for
+    /// LLaVA json, chatml for the chat layouts (onevision, cauldron, messages).
+    #[arg(long)]
+    template: Option<Template>,
     /// Close a shard once it holds about this many bytes.
     #[arg(long, default_value_t = IngestConfig::DEFAULT_SHARD_SIZE)]
     shard_size: u64,
@@ -104,8 +105,17 @@ pub(crate) fn run(args: Args, quiet: bool, progress: bool) -> anyhow::Result<()>
         eprint!("{}", summary.text());
     }
     if !summary.complete {
+        // The plain template takes one human and one gpt turn: multi-turn records need chatml.
+        let hint = if args.template == Some(Template::Plain)
+            && summary.report.rejected.contains_key("bad_conversation")
+        {
+            " (bad_conversation under --template plain: multi-turn records need --template \
+             chatml)"
+        } else {
+            ""
+        };
         anyhow::bail!(
-            "{} of {} records rejected ({:.3}%: {}), above --max-rejected-fraction {}: \
+            "{} of {} records rejected ({:.3}%: {}{hint}), above --max-rejected-fraction {}: \
              index.json not written; see {}/rejected.jsonl. To accept them, rerun the same \
              command with --resume --max-rejected-fraction {} (nothing is re-processed)",
             summary.report.rejected_total(),

@@ -38,6 +38,18 @@ pub enum Format {
 }
 
 impl Format {
+    /// The chat template a layout's records are rendered with when `--template` is not
+    /// given: plain for LLaVA-Pretrain's json (an image and its caption), chatml for the chat
+    /// layouts, whose records hold several turns.
+    pub fn default_template(self) -> crate::template::Template {
+        match self {
+            Format::Llava => crate::template::Template::Plain,
+            Format::Onevision | Format::Cauldron | Format::Messages => {
+                crate::template::Template::Chatml
+            }
+        }
+    }
+
     pub const ALL: [Format; 4] = [
         Format::Llava,
         Format::Onevision,

@@ -153,7 +153,7 @@ impl Fixture {
         self.write_json();
         let mut config =
             IngestConfig::new(self.json(), self.images(), tokenizer_path(), self.out());
-        config.template = template;
+        config.template = Some(template);
         config.workers = 2;
         config.max_rejected_fraction = 1.0;
         config

@@ -277,7 +277,7 @@ impl<'a> TrainLoop<'a> {
             Some(draw) => Planner::builder().draws(draw.items, &draw.key),
             None => Planner::builder(),
         };
-        Ok(builder
+        builder
             .samples(&self.s.samples)
             .image_tokens(self.s.vlm.vision.num_patches() as u32)
             .world_size(self.layout.plan_world_size)
@@ -290,7 +290,7 @@ impl<'a> TrainLoop<'a> {
             .only(planned_kind(self.cfg.stage))
             .over_long(self.cfg.over_long)
             .build()
-            .map_err(|e| self.name_sample(e))?)
+            .map_err(|e| self.name_sample(e))
     }
 
     /// A planner error about one sample, said with the sample's id and where it is stored
