@@ -587,7 +587,11 @@ fn over_long_samples_are_skipped_by_every_rank_and_resume_stays_exact() -> anyho
     // Without over-long samples the order is the one a build without the policy makes (a
     // position from a run that predates the flag stays valid).
     let clean = synthetic_llava(300, 0.2, 5);
-    let a = Planner::builder().samples(&clean).fingerprint("f").build()?.plan();
+    let a = Planner::builder()
+        .samples(&clean)
+        .fingerprint("f")
+        .build()?
+        .plan();
     let b = Planner::builder()
         .samples(&clean)
         .fingerprint("f")

@@ -157,8 +157,9 @@ fn train_rank(
     let steps = metrics::read_metrics(&run.metrics())?;
     let mut summary = Summary::from_steps(&steps);
     if let Some(summary) = summary.as_mut() {
-        summary.skipped_over_long = std::fs::read_to_string(run.skipped())
-            .map_or(0, |t| t.lines().filter(|l| !l.trim().is_empty()).count() as u64);
+        summary.skipped_over_long = std::fs::read_to_string(run.skipped()).map_or(0, |t| {
+            t.lines().filter(|l| !l.trim().is_empty()).count() as u64
+        });
     }
     if let Some(summary) = &summary {
         let path = run.summary();
