@@ -27,20 +27,24 @@ struct Cli {
 enum Command {
     /// Write a dataset in LLaVA-Pretrain's exact layout (json + images/ [+ images.zip]).
     Synth(commands::synth::Args),
-    /// Convert LLaVA json + images (folder or zip) into verified parquet shards.
+    /// Convert LLaVA or LLaVA-OneVision json + images (folder or zip), or Hugging Face parquet
+    /// (the_cauldron, TRL `messages`), into verified parquet shards.
     Ingest(commands::ingest::Args),
     /// Inspect shards: `verify DIR` or `stats DIR`.
     Shards(commands::shards::Args),
-    /// Benchmarks: `loader` (images/s vs the PIL reference) and `plan` (pack vs bucket vs fixed).
+    /// Benchmarks: `loader` (images/s vs the PIL reference), `plan` (pack vs bucket vs fixed)
+    /// and `generate` (the KV cache vs recomputing the prefix).
     Bench(commands::bench::Args),
-    /// Write small random-weight Hugging Face checkpoints (DIR/vision, DIR/lm).
+    /// Write small random-weight Hugging Face checkpoints (DIR/vision, DIR/lm; the LM Qwen2,
+    /// Qwen3, Qwen3-MoE or Llama).
     #[cfg(feature = "train")]
     InitModel(commands::init_model::Args),
     /// Train stage 1 (projector) or stage 2 (projector + LoRA, or the LM and tower in full) off
     /// pre-built shards.
     #[cfg(feature = "train")]
     Train(Box<commands::train::Args>),
-    /// Export a run: projector safetensors, PEFT adapter, VLM config.json.
+    /// Export a run: projector safetensors, PEFT adapter, VLM config.json, or (`--format
+    /// llava-hf`) a transformers LlavaForConditionalGeneration folder.
     #[cfg(feature = "train")]
     Export(commands::export::Args),
     /// Caption an image or held-out shard samples with a run or a llava-hf export.

@@ -10,7 +10,7 @@ use super::gemm::{self, CpuBf16Gemm};
 use super::keys::{KeyPath, LinearKeys};
 use super::param;
 use tch::Tensor;
-use tessera_fsdp::{ParamMap, ParamSpec};
+use tessera_fsdp::{ComputeError, ParamMap, ParamSpec};
 use tessera_sys::ShimError;
 
 const PREFIX: &str = "vision_model";
@@ -171,8 +171,8 @@ impl EncoderLayer {
         cfg: &SiglipVisionConfig,
         params: &ParamMap,
         x: &Tensor,
-    ) -> Result<Tensor, ShimError> {
-        let (n, len, d) = x.size3().expect("vision hidden is [n, tokens, D]");
+    ) -> Result<Tensor, ComputeError> {
+        let (n, len, d) = x.size3()?;
         let heads = cfg.num_attention_heads;
         let hd = cfg.head_dim();
 
@@ -227,7 +227,7 @@ impl VisionTower {
         &self,
         params: &ParamMap,
         pixel_values: &Tensor,
-    ) -> Result<Tensor, ShimError> {
+    ) -> Result<Tensor, ComputeError> {
         let mut hidden = self.embeddings.forward(&self.cfg, params, pixel_values);
         for layer in &self.layers {
             hidden = layer.forward(&self.cfg, params, &hidden)?;

@@ -269,6 +269,7 @@ fn every_flag_and_its_toml_key_set_the_same_knob() -> anyhow::Result<()> {
             "checkpoint_write = \"async\"",
         ),
         ("--on-bad-image", "skip", "on_bad_image = \"skip\""),
+        ("--over-long", "fail", "over_long = \"fail\""),
         ("--device", "cuda", "device = \"cuda\""),
         ("--image-size", "224", "image_size = 224"),
         ("--resize", "pad", "resize = \"pad\""),
