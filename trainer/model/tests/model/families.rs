@@ -16,36 +16,10 @@ use tessera_model::{
 
 const TOL: f64 = 1e-4;
 
-fn repo() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
-
-fn golden_vision() -> PathBuf {
-    repo().join("tests/fixtures/golden/vision")
-}
-
 /// The folder `family_parity.py` wrote every family into (once for all tests of the binary).
 fn transformers_models() -> &'static Path {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
-    DIR.get_or_init(|| {
-        let dir = tempfile::tempdir().expect("a temporary folder").keep();
-        let output = std::process::Command::new(repo().join(".deps/hfvenv/bin/python"))
-            .arg(repo().join("scripts/family_parity.py"))
-            .arg(&dir)
-            .output()
-            .expect("running scripts/family_parity.py");
-        assert!(
-            output.status.success(),
-            "family_parity.py failed (run scripts/setup.sh for .deps/hfvenv): {}",
-            String::from_utf8_lossy(&output.stderr)
-        );
-        dir
-    })
-}
-
-fn get<'a>(map: &'a ParamMap, key: &str) -> &'a tch::Tensor {
-    map.get(key)
-        .unwrap_or_else(|| panic!("outputs have no `{key}`"))
+    DIR.get_or_init(|| run_oracle("scripts/family_parity.py"))
 }
 
 /// Logits and loss of `family`'s checkpoint through the unit chain, and prompt logits through

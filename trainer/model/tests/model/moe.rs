@@ -10,7 +10,6 @@ use crate::support::*;
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 use std::time::Duration;
-use tch::Tensor;
 use tessera_fsdp::dist::ProcessGroup;
 use tessera_fsdp::{Fsdp, FsdpConfig, ParamMap, Recompute};
 use tessera_model::{load_safetensors, Generator, LmFamily, Vlm, VlmOptions};
@@ -18,36 +17,10 @@ use tessera_model::{load_safetensors, Generator, LmFamily, Vlm, VlmOptions};
 const TOL: f64 = 1e-4;
 const VARIANTS: [&str; 3] = ["top2-norm", "top1", "top3-raw"];
 
-fn repo() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
-
-fn golden_vision() -> PathBuf {
-    repo().join("tests/fixtures/golden/vision")
-}
-
 /// The folder the oracle wrote every variant into (once for all tests of the binary).
 fn oracle() -> &'static Path {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
-    DIR.get_or_init(|| {
-        let dir = tempfile::tempdir().expect("a temporary folder").keep();
-        let output = std::process::Command::new(repo().join(".deps/hfvenv/bin/python"))
-            .arg(repo().join("tests/oracles/qwen3_moe_parity.py"))
-            .arg(&dir)
-            .output()
-            .expect("running tests/oracles/qwen3_moe_parity.py");
-        assert!(
-            output.status.success(),
-            "qwen3_moe_parity.py failed (run scripts/setup.sh for .deps/hfvenv): {}",
-            String::from_utf8_lossy(&output.stderr)
-        );
-        dir
-    })
-}
-
-fn get<'a>(map: &'a ParamMap, key: &str) -> &'a Tensor {
-    map.get(key)
-        .unwrap_or_else(|| panic!("outputs have no `{key}`"))
+    DIR.get_or_init(|| run_oracle("tests/oracles/qwen3_moe_parity.py"))
 }
 
 /// A variant's model, its parameters (every LM weight trainable), the oracle's outputs and

@@ -306,3 +306,37 @@ pub(crate) fn on_thread_ranks<T: Send>(
             .collect()
     })
 }
+
+/// The repository's root.
+pub(crate) fn repo() -> std::path::PathBuf {
+    std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// The golden tiny SigLIP tower the parity tests pair with their LMs.
+pub(crate) fn golden_vision() -> std::path::PathBuf {
+    repo().join("tests/fixtures/golden/vision")
+}
+
+/// `map[key]`, failing the test naming the key.
+pub(crate) fn get<'a>(map: &'a ParamMap, key: &str) -> &'a Tensor {
+    map.get(key)
+        .unwrap_or_else(|| panic!("outputs have no `{key}`"))
+}
+
+/// Runs the transformers oracle `script` (a path under the repo, in scripts/setup.sh's
+/// `.deps/hfvenv`) into a fresh kept folder and returns it; callers keep it in a `OnceLock` so
+/// it runs once per test binary.
+pub(crate) fn run_oracle(script: &str) -> std::path::PathBuf {
+    let dir = tempfile::tempdir().expect("a temporary folder").keep();
+    let output = std::process::Command::new(repo().join(".deps/hfvenv/bin/python"))
+        .arg(repo().join(script))
+        .arg(&dir)
+        .output()
+        .unwrap_or_else(|e| panic!("running {script}: {e}"));
+    assert!(
+        output.status.success(),
+        "{script} failed (run scripts/setup.sh for .deps/hfvenv): {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    dir
+}
