@@ -1,4 +1,5 @@
-//! Build script of `tessera-sys`: compiles the C++ shims (csrc/: c10d_shim.cpp, attention_shim.cpp for varlen
+//! Build script of `tessera-sys`: compiles the C++ shims (csrc/: c10d_shim.cpp, all_to_all.cpp (expert parallelism's
+//! differentiable all-to-all), attention_shim.cpp for varlen
 //! attention, profiler_shim.cpp, fused_adamw.cpp, stream_shim.cpp for side-stream uploads,
 //! widened_linear.cpp for bf16 products on CPUs without bf16 arithmetic; their
 //! error convention in shim_error.h) against libtorch's headers and
@@ -15,8 +16,9 @@
 use std::path::{Path, PathBuf};
 
 /// Every C++ shim, once: compiled here and watched for changes.
-const SHIMS: [&str; 6] = [
+const SHIMS: [&str; 7] = [
     "csrc/c10d_shim.cpp",
+    "csrc/all_to_all.cpp",
     "csrc/attention_shim.cpp",
     "csrc/profiler_shim.cpp",
     "csrc/fused_adamw.cpp",
@@ -27,6 +29,7 @@ const SHIMS: [&str; 6] = [
 fn main() {
     println!("cargo:rerun-if-env-changed=LIBTORCH");
     println!("cargo:rerun-if-changed=csrc/shim_error.h");
+    println!("cargo:rerun-if-changed=csrc/c10d_group.h");
     for file in SHIMS {
         println!("cargo:rerun-if-changed={file}");
     }

@@ -16,6 +16,7 @@
 
 #include <ATen/core/Tensor.h>
 #include "shim_error.h"
+#include "c10d_group.h"
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
@@ -27,11 +28,6 @@
 struct tc_store {
   c10::intrusive_ptr<c10d::Store> store;
   uint16_t port;
-};
-
-struct tc_pg {
-  c10::intrusive_ptr<c10d::Backend> backend;
-  std::chrono::milliseconds timeout;
 };
 
 struct tc_work {

@@ -89,6 +89,16 @@ extern "C" {
         work: *mut *mut RawWork,
     ) -> *mut c_char;
     pub fn tc_barrier(pg: *mut RawProcessGroup, work: *mut *mut RawWork) -> *mut c_char;
+    /// Differentiable and synchronous (`csrc/all_to_all.cpp`): rows of `input` to the ranks
+    /// (`in_splits[j]` to rank j), the rows received in `*out` (`out_splits[j]` from rank j).
+    pub fn tc_all_to_all(
+        pg: *mut RawProcessGroup,
+        input: *const C_tensor,
+        out_splits: *const i64,
+        in_splits: *const i64,
+        n: i64,
+        out: *mut *mut C_tensor,
+    ) -> *mut c_char;
     pub fn tc_work_wait(work: *mut RawWork, timeout_ms: i64) -> *mut c_char;
     pub fn tc_work_free(work: *mut RawWork);
 }

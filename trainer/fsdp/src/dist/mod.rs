@@ -35,6 +35,8 @@ pub enum Collective {
     AllReduce,
     Broadcast,
     Barrier,
+    /// Expert parallelism's token exchange (differentiable, synchronous).
+    AllToAll,
 }
 
 impl fmt::Display for Collective {
@@ -45,6 +47,7 @@ impl fmt::Display for Collective {
             Collective::AllReduce => "all-reduce",
             Collective::Broadcast => "broadcast",
             Collective::Barrier => "barrier",
+            Collective::AllToAll => "all-to-all",
         })
     }
 }

@@ -218,6 +218,76 @@ impl ProcessGroup {
         .wait()
     }
 
+    /// Rows of `input` to the group's ranks, `send[j]` of them (in order) to rank j; returns
+    /// the rows received, `recv[j]` from rank j, in rank order. Every rank must call it with
+    /// matching counts (rank i's `send[j]` is rank j's `recv[i]`). Synchronous, and
+    /// differentiable: backward sends each row's gradient back to the rank the row came from,
+    /// so it runs inside a unit's forward and again, reversed, inside its backward. A CPU
+    /// tensor on an NCCL group travels through the rank's GPU.
+    pub fn all_to_all(
+        &self,
+        input: &Tensor,
+        send: &[i64],
+        recv: &[i64],
+        what: &str,
+    ) -> Result<Tensor, DistError> {
+        let fail = |message: String| DistError::Collective {
+            rank: self.rank,
+            op: Collective::AllToAll,
+            unit: what.to_string(),
+            timed_out: reports_timeout(&message),
+            timeout: self.timeout,
+            message,
+        };
+        if send.len() != self.world_size || recv.len() != self.world_size {
+            return Err(fail(format!(
+                "{} send and {} receive counts for {} ranks",
+                send.len(),
+                recv.len(),
+                self.world_size
+            )));
+        }
+        let row_elems: i64 = input.size().iter().skip(1).product();
+        let row_bytes = row_elems as f64 * input.kind().elt_size_in_bytes() as f64;
+        let others: i64 = send
+            .iter()
+            .enumerate()
+            .filter(|&(j, _)| j != self.rank)
+            .map(|(_, &n)| n)
+            .sum();
+        self.bytes_sent.fetch_add(
+            (others as f64 * row_bytes).round() as u64,
+            Ordering::Relaxed,
+        );
+        let staged = self.backend == Backend::Nccl && input.device() == tch::Device::Cpu;
+        let on_group = if staged {
+            input.to_device(self.device)
+        } else {
+            input.shallow_clone()
+        };
+        let mut raw = std::ptr::null_mut();
+        // SAFETY: live group and tensor; the counts outlive the call (the shim copies them).
+        let err = unsafe {
+            ffi::tc_all_to_all(
+                self.raw,
+                on_group.as_ptr(),
+                recv.as_ptr(),
+                send.as_ptr(),
+                send.len() as i64,
+                &mut raw,
+            )
+        };
+        // SAFETY: err is null or a fresh shim error string.
+        unsafe { tessera_sys::take_error(err, "all-to-all") }.map_err(|e| fail(e.message))?;
+        // SAFETY: on success the shim wrote a fresh tensor that the Rust side now owns.
+        let out = unsafe { Tensor::from_ptr(raw) };
+        Ok(if staged {
+            out.to_device(tch::Device::Cpu)
+        } else {
+            out
+        })
+    }
+
     /// Copies of `out` (and `input`) on the group's GPU when NCCL is given CPU tensors; none
     /// otherwise. Both are copied in so an in-place collective starts from `out`'s contents.
     fn stage(&self, out: &Tensor, input: Option<&Tensor>) -> Staged {

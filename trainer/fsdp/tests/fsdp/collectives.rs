@@ -114,3 +114,77 @@ fn one_rank_group_works_without_peers() -> anyhow::Result<()> {
     assert_eq!(pg.bytes_sent(), 0);
     Ok(())
 }
+
+/// Three ranks exchange uneven row counts (some zero): each receives its rows in rank order,
+/// and the gradient of the received rows comes back to the rows that were sent, on the rank
+/// that sent them.
+#[test]
+fn all_to_all_delivers_uneven_rows_and_sends_their_gradients_back() -> anyhow::Result<()> {
+    // send[i][j]: rows rank i sends to rank j.
+    const SEND: [[i64; 3]; 3] = [[1, 0, 2], [2, 1, 0], [0, 3, 1]];
+    let results = on_ranks(3, Duration::from_secs(20), |pg| {
+        let r = pg.rank();
+        let send = SEND[r].to_vec();
+        let recv: Vec<i64> = (0..3).map(|i| SEND[i][r]).collect();
+        let rows: i64 = send.iter().sum();
+        // Row k of rank r holds [100r + k, -(100r + k)].
+        let base = Tensor::arange(rows, (Kind::Float, tch::Device::Cpu)) + 100.0 * r as f64;
+        let input = Tensor::stack(&[&base, &(-&base)], 1).set_requires_grad(true);
+        let out = pg.all_to_all(&input, &send, &recv, "layers.0 dispatch")?;
+        // Each received row's gradient: its position on the receiving rank, times 1000(r+1).
+        let weight = (Tensor::arange(out.size()[0], (Kind::Float, tch::Device::Cpu)) + 1.0)
+            * (1000.0 * (r + 1) as f64);
+        let loss = (&out * weight.unsqueeze(1)).sum(Kind::Float);
+        let grad = Tensor::run_backward(&[loss], &[&input], false, false).remove(0);
+        Ok((values(&out)?, values(&grad)?))
+    })?;
+    // Rows each rank sends to each destination, and where they land there.
+    for (r, (out, _)) in results.iter().enumerate() {
+        let mut want = Vec::new();
+        for (i, row) in SEND.iter().enumerate() {
+            let first: i64 = row[..r].iter().sum();
+            for k in first..first + row[r] {
+                let v = (100 * i as i64 + k) as f32;
+                want.extend([v, -v]);
+            }
+        }
+        assert_eq!(out, &want, "rank {r} received");
+    }
+    for (i, (_, grad)) in results.iter().enumerate() {
+        let mut want = Vec::new();
+        for (j, &n) in SEND[i].iter().enumerate() {
+            // Where rank i's rows sit among rank j's received rows.
+            let before: i64 = (0..i).map(|s| SEND[s][j]).sum();
+            for k in 0..n {
+                let g = ((before + k + 1) * 1000 * (j as i64 + 1)) as f32;
+                want.extend([g, g]);
+            }
+        }
+        assert_eq!(grad, &want, "rank {i} gradient");
+    }
+    Ok(())
+}
+
+#[test]
+fn an_all_to_all_a_peer_never_joins_fails_naming_rank_and_exchange() -> anyhow::Result<()> {
+    let results = on_ranks(2, Duration::from_secs(2), |pg| {
+        if pg.rank() == 0 {
+            let x = Tensor::ones([2, 3], (Kind::Float, tch::Device::Cpu));
+            let err = pg
+                .all_to_all(&x, &[1, 1], &[1, 1], "layers.1 dispatch")
+                .err();
+            Ok(err.map(|e| e.to_string()))
+        } else {
+            std::thread::sleep(Duration::from_secs(4));
+            Ok(None)
+        }
+    })?;
+    let message = results[0]
+        .clone()
+        .ok_or_else(|| anyhow::anyhow!("rank 0 did not fail"))?;
+    assert!(
+        message.starts_with("rank 0: all-to-all of unit 'layers.1 dispatch' timed out"),
+        "{message}"
+    );
+    Ok(())
+}
