@@ -1,6 +1,6 @@
 //! The FSDP engine: runs a unit chain one unit at a time over sharded flat buffers.
 use super::flat_param::{FlatParams, ShardSpec};
-use super::gather::Gathered;
+use super::gather::{BufferGroups, Gathered};
 use super::optim::{AdamWConfig, ShardedAdamW};
 use super::{FsdpError, Recompute, Strategy};
 use crate::dist::{ProcessGroup, Work};
@@ -124,6 +124,9 @@ pub struct Fsdp<'a, C> {
     pub(super) world: &'a ProcessGroup,
     /// Hybrid strategies: this rank and its counterparts (same local rank) on the other nodes.
     pub(super) replicas: Option<&'a ProcessGroup>,
+    /// Expert parallelism: the ranks that hold the same experts as this one, which expert
+    /// buffers are sharded over (see [`crate::ParamSpec::expert`]).
+    pub(super) experts: Option<&'a ProcessGroup>,
     pub(super) across_mark: u64,
     pub(super) config: FsdpConfig,
     pub(super) flat: FlatParams,
@@ -147,7 +150,31 @@ impl<'a, C> Fsdp<'a, C> {
         init: &dyn ParamSource,
         config: FsdpConfig,
     ) -> Result<Self, FsdpError> {
-        Self::build(units, pg, pg, None, init, config)
+        Self::build(units, pg, pg, None, None, init, config)
+    }
+
+    /// Expert parallelism: every parameter sharded over `world` (FULL_SHARD, SHARD_GRAD_OP) or
+    /// replicated on it (NO_SHARD) as [`Fsdp::new`] does, except the experts' (units list
+    /// only their own experts, each with [`crate::ParamSpec::expert`] set): those are
+    /// sharded, or replicated, over `experts`, the ranks that hold the same experts (torchtitan's
+    /// layout: expert weights sharded over the data-parallel ranks of one expert slice, their
+    /// gradients reduced over those ranks only). Hybrid strategies are refused.
+    pub fn new_expert_parallel(
+        units: &'a [Box<dyn Unit<C>>],
+        world: &'a ProcessGroup,
+        experts: &'a ProcessGroup,
+        init: &dyn ParamSource,
+        config: FsdpConfig,
+    ) -> Result<Self, FsdpError> {
+        if config.strategy.is_hybrid() {
+            return Err(FsdpError::Layout {
+                name: format!("{:?}", config.strategy),
+                message: "expert parallelism runs with FULL_SHARD, SHARD_GRAD_OP or NO_SHARD; \
+                          hybrid strategies with experts are not implemented"
+                    .into(),
+            });
+        }
+        Self::build(units, world, world, None, Some(experts), init, config)
     }
 
     /// HYBRID_SHARD: parameters and training state sharded over `node` (this machine's ranks),
@@ -161,7 +188,7 @@ impl<'a, C> Fsdp<'a, C> {
         init: &dyn ParamSource,
         config: FsdpConfig,
     ) -> Result<Self, FsdpError> {
-        Self::build(units, world, node, Some(replicas), init, config)
+        Self::build(units, world, node, Some(replicas), None, init, config)
     }
 
     fn build(
@@ -169,12 +196,15 @@ impl<'a, C> Fsdp<'a, C> {
         world: &'a ProcessGroup,
         pg: &'a ProcessGroup,
         replicas: Option<&'a ProcessGroup>,
+        experts: Option<&'a ProcessGroup>,
         init: &dyn ParamSource,
         config: FsdpConfig,
     ) -> Result<Self, FsdpError> {
         let spec = ShardSpec {
             rank: pg.rank(),
             world_size: pg.world_size(),
+            expert_rank: experts.map_or(0, ProcessGroup::rank),
+            expert_world_size: experts.map_or(1, ProcessGroup::world_size),
             sharded: config.strategy != Strategy::NoShard,
             kind: config.kind,
             compute_kind: config.compute_kind,
@@ -193,6 +223,7 @@ impl<'a, C> Fsdp<'a, C> {
             pg,
             world,
             replicas,
+            experts,
             across_mark: replicas.map_or(0, ProcessGroup::bytes_sent),
             config,
             flat,
@@ -225,6 +256,28 @@ impl<'a, C> Fsdp<'a, C> {
     /// nothing is gathered or copied: units read the shards themselves.
     pub(super) fn sharded(&self) -> bool {
         self.config.strategy != Strategy::NoShard && self.pg.world_size() > 1
+    }
+
+    /// The groups buffers are sharded over (the expert-replica group for expert buffers).
+    pub(super) fn groups(&self) -> BufferGroups<'a> {
+        BufferGroups {
+            dense: self.pg,
+            experts: self.experts,
+            shard: self.config.strategy != Strategy::NoShard,
+        }
+    }
+
+    /// Whether this rank counts buffer `b`'s gradient in the global norm: the rank that
+    /// would write its shard to a checkpoint (each shard counted once over the job).
+    fn counts_norm(&self, b: usize) -> bool {
+        let buf = &self.flat.buffers[b];
+        match buf.expert {
+            Some(_) => {
+                let (group, split) = self.groups().of(buf);
+                split || group.rank() == 0
+            }
+            None => self.writes_shards(),
+        }
     }
 
     /// Seconds per component since the last call (forward + backward, recompute included),
@@ -288,7 +341,7 @@ impl<'a, C> Fsdp<'a, C> {
         // Without recompute a backward step runs through the graph its forward kept, which
         // holds the parameters it read: nothing to gather.
         let needs_params = |pass: &Pass| matches!(pass, Pass::Forward(_)) || recompute;
-        let sharded = self.sharded();
+        let groups = self.groups();
         let mut saved: HashMap<usize, Tensor> = HashMap::new();
         let mut kept: HashMap<usize, Graph> = HashMap::new();
         let mut x = input.shallow_clone();
@@ -301,18 +354,13 @@ impl<'a, C> Fsdp<'a, C> {
             let name = self.units[u].name();
             let t = Instant::now();
             if needs_params(&schedule[p]) {
-                self.gathered.ready(&self.flat, u, name, self.pg, sharded)?;
+                self.gathered.ready(&self.flat, u, name, groups)?;
             }
             if self.config.prefetch {
                 if let Some(next) = schedule.get(p + 1).filter(|s| needs_params(s)) {
                     let next = next.unit();
-                    self.gathered.issue(
-                        &self.flat,
-                        next,
-                        self.units[next].name(),
-                        self.pg,
-                        sharded,
-                    )?;
+                    self.gathered
+                        .issue(&self.flat, next, self.units[next].name(), groups)?;
                 }
             }
             self.book("gather_wait", t);
@@ -362,7 +410,7 @@ impl<'a, C> Fsdp<'a, C> {
                     .flat_map(|next| self.flat.unit_buffers[next.unit()].clone())
                     .collect(),
             };
-            self.gathered.release(&self.flat, u, &keep, sharded);
+            self.gathered.release(&self.flat, u, &keep, groups);
             self.book("reduce_wait", t);
         }
         let t = Instant::now();
@@ -485,13 +533,14 @@ impl<'a, C> Fsdp<'a, C> {
             // No-op when the compute already runs in the reduce dtype (f32 runs).
             let grad = grad.to_kind(self.config.reduce_kind);
             let buffer = &self.flat.buffers[*b];
-            let (out, work) = if self.sharded() {
+            let (group, split) = self.groups().of(buffer);
+            let (out, work) = if split {
                 let mut out = Tensor::empty([buffer.shard_len], (grad.kind(), grad.device()));
-                let work = self.pg.reduce_scatter_into(&mut out, &grad, name)?;
+                let work = group.reduce_scatter_into(&mut out, &grad, name)?;
                 (out, Some(work))
-            } else if self.pg.world_size() > 1 {
+            } else if group.world_size() > 1 {
                 let mut out = grad;
-                let work = self.pg.all_reduce_sum(&mut out, name)?;
+                let work = group.all_reduce_sum(&mut out, name)?;
                 (out, Some(work))
             } else {
                 (grad, None)
@@ -558,12 +607,14 @@ impl<'a, C> Fsdp<'a, C> {
     /// configured learning rates times `lr_factor`, and zeroed gradients.
     pub fn step(&mut self, lr_factor: f64) -> Result<StepStats, FsdpError> {
         // Each shard's norm counted once: by the rank that would write it to a checkpoint.
-        let counts_norm = self.writes_shards();
-        let sq = if counts_norm {
-            self.grads.iter().flatten().map(sum_of_squares).sum()
-        } else {
-            0.0
-        };
+        let sq = self
+            .grads
+            .iter()
+            .enumerate()
+            .filter(|&(b, _)| self.counts_norm(b))
+            .filter_map(|(_, g)| g.as_ref())
+            .map(sum_of_squares)
+            .sum();
         let mut totals = Tensor::from_slice(&[sq, self.loss_sum]);
         self.world.all_reduce_sum(&mut totals, "step")?.wait()?;
         let totals = Vec::<f64>::try_from(&totals).map_err(self.compute_err(0))?;

@@ -22,6 +22,9 @@ pub(crate) struct FlatEntry {
 pub(crate) struct FlatBuffer {
     pub(crate) unit_name: String,
     pub(crate) trainable: bool,
+    /// The expert whose parameters the buffer holds (expert parallelism; see
+    /// [`ParamSpec::expert`]): sharded over the expert-replica group, not the whole group.
+    pub(crate) expert: Option<usize>,
     pub(crate) entries: Vec<FlatEntry>,
     /// Elements before padding.
     pub(crate) numel: i64,
@@ -41,15 +44,15 @@ pub(crate) struct FlatBuffer {
 impl FlatBuffer {
     /// "vision.layers.3.frozen", "layers.3.trainable": the buffer's name in logs and checkpoints.
     pub(crate) fn key(&self) -> String {
-        format!(
-            "{}.{}",
-            self.unit_name,
-            if self.trainable {
-                "trainable"
-            } else {
-                "frozen"
-            }
-        )
+        let class = if self.trainable {
+            "trainable"
+        } else {
+            "frozen"
+        };
+        match self.expert {
+            Some(e) => format!("{}.expert.{e}.{class}", self.unit_name),
+            None => format!("{}.{class}", self.unit_name),
+        }
     }
 
     /// The shard in the compute dtype: itself when it is stored so, else a converted copy
@@ -101,6 +104,10 @@ pub(crate) struct FlatParams {
 pub(crate) struct ShardSpec {
     pub(crate) rank: usize,
     pub(crate) world_size: usize,
+    /// This rank's place in the expert-replica group (rank, size) that expert buffers are
+    /// sharded over; (0, 1) without expert parallelism.
+    pub(crate) expert_rank: usize,
+    pub(crate) expert_world_size: usize,
     /// False for NO_SHARD: every rank keeps whole buffers.
     pub(crate) sharded: bool,
     /// Dtype of trainable shards (the masters the optimizer updates).
@@ -154,15 +161,28 @@ impl FlatParams {
                         }
                     }
                 }
-                if own.is_empty() {
-                    continue;
+                // The unit's own parameters (one buffer), then each expert's (one buffer each).
+                let mut classes: Vec<(Option<usize>, Vec<ParamSpec>)> = Vec::new();
+                for p in own {
+                    match classes.iter_mut().find(|(e, _)| *e == p.expert) {
+                        Some((_, list)) => list.push(p),
+                        None => classes.push((p.expert, vec![p])),
+                    }
                 }
-                let b = buffers.len();
-                for p in &own {
-                    buffer_of.insert(p.name.clone(), b);
+                classes.sort_by_key(|(e, _)| e.map_or(0, |e| e + 1));
+                for (expert, own) in classes {
+                    let b = buffers.len();
+                    for p in &own {
+                        buffer_of.insert(p.name.clone(), b);
+                    }
+                    let place = BufferPlace {
+                        unit_name: unit.name(),
+                        trainable,
+                        expert,
+                    };
+                    buffers.push(build_buffer(place, &own, init, spec)?);
+                    needed.push(b);
                 }
-                buffers.push(build_buffer(unit.name(), trainable, &own, init, spec)?);
-                needed.push(b);
             }
             unit_buffers.push(needed);
         }
@@ -184,13 +204,25 @@ impl FlatParams {
     }
 }
 
-fn build_buffer(
-    unit_name: &str,
+/// Which unit a buffer belongs to, and its class.
+#[derive(Clone, Copy)]
+struct BufferPlace<'a> {
+    unit_name: &'a str,
     trainable: bool,
+    expert: Option<usize>,
+}
+
+fn build_buffer(
+    place: BufferPlace<'_>,
     params: &[ParamSpec],
     init: &dyn ParamSource,
     spec: ShardSpec,
 ) -> Result<FlatBuffer, FsdpError> {
+    let BufferPlace {
+        unit_name,
+        trainable,
+        expert,
+    } = place;
     let mut entries = Vec::with_capacity(params.len());
     let mut offset = 0i64;
     for p in params {
@@ -203,10 +235,13 @@ fn build_buffer(
         });
         offset += numel;
     }
-    let w = spec.world_size as i64;
+    let (rank, w) = match expert {
+        Some(_) => (spec.expert_rank as i64, spec.expert_world_size as i64),
+        None => (spec.rank as i64, spec.world_size as i64),
+    };
     let (padded, shard_len, shard_start) = if spec.sharded {
         let padded = (offset + w - 1) / w * w;
-        (padded, padded / w, spec.rank as i64 * (padded / w))
+        (padded, padded / w, rank * (padded / w))
     } else {
         (offset, offset, 0)
     };
@@ -237,6 +272,7 @@ fn build_buffer(
     Ok(FlatBuffer {
         unit_name: unit_name.to_string(),
         trainable,
+        expert,
         entries,
         numel: offset,
         padded,
@@ -271,6 +307,7 @@ mod tests {
         FlatBuffer {
             unit_name: "unit".into(),
             trainable: true,
+            expert: None,
             entries,
             numel: offset,
             padded,

@@ -13,21 +13,20 @@ impl<C> Fsdp<'_, C> {
         let Some(&last) = running.last() else {
             return Ok(0.0);
         };
-        let sharded = self.sharded();
+        let groups = self.groups();
         let mut x = input.shallow_clone();
         for (p, &u) in running.iter().enumerate() {
             let name = self.units[u].name();
-            self.gathered.ready(&self.flat, u, name, self.pg, sharded)?;
+            self.gathered.ready(&self.flat, u, name, groups)?;
             let next = running.get(p + 1).copied();
             if let Some(next) = next.filter(|_| self.config.prefetch) {
                 let next_name = self.units[next].name();
-                self.gathered
-                    .issue(&self.flat, next, next_name, self.pg, sharded)?;
+                self.gathered.issue(&self.flat, next, next_name, groups)?;
             }
             let params = self.flat.param_map(u, &self.gathered.full);
             x = tch::no_grad(|| self.run_unit(u, &params, &x, ctx))?;
             let keep = next.map_or_else(Vec::new, |n| self.flat.unit_buffers[n].clone());
-            self.gathered.release(&self.flat, u, &keep, sharded);
+            self.gathered.release(&self.flat, u, &keep, groups);
         }
         self.scalar(last, &x)
     }

@@ -1,11 +1,32 @@
 //! Gathering flat buffers: issue an all-gather (async, so the next unit's gather overlaps the
 //! current unit's compute), wait for it, and free gathered buffers no longer needed. Buffers
 //! are gathered in the compute dtype (a bf16 run casts its f32 master shards before sending).
-use super::flat_param::FlatParams;
+use super::flat_param::{FlatBuffer, FlatParams};
 use super::FsdpError;
 use crate::dist::{ProcessGroup, Work};
 use std::collections::HashMap;
 use tch::Tensor;
+
+/// The groups a rank's buffers are sharded over: the unit group, and under expert parallelism
+/// the expert-replica group (the ranks holding the same experts) for expert buffers.
+#[derive(Clone, Copy)]
+pub(super) struct BufferGroups<'a> {
+    pub(super) dense: &'a ProcessGroup,
+    pub(super) experts: Option<&'a ProcessGroup>,
+    /// False for NO_SHARD: every buffer whole on every rank of its group.
+    pub(super) shard: bool,
+}
+
+impl<'a> BufferGroups<'a> {
+    /// The group `buf` is sharded (or, unsharded, reduced) over, and whether it is split.
+    pub(super) fn of(&self, buf: &FlatBuffer) -> (&'a ProcessGroup, bool) {
+        let pg = match (buf.expert, self.experts) {
+            (Some(_), Some(experts)) => experts,
+            _ => self.dense,
+        };
+        (pg, self.shard && pg.world_size() > 1)
+    }
+}
 
 /// Gathered (full) buffers and in-flight gathers of one rank.
 #[derive(Default)]
@@ -24,8 +45,7 @@ impl Gathered {
         flat: &FlatParams,
         unit: usize,
         unit_name: &str,
-        pg: &ProcessGroup,
-        sharded: bool,
+        groups: BufferGroups<'_>,
     ) -> Result<(), FsdpError> {
         for &b in &flat.unit_buffers[unit] {
             if self.full.contains_key(&b) || self.pending.contains_key(&b) {
@@ -33,6 +53,7 @@ impl Gathered {
             }
             let buf = &flat.buffers[b];
             let shard = buf.compute_shard();
+            let (pg, sharded) = groups.of(buf);
             if !sharded {
                 self.full.insert(b, shard);
                 continue;
@@ -52,10 +73,9 @@ impl Gathered {
         flat: &FlatParams,
         unit: usize,
         unit_name: &str,
-        pg: &ProcessGroup,
-        sharded: bool,
+        groups: BufferGroups<'_>,
     ) -> Result<(), FsdpError> {
-        self.issue(flat, unit, unit_name, pg, sharded)?;
+        self.issue(flat, unit, unit_name, groups)?;
         for &b in &flat.unit_buffers[unit] {
             if let Some((out, work)) = self.pending.remove(&b) {
                 work.wait()?;
@@ -71,14 +91,14 @@ impl Gathered {
         flat: &FlatParams,
         unit: usize,
         keep: &[usize],
-        sharded: bool,
+        groups: BufferGroups<'_>,
     ) {
         for b in &flat.unit_buffers[unit] {
             if keep.contains(b) {
                 continue;
             }
             if let Some(t) = self.full.remove(b) {
-                if sharded {
+                if groups.of(&flat.buffers[*b]).1 {
                     self.bytes = self.bytes.saturating_sub(super::optim::tensor_bytes(&t));
                 }
             }

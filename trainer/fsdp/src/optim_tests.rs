@@ -24,6 +24,7 @@ fn buffer(start: &Tensor) -> FlatBuffer {
     FlatBuffer {
         unit_name: "unit".into(),
         trainable: true,
+        expert: None,
         entries,
         numel: 14,
         padded: 16,

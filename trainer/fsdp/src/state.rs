@@ -24,7 +24,8 @@ impl<C> Fsdp<'_, C> {
     }
 
     /// Full parameters by name on every rank (export, checkpoints); `trainable_only` skips frozen
-    /// buffers. Every rank must call it (it all-gathers).
+    /// buffers. Every rank must call it (it all-gathers). Under expert parallelism a rank
+    /// gets its own experts only.
     pub fn gather_params(&self, trainable_only: bool) -> Result<ParamMap, FsdpError> {
         let mut out = ParamMap::new();
         for b in self
@@ -33,9 +34,10 @@ impl<C> Fsdp<'_, C> {
             .iter()
             .filter(|b| b.trainable || !trainable_only)
         {
-            let full = if self.sharded() {
+            let (group, split) = self.groups().of(b);
+            let full = if split {
                 let mut full = Tensor::empty([b.padded], (b.shard.kind(), b.shard.device()));
-                self.pg
+                group
                     .all_gather_into(&mut full, &b.shard, &b.unit_name)?
                     .wait()?;
                 full
@@ -56,9 +58,10 @@ impl<C> Fsdp<'_, C> {
         let mut out = ParamMap::new();
         for (b, grad) in self.flat.buffers.iter().zip(&self.grads) {
             let Some(grad) = grad else { continue };
-            let full = if self.sharded() {
+            let (group, split) = self.groups().of(b);
+            let full = if split {
                 let mut full = Tensor::empty([b.padded], (grad.kind(), grad.device()));
-                self.pg
+                group
                     .all_gather_into(&mut full, grad, &b.unit_name)?
                     .wait()?;
                 full

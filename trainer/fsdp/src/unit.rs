@@ -13,6 +13,11 @@ pub struct ParamSpec {
     pub name: String,
     pub shape: Vec<i64>,
     pub trainable: bool,
+    /// `Some(e)`: the parameter belongs to expert `e` of an expert-parallel layer. FSDP keeps
+    /// each expert's parameters in buffers of their own (`"{unit}.expert.{e}.trainable"`),
+    /// sharded over the expert-replica group (the ranks that hold the same experts) instead
+    /// of the whole group; only the ranks holding expert `e` list it.
+    pub expert: Option<usize>,
 }
 
 /// Full (gathered) parameter tensors of one unit, by Hugging Face key.
@@ -55,6 +60,9 @@ pub enum ComputeError {
     Torch(#[from] tch::TchError),
     #[error(transparent)]
     Shim(#[from] tessera_sys::ShimError),
+    /// A collective inside the forward (expert parallelism's all-to-all).
+    #[error(transparent)]
+    Collective(#[from] crate::dist::DistError),
 }
 
 /// Where FSDP reads each rank's initial shards from, one slice of one parameter at a time, so

@@ -28,6 +28,7 @@ fn spec(name: &str, shape: &[i64], trainable: bool) -> ParamSpec {
         name: name.into(),
         shape: shape.to_vec(),
         trainable,
+        expert: None,
     }
 }
 

@@ -15,7 +15,7 @@ use super::gemm;
 use super::keys::{KeyPath, LinearKeys};
 use super::lm_config::LmConfig;
 use super::lora;
-use super::moe::{RouterLog, SparseMlp};
+use super::moe::{ExpertGroup, RouterLog, SparseMlp};
 use super::param;
 use super::rope::apply_rotary;
 use super::varlen::{attend_varlen, Varlen};
@@ -28,6 +28,7 @@ fn frozen(name: String, shape: Vec<i64>) -> ParamSpec {
         name,
         shape,
         trainable: false,
+        expert: None,
     }
 }
 
@@ -62,6 +63,12 @@ enum Mlp {
 
 impl DecoderLayer {
     pub(crate) fn new(cfg: &LmConfig, i: i64) -> Self {
+        Self::with_experts(cfg, i, None)
+    }
+
+    /// Layer `i`, its sparse MLP (if it has one) holding this rank's slice of the experts of
+    /// `parallel` (all of them without).
+    pub(crate) fn with_experts(cfg: &LmConfig, i: i64, parallel: Option<&ExpertGroup>) -> Self {
         let d = cfg.hidden_size;
         let q = cfg.num_attention_heads * cfg.head_dim();
         let kv = cfg.kv_heads() * cfg.head_dim();
@@ -84,7 +91,7 @@ impl DecoderLayer {
             v_proj: LinearKeys::new(&attn / "v_proj", kv, d, cfg.qkv_bias()),
             o_proj: LinearKeys::new(&attn / "o_proj", d, q, cfg.o_bias()),
             mlp: if cfg.is_sparse_layer(i) {
-                Mlp::Sparse(SparseMlp::new(cfg, &mlp))
+                Mlp::Sparse(SparseMlp::new(cfg, &mlp, parallel))
             } else {
                 Mlp::Dense {
                     gate_proj: LinearKeys::new(&mlp / "gate_proj", ff, d, cfg.mlp_bias()),

@@ -88,6 +88,9 @@ pub enum ModelError {
     /// side-stream upload) failed.
     #[error(transparent)]
     Shim(#[from] tessera_sys::ShimError),
+    /// A collective inside a forward (expert parallelism's all-to-all).
+    #[error(transparent)]
+    Collective(#[from] tessera_fsdp::dist::DistError),
 }
 
 impl From<tessera_fsdp::ComputeError> for ModelError {
@@ -95,6 +98,7 @@ impl From<tessera_fsdp::ComputeError> for ModelError {
         match e {
             tessera_fsdp::ComputeError::Torch(e) => ModelError::Torch(e),
             tessera_fsdp::ComputeError::Shim(e) => ModelError::Shim(e),
+            tessera_fsdp::ComputeError::Collective(e) => ModelError::Collective(e),
         }
     }
 }

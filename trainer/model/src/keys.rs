@@ -88,12 +88,14 @@ impl LinearKeys {
             name: self.weight.clone(),
             shape: vec![self.out_features, self.in_features],
             trainable,
+            expert: None,
         }];
         if let Some(bias) = &self.bias {
             specs.push(ParamSpec {
                 name: bias.clone(),
                 shape: vec![self.out_features],
                 trainable,
+                expert: None,
             });
         }
         specs

@@ -36,11 +36,13 @@ pub(crate) fn adapter_specs(linears: &[&LinearKeys], cfg: &LoraConfig) -> Vec<Pa
             name: linear.path.key(LORA_A),
             shape: vec![cfg.r, linear.in_features],
             trainable: true,
+            expert: None,
         });
         specs.push(ParamSpec {
             name: linear.path.key(LORA_B),
             shape: vec![linear.out_features, cfg.r],
             trainable: true,
+            expert: None,
         });
     }
     specs

@@ -10,6 +10,15 @@
 //! projection; the results are weighted and scattered back with one `index_add`. Memory grows
 //! with the routed tokens (tokens × k rows), never with tokens × experts.
 //!
+//! Expert parallelism ([`ExpertGroup`]): the experts are split over the group's N ranks in
+//! contiguous slices (rank r holds experts `[r·E/N, (r+1)·E/N)`), and a rank lists only its
+//! own in its parameters. Each rank routes its own tokens, sends each (token, slot) row to the
+//! rank holding its expert through one all-to-all (the per-expert row counts go first in a
+//! small one), runs its experts over the rows it received from every rank, and sends the
+//! results back the same way; the weighting and the scatter stay on the token's rank. Both
+//! exchanges back-propagate as the reverse exchange, and every rank runs every local expert's
+//! GEMMs even on zero rows, so each rank's backward reaches the same two exchanges per layer.
+//!
 //! The balance loss is transformers' `load_balancing_loss_func` (Switch Transformer's): over
 //! every sparse layer's rows together, `E · Σ_e F_e · P_e` with `F_e` the share of top-k slots
 //! that went to expert e and `P_e` its mean routing probability, padding excluded. Each layer
@@ -20,10 +29,41 @@ use super::keys::{KeyPath, LinearKeys};
 use super::lm_config::LmConfig;
 use super::{gemm, param};
 use std::collections::BTreeMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 use tch::{Kind, Tensor};
+use tessera_fsdp::dist::ProcessGroup;
 use tessera_fsdp::{ComputeError, ParamMap, ParamSpec};
+
+/// Expert parallelism's group: the ranks the experts of every sparse layer are split over
+/// (`--expert-parallel N`: N consecutive ranks). Rank r of the group holds experts
+/// `[r·E/N, (r+1)·E/N)`.
+#[derive(Clone)]
+pub struct ExpertGroup(pub Arc<ProcessGroup>);
+
+impl std::fmt::Debug for ExpertGroup {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "ExpertGroup(rank {} of {})",
+            self.0.rank(),
+            self.0.world_size()
+        )
+    }
+}
+
+impl ExpertGroup {
+    pub fn size(&self) -> usize {
+        self.0.world_size()
+    }
+
+    /// The experts this rank holds, of `num_experts` (N divides it; `Vlm::new` checks).
+    pub fn local_experts(&self, num_experts: usize) -> std::ops::Range<usize> {
+        let per = num_experts / self.size();
+        let first = self.0.rank() * per;
+        first..first + per
+    }
+}
 
 /// One expert's three projections.
 struct Expert {
@@ -39,6 +79,9 @@ pub(crate) struct SparseMlp {
     hidden_size: i64,
     top_k: i64,
     norm_topk_prob: bool,
+    /// Expert parallelism: the group the experts are split over (this rank's slice only is
+    /// listed and computed here).
+    parallel: Option<ExpertGroup>,
 }
 
 /// The routing of one forward over `n` tokens: each token's `k` experts and their weights.
@@ -52,7 +95,7 @@ struct Routing {
 }
 
 impl SparseMlp {
-    pub(crate) fn new(cfg: &LmConfig, mlp: &KeyPath) -> Self {
+    pub(crate) fn new(cfg: &LmConfig, mlp: &KeyPath, parallel: Option<&ExpertGroup>) -> Self {
         let (d, ff) = (cfg.hidden_size, cfg.moe_intermediate_size());
         let experts = (0..cfg.num_experts())
             .map(|e| {
@@ -70,20 +113,35 @@ impl SparseMlp {
             hidden_size: d,
             top_k: cfg.experts_per_token(),
             norm_topk_prob: cfg.norm_topk_prob(),
+            parallel: parallel.cloned(),
+        }
+    }
+
+    /// The experts this rank holds: all of them, or its slice under expert parallelism.
+    fn local_experts(&self) -> std::ops::Range<usize> {
+        match &self.parallel {
+            Some(group) => group.local_experts(self.experts.len()),
+            None => 0..self.experts.len(),
         }
     }
 
     /// The router, then every expert's gate, up and down projection (frozen; the caller marks
-    /// what trains).
+    /// what trains); under expert parallelism this rank's experts only, each marked with its
+    /// index so FSDP shards it over the ranks holding the same experts.
     pub(crate) fn specs(&self) -> Vec<ParamSpec> {
         let mut specs = vec![ParamSpec {
             name: self.router.clone(),
             shape: vec![self.experts.len() as i64, self.hidden_size],
             trainable: false,
+            expert: None,
         }];
-        for e in &self.experts {
+        for index in self.local_experts() {
+            let e = &self.experts[index];
             for linear in [&e.gate_proj, &e.up_proj, &e.down_proj] {
-                specs.extend(linear.specs(false));
+                specs.extend(linear.specs(false).into_iter().map(|mut spec| {
+                    spec.expert = self.parallel.as_ref().map(|_| index);
+                    spec
+                }));
             }
         }
         specs
@@ -143,16 +201,101 @@ impl SparseMlp {
         }
         let counts = Vec::<i64>::try_from(&counts)?;
         let routed = x.index_select(0, &tokens);
-        let dispatched = clock.map(|c| (c, Instant::now()));
-        let mut outputs = Vec::with_capacity(self.experts.len());
+        // Seconds in the experts' GEMMs; the rest of the block (router, sort, exchanges,
+        // combine) is booked as router + dispatch.
+        let (y, experts_s) = match &self.parallel {
+            None => {
+                let started = Instant::now();
+                let y = self.run_experts(params, &routed, &counts, 0, false)?;
+                (y, started.elapsed().as_secs_f64())
+            }
+            Some(group) => self.exchange_and_run(params, &routed, &counts, &group.0)?,
+        };
+        let y = y * weights.unsqueeze(1);
+        let out = Tensor::zeros([n, d], (x.kind(), x.device())).index_add(0, &tokens, &y);
+        if let (Some((log, _)), Some(start)) = (log, clock) {
+            let total = start.elapsed().as_secs_f64();
+            log.add_times(total - experts_s, experts_s);
+        }
+        Ok(out)
+    }
+
+    /// Expert parallelism's middle of the block: `routed` (this rank's (token, slot) rows,
+    /// sorted by expert, `counts[e]` for expert e) goes to the ranks holding the experts, this
+    /// rank's experts run over what every rank sent, and the results come back in `routed`'s
+    /// order. Returns them and the seconds the experts took.
+    fn exchange_and_run(
+        &self,
+        params: &ParamMap,
+        routed: &Tensor,
+        counts: &[i64],
+        group: &ProcessGroup,
+    ) -> Result<(Tensor, f64), ComputeError> {
+        let ranks = group.world_size();
+        let local = self.experts.len() / ranks;
+        let what = "experts exchange";
+        // Rank j gets the counts for its experts; row i of what comes back is rank i's counts
+        // for this rank's experts.
+        let ones = vec![1i64; ranks];
+        let counts_t = Tensor::from_slice(counts).view([ranks as i64, local as i64]);
+        let from = group.all_to_all(&counts_t, &ones, &ones, what)?;
+        let from = Vec::<i64>::try_from(&from.reshape([-1]))?;
+        let send: Vec<i64> = counts.chunks(local).map(|c| c.iter().sum()).collect();
+        let recv: Vec<i64> = from.chunks(local).map(|c| c.iter().sum()).collect();
+        let received = group.all_to_all(routed, &send, &recv, what)?;
+        // Received rows come by source rank, each source's sorted by expert; the experts want
+        // them by expert. `order[i]` is the received row that goes to position i.
+        let mut block_start = vec![0i64; ranks * local];
+        let mut at = 0;
+        for (start, &n) in block_start.iter_mut().zip(&from) {
+            *start = at;
+            at += n;
+        }
+        let mut order = Vec::with_capacity(at as usize);
+        let mut per_expert = vec![0i64; local];
+        for (e, total) in per_expert.iter_mut().enumerate() {
+            for src in 0..ranks {
+                let (start, n) = (block_start[src * local + e], from[src * local + e]);
+                order.extend(start..start + n);
+                *total += n;
+            }
+        }
+        let device = routed.device();
+        let order = Tensor::from_slice(&order).to_device(device);
+        let by_expert = received.index_select(0, &order);
+        let started = Instant::now();
+        let first = group.rank() * local;
+        let y = self.run_experts(params, &by_expert, &per_expert, first, true)?;
+        let experts_s = started.elapsed().as_secs_f64();
+        // Back to the received order (the inverse permutation), then home.
+        let inverse = order.argsort(0, false);
+        let y = y.index_select(0, &inverse);
+        let back = group.all_to_all(&y, &recv, &send, what)?;
+        Ok((back, experts_s))
+    }
+
+    /// Experts `first..first + counts.len()` over `xs`, whose rows are sorted by expert
+    /// (`counts[j]` rows for expert `first + j`): their outputs in the same order. One GEMM
+    /// per projection and expert; `keep_empty` runs an expert on zero rows too (expert
+    /// parallelism needs every rank's graph to reach the combine exchange).
+    fn run_experts(
+        &self,
+        params: &ParamMap,
+        xs: &Tensor,
+        counts: &[i64],
+        first: usize,
+        keep_empty: bool,
+    ) -> Result<Tensor, ComputeError> {
+        let mut outputs = Vec::with_capacity(counts.len());
         let mut start = 0;
-        for (expert, &count) in self.experts.iter().zip(&counts) {
-            if count == 0 {
+        for (j, &count) in counts.iter().enumerate() {
+            if count == 0 && !keep_empty {
                 continue;
             }
-            let xs = routed.narrow(0, start, count);
-            let gate = gemm::linear(&xs, param(params, &expert.gate_proj.weight), None)?;
-            let up = gemm::linear(&xs, param(params, &expert.up_proj.weight), None)?;
+            let expert = &self.experts[first + j];
+            let rows = xs.narrow(0, start, count);
+            let gate = gemm::linear(&rows, param(params, &expert.gate_proj.weight), None)?;
+            let up = gemm::linear(&rows, param(params, &expert.up_proj.weight), None)?;
             outputs.push(gemm::linear(
                 &(gate.silu() * up),
                 param(params, &expert.down_proj.weight),
@@ -161,17 +304,9 @@ impl SparseMlp {
             start += count;
         }
         if outputs.is_empty() {
-            return Ok(x.zeros_like());
+            return Ok(xs.zeros_like());
         }
-        let y = Tensor::cat(&outputs, 0) * weights.unsqueeze(1);
-        let out = Tensor::zeros([n, d], (x.kind(), x.device())).index_add(0, &tokens, &y);
-        if let (Some((log, _)), Some((start, dispatched))) = (log, dispatched) {
-            log.add_times(
-                (dispatched - start).as_secs_f64(),
-                dispatched.elapsed().as_secs_f64(),
-            );
-        }
-        Ok(out)
+        Ok(Tensor::cat(&outputs, 0))
     }
 }
 

@@ -18,6 +18,7 @@ pub(super) fn param_specs(vision_hidden: i64, lm_hidden: i64, trainable: bool) -
         name,
         shape,
         trainable,
+        expert: None,
     };
     vec![
         s(format!("{FC1}.weight"), vec![lm_hidden, vision_hidden]),

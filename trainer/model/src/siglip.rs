@@ -20,6 +20,7 @@ fn spec(name: &str, shape: Vec<i64>) -> ParamSpec {
         name: name.to_string(),
         shape,
         trainable: false,
+        expert: None,
     }
 }
 

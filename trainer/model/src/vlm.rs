@@ -11,6 +11,7 @@ use super::ctx::VlmCtx;
 use super::error::{ModelError, Result};
 use super::lm_config::LmConfig;
 use super::lm_dir::check_lm_tensors;
+use super::moe::ExpertGroup;
 use super::vlm_units::{
     EmbedUnit, HeadUnit, LayerUnit, ProjectorUnit, VisionEmbedUnit, VisionLayerUnit,
 };
@@ -52,6 +53,9 @@ pub struct VlmOptions {
     /// ingest added to a tokenizer without an image token): the LM appends an embedding (and
     /// untied output) row for each, always trained (see `vocab.rs`).
     pub added_tokens: i64,
+    /// Expert parallelism: the group the experts of every sparse layer are split over (an MoE
+    /// LM only; the group's size divides the experts). This rank's units list its experts only.
+    pub expert_parallel: Option<ExpertGroup>,
 }
 
 impl Default for VlmOptions {
@@ -65,6 +69,7 @@ impl Default for VlmOptions {
             train_vision: VisionTraining::Frozen,
             loss_chunk: None,
             added_tokens: 0,
+            expert_parallel: None,
         }
     }
 }
@@ -97,6 +102,9 @@ impl Vlm {
                         .into(),
                 ));
             }
+        }
+        if let Some(group) = &options.expert_parallel {
+            check_expert_parallel(&lm, group.size())?;
         }
         let layers = siglip::feature_layers(&vision) as usize;
         let first_trained_layer = match options.train_vision {
@@ -135,6 +143,7 @@ impl Vlm {
                 i,
                 options.lora.as_ref(),
                 train_lm,
+                options.expert_parallel.as_ref(),
             )));
         }
         let chunk = options
@@ -375,6 +384,25 @@ impl Vlm {
 
 /// The output of `units` (those that run on `ctx`, in order) from the micro-batch's first
 /// input; a failing unit is named.
+/// `--expert-parallel N` needs a sparse LM whose expert count N divides.
+fn check_expert_parallel(lm: &LmConfig, n: usize) -> Result<()> {
+    let experts = lm.num_experts();
+    if !(0..lm.num_hidden_layers).any(|i| lm.is_sparse_layer(i)) {
+        return Err(ModelError::InvalidConfig(format!(
+            "expert parallelism ({n} ranks) needs a mixture-of-experts LM; this one \
+             ({:?}) has no sparse layer",
+            lm.model_type
+        )));
+    }
+    if n == 0 || experts % n as i64 != 0 {
+        return Err(ModelError::InvalidConfig(format!(
+            "expert parallelism over {n} ranks: the LM's {experts} experts do not split evenly \
+             (pick a divisor of {experts})"
+        )));
+    }
+    Ok(())
+}
+
 fn run_chain(units: &[Box<dyn Unit<VlmCtx>>], params: &ParamMap, ctx: &VlmCtx) -> Result<Tensor> {
     let mut x = ctx.first_input();
     for unit in units.iter().filter(|u| u.runs_on(ctx)) {

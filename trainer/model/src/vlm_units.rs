@@ -8,6 +8,7 @@ use super::config::{LoraConfig, SiglipVisionConfig};
 use super::ctx::VlmCtx;
 use super::decoder::{self, DecoderLayer, LayerInputs};
 use super::lm_config::LmConfig;
+use super::moe::ExpertGroup;
 use super::siglip::{Embeddings, EncoderLayer};
 use super::vocab;
 use super::{loss, param, projector};
@@ -218,8 +219,9 @@ impl LayerUnit {
         index: i64,
         lora: Option<&LoraConfig>,
         train: bool,
+        experts: Option<&ExpertGroup>,
     ) -> ChainUnit<Self> {
-        let layer = DecoderLayer::new(cfg, index);
+        let layer = DecoderLayer::with_experts(cfg, index, experts);
         let mut specs = trained(layer.specs(None), train);
         if let Some(lora) = lora {
             specs.extend(layer.adapter_specs(lora));

@@ -29,6 +29,7 @@ fn spec(name: &str, shape: Vec<i64>, trainable: bool) -> ParamSpec {
         name: name.into(),
         shape,
         trainable,
+        expert: None,
     }
 }
 

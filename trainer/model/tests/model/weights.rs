@@ -15,6 +15,7 @@ fn spec(name: &str, shape: &[i64]) -> ParamSpec {
         name: name.into(),
         shape: shape.to_vec(),
         trainable: false,
+        expert: None,
     }
 }
 

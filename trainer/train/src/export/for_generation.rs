@@ -78,6 +78,7 @@ pub fn load_run_model(run: &Path, dtype: Option<Dtype>) -> Result<GenerationMode
             train_vision: cfg.train.vision,
             loss_chunk: None,
             added_tokens: description.added_tokens,
+            expert_parallel: None,
         },
     )?;
     let specs = vlm.param_specs();

@@ -344,6 +344,8 @@ pub(crate) fn build(
         train_vision: cfg.train.vision,
         loss_chunk: None,
         added_tokens: vocabulary::added_rows(manifest, &cfg.shards, &lm)?,
+        // The trainer has no --expert-parallel yet: every rank holds every expert.
+        expert_parallel: None,
     };
     let vlm = Vlm::from_dirs(&cfg.vision, &cfg.lm, options)?;
     if let Some(size) = cfg.image_size {

@@ -5,6 +5,7 @@
 mod support;
 
 mod bench;
+mod expert_parallel;
 mod golden_train;
 mod llava;
 mod memory;

@@ -1,0 +1,200 @@
+//! Expert parallelism on the real (tiny) Qwen3-MoE VLM: at W=2 with the 4 experts of its
+//! sparse layer split over both ranks (EP=2: each rank holds 2 experts, tokens travel by
+//! all-to-all), 20 f32 steps training the projector and the whole LM (experts and router
+//! included) give the losses and weights of W=2 without expert parallelism (every rank holds
+//! every expert, FSDP shards them), under FULL_SHARD and NO_SHARD; the image and text-only
+//! micro-steps alternate as the planner schedules them, and each rank holds only its experts.
+
+use crate::support::{
+    fsdp_step, image_sample, micro_batch, text_sample, tiny_lm_of, tiny_vision, IMAGE_ID,
+};
+use std::sync::Arc;
+use std::time::Duration;
+use tessera_fsdp::dist::{local_groups, ProcessGroup};
+use tessera_fsdp::ParamMap;
+use tessera_fsdp::{AdamWConfig, Fsdp, FsdpConfig, Recompute, Strategy};
+use tessera_model::testing::random_params;
+use tessera_model::{ExpertGroup, LmFamily, VisionTraining, Vlm, VlmOptions};
+
+const STEPS: usize = 20;
+
+fn batch(step: usize, i: usize) -> pipeline::MicroBatch {
+    let seed = (step * 7 + i) as i64;
+    if step % 3 != 2 {
+        let rows = vec![
+            vec![image_sample(16, 4 + i, seed, 16)],
+            vec![image_sample(16, 3 + step % 4, seed + 1, 16)],
+        ];
+        micro_batch(&rows, 16, 16)
+    } else {
+        micro_batch(
+            &[vec![text_sample(9 + i, seed), text_sample(6, seed + 2)]],
+            16,
+            16,
+        )
+    }
+}
+
+fn vlm(experts: Option<ExpertGroup>) -> anyhow::Result<Vlm> {
+    let options = VlmOptions {
+        image_token_id: IMAGE_ID,
+        train_lm: true,
+        train_vision: VisionTraining::Frozen,
+        loss_chunk: Some(5),
+        expert_parallel: experts,
+        ..Default::default()
+    };
+    Ok(Vlm::new(
+        tiny_vision(),
+        tiny_lm_of(LmFamily::Qwen3Moe),
+        false,
+        options,
+    )?)
+}
+
+fn config(strategy: Strategy, recompute: Recompute) -> FsdpConfig {
+    FsdpConfig {
+        strategy,
+        adamw: AdamWConfig {
+            lr: 2e-3,
+            ..AdamWConfig::default()
+        },
+        max_grad_norm: Some(1.0),
+        recompute,
+        ..FsdpConfig::default()
+    }
+}
+
+/// Losses per step and the trained weights this rank can gather (under EP: its experts).
+type Run = (Vec<f64>, ParamMap);
+
+fn train(
+    mut fsdp: Fsdp<'_, tessera_model::VlmCtx>,
+    vlm: &Vlm,
+    pg: &ProcessGroup,
+) -> anyhow::Result<Run> {
+    let mut losses = Vec::new();
+    for step in 0..STEPS {
+        let batches = [batch(step, 0), batch(step, 1)];
+        losses.push(fsdp_step(&mut fsdp, vlm, pg, &batches)?.loss);
+    }
+    Ok((losses, fsdp.gather_params(true)?))
+}
+
+/// Both ranks on threads: W=2 without expert parallelism, then with EP=2.
+fn runs(strategy: Strategy, recompute: Recompute) -> anyhow::Result<(Vec<Run>, Vec<Run>)> {
+    let t = Duration::from_secs(60);
+    let plain = vlm(None)?;
+    let init = random_params(&plain.param_specs(), 7, 0.1);
+    let world = local_groups(2, t)?;
+    let ep = local_groups(2, t)?;
+    let own = |init: &ParamMap| -> ParamMap {
+        init.iter()
+            .map(|(k, v)| (k.clone(), v.shallow_clone()))
+            .collect()
+    };
+    std::thread::scope(|s| {
+        let handles: Vec<_> = world
+            .iter()
+            .zip(ep)
+            .map(|(pg, ep)| {
+                let (plain, init) = (&plain, own(&init));
+                s.spawn(move || -> anyhow::Result<(Run, Run)> {
+                    let fsdp = Fsdp::new(plain.units(), pg, &init, config(strategy, recompute))?;
+                    let without = train(fsdp, plain, pg)?;
+                    let parallel = vlm(Some(ExpertGroup(Arc::new(ep))))?;
+                    let replicas = ProcessGroup::single(t)?;
+                    let fsdp = Fsdp::new_expert_parallel(
+                        parallel.units(),
+                        pg,
+                        &replicas,
+                        &init,
+                        config(strategy, recompute),
+                    )?;
+                    let with = train(fsdp, &parallel, pg)?;
+                    Ok((without, with))
+                })
+            })
+            .collect();
+        let mut without = Vec::new();
+        let mut with = Vec::new();
+        for (rank, h) in handles.into_iter().enumerate() {
+            let (a, b) = h
+                .join()
+                .map_err(|_| anyhow::anyhow!("rank {rank} panicked"))??;
+            without.push(a);
+            with.push(b);
+        }
+        Ok((without, with))
+    })
+}
+
+fn expert_of(name: &str) -> Option<usize> {
+    let rest = name.split(".mlp.experts.").nth(1)?;
+    rest.split('.').next()?.parse().ok()
+}
+
+fn check(strategy: Strategy, recompute: Recompute) -> anyhow::Result<()> {
+    let (without, with) = runs(strategy, recompute)?;
+    let what = format!("{strategy:?} {recompute:?}");
+    for rank in 0..2 {
+        let (want_losses, want) = &without[rank];
+        let (losses, got) = &with[rank];
+        for (step, (a, b)) in losses.iter().zip(want_losses).enumerate() {
+            assert!(
+                (a - b).abs() <= 1e-5 * b.abs(),
+                "{what} rank {rank} step {step}: EP=2 loss {a} vs EP=1 {b}"
+            );
+        }
+        // Rank r holds experts 2r and 2r+1 of the sparse layer, and every other weight.
+        for (name, want) in want {
+            let held = expert_of(name).is_none_or(|e| e / 2 == rank);
+            let Some(t) = got.get(name) else {
+                assert!(!held, "{what} rank {rank}: {name} missing under EP=2");
+                continue;
+            };
+            assert!(
+                held,
+                "{what} rank {rank} holds {name}, another rank's expert"
+            );
+            let diff = (t - want).abs().max().double_value(&[]);
+            let scale = want.abs().max().double_value(&[]).max(1e-3);
+            assert!(
+                diff <= 1e-4 * scale,
+                "{what} rank {rank}: {name} differs by {diff} (scale {scale})"
+            );
+        }
+        let experts = got.keys().filter(|n| expert_of(n).is_some()).count();
+        assert_eq!(
+            experts,
+            2 * 3,
+            "{what} rank {rank}: 2 experts x 3 projections"
+        );
+        assert!(want_losses.iter().all(|l| l.is_finite() && *l > 0.0));
+    }
+    Ok(())
+}
+
+#[test]
+fn expert_parallel_two_ranks_match_no_expert_parallel_over_20_steps() -> anyhow::Result<()> {
+    check(Strategy::FullShard, Recompute::All)?;
+    check(Strategy::NoShard, Recompute::None)?;
+    Ok(())
+}
+
+#[test]
+fn expert_parallel_refuses_an_expert_count_it_cannot_split() {
+    let err = vlm(None).and_then(|_| {
+        let groups = local_groups(3, Duration::from_secs(10))?;
+        let group = groups
+            .into_iter()
+            .next()
+            .ok_or_else(|| anyhow::anyhow!("no group"))?;
+        vlm(Some(ExpertGroup(Arc::new(group))))
+    });
+    let message = format!("{:#}", err.err().expect("3 ranks cannot split 4 experts"));
+    assert!(
+        message.contains("4 experts do not split evenly"),
+        "{message}"
+    );
+}
