@@ -4,6 +4,8 @@
 //! included) give the losses and weights of W=2 without expert parallelism (every rank holds
 //! every expert, FSDP shards them), under FULL_SHARD and NO_SHARD; the image and text-only
 //! micro-steps alternate as the planner schedules them, and each rank holds only its experts.
+//! At W=4 with EP=2 (torchtitan's layout: expert groups {0,1} and {2,3}, each expert sharded
+//! over the two ranks holding it, {0,2} or {1,3}) the same holds against W=4 without EP.
 
 use crate::support::{
     fsdp_step, image_sample, micro_batch, text_sample, tiny_lm_of, tiny_vision, IMAGE_ID,
@@ -75,19 +77,48 @@ fn train(
 ) -> anyhow::Result<Run> {
     let mut losses = Vec::new();
     for step in 0..STEPS {
-        let batches = [batch(step, 0), batch(step, 1)];
+        // Two micro-batches per rank and step.
+        let batches: Vec<_> = (0..2 * pg.world_size()).map(|i| batch(step, i)).collect();
         losses.push(fsdp_step(&mut fsdp, vlm, pg, &batches)?.loss);
     }
     Ok((losses, fsdp.gather_params(true)?))
 }
 
-/// Both ranks on threads: W=2 without expert parallelism, then with EP=2.
-fn runs(strategy: Strategy, recompute: Recompute) -> anyhow::Result<(Vec<Run>, Vec<Run>)> {
+/// The groups of `w` thread ranks with EP=2: rank r's expert group is ranks {2⌊r/2⌋, +1}
+/// (it holds experts 2(r mod 2) and 2(r mod 2)+1), its expert-replica group the ranks
+/// r mod 2 + {0, 2, ...} that hold the same experts.
+fn expert_groups(w: usize, t: Duration) -> anyhow::Result<Vec<(ProcessGroup, ProcessGroup)>> {
+    let mut ep: Vec<Vec<ProcessGroup>> = (0..w / 2)
+        .map(|_| local_groups(2, t))
+        .collect::<Result<_, _>>()?;
+    let mut replicas: Vec<Vec<ProcessGroup>> = (0..2)
+        .map(|_| local_groups(w / 2, t))
+        .collect::<Result<_, _>>()?;
+    let mut out = Vec::new();
+    for r in (0..w).rev() {
+        let e = ep[r / 2]
+            .pop()
+            .ok_or_else(|| anyhow::anyhow!("expert group"))?;
+        let p = replicas[r % 2]
+            .pop()
+            .ok_or_else(|| anyhow::anyhow!("replica group"))?;
+        out.push((e, p));
+    }
+    out.reverse();
+    Ok(out)
+}
+
+/// `w` ranks on threads: without expert parallelism, then with EP=2.
+fn runs(
+    w: usize,
+    strategy: Strategy,
+    recompute: Recompute,
+) -> anyhow::Result<(Vec<Run>, Vec<Run>)> {
     let t = Duration::from_secs(60);
     let plain = vlm(None)?;
     let init = random_params(&plain.param_specs(), 7, 0.1);
-    let world = local_groups(2, t)?;
-    let ep = local_groups(2, t)?;
+    let world = local_groups(w, t)?;
+    let ep = expert_groups(w, t)?;
     let own = |init: &ParamMap| -> ParamMap {
         init.iter()
             .map(|(k, v)| (k.clone(), v.shallow_clone()))
@@ -97,13 +128,12 @@ fn runs(strategy: Strategy, recompute: Recompute) -> anyhow::Result<(Vec<Run>, V
         let handles: Vec<_> = world
             .iter()
             .zip(ep)
-            .map(|(pg, ep)| {
+            .map(|(pg, (ep, replicas))| {
                 let (plain, init) = (&plain, own(&init));
                 s.spawn(move || -> anyhow::Result<(Run, Run)> {
                     let fsdp = Fsdp::new(plain.units(), pg, &init, config(strategy, recompute))?;
                     let without = train(fsdp, plain, pg)?;
                     let parallel = vlm(Some(ExpertGroup(Arc::new(ep))))?;
-                    let replicas = ProcessGroup::single(t)?;
                     let fsdp = Fsdp::new_expert_parallel(
                         parallel.units(),
                         pg,
@@ -134,10 +164,10 @@ fn expert_of(name: &str) -> Option<usize> {
     rest.split('.').next()?.parse().ok()
 }
 
-fn check(strategy: Strategy, recompute: Recompute) -> anyhow::Result<()> {
-    let (without, with) = runs(strategy, recompute)?;
-    let what = format!("{strategy:?} {recompute:?}");
-    for rank in 0..2 {
+fn check(w: usize, strategy: Strategy, recompute: Recompute) -> anyhow::Result<()> {
+    let (without, with) = runs(w, strategy, recompute)?;
+    let what = format!("W={w} {strategy:?} {recompute:?}");
+    for rank in 0..w {
         let (want_losses, want) = &without[rank];
         let (losses, got) = &with[rank];
         for (step, (a, b)) in losses.iter().zip(want_losses).enumerate() {
@@ -146,9 +176,10 @@ fn check(strategy: Strategy, recompute: Recompute) -> anyhow::Result<()> {
                 "{what} rank {rank} step {step}: EP=2 loss {a} vs EP=1 {b}"
             );
         }
-        // Rank r holds experts 2r and 2r+1 of the sparse layer, and every other weight.
+        // Rank r holds experts 2(r mod 2) and 2(r mod 2)+1 of the sparse layer, and every
+        // other weight.
         for (name, want) in want {
-            let held = expert_of(name).is_none_or(|e| e / 2 == rank);
+            let held = expert_of(name).is_none_or(|e| e / 2 == rank % 2);
             let Some(t) = got.get(name) else {
                 assert!(!held, "{what} rank {rank}: {name} missing under EP=2");
                 continue;
@@ -177,8 +208,15 @@ fn check(strategy: Strategy, recompute: Recompute) -> anyhow::Result<()> {
 
 #[test]
 fn expert_parallel_two_ranks_match_no_expert_parallel_over_20_steps() -> anyhow::Result<()> {
-    check(Strategy::FullShard, Recompute::All)?;
-    check(Strategy::NoShard, Recompute::None)?;
+    check(2, Strategy::FullShard, Recompute::All)?;
+    check(2, Strategy::NoShard, Recompute::None)?;
+    Ok(())
+}
+
+#[test]
+fn expert_parallel_four_ranks_shard_each_expert_over_its_two_holders() -> anyhow::Result<()> {
+    check(4, Strategy::FullShard, Recompute::All)?;
+    check(4, Strategy::ShardGradOp, Recompute::None)?;
     Ok(())
 }
 
