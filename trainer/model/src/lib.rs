@@ -74,7 +74,7 @@ pub use lora::{
     adapter_keys, init_adapters, load_adapter, merge_adapters, merge_weight, save_adapter,
     save_adapter_as, ADAPTER_CONFIG, ADAPTER_WEIGHTS,
 };
-pub use moe::{ExpertGroup, RouterLog, RouterStats};
+pub use moe::{ExpertGroup, MoeTimes, RouterLog, RouterStats};
 pub use source::VlmInit;
 #[cfg(feature = "bench")]
 pub use throughput::{measure_throughput, peak_matmul_flops, ThroughputReport};

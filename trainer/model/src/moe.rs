@@ -201,13 +201,20 @@ impl SparseMlp {
         }
         let counts = Vec::<i64>::try_from(&counts)?;
         let routed = x.index_select(0, &tokens);
-        // Seconds in the experts' GEMMs; the rest of the block (router, sort, exchanges,
-        // combine) is booked as router + dispatch.
-        let (y, experts_s) = match &self.parallel {
+        // Seconds in the experts' GEMMs and in the exchanges; the rest of the block (router,
+        // sort, permutations, combine) is router + dispatch.
+        let (y, spent) = match &self.parallel {
             None => {
                 let started = Instant::now();
                 let y = self.run_experts(params, &routed, &counts, 0, false)?;
-                (y, started.elapsed().as_secs_f64())
+                let experts = started.elapsed().as_secs_f64();
+                (
+                    y,
+                    MoeTimes {
+                        experts,
+                        ..MoeTimes::default()
+                    },
+                )
             }
             Some(group) => self.exchange_and_run(params, &routed, &counts, &group.0)?,
         };
@@ -215,7 +222,10 @@ impl SparseMlp {
         let out = Tensor::zeros([n, d], (x.kind(), x.device())).index_add(0, &tokens, &y);
         if let (Some((log, _)), Some(start)) = (log, clock) {
             let total = start.elapsed().as_secs_f64();
-            log.add_times(total - experts_s, experts_s);
+            log.add_times(MoeTimes {
+                router: total - spent.experts - spent.exchange,
+                ..spent
+            });
         }
         Ok(out)
     }
@@ -223,14 +233,15 @@ impl SparseMlp {
     /// Expert parallelism's middle of the block: `routed` (this rank's (token, slot) rows,
     /// sorted by expert, `counts[e]` for expert e) goes to the ranks holding the experts, this
     /// rank's experts run over what every rank sent, and the results come back in `routed`'s
-    /// order. Returns them and the seconds the experts took.
+    /// order. Returns them and the seconds the experts and the exchanges took.
     fn exchange_and_run(
         &self,
         params: &ParamMap,
         routed: &Tensor,
         counts: &[i64],
         group: &ProcessGroup,
-    ) -> Result<(Tensor, f64), ComputeError> {
+    ) -> Result<(Tensor, MoeTimes), ComputeError> {
+        let exchanging = Instant::now();
         let ranks = group.world_size();
         let local = self.experts.len() / ranks;
         let what = "experts exchange";
@@ -243,6 +254,7 @@ impl SparseMlp {
         let send: Vec<i64> = counts.chunks(local).map(|c| c.iter().sum()).collect();
         let recv: Vec<i64> = from.chunks(local).map(|c| c.iter().sum()).collect();
         let received = group.all_to_all(routed, &send, &recv, what)?;
+        let mut exchange = exchanging.elapsed().as_secs_f64();
         // Received rows come by source rank, each source's sorted by expert; the experts want
         // them by expert. `order[i]` is the received row that goes to position i.
         let mut block_start = vec![0i64; ranks * local];
@@ -266,12 +278,19 @@ impl SparseMlp {
         let started = Instant::now();
         let first = group.rank() * local;
         let y = self.run_experts(params, &by_expert, &per_expert, first, true)?;
-        let experts_s = started.elapsed().as_secs_f64();
+        let experts = started.elapsed().as_secs_f64();
         // Back to the received order (the inverse permutation), then home.
         let inverse = order.argsort(0, false);
         let y = y.index_select(0, &inverse);
+        let exchanging = Instant::now();
         let back = group.all_to_all(&y, &recv, &send, what)?;
-        Ok((back, experts_s))
+        exchange += exchanging.elapsed().as_secs_f64();
+        let spent = MoeTimes {
+            router: 0.0,
+            experts,
+            exchange,
+        };
+        Ok((back, spent))
     }
 
     /// Experts `first..first + counts.len()` over `xs`, whose rows are sorted by expert
@@ -321,15 +340,26 @@ pub(crate) struct RouterRecord {
     pub(crate) tokens: i64,
 }
 
+/// Seconds the sparse blocks spent, by part (CPU; see [`RouterLog::times`]).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct MoeTimes {
+    /// Router, sort, permutations and combine.
+    pub router: f64,
+    /// The experts' GEMMs.
+    pub experts: f64,
+    /// Expert parallelism's all-to-all exchanges (counts, dispatch, combine); 0 without.
+    pub exchange: f64,
+}
+
 /// Every sparse layer's [`RouterRecord`] of the micro-batch's last forward, by layer index;
 /// a recompute replaces a layer's record with the same numbers, now with the graph.
 #[derive(Default)]
 pub struct RouterLog {
     records: Mutex<BTreeMap<i64, RouterRecord>>,
-    /// Seconds in the router and the dispatch (sort, gather), then in the experts and the
-    /// combine, every forward and recompute of the micro-batch together; CPU only (CUDA
-    /// kernels run asynchronously, so a host clock would time their launch).
-    times: Mutex<(f64, f64)>,
+    /// Seconds in the router and the dispatch, the experts and the exchanges, every forward
+    /// and recompute of the micro-batch together; CPU only (CUDA kernels run
+    /// asynchronously, so a host clock would time their launch).
+    times: Mutex<MoeTimes>,
 }
 
 /// The balance numbers of one forward, for metrics.
@@ -339,9 +369,12 @@ pub struct RouterStats {
     pub aux_loss: f64,
     /// Per sparse layer (in layer order): its index and the top-k slots each expert received.
     pub loads: Vec<(i64, Vec<f64>)>,
-    /// Seconds in router + dispatch and in experts + combine (see [`RouterLog::times`]).
+    /// Seconds in router + dispatch (the exchanges included) and in the experts' GEMMs (see
+    /// [`RouterLog::times`]), and the part of the first spent in expert parallelism's
+    /// all-to-all exchanges.
     pub router_s: f64,
     pub experts_s: f64,
+    pub exchange_s: f64,
 }
 
 impl RouterLog {
@@ -411,27 +444,29 @@ impl RouterLog {
                 .map(|(l, c)| c.map(|c| (l, c)))
                 .collect::<Result<Vec<_>, _>>()
         });
-        let (router_s, experts_s) = self.times();
+        let times = self.times();
         Some(RouterStats {
             aux_loss,
             loads: loads.ok()?,
-            router_s,
-            experts_s,
+            router_s: times.router + times.exchange,
+            experts_s: times.experts,
+            exchange_s: times.exchange,
         })
     }
 
-    fn add_times(&self, router: f64, experts: f64) {
+    fn add_times(&self, spent: MoeTimes) {
         let mut times = self
             .times
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        times.0 += router;
-        times.1 += experts;
+        times.router += spent.router;
+        times.experts += spent.experts;
+        times.exchange += spent.exchange;
     }
 
-    /// Seconds in the router and dispatch, and in the experts and combine, since the
-    /// context was made (CPU; zero on CUDA).
-    pub fn times(&self) -> (f64, f64) {
+    /// Seconds the sparse blocks spent by part since the context was made (CPU; zero on
+    /// CUDA, whose kernels run asynchronously).
+    pub fn times(&self) -> MoeTimes {
         *self
             .times
             .lock()

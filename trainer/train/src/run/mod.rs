@@ -549,6 +549,9 @@ impl<'a> TrainLoop<'a> {
                 // Inside lm_layers' time: what the sparse blocks took of it (CPU).
                 *times.entry("moe_router_dispatch".into()).or_default() += router.router_s;
                 *times.entry("moe_experts".into()).or_default() += router.experts_s;
+                if router.exchange_s > 0.0 {
+                    *times.entry("moe_all_to_all".into()).or_default() += router.exchange_s;
+                }
             }
             local.add_batch(&mb, out.loss_sum);
         }
