@@ -188,3 +188,34 @@ fn an_all_to_all_a_peer_never_joins_fails_naming_rank_and_exchange() -> anyhow::
     );
     Ok(())
 }
+
+/// A peer that dies between the forward exchange and its backward (its group closed, as when
+/// the process is killed): the survivor's backward fails with an error naming the exchange,
+/// well before the timeout, instead of hanging.
+#[test]
+fn a_peer_gone_before_the_backward_exchange_fails_the_backward_naming_it() -> anyhow::Result<()> {
+    let started = Instant::now();
+    let results = on_ranks(2, Duration::from_secs(30), |pg| {
+        let x = Tensor::ones([2, 3], (Kind::Float, tch::Device::Cpu)).set_requires_grad(true);
+        let y = pg.all_to_all(&x, &[1, 1], &[1, 1], "layers.0 experts")?;
+        if pg.rank() == 1 {
+            drop(pg);
+            return Ok(None);
+        }
+        std::thread::sleep(Duration::from_millis(300));
+        let loss = y.sum(Kind::Float);
+        let err = Tensor::f_run_backward(&[loss], &[&x], false, false).err();
+        Ok(Some(err.map(|e| e.to_string())))
+    })?;
+    let message = results[0]
+        .clone()
+        .flatten()
+        .ok_or_else(|| anyhow::anyhow!("rank 0's backward did not fail"))?;
+    assert!(message.contains("all-to-all") || message.contains("closed"), "{message}");
+    assert!(
+        started.elapsed() < Duration::from_secs(25),
+        "took {:?}: it waited for the timeout",
+        started.elapsed()
+    );
+    Ok(())
+}
