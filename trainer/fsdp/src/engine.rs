@@ -127,6 +127,8 @@ pub struct Fsdp<'a, C> {
     /// Expert parallelism: the ranks that hold the same experts as this one, which expert
     /// buffers are sharded over (see [`crate::ParamSpec::expert`]).
     pub(super) experts: Option<&'a ProcessGroup>,
+    /// The job ranks of `experts`, in its rank order (where a checkpoint finds their shards).
+    pub(super) expert_ranks: Vec<usize>,
     pub(super) across_mark: u64,
     pub(super) config: FsdpConfig,
     pub(super) flat: FlatParams,
@@ -158,14 +160,30 @@ impl<'a, C> Fsdp<'a, C> {
     /// only their own experts, each with [`crate::ParamSpec::expert`] set): those are
     /// sharded, or replicated, over `experts`, the ranks that hold the same experts (torchtitan's
     /// layout: expert weights sharded over the data-parallel ranks of one expert slice, their
-    /// gradients reduced over those ranks only). Hybrid strategies are refused.
+    /// gradients reduced over those ranks only). `expert_ranks` are the job ranks of
+    /// `experts` in its rank order. Hybrid strategies are refused.
     pub fn new_expert_parallel(
         units: &'a [Box<dyn Unit<C>>],
         world: &'a ProcessGroup,
         experts: &'a ProcessGroup,
+        expert_ranks: &[usize],
         init: &dyn ParamSource,
         config: FsdpConfig,
     ) -> Result<Self, FsdpError> {
+        if expert_ranks.len() != experts.world_size()
+            || expert_ranks.get(experts.rank()) != Some(&world.rank())
+        {
+            return Err(FsdpError::Layout {
+                name: "expert ranks".into(),
+                message: format!(
+                    "{expert_ranks:?} do not describe a group of {} ranks in which job rank {} \
+                     is rank {}",
+                    experts.world_size(),
+                    world.rank(),
+                    experts.rank()
+                ),
+            });
+        }
         if config.strategy.is_hybrid() {
             return Err(FsdpError::Layout {
                 name: format!("{:?}", config.strategy),
@@ -174,7 +192,9 @@ impl<'a, C> Fsdp<'a, C> {
                     .into(),
             });
         }
-        Self::build(units, world, world, None, Some(experts), init, config)
+        let mut fsdp = Self::build(units, world, world, None, Some(experts), init, config)?;
+        fsdp.expert_ranks = expert_ranks.to_vec();
+        Ok(fsdp)
     }
 
     /// HYBRID_SHARD: parameters and training state sharded over `node` (this machine's ranks),
@@ -224,6 +244,7 @@ impl<'a, C> Fsdp<'a, C> {
             world,
             replicas,
             experts,
+            expert_ranks: Vec::new(),
             across_mark: replicas.map_or(0, ProcessGroup::bytes_sent),
             config,
             flat,
@@ -276,7 +297,7 @@ impl<'a, C> Fsdp<'a, C> {
                 let (group, split) = self.groups().of(buf);
                 split || group.rank() == 0
             }
-            None => self.writes_shards(),
+            None => self.writes_dense_shards(),
         }
     }
 

@@ -158,6 +158,10 @@ pub struct BufferLayout {
     /// Elements each writing rank holds (the last one's tail is padding).
     pub shard_len: i64,
     pub params: Vec<ParamSlice>,
+    /// The job ranks whose files hold the buffer's shards, in shard order, when they are not
+    /// ranks `0..` (an expert's buffer under expert parallelism: the ranks holding it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub holders: Option<Vec<usize>>,
 }
 
 /// This rank's state of one trainable buffer, as views: writing into them writes the state.
@@ -168,24 +172,53 @@ pub struct ShardView {
     pub numel: i64,
     /// `(suffix, tensor)`: "param" (the f32 master), "exp_avg", "exp_avg_sq".
     pub tensors: Vec<(&'static str, Tensor)>,
+    /// Whether this rank writes it to a checkpoint ([`Fsdp::writes_buffer`]).
+    pub written: bool,
 }
 
 impl<C> Fsdp<'_, C> {
-    /// Whether this rank writes its shards into a checkpoint: every rank of a sharded strategy,
-    /// rank 0 alone when every rank holds the whole state (NO_SHARD, W=1), and under hybrid
-    /// strategies the first node's ranks only (the others hold copies).
+    /// Whether this rank writes a shards file into a checkpoint: every rank of a sharded
+    /// strategy, rank 0 alone when every rank holds the whole state (NO_SHARD, W=1), under
+    /// hybrid strategies the first node's ranks only (the others hold copies), and under
+    /// expert parallelism every rank (each writes the buffers [`Self::writes_buffer`] names).
     pub fn writes_shards(&self) -> bool {
+        self.experts.is_some() || self.writes_dense_shards()
+    }
+
+    /// Whether this rank writes its shards of the buffers sharded over the whole group.
+    pub(super) fn writes_dense_shards(&self) -> bool {
         let first_replica = self.replicas.is_none_or(|r| r.rank() == 0);
         first_replica && (self.sharded() || self.pg.rank() == 0)
     }
 
-    /// How many ranks write shards (ranks `0..n` of the job: the first node's under hybrid).
+    /// Whether this rank writes trainable buffer `b`'s shard: for an expert's buffer, every
+    /// holder when it is split over them, else its first holder.
+    pub fn writes_buffer(&self, b: usize) -> bool {
+        let buf = &self.flat.buffers[b];
+        match buf.expert {
+            Some(_) => {
+                let (group, split) = self.groups().of(buf);
+                split || group.rank() == 0
+            }
+            None => self.writes_dense_shards(),
+        }
+    }
+
+    /// How many ranks write shards (ranks `0..n` of the job: the first node's under hybrid,
+    /// all of them under expert parallelism).
     pub fn shard_writers(&self) -> usize {
-        if self.sharded() {
+        if self.experts.is_some() {
+            self.world.world_size()
+        } else if self.sharded() {
             self.pg.world_size()
         } else {
             1
         }
+    }
+
+    /// Whether some of this rank's buffers hold experts (expert parallelism).
+    pub fn has_expert_buffers(&self) -> bool {
+        self.flat.buffers.iter().any(|b| b.expert.is_some())
     }
 
     /// The trainable buffers' layout at this world size, in buffer order.
@@ -195,6 +228,13 @@ impl<C> Fsdp<'_, C> {
             .iter()
             .filter(|b| b.trainable)
             .map(|b| BufferLayout {
+                holders: b.expert.map(|_| {
+                    if self.groups().of(b).1 {
+                        self.expert_ranks.clone()
+                    } else {
+                        self.expert_ranks.iter().take(1).copied().collect()
+                    }
+                }),
                 key: b.key(),
                 numel: b.numel,
                 shard_len: b.shard_len,
@@ -223,6 +263,7 @@ impl<C> Fsdp<'_, C> {
                     key: b.key(),
                     start: b.shard_start,
                     numel: b.numel,
+                    written: self.writes_buffer(s.buffer),
                     tensors: vec![
                         ("param", b.shard.shallow_clone()),
                         ("exp_avg", s.exp_avg.shallow_clone()),

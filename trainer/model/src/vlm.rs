@@ -177,6 +177,20 @@ impl Vlm {
         &self.units
     }
 
+    /// Every parameter of the model, each expert included whichever experts this rank holds
+    /// under expert parallelism (what identifies the model, at any EP size).
+    pub fn whole_param_specs(&self) -> Result<Vec<ParamSpec>> {
+        if self.options.expert_parallel.is_none() {
+            return Ok(self.param_specs());
+        }
+        let options = VlmOptions {
+            expert_parallel: None,
+            ..self.options.clone()
+        };
+        let whole = Vlm::new(self.vision.clone(), self.lm.clone(), self.tied, options)?;
+        Ok(whole.param_specs())
+    }
+
     /// Every parameter once, in unit order (a tied embedding appears once, under `embed`).
     pub fn param_specs(&self) -> Vec<ParamSpec> {
         let mut seen = std::collections::HashSet::new();

@@ -183,6 +183,10 @@ knobs! {
     nproc: usize = default(1),
     /// FSDP sharding strategy.
     strategy: Strategy = default(Strategy::FullShard),
+    /// Expert parallelism for an MoE LM: each sparse layer's experts split over N consecutive
+    /// ranks, tokens exchanged by all-to-all; N divides the world size and the experts.
+    /// 1 (default): every rank holds every expert (FSDP-sharded).
+    expert_parallel: usize = default(1),
     /// Backward recomputes each trained unit's forward (`all`, default: least memory) or keeps
     /// the forward's activations (`none`: faster, more memory).
     recompute: Recompute = default(Recompute::All),
@@ -362,6 +366,22 @@ impl TrainConfig {
         positive_rate("vision_lr", self.vision_lr)?;
         if self.nproc == 0 {
             return Err(invalid("nproc", "0 ranks cannot train (at least 1)"));
+        }
+        if self.expert_parallel == 0 {
+            return Err(invalid(
+                "expert_parallel",
+                "0 ranks cannot hold the experts (1: no expert parallelism)",
+            ));
+        }
+        if self.expert_parallel > 1 && self.strategy.is_hybrid() {
+            return Err(invalid(
+                "expert_parallel",
+                format!(
+                    "expert parallelism runs with full_shard, shard_grad_op or no_shard; with \
+                     {:?} it is not implemented",
+                    self.strategy
+                ),
+            ));
         }
         if self.token_budget == 0 {
             return Err(invalid(

@@ -180,28 +180,94 @@ pub fn hybrid_mesh(
         });
     }
     let (node, nodes) = (env.rank / local, env.world_size / local);
-    let group = |prefix: String, rank: usize, size: usize| -> Result<ProcessGroup, DistError> {
-        let store = Store::connect(
-            &env.master_addr,
-            env.master_port,
-            false,
-            size,
-            timeout,
-            &prefix,
-        )?;
-        ProcessGroup::new(
-            store,
-            rank,
-            size,
-            backend,
-            gloo_host(env).as_deref(),
-            timeout,
-        )
+    let group = |prefix: String, rank: usize, size: usize| {
+        subgroup(env, prefix, rank, size, backend, timeout)
     };
     Ok(Mesh {
         node: group(format!("tessera/node{node}"), env.local_rank, local)?,
         replicas: group(format!("tessera/replica{}", env.local_rank), node, nodes)?,
     })
+}
+
+/// Expert parallelism's groups for `--expert-parallel n`, torchtitan's layout: rank r's
+/// expert group is the n consecutive ranks from n⌊r/n⌋ (in which it is rank r mod n and holds
+/// that slice of every sparse layer's experts); its expert-replica group is the W/n ranks
+/// r mod n, r mod n + n, ... holding the same slice (in which it is rank ⌊r/n⌋), over which
+/// those experts are sharded.
+pub struct ExpertMesh {
+    pub experts: ProcessGroup,
+    pub replicas: ProcessGroup,
+    /// The job ranks of `replicas`, in its rank order.
+    pub replica_ranks: Vec<usize>,
+}
+
+/// Builds this rank's [`ExpertMesh`] (every rank of the job calls it with the same `n`, which
+/// divides the world size).
+pub fn expert_mesh(
+    env: &RankEnv,
+    n: usize,
+    backend: Backend,
+    timeout: Duration,
+) -> Result<ExpertMesh, DistError> {
+    if n == 0 || !env.world_size.is_multiple_of(n) {
+        return Err(DistError::Env {
+            var: "WORLD_SIZE".into(),
+            message: format!(
+                "is {}, which --expert-parallel {n} does not divide (expert groups of {n} \
+                 consecutive ranks)",
+                env.world_size
+            ),
+        });
+    }
+    let (block, slice) = (env.rank / n, env.rank % n);
+    let experts = subgroup(
+        env,
+        format!("tessera/ep{block}"),
+        slice,
+        n,
+        backend,
+        timeout,
+    )?;
+    let replicas = subgroup(
+        env,
+        format!("tessera/ep_replica{slice}"),
+        block,
+        env.world_size / n,
+        backend,
+        timeout,
+    )?;
+    Ok(ExpertMesh {
+        experts,
+        replicas,
+        replica_ranks: (0..env.world_size / n).map(|i| slice + i * n).collect(),
+    })
+}
+
+/// The group `prefix` of `size` ranks over the job's store, this rank being `rank` in it.
+fn subgroup(
+    env: &RankEnv,
+    prefix: String,
+    rank: usize,
+    size: usize,
+    backend: Backend,
+    timeout: Duration,
+) -> Result<ProcessGroup, DistError> {
+    let store = Store::connect(
+        &env.master_addr,
+        env.master_port,
+        false,
+        size,
+        timeout,
+        &prefix,
+    )?;
+    ProcessGroup::new(
+        store,
+        rank,
+        size,
+        backend,
+        gloo_host(env).as_deref(),
+        timeout,
+    )
 }
 
 fn is_loopback(addr: &str) -> bool {

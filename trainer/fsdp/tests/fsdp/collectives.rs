@@ -211,7 +211,10 @@ fn a_peer_gone_before_the_backward_exchange_fails_the_backward_naming_it() -> an
         .clone()
         .flatten()
         .ok_or_else(|| anyhow::anyhow!("rank 0's backward did not fail"))?;
-    assert!(message.contains("all-to-all") || message.contains("closed"), "{message}");
+    assert!(
+        message.contains("all-to-all") || message.contains("closed"),
+        "{message}"
+    );
     assert!(
         started.elapsed() < Duration::from_secs(25),
         "took {:?}: it waited for the timeout",

@@ -12,6 +12,13 @@
 //! at a time ([`ShardedState::get`]). Under NO_SHARD (or at W=1) every rank holds the whole
 //! state, so rank 0 alone writes it (`writers` = 1); under HYBRID_SHARD the first node's ranks
 //! write (the other nodes hold copies).
+//!
+//! Expert parallelism: each expert's parameters sit in buffers of their own
+//! (`layers.3.expert.5.trainable`) that only the ranks holding that expert have, so every rank
+//! writes a shards file and a `layout.json` of its own buffers, each expert buffer naming the
+//! ranks that hold its shards (`holders`); the reader merges the ranks' layouts. A reader whose
+//! buffers are laid out otherwise (another expert-parallel size, or none) loads parameter by
+//! parameter from wherever the checkpoint keeps each one, so a run resumes at any EP and W.
 use crate::checkpoint::format::{Checkpoint, CheckpointError};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -68,14 +75,14 @@ pub(crate) fn snapshot(
     world_size: usize,
     copy: bool,
 ) -> StateSnapshot {
-    let layout = (rank == 0).then(|| Layout {
+    let layout = (rank == 0 || fsdp.has_expert_buffers()).then(|| Layout {
         world_size,
         writers: fsdp.shard_writers(),
         buffers: fsdp.trainable_layout(),
     });
     let mut tensors: Vec<(String, Tensor)> = Vec::new();
     if fsdp.writes_shards() {
-        for view in fsdp.shard_views() {
+        for view in fsdp.shard_views().into_iter().filter(|v| v.written) {
             for (suffix, t) in view.tensors {
                 let host = match (t.device(), copy) {
                     (tch::Device::Cpu, true) => t.copy(),
@@ -206,7 +213,10 @@ pub(crate) fn checkpoint_bytes(fsdp: &Fsdp<'_, VlmCtx>) -> u64 {
     let writers = fsdp.shard_writers() as u64;
     fsdp.trainable_layout()
         .iter()
-        .map(|b| b.shard_len.max(0) as u64 * writers * SUFFIXES.len() as u64 * 4)
+        .map(|b| {
+            let holders = b.holders.as_ref().map_or(writers, |h| h.len() as u64);
+            b.shard_len.max(0) as u64 * holders * SUFFIXES.len() as u64 * 4
+        })
         .sum()
 }
 
@@ -217,19 +227,32 @@ pub(crate) fn load(
     state: &ShardedState,
 ) -> Result<(), CheckpointError> {
     let mine = fsdp.trainable_layout();
+    // Expert buffers on either side: the layouts differ by design, so parameters are matched
+    // by name instead of buffers by key.
+    let regrouped = mine.iter().any(|b| b.holders.is_some())
+        || state.layout.buffers.iter().any(|b| b.holders.is_some());
     for (want, view) in mine.iter().zip(fsdp.shard_views()) {
-        let found = state.buffer(&want.key)?;
-        if found.params != want.params || found.numel != want.numel {
-            return Err(state.corrupt(format!(
-                "buffer `{}` holds other parameters than this run's model",
-                want.key
-            )));
-        }
-        for (suffix, dst) in &view.tensors {
-            state.read_range(found, suffix, view.start, dst)?;
+        let same = state
+            .buffer(&want.key)
+            .ok()
+            .filter(|found| found.params == want.params && found.numel == want.numel);
+        match same {
+            Some(found) => {
+                for (suffix, dst) in &view.tensors {
+                    state.read_range(found, suffix, view.start, dst)?;
+                }
+            }
+            None if regrouped => state.load_by_parameter(want, &view)?,
+            None => {
+                state.buffer(&want.key)?;
+                return Err(state.corrupt(format!(
+                    "buffer `{}` holds other parameters than this run's model",
+                    want.key
+                )));
+            }
         }
     }
-    if mine.len() != state.layout.buffers.len() {
+    if !regrouped && mine.len() != state.layout.buffers.len() {
         return Err(state.corrupt(format!(
             "it holds {} trainable buffers, this run's model {}",
             state.layout.buffers.len(),
@@ -268,9 +291,24 @@ impl ShardedState {
                 layout.writers, ckpt.meta.world_size
             )));
         }
+        let mut layout = layout;
         let mut rank_dirs = vec![first];
         for rank in 1..layout.writers {
-            rank_dirs.push(ckpt.rank_dir(rank)?);
+            let dir = ckpt.rank_dir(rank)?;
+            // Under expert parallelism every writer describes its own buffers too.
+            let own = dir.join(LAYOUT_FILE);
+            if own.is_file() {
+                let text = std::fs::read(&own).map_err(io_err(&own))?;
+                let theirs: Layout = serde_json::from_slice(&text).map_err(|e| {
+                    corrupt(format!("rank {rank}: {LAYOUT_FILE} is unreadable: {e}"))
+                })?;
+                for buffer in theirs.buffers {
+                    if !layout.buffers.iter().any(|b| b.key == buffer.key) {
+                        layout.buffers.push(buffer);
+                    }
+                }
+            }
+            rank_dirs.push(dir);
         }
         let files = rank_dirs
             .iter()
@@ -328,6 +366,43 @@ impl ShardedState {
         Ok(Some(out.view(slice.shape.as_slice())))
     }
 
+    /// Fills this rank's shard `view` of buffer `want` parameter by parameter from wherever the
+    /// checkpoint keeps each one (its buffers are laid out otherwise: another expert-parallel
+    /// size, or none). A parameter it lacks, or holds in another shape, fails naming it.
+    fn load_by_parameter(
+        &self,
+        want: &BufferLayout,
+        view: &tessera_fsdp::ShardView,
+    ) -> Result<(), CheckpointError> {
+        let shard_len = view.tensors.first().map_or(0, |(_, t)| t.numel() as i64);
+        let (lo, hi) = (view.start, view.start + shard_len);
+        for p in &want.params {
+            let numel: i64 = p.shape.iter().product();
+            let (a, b) = (p.offset.max(lo), (p.offset + numel).min(hi));
+            if a >= b {
+                continue;
+            }
+            let Some((index, slice)) = self.params.get(&p.name) else {
+                return Err(self.corrupt(format!(
+                    "it does not hold `{}`, which this run's model trains",
+                    p.name
+                )));
+            };
+            if slice.shape != p.shape {
+                return Err(self.corrupt(format!(
+                    "`{}` is {:?} in it, {:?} in this run's model",
+                    p.name, slice.shape, p.shape
+                )));
+            }
+            let found = &self.layout.buffers[*index];
+            for (suffix, dst) in &view.tensors {
+                let dst = dst.narrow(0, a - lo, b - a);
+                self.read_range(found, suffix, slice.offset + (a - p.offset), &dst)?;
+            }
+        }
+        Ok(())
+    }
+
     fn optimizer_step(&self) -> Result<i64, CheckpointError> {
         let t = Tensor::zeros([1], (Kind::Int64, tch::Device::Cpu));
         self.files[0].read_into(STEP_KEY, 0, &t)?;
@@ -352,8 +427,16 @@ impl ShardedState {
         let per = buffer.shard_len.max(1);
         let mut a = lo;
         while a < hi {
-            let writer = (a / per) as usize;
-            let end = hi.min((writer as i64 + 1) * per).min(a + READ_PIECE);
+            let shard = (a / per) as usize;
+            let writer = match &buffer.holders {
+                Some(holders) => *holders.get(shard).ok_or_else(|| {
+                    self.corrupt(format!(
+                        "`{name}` element {a} is in shard {shard}, past its holders"
+                    ))
+                })?,
+                None => shard,
+            };
+            let end = hi.min((shard as i64 + 1) * per).min(a + READ_PIECE);
             let file = self.files.get(writer).ok_or_else(|| {
                 self.corrupt(format!(
                     "`{name}` element {a} belongs to rank {writer}, which wrote no shards"
@@ -361,7 +444,7 @@ impl ShardedState {
             })?;
             file.read_into(
                 &name,
-                a - writer as i64 * per,
+                a - shard as i64 * per,
                 &dst.narrow(0, a - lo, end - a),
             )?;
             a = end;

@@ -25,7 +25,7 @@ use crate::report::profile::Profiler;
 use crate::report::tensorboard;
 use crate::run::rank_plan::{step_samples, RankLayout};
 use crate::run::schedule::CosineSchedule;
-use crate::run::sharded_vlm::{loss_groups, ShardedVlm, StepTotals, UnitTimes};
+use crate::run::sharded_vlm::{loss_groups, Groups, ShardedVlm, StepTotals, UnitTimes};
 use crate::run::validate::Validation;
 use crate::run_dir::RunDir;
 use crate::vlm_description::VlmDescription;
@@ -67,7 +67,8 @@ pub fn train(
         Some(env) => Some(setup::hybrid_mesh(&cfg, env, &pg)?),
         None => None,
     };
-    match train_rank(&cfg, pg, mesh, start) {
+    let experts = setup::expert_mesh(&cfg, env.as_ref(), &pg)?;
+    match train_rank(&cfg, pg, mesh, experts, start) {
         Ok(summary) => {
             // Trained to the end: the other ranks stop watching this one's heartbeat.
             if let Some(liveness) = liveness {
@@ -103,12 +104,13 @@ fn train_rank(
     cfg: &TrainConfig,
     pg: tessera_fsdp::dist::ProcessGroup,
     mesh: Option<tessera_fsdp::dist::Mesh>,
+    experts: Option<tessera_fsdp::dist::ExpertMesh>,
     start: &RunStart,
 ) -> Result<Option<Summary>, TrainError> {
     let cfg = cfg.clone();
     setup::check_shared_run_dir(&cfg.out, &pg)?;
     // The sharded model reads from the checkpoints only the slices its shards keep.
-    let (s, init) = setup::build(&cfg, pg, mesh)?;
+    let (s, init) = setup::build(&cfg, pg, mesh, experts)?;
     let run = RunDir::new(&cfg.out);
     if s.rank == 0 {
         let vlm_desc = VlmDescription::new(&cfg, &s.vlm, s.data.manifest());
@@ -116,7 +118,12 @@ fn train_rank(
         run.keep_tokenizer(s.data.first())?;
         s.data.log_mixture();
     }
-    let mut model = ShardedVlm::new(&cfg, &s.vlm, &s.pg, s.mesh.as_ref(), &init, s.device)?;
+    let groups = Groups {
+        pg: &s.pg,
+        mesh: s.mesh.as_ref(),
+        expert_replicas: s.expert_replicas.as_ref(),
+    };
+    let mut model = ShardedVlm::new(&cfg, &s.vlm, groups, &init, s.device)?;
     tracing::info!(
         "rank {}: shards built from {} MiB of checkpoint reads; peak RSS so far {:.0} MiB",
         s.rank,

@@ -13,14 +13,19 @@ use sha2::{Digest, Sha256};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
-use tessera_fsdp::dist::{self, Backend, Mesh, ProcessGroup, RankEnv};
-use tessera_model::{save_safetensors, LmConfig, LoraConfig, Vlm, VlmInit, VlmOptions};
+use tessera_fsdp::dist::{self, Backend, ExpertMesh, Mesh, ProcessGroup, RankEnv};
+use tessera_model::{
+    save_safetensors, ExpertGroup, LmConfig, LoraConfig, Vlm, VlmInit, VlmOptions,
+};
 
 /// A rank, ready to train.
 pub(crate) struct Setup {
     pub pg: Arc<ProcessGroup>,
     /// HYBRID_SHARD's node and replica groups.
     pub mesh: Option<Mesh>,
+    /// `--expert-parallel`: the ranks holding the same experts and their job ranks (the
+    /// expert group itself lives in the model's sparse layers).
+    pub expert_replicas: Option<(ProcessGroup, Vec<usize>)>,
     pub rank: usize,
     pub world_size: usize,
     pub data: TrainData,
@@ -103,6 +108,36 @@ pub(crate) fn process_group(
         Some(env) => dist::init_process_group(env, backend, timeout)?,
         None => ProcessGroup::single_on(backend, timeout)?,
     })
+}
+
+/// `--expert-parallel`'s groups (none at 1). N must divide the world size; a run started
+/// without ranks (no torchrun, no --nproc) has one rank, which N > 1 cannot divide.
+pub(crate) fn expert_mesh(
+    cfg: &TrainConfig,
+    env: Option<&RankEnv>,
+    pg: &ProcessGroup,
+) -> Result<Option<ExpertMesh>, TrainError> {
+    let n = cfg.expert_parallel;
+    if n <= 1 {
+        return Ok(None);
+    }
+    let world = pg.world_size();
+    let env = match env {
+        Some(env) if world.is_multiple_of(n) => env,
+        _ => {
+            return Err(ConfigError::Invalid {
+                field: "expert_parallel",
+                reason: format!(
+                    "{n} does not divide the {world} ranks of this run (expert groups are {n} \
+                     consecutive ranks: start {n}, {}, ... ranks with --nproc or torchrun)",
+                    2 * n
+                ),
+            }
+            .into())
+        }
+    };
+    let timeout = Duration::from_secs(cfg.collective_timeout_s);
+    Ok(Some(dist::expert_mesh(env, n, pg.backend(), timeout)?))
 }
 
 /// HYBRID_SHARD's groups, after checking on every rank that every machine runs as many ranks.
@@ -210,7 +245,7 @@ pub(crate) fn model_fingerprint(
 ) -> Result<ModelFingerprint, TrainError> {
     let config_sha = |dir: &Path| shards::sha256_file(&dir.join("config.json")).map(|(sha, _)| sha);
     let mut params = String::new();
-    for spec in vlm.param_specs() {
+    for spec in vlm.whole_param_specs()? {
         params += &format!("{} {:?} {}\n", spec.name, spec.shape, spec.trainable);
     }
     if let Some(lora) = &vlm.options.lora {
@@ -311,6 +346,7 @@ pub(crate) fn build(
     cfg: &TrainConfig,
     pg: ProcessGroup,
     mesh: Option<Mesh>,
+    experts: Option<ExpertMesh>,
 ) -> Result<(Setup, VlmInit), TrainError> {
     let (rank, world_size) = (pg.rank(), pg.world_size());
     let stores = std::cell::RefCell::new(Vec::new());
@@ -336,6 +372,13 @@ pub(crate) fn build(
     let manifest = data.manifest();
     vocabulary::check_tokenizer(manifest, &cfg.shards, &cfg.lm, rank)?;
     let lm = LmConfig::from_dir(&cfg.lm)?;
+    let (expert_group, expert_replicas) = match experts {
+        Some(m) => (
+            Some(ExpertGroup(Arc::new(m.experts))),
+            Some((m.replicas, m.replica_ranks)),
+        ),
+        None => (None, None),
+    };
     let options = VlmOptions {
         image_token_id: i64::from(manifest.special_tokens().image.id),
         train_projector: cfg.train.projector,
@@ -344,8 +387,7 @@ pub(crate) fn build(
         train_vision: cfg.train.vision,
         loss_chunk: None,
         added_tokens: vocabulary::added_rows(manifest, &cfg.shards, &lm)?,
-        // The trainer has no --expert-parallel yet: every rank holds every expert.
-        expert_parallel: None,
+        expert_parallel: expert_group,
     };
     let vlm = Vlm::from_dirs(&cfg.vision, &cfg.lm, options)?;
     if let Some(size) = cfg.image_size {
@@ -381,6 +423,7 @@ pub(crate) fn build(
     let setup = Setup {
         pg: Arc::new(pg),
         mesh,
+        expert_replicas,
         rank,
         world_size,
         data,

@@ -34,6 +34,16 @@ pub(crate) struct MicroBatchLoss {
     pub(crate) router: Option<tessera_model::RouterStats>,
 }
 
+/// The groups a rank's model is sharded over.
+pub(crate) struct Groups<'a> {
+    /// Every rank of the job.
+    pub(crate) pg: &'a ProcessGroup,
+    /// HYBRID_SHARD's node and replica groups.
+    pub(crate) mesh: Option<&'a Mesh>,
+    /// `--expert-parallel`: the ranks holding this rank's experts, and their job ranks.
+    pub(crate) expert_replicas: Option<&'a (ProcessGroup, Vec<usize>)>,
+}
+
 /// The VLM sharded over the ranks of `pg`, with its optimizer.
 pub(crate) struct ShardedVlm<'a> {
     vlm: &'a Vlm,
@@ -49,11 +59,15 @@ impl<'a> ShardedVlm<'a> {
     pub(crate) fn new(
         cfg: &TrainConfig,
         vlm: &'a Vlm,
-        pg: &'a ProcessGroup,
-        mesh: Option<&'a Mesh>,
+        groups: Groups<'a>,
         init: &dyn ParamSource,
         device: tch::Device,
     ) -> Result<Self, TrainError> {
+        let Groups {
+            pg,
+            mesh,
+            expert_replicas,
+        } = groups;
         let group = |name: &str, prefixes: &[&str], lr: f64| ParamGroup {
             name: name.into(),
             unit_prefixes: prefixes.iter().map(|p| p.to_string()).collect(),
@@ -84,9 +98,12 @@ impl<'a> ShardedVlm<'a> {
             device,
             ..FsdpConfig::default()
         };
-        let fsdp = match mesh {
-            Some(m) => Fsdp::new_hybrid(vlm.units(), pg, &m.node, &m.replicas, init, config)?,
-            None => Fsdp::new(vlm.units(), pg, init, config)?,
+        let fsdp = match (mesh, expert_replicas) {
+            (Some(m), _) => Fsdp::new_hybrid(vlm.units(), pg, &m.node, &m.replicas, init, config)?,
+            (None, Some((replicas, ranks))) => {
+                Fsdp::new_expert_parallel(vlm.units(), pg, replicas, ranks, init, config)?
+            }
+            (None, None) => Fsdp::new(vlm.units(), pg, init, config)?,
         };
         Ok(ShardedVlm { vlm, fsdp, device })
     }

@@ -108,6 +108,11 @@ fn expert_groups(w: usize, t: Duration) -> anyhow::Result<Vec<(ProcessGroup, Pro
     Ok(out)
 }
 
+/// The job ranks of rank `r`'s expert-replica group at EP=2.
+fn replica_ranks(w: usize, r: usize) -> Vec<usize> {
+    (0..w / 2).map(|i| r % 2 + 2 * i).collect()
+}
+
 /// `w` ranks on threads: without expert parallelism, then with EP=2.
 fn runs(
     w: usize,
@@ -138,6 +143,7 @@ fn runs(
                         parallel.units(),
                         pg,
                         &replicas,
+                        &replica_ranks(w, pg.rank()),
                         &init,
                         config(strategy, recompute),
                     )?;
@@ -342,8 +348,14 @@ fn expert_parallel_step_state_and_exchange_share() -> anyhow::Result<()> {
                         let without = bench_run(plain, &mut fsdp, pg)?;
                         drop(fsdp);
                         let parallel = bench_vlm(Some(ExpertGroup(Arc::new(ep))))?;
-                        let mut fsdp =
-                            Fsdp::new_expert_parallel(parallel.units(), pg, &replicas, &init, cfg)?;
+                        let mut fsdp = Fsdp::new_expert_parallel(
+                            parallel.units(),
+                            pg,
+                            &replicas,
+                            &replica_ranks(2, pg.rank()),
+                            &init,
+                            cfg,
+                        )?;
                         let with = bench_run(&parallel, &mut fsdp, pg)?;
                         Ok((without, with))
                     })
