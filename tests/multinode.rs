@@ -570,3 +570,126 @@ fn a_master_port_in_use_fails_the_launch_at_once() -> Result<()> {
     drop(holder);
     Ok(())
 }
+
+/// Starts both "nodes" on `out` and waits for both to succeed (at most `limit`).
+fn two_nodes_ok(f: &Fixture, out: &Path, extra: &[&str], stage: u8, limit: Duration) -> Result<()> {
+    let port = free_port()?;
+    let logs = [
+        out.with_extension("node0.log"),
+        out.with_extension("node1.log"),
+    ];
+    let mut nodes = Vec::new();
+    for (k, log) in logs.iter().enumerate() {
+        nodes.push(node(f, (k, port, 2), out, extra, log, None, stage)?);
+    }
+    let started = Instant::now();
+    for (k, agent) in nodes.iter_mut().enumerate() {
+        loop {
+            if let Some(status) = agent.try_wait()? {
+                ensure!(
+                    status.success(),
+                    "node {k} failed: {}",
+                    std::fs::read_to_string(&logs[k])?
+                );
+                break;
+            }
+            if started.elapsed() > limit {
+                for agent in &nodes {
+                    kill_node(agent)?;
+                }
+                anyhow::bail!("the two nodes did not finish within {limit:?}");
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+    Ok(())
+}
+
+/// `--expert-parallel 2` over two torchrun agents of two ranks each (each node's ranks one
+/// expert group; each expert sharded over its two holders, one per node), a full fine-tune of
+/// init-model's tiny Qwen3-MoE: the losses of the same run on one node with four ranks. Then,
+/// with one node killed mid-run, the other's ranks stop within 60 s naming ranks 2 and 3
+/// (every micro-step runs the experts' all-to-all, the collective a lost peer fails first).
+#[test]
+fn expert_parallel_over_two_nodes_matches_one_node_and_a_dead_node_is_named() -> Result<()> {
+    let f = support::fixture_with(48, 0.0, support::Lm::Tiny("qwen3_moe"))?;
+    let extra = [
+        "--steps",
+        "3",
+        "--train",
+        "projector,lm",
+        "--lm-lr",
+        "1e-3",
+        "--expert-parallel",
+        "2",
+        "--recompute",
+        "none",
+    ];
+    let one = f.root.join("one_node");
+    run_ok(train_command(tessera(), &f, args_at(&f, 2), &one, &extra).args(["--nproc", "4"]))?;
+    let two = f.root.join("two_nodes");
+    two_nodes_ok(&f, &two, &extra, 2, Duration::from_secs(300))?;
+    let losses = |run: &Path| -> Result<Vec<f64>> {
+        Ok(read_metrics(&run.join("metrics.jsonl"))?
+            .iter()
+            .map(|m| m.loss)
+            .collect())
+    };
+    let (a, b) = (losses(&one)?, losses(&two)?);
+    ensure!(a.len() == 3 && b.len() == 3, "{a:?} {b:?}");
+    for (step, (x, y)) in a.iter().zip(&b).enumerate() {
+        ensure!(
+            (x - y).abs() <= 1e-5 * x.abs(),
+            "step {step}: two nodes {y} vs one node {x}"
+        );
+    }
+
+    let long = [&["--steps", "200"], &extra[2..]].concat();
+    let run = f.root.join("dies");
+    let port = free_port()?;
+    let (log0, log1) = (f.root.join("dies0.log"), f.root.join("dies1.log"));
+    let mut node0 = node(&f, (0, port, 2), &run, &long, &log0, None, 2)?;
+    let mut node1 = node(&f, (1, port, 2), &run, &long, &log1, None, 2)?;
+    wait_until("two steps", Duration::from_secs(240), || {
+        if let Some(status) = node0.try_wait()? {
+            anyhow::bail!(
+                "node 0 exited ({status}): {}",
+                std::fs::read_to_string(&log0)?
+            );
+        }
+        let text = std::fs::read_to_string(run.join("metrics.jsonl")).unwrap_or_default();
+        Ok(text.lines().count() >= 2)
+    })?;
+    kill_node(&node1)?;
+    node1.wait()?;
+    let killed = Instant::now();
+    let status = loop {
+        if let Some(status) = node0.try_wait()? {
+            break status;
+        }
+        if killed.elapsed() > Duration::from_secs(60) {
+            kill_node(&node0)?;
+            anyhow::bail!(
+                "node 0 still ran 60 s after node 1 died: {}",
+                std::fs::read_to_string(&log0)?
+            );
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    ensure_nothing_left(&run)?;
+    let log = std::fs::read_to_string(&log0)?;
+    ensure!(
+        !status.success(),
+        "node 0 succeeded after losing node 1: {log}"
+    );
+    ensure!(
+        log.contains("ranks [2, 3] stopped sending heartbeats"),
+        "node 0's ranks do not name the lost ranks 2 and 3: {log}"
+    );
+    eprintln!(
+        "EP: node 0 stopped {:.1} s after node 1 died; all-to-all named: {}",
+        killed.elapsed().as_secs_f64(),
+        log.contains("all-to-all")
+    );
+    Ok(())
+}

@@ -43,10 +43,18 @@ at::Tensor exchange(tc_pg* pg, const at::Tensor& input, const std::vector<int64_
   std::vector<int64_t> in_rows(in_splits);
   c10d::AllToAllOptions opts;
   opts.timeout = pg->timeout;
-  auto work = pg->backend->alltoall_base(out, in, out_rows, in_rows, opts);
-  if (!work->wait(pg->timeout)) {
-    throw std::runtime_error("all-to-all on rank " + std::to_string(pg->backend->getRank()) +
-                             " did not complete");
+  // A failure names the exchange whichever layer raised it (gloo's "Connection closed by
+  // peer" says neither), so the trainer can tell a lost peer from a failing kernel.
+  const std::string where = "all-to-all on rank " + std::to_string(pg->backend->getRank());
+  try {
+    auto work = pg->backend->alltoall_base(out, in, out_rows, in_rows, opts);
+    if (!work->wait(pg->timeout)) {
+      throw std::runtime_error("did not complete");
+    }
+  } catch (const c10::Error& e) {
+    throw std::runtime_error(where + ": " + e.what_without_backtrace());
+  } catch (const std::exception& e) {
+    throw std::runtime_error(where + ": " + e.what());
   }
   return out;
 }

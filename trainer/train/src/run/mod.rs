@@ -83,10 +83,7 @@ pub fn train(
 /// A collective that failed because peers died (gloo: "Connection closed by peer") says which
 /// ranks are gone: the ranks whose heartbeat stopped.
 fn name_lost_ranks(e: TrainError, liveness: Option<&Liveness>) -> TrainError {
-    let collective = matches!(
-        &e,
-        TrainError::Dist(_) | TrainError::Fsdp(tessera_fsdp::FsdpError::Dist(_))
-    );
+    let collective = is_collective_failure(&e);
     match liveness.filter(|_| collective) {
         Some(liveness) => match liveness.silent_ranks() {
             ranks if ranks.is_empty() => e,
@@ -96,6 +93,22 @@ fn name_lost_ranks(e: TrainError, liveness: Option<&Liveness>) -> TrainError {
             },
         },
         None => e,
+    }
+}
+
+/// Whether `e` is a failed collective: FSDP's own, or one inside a unit's forward or backward
+/// (expert parallelism's all-to-all, whose backward failure comes back through libtorch's
+/// backward as its message).
+fn is_collective_failure(e: &TrainError) -> bool {
+    use tessera_fsdp::{ComputeError, FsdpError};
+    match e {
+        TrainError::Dist(_) | TrainError::Fsdp(FsdpError::Dist(_)) => true,
+        TrainError::Fsdp(FsdpError::Compute { source, .. }) => match source {
+            ComputeError::Collective(_) => true,
+            ComputeError::Torch(t) => t.to_string().contains("all-to-all"),
+            ComputeError::Shim(_) => false,
+        },
+        _ => false,
     }
 }
 
