@@ -240,6 +240,7 @@ fn every_flag_and_its_toml_key_set_the_same_knob() -> anyhow::Result<()> {
         ("--out", "runs/a", "out = \"runs/a\""),
         ("--nproc", "2", "nproc = 2"),
         ("--strategy", "no_shard", "strategy = \"no_shard\""),
+        ("--expert-parallel", "4", "expert_parallel = 4"),
         ("--recompute", "none", "recompute = \"none\""),
         ("--steps", "7", "steps = 7"),
         ("--epochs", "3", "epochs = 3"),
