@@ -35,7 +35,8 @@ pub struct FsdpConfig {
     pub check_schedule: bool,
     /// `All`: backward re-gathers and recomputes each unit from its saved input (activation
     /// checkpointing). `None`: the forward keeps each trained unit's autograd graph and the
-    /// backward runs through it (faster, activations held until backward).
+    /// backward runs through it (faster, activations held until backward). `Every(K)`: every
+    /// K-th unit backward runs through recomputes, the others keep their graphs.
     pub recompute: Recompute,
 }
 
@@ -358,10 +359,20 @@ impl<'a, C> Fsdp<'a, C> {
         };
         let mut schedule: Vec<Pass> = running.iter().map(|&i| Pass::Forward(i)).collect();
         schedule.extend(backward_units.iter().rev().map(|&i| Pass::Backward(i)));
-        let recompute = self.config.recompute == Recompute::All;
+        // Which of the backward units recompute (`every:K`: every K-th of them).
+        let policy = self.config.recompute;
+        let recomputed: Vec<usize> = backward_units
+            .iter()
+            .enumerate()
+            .filter(|&(i, _)| policy.recomputes(i))
+            .map(|(_, &u)| u)
+            .collect();
         // Without recompute a backward step runs through the graph its forward kept, which
         // holds the parameters it read: nothing to gather.
-        let needs_params = |pass: &Pass| matches!(pass, Pass::Forward(_)) || recompute;
+        let needs_params = |pass: &Pass| match pass {
+            Pass::Forward(_) => true,
+            Pass::Backward(u) => recomputed.contains(u),
+        };
         let groups = self.groups();
         let mut saved: HashMap<usize, Tensor> = HashMap::new();
         let mut kept: HashMap<usize, Graph> = HashMap::new();
@@ -392,7 +403,7 @@ impl<'a, C> Fsdp<'a, C> {
                 if !backward_units.contains(&u) {
                     let params = self.flat.param_map(u, &self.gathered.full);
                     x = tch::no_grad(|| self.run_unit(u, &params, &x, ctx))?;
-                } else if recompute {
+                } else if recomputed.contains(&u) {
                     saved.insert(u, x.shallow_clone());
                     let params = self.flat.param_map(u, &self.gathered.full);
                     x = tch::no_grad(|| self.run_unit(u, &params, &x, ctx))?;

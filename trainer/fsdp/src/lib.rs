@@ -78,14 +78,10 @@ impl Strategy {
     }
 }
 
-/// What backward does for units that train (or pass gradients to one that does).
+/// What backward does for units that train (or pass gradients to one that does). Spelled
+/// `all`, `none` or `every:K` on the command line and in TOML.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[cfg_attr(
-    feature = "clap",
-    derive(clap::ValueEnum),
-    value(rename_all = "snake_case")
-)]
-#[serde(rename_all = "snake_case")]
+#[serde(try_from = "String", into = "String")]
 pub enum Recompute {
     /// Activation checkpointing: forward runs without autograd; backward gathers the unit
     /// again and recomputes it from its saved input. Least memory.
@@ -93,6 +89,63 @@ pub enum Recompute {
     /// Forward builds the autograd graph and keeps it (with the parameters it read) until
     /// backward: no second forward, no second gather. Most memory.
     None,
+    /// Every K-th of the units backward runs through (counting from the first, in chain
+    /// order) recomputed as `All` does, the others keeping their graphs as `None` does
+    /// (torchtitan's "every N-th layer" checkpointing): memory and time between the two.
+    Every(usize),
+}
+
+impl Recompute {
+    /// Whether the `i`-th unit backward runs through (0 = the first) is recomputed.
+    pub fn recomputes(self, i: usize) -> bool {
+        match self {
+            Recompute::All => true,
+            Recompute::None => false,
+            Recompute::Every(k) => i % k.max(1) == 0,
+        }
+    }
+}
+
+impl std::str::FromStr for Recompute {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "all" => Ok(Recompute::All),
+            "none" => Ok(Recompute::None),
+            _ => match s.strip_prefix("every:").map(str::parse::<usize>) {
+                Some(Ok(k)) if k >= 1 => Ok(Recompute::Every(k)),
+                _ => Err(format!(
+                    "`{s}` is not a recompute choice: all, none or every:K (K >= 1: every K-th \
+                     unit recomputed, the others keeping their activations)"
+                )),
+            },
+        }
+    }
+}
+
+impl std::fmt::Display for Recompute {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Recompute::All => f.write_str("all"),
+            Recompute::None => f.write_str("none"),
+            Recompute::Every(k) => write!(f, "every:{k}"),
+        }
+    }
+}
+
+impl TryFrom<String> for Recompute {
+    type Error = String;
+
+    fn try_from(s: String) -> Result<Self, String> {
+        s.parse()
+    }
+}
+
+impl From<Recompute> for String {
+    fn from(r: Recompute) -> String {
+        r.to_string()
+    }
 }
 
 /// FSDP errors; each names the unit, parameter or checkpoint key involved.

@@ -187,8 +187,9 @@ knobs! {
     /// ranks, tokens exchanged by all-to-all; N divides the world size and the experts.
     /// 1 (default): every rank holds every expert (FSDP-sharded).
     expert_parallel: usize = default(1),
-    /// Backward recomputes each trained unit's forward (`all`, default: least memory) or keeps
-    /// the forward's activations (`none`: faster, more memory).
+    /// Backward recomputes each trained unit's forward (`all`, default: least memory), keeps
+    /// the forward's activations (`none`: faster, more memory), or recomputes every K-th unit
+    /// and keeps the others' (`every:K`: in between).
     recompute: Recompute = default(Recompute::All),
     /// Optimizer steps (default: one epoch).
     steps: u64 = optional,

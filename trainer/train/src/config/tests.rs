@@ -241,7 +241,7 @@ fn every_flag_and_its_toml_key_set_the_same_knob() -> anyhow::Result<()> {
         ("--nproc", "2", "nproc = 2"),
         ("--strategy", "no_shard", "strategy = \"no_shard\""),
         ("--expert-parallel", "4", "expert_parallel = 4"),
-        ("--recompute", "none", "recompute = \"none\""),
+        ("--recompute", "every:2", "recompute = \"every:2\""),
         ("--steps", "7", "steps = 7"),
         ("--epochs", "3", "epochs = 3"),
         ("--token-budget", "8192", "token_budget = 8192"),
@@ -330,6 +330,13 @@ fn bad_flag_values_name_the_flag_and_the_choices() {
     );
     let m = msg(&["--resize", "crop"]);
     assert!(m.contains("--resize") && m.contains("squash"), "{m}");
+    for bad in ["every:0", "some", "every:x"] {
+        let m = msg(&["--recompute", bad]);
+        assert!(
+            m.contains("--recompute") && m.contains("all, none or every:K"),
+            "{m}"
+        );
+    }
     let m = msg(&["--collective-timeout-s", "5"]);
     assert!(m.contains("--collective-timeout-s"), "{m}");
 }

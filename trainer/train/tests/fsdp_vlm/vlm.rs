@@ -237,18 +237,23 @@ fn recompute_none_matches_recompute_all_over_20_steps() -> anyhow::Result<()> {
         let single = ProcessGroup::single(Duration::from_secs(60))?;
         let run = |recompute| train_with(&vlm, &init, &single, Strategy::FullShard, recompute, 20);
         let (all, all_params) = run(Recompute::All)?;
-        let (none, none_params) = run(Recompute::None)?;
         assert_eq!(all.len(), 20);
-        for (step, (a, n)) in all.iter().zip(&none).enumerate() {
-            assert!(
-                (a - n).abs() <= 1e-6 * a.abs(),
-                "stage {stage} step {step}: recompute none {n} vs all {a}"
-            );
-        }
         assert!(all[19] < all[0], "stage {stage} did not learn: {all:?}");
-        for (name, want) in &all_params {
-            let diff = (&none_params[name] - want).abs().max().double_value(&[]);
-            assert!(diff <= 1e-6, "stage {stage}: {name} differs by {diff}");
+        for other in [Recompute::None, Recompute::Every(2), Recompute::Every(3)] {
+            let (losses, params) = run(other)?;
+            for (step, (a, n)) in all.iter().zip(&losses).enumerate() {
+                assert!(
+                    (a - n).abs() <= 1e-6 * a.abs(),
+                    "stage {stage} step {step}: recompute {other} {n} vs all {a}"
+                );
+            }
+            for (name, want) in &all_params {
+                let diff = (&params[name] - want).abs().max().double_value(&[]);
+                assert!(
+                    diff <= 1e-6,
+                    "stage {stage} {other}: {name} differs by {diff}"
+                );
+            }
         }
         if stage == 2 {
             let groups = local_groups(2, Duration::from_secs(60))?;
@@ -266,5 +271,38 @@ fn recompute_none_matches_recompute_all_over_20_steps() -> anyhow::Result<()> {
             }
         }
     }
+    Ok(())
+}
+
+/// `every:K` sits between `none` and `all`: at W=2 under FULL_SHARD a recomputed unit gathers
+/// its parameters again in backward and a kept one does not, so a step of `every:2` sends
+/// more bytes than `none` and fewer than `all` (with the same loss).
+#[test]
+fn recompute_every_k_regathers_only_the_units_it_recomputes() -> anyhow::Result<()> {
+    let (vlm, init) = tiny_vlm(None);
+    let groups = local_groups(2, Duration::from_secs(60))?;
+    let vlm = &vlm;
+    let runs = on_thread_ranks(&groups, &init, |init, pg| {
+        let mut out = Vec::new();
+        for recompute in [Recompute::None, Recompute::Every(2), Recompute::All] {
+            let config = FsdpConfig {
+                strategy: Strategy::FullShard,
+                recompute,
+                ..FsdpConfig::default()
+            };
+            let mut fsdp = Fsdp::new(vlm.units(), pg, init, config)?;
+            let stats = fsdp_step(&mut fsdp, vlm, pg, &[batch(0, 0), batch(0, 1)])?;
+            out.push((stats.bytes_sent, stats.loss));
+        }
+        Ok(out)
+    })?;
+    let [(none, l0), (every, l1), (all, l2)] = runs[0][..] else {
+        anyhow::bail!("three runs");
+    };
+    assert!(
+        none < every && every < all,
+        "bytes: none {none}, every:2 {every}, all {all}"
+    );
+    assert!((l0 - l1).abs() <= 1e-6 * l0 && (l0 - l2).abs() <= 1e-6 * l0);
     Ok(())
 }
