@@ -101,7 +101,7 @@ impl Recompute {
         match self {
             Recompute::All => true,
             Recompute::None => false,
-            Recompute::Every(k) => i % k.max(1) == 0,
+            Recompute::Every(k) => i.is_multiple_of(k.max(1)),
         }
     }
 }
