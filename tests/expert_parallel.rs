@@ -16,7 +16,8 @@ mod support;
 use support::metrics::losses;
 use support::{fixture_with, run_err, run_ok, tessera, Fixture, Lm};
 
-fn stage2(f: &Fixture, stage1: Option<&Path>, out: &Path, nproc: usize, ep: usize) -> Command {
+/// `tessera train` of `stage` on the fixture into `out`, 128 tokens a rank, seed 5.
+fn train(f: &Fixture, stage: u8, out: &Path) -> Command {
     let mut cmd = tessera();
     cmd.args(["train", "--quiet", "--shards"])
         .arg(&f.shards)
@@ -24,14 +25,20 @@ fn stage2(f: &Fixture, stage1: Option<&Path>, out: &Path, nproc: usize, ep: usiz
         .arg(&f.vision)
         .arg("--lm")
         .arg(&f.lm)
-        .args(["--stage", "2", "--token-budget", "128", "--seq-len", "128"])
-        .args(["--recompute", "none", "--seed", "5"])
+        .args(["--stage", &stage.to_string()])
+        .args(["--token-budget", "128", "--seq-len", "128", "--seed", "5"])
+        .arg("--out")
+        .arg(out);
+    cmd
+}
+
+fn stage2(f: &Fixture, stage1: Option<&Path>, out: &Path, nproc: usize, ep: usize) -> Command {
+    let mut cmd = train(f, 2, out);
+    cmd.args(["--recompute", "none"])
         .args(["--train", "projector,lm", "--lm-lr", "1e-3"])
         .args(["--steps", "2", "--checkpoint-every", "1"])
         .args(["--nproc", &nproc.to_string()])
-        .args(["--expert-parallel", &ep.to_string()])
-        .arg("--out")
-        .arg(out);
+        .args(["--expert-parallel", &ep.to_string()]);
     if let Some(stage1) = stage1 {
         cmd.arg("--init-projector").arg(stage1);
     }
@@ -85,17 +92,7 @@ fn export(run: &Path, out: &Path) -> Result<tessera_fsdp::ParamMap> {
 fn expert_parallel_runs_match_and_resume_across_expert_parallel_sizes() -> Result<()> {
     let f = fixture_with(24, 0.0, Lm::Tiny("qwen3_moe"))?;
     let stage1 = f.root.join("stage1");
-    let mut cmd = tessera();
-    cmd.args(["train", "--quiet", "--shards"])
-        .arg(&f.shards)
-        .arg("--vision")
-        .arg(&f.vision)
-        .arg("--lm")
-        .arg(&f.lm)
-        .args(["--stage", "1", "--token-budget", "128", "--seq-len", "128"])
-        .args(["--seed", "5", "--steps", "1", "--out"])
-        .arg(&stage1);
-    run_ok(&mut cmd)?;
+    run_ok(train(&f, 1, &stage1).args(["--steps", "1"]))?;
 
     let plain = f.root.join("ep1_w2");
     run_ok(&mut stage2(&f, Some(&stage1), &plain, 2, 1))?;

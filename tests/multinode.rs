@@ -124,6 +124,25 @@ fn signal_node(agent: &Child, signal: &str) -> Result<()> {
     Ok(())
 }
 
+/// Node 0's exit status once node 1 is dead; still running after 60 s, it is killed and the
+/// test fails with its log.
+fn exit_within_60_s(node0: &mut Child, log0: &Path) -> Result<std::process::ExitStatus> {
+    let killed = Instant::now();
+    loop {
+        if let Some(status) = node0.try_wait()? {
+            return Ok(status);
+        }
+        if killed.elapsed() > Duration::from_secs(60) {
+            kill_node(node0)?;
+            anyhow::bail!(
+                "node 0 still ran 60 s after node 1 died: {}",
+                std::fs::read_to_string(log0)?
+            );
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
 fn samples_by_step(run: &Path) -> Result<Vec<String>> {
     Ok(std::fs::read_to_string(run.join("plan.jsonl"))?
         .lines()
@@ -162,19 +181,7 @@ fn a_dead_node_stops_the_other_within_60_s_naming_its_ranks_and_the_run_resumes_
     kill_node(&node1)?;
     node1.wait()?;
     let killed = Instant::now();
-    let status = loop {
-        if let Some(status) = node0.try_wait()? {
-            break status;
-        }
-        if killed.elapsed() > Duration::from_secs(60) {
-            kill_node(&node0)?;
-            anyhow::bail!(
-                "node 0 still ran 60 s after node 1 died: {}",
-                std::fs::read_to_string(&log0)?
-            );
-        }
-        std::thread::sleep(Duration::from_millis(200));
-    };
+    let status = exit_within_60_s(&mut node0, &log0)?;
     // Node 0's agent has exited: none of its ranks, nor node 1's, is still running.
     ensure_nothing_left(&run)?;
     let log = std::fs::read_to_string(&log0)?;
@@ -663,19 +670,7 @@ fn expert_parallel_over_two_nodes_matches_one_node_and_a_dead_node_is_named() ->
     kill_node(&node1)?;
     node1.wait()?;
     let killed = Instant::now();
-    let status = loop {
-        if let Some(status) = node0.try_wait()? {
-            break status;
-        }
-        if killed.elapsed() > Duration::from_secs(60) {
-            kill_node(&node0)?;
-            anyhow::bail!(
-                "node 0 still ran 60 s after node 1 died: {}",
-                std::fs::read_to_string(&log0)?
-            );
-        }
-        std::thread::sleep(Duration::from_millis(200));
-    };
+    let status = exit_within_60_s(&mut node0, &log0)?;
     ensure_nothing_left(&run)?;
     let log = std::fs::read_to_string(&log0)?;
     ensure!(

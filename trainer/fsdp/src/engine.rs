@@ -289,19 +289,6 @@ impl<'a, C> Fsdp<'a, C> {
         }
     }
 
-    /// Whether this rank counts buffer `b`'s gradient in the global norm: the rank that
-    /// would write its shard to a checkpoint (each shard counted once over the job).
-    fn counts_norm(&self, b: usize) -> bool {
-        let buf = &self.flat.buffers[b];
-        match buf.expert {
-            Some(_) => {
-                let (group, split) = self.groups().of(buf);
-                split || group.rank() == 0
-            }
-            None => self.writes_dense_shards(),
-        }
-    }
-
     /// Seconds per component since the last call (forward + backward, recompute included),
     /// then starts again from zero.
     pub fn take_times(&mut self) -> BTreeMap<String, f64> {
@@ -643,7 +630,7 @@ impl<'a, C> Fsdp<'a, C> {
             .grads
             .iter()
             .enumerate()
-            .filter(|&(b, _)| self.counts_norm(b))
+            .filter(|&(b, _)| self.writes_buffer(b))
             .filter_map(|(_, g)| g.as_ref())
             .map(sum_of_squares)
             .sum();

@@ -186,7 +186,7 @@ impl<C> Fsdp<'_, C> {
     }
 
     /// Whether this rank writes its shards of the buffers sharded over the whole group.
-    pub(super) fn writes_dense_shards(&self) -> bool {
+    fn writes_dense_shards(&self) -> bool {
         let first_replica = self.replicas.is_none_or(|r| r.rank() == 0);
         first_replica && (self.sharded() || self.pg.rank() == 0)
     }
