@@ -82,7 +82,8 @@ def main():
             ("s2_full", "stage 2 full (projector,lm)", {"lm_trained": True}),
             ("v_dense", "stage 1, TESSERA_DENSE_ATTENTION=1", {}),
             ("v_noside", "stage 1, TESSERA_SIDE_STREAM=0", {}),
-            ("v_norecompute", "stage 1, --recompute none", {})]
+            ("v_norecompute", "stage 1, --recompute none", {}),
+            ("v_every2", "stage 1, --recompute every:2", {})]
     for run, label, kw in runs:
         all_steps = metrics(work, run)
         m = all_steps[first:]
@@ -109,7 +110,7 @@ def main():
             print("  per-step median unit times: " + ", ".join(
                 f"{k} {st.median(v) * 1000:.0f} ms" for k, v in sorted(units.items())))
         print("  losses: " + " ".join("%.4f" % x["loss"] for x in all_steps[::3]))
-    for run in ("v_dense", "v_noside", "v_norecompute"):
+    for run in ("v_dense", "v_noside", "v_norecompute", "v_every2"):
         if run in rates and "s1" in rates:
             print(f"SWITCH {run}: {rates[run] / rates['s1']:.2f}x the default stage-1 rate")
 
