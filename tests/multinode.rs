@@ -124,6 +124,34 @@ fn signal_node(agent: &Child, signal: &str) -> Result<()> {
     Ok(())
 }
 
+/// Both "nodes" started on `run` (logs `run`.node0.log / .node1.log), returned once two steps
+/// are in the metrics; node 0 exiting before that fails with its log.
+fn two_nodes_past_step_2(
+    f: &Fixture,
+    run: &Path,
+    extra: &[&str],
+    stage: u8,
+) -> Result<(Child, Child, PathBuf, PathBuf)> {
+    let port = free_port()?;
+    let (log0, log1) = (
+        run.with_extension("node0.log"),
+        run.with_extension("node1.log"),
+    );
+    let mut node0 = node(f, (0, port, 2), run, extra, &log0, None, stage)?;
+    let node1 = node(f, (1, port, 2), run, extra, &log1, None, stage)?;
+    wait_until("two steps", Duration::from_secs(240), || {
+        if let Some(status) = node0.try_wait()? {
+            anyhow::bail!(
+                "node 0 exited ({status}): {}",
+                std::fs::read_to_string(&log0)?
+            );
+        }
+        let metrics = std::fs::read_to_string(run.join("metrics.jsonl")).unwrap_or_default();
+        Ok(metrics.lines().count() >= 2)
+    })?;
+    Ok((node0, node1, log0, log1))
+}
+
 /// Node 0's exit status once node 1 is dead; still running after 60 s, it is killed and the
 /// test fails with its log.
 fn exit_within_60_s(node0: &mut Child, log0: &Path) -> Result<std::process::ExitStatus> {
@@ -404,20 +432,7 @@ fn a_frozen_node_is_found_by_its_missing_heartbeats_within_60_s() -> Result<()> 
         "10",
     ];
     let run = f.root.join("run");
-    let port = free_port()?;
-    let (log0, log1) = (f.root.join("node0.log"), f.root.join("node1.log"));
-    let mut node0 = node(&f, (0, port, 2), &run, &steps, &log0, None, 1)?;
-    let mut node1 = node(&f, (1, port, 2), &run, &steps, &log1, None, 1)?;
-    wait_until("two steps", Duration::from_secs(240), || {
-        if let Some(status) = node0.try_wait()? {
-            anyhow::bail!(
-                "node 0 exited ({status}): {}",
-                std::fs::read_to_string(&log0)?
-            );
-        }
-        let metrics = std::fs::read_to_string(run.join("metrics.jsonl")).unwrap_or_default();
-        Ok(metrics.lines().count() >= 2)
-    })?;
+    let (mut node0, mut node1, log0, _) = two_nodes_past_step_2(&f, &run, &steps, 1)?;
     signal_node(&node1, "-STOP")?;
     let frozen = Instant::now();
     let status = loop {
@@ -653,20 +668,7 @@ fn expert_parallel_over_two_nodes_matches_one_node_and_a_dead_node_is_named() ->
 
     let long = [&["--steps", "200"], &extra[2..]].concat();
     let run = f.root.join("dies");
-    let port = free_port()?;
-    let (log0, log1) = (f.root.join("dies0.log"), f.root.join("dies1.log"));
-    let mut node0 = node(&f, (0, port, 2), &run, &long, &log0, None, 2)?;
-    let mut node1 = node(&f, (1, port, 2), &run, &long, &log1, None, 2)?;
-    wait_until("two steps", Duration::from_secs(240), || {
-        if let Some(status) = node0.try_wait()? {
-            anyhow::bail!(
-                "node 0 exited ({status}): {}",
-                std::fs::read_to_string(&log0)?
-            );
-        }
-        let text = std::fs::read_to_string(run.join("metrics.jsonl")).unwrap_or_default();
-        Ok(text.lines().count() >= 2)
-    })?;
+    let (mut node0, mut node1, log0, _) = two_nodes_past_step_2(&f, &run, &long, 2)?;
     kill_node(&node1)?;
     node1.wait()?;
     let killed = Instant::now();
