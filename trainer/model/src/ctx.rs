@@ -9,8 +9,8 @@ use super::error::{ModelError, Result};
 use super::moe::RouterLog;
 use super::rope::rotary_tables;
 use super::side_stream::{upload, SideUpload};
-use super::siglip;
 use super::varlen::{use_varlen, Varlen};
+use super::vision;
 use super::vlm::Vlm;
 use pipeline::{MicroBatch, IGNORE_INDEX};
 use std::sync::Mutex;
@@ -41,7 +41,7 @@ pub struct VlmCtx {
     pub targets: Tensor,
     /// Number of supervised positions.
     pub supervised: i64,
-    /// Normalised pixels `[n, 3, s, s]` f32 (see [`siglip::normalize_pixels`]), `None` without
+    /// Normalised pixels `[n, 3, s, s]` f32 (see [`vision::normalize_pixels`]), `None` without
     /// images.
     pub pixel_values: Option<Tensor>,
     /// LoRA dropout seed for this micro-batch; `None` (the default) runs without dropout.
@@ -153,7 +153,7 @@ impl VlmCtx {
             }
             let shape = [mb.num_images as i64, 3, side, side];
             let raw = upload(Tensor::from_slice(&mb.pixels).view(shape), device)?;
-            Some(siglip::normalize_pixels(&raw))
+            Some(vision::normalize_pixels(vision, &raw))
         } else {
             None
         };

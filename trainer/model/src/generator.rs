@@ -10,12 +10,12 @@
 //! tensor at a time as they are taken in, so the model is never in memory twice; the
 //! activations run in that dtype (bf16 products as `gemm.rs` computes them), and tokens are
 //! picked from f32 logits.
-use super::config::{LoraConfig, SiglipVisionConfig};
+use super::config::{LoraConfig, VisionConfig};
 use super::decoder::{DecoderLayer, LayerKv};
 use super::error::{ModelError, Result};
 use super::lm_config::LmConfig;
 use super::rope::rotary_tables;
-use super::siglip::{self, VisionTower};
+use super::vision::{self, VisionTower};
 use super::vocab;
 use super::{projector, Vlm};
 use rand::{Rng, SeedableRng};
@@ -64,7 +64,7 @@ pub struct Generation {
 /// The model and its parameters (one dtype, on their device), ready to generate.
 pub struct Generator {
     /// The vision tower (`None` for a language model alone, which takes no images).
-    vision: Option<(SiglipVisionConfig, VisionTower)>,
+    vision: Option<(VisionConfig, VisionTower)>,
     lm: LmConfig,
     tied: bool,
     /// Ids the model scores: the checkpoint's vocabulary plus the added tokens.
@@ -122,7 +122,7 @@ impl Generator {
     }
 
     /// The vision tower's config (`None` for a language model alone).
-    pub fn vision(&self) -> Option<&SiglipVisionConfig> {
+    pub fn vision(&self) -> Option<&VisionConfig> {
         self.vision.as_ref().map(|(cfg, _)| cfg)
     }
 
@@ -152,7 +152,7 @@ impl Generator {
     /// Projected image tokens `[images * tokens, D]` of u8 CHW pixels `[images, 3, s, s]`.
     fn image_embeds(
         &self,
-        (vision, tower): &(SiglipVisionConfig, VisionTower),
+        (vision, tower): &(VisionConfig, VisionTower),
         pixels: &[u8],
         images: i64,
     ) -> Result<Tensor> {
@@ -160,7 +160,7 @@ impl Generator {
         let raw = Tensor::from_slice(pixels)
             .view([images, 3, side, side])
             .to_device(self.device());
-        let features = tower.features(&self.params, &siglip::normalize_pixels(&raw))?;
+        let features = tower.features(&self.params, &vision::normalize_pixels(vision, &raw))?;
         Ok(projector::forward(&self.params, &features)?.reshape([-1, self.lm.hidden_size]))
     }
 

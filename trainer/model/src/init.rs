@@ -5,10 +5,10 @@
 //! matrices and embeddings N(0, 0.02²) (transformers' `initializer_range`), biases
 //! N(0, 0.02²), norm weights 1 + N(0, 0.02²), except the tiny preset's language model, which
 //! is drawn at a trained model's scale (see [`LmInit`]).
-use super::config::SiglipVisionConfig;
+use super::config::{VisionArch, VisionConfig};
 use super::error::{ModelError, Result};
 use super::lm_config::{LmConfig, LmFamily, MoeConfig};
-use super::{decoder, siglip, vocab, weights};
+use super::{decoder, vision, vocab, weights};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use std::collections::BTreeMap;
@@ -38,8 +38,8 @@ impl Preset {
     /// Qwen3-MoE as Qwen3 with every layer sparse (8 experts of a quarter of the dense
     /// width, top-2 renormalised, as Qwen3-30B-A3B routes) and an untied head, as
     /// Qwen3-30B-A3B has.
-    pub fn configs(self, family: LmFamily) -> (SiglipVisionConfig, LmConfig) {
-        let vision = |hidden, ff, layers, heads, image, patch| SiglipVisionConfig {
+    pub fn configs(self, family: LmFamily) -> (VisionConfig, LmConfig) {
+        let vision = |hidden, ff, layers, heads, image, patch| VisionConfig {
             hidden_size: hidden,
             intermediate_size: ff,
             num_hidden_layers: layers,
@@ -49,6 +49,7 @@ impl Preset {
             patch_size: patch,
             hidden_act: "gelu_pytorch_tanh".into(),
             layer_norm_eps: 1e-6,
+            arch: VisionArch::Siglip,
         };
         let lm = |hidden: i64, ff, layers, heads: i64, kv, max_pos| {
             let (head_dim, rope_theta, eps, tied) = match family {
@@ -223,8 +224,27 @@ pub fn lm_checkpoint_specs(cfg: &LmConfig) -> Vec<ParamSpec> {
     specs
 }
 
-/// `config.json` of a `SiglipVisionModel` without pooling head.
-pub(super) fn vision_config_json(cfg: &SiglipVisionConfig) -> serde_json::Value {
+/// `config.json` of the tower: a `SiglipVisionModel` without pooling head, or a
+/// `Dinov2Model` (whose `image_size` is its position grid's, whatever size a run feeds).
+pub(super) fn vision_config_json(cfg: &VisionConfig) -> serde_json::Value {
+    if let VisionArch::Dinov2 { position_grid } = cfg.arch {
+        return serde_json::json!({
+            "architectures": ["Dinov2Model"],
+            "model_type": "dinov2",
+            "hidden_size": cfg.hidden_size,
+            "mlp_ratio": cfg.intermediate_size as f64 / cfg.hidden_size as f64,
+            "num_hidden_layers": cfg.num_hidden_layers,
+            "num_attention_heads": cfg.num_attention_heads,
+            "num_channels": cfg.num_channels,
+            "image_size": position_grid * cfg.patch_size,
+            "patch_size": cfg.patch_size,
+            "hidden_act": cfg.hidden_act,
+            "layer_norm_eps": cfg.layer_norm_eps,
+            "qkv_bias": true,
+            "use_swiglu_ffn": false,
+            "torch_dtype": "float32",
+        });
+    }
     serde_json::json!({
         "architectures": ["SiglipVisionModel"],
         "model_type": "siglip_vision_model",
@@ -267,7 +287,7 @@ pub fn write_preset(out: &Path, preset: Preset, family: LmFamily, seed: u64) -> 
 #[cfg(feature = "testing")]
 pub fn write_checkpoints(
     out: &Path,
-    vision: &SiglipVisionConfig,
+    vision: &VisionConfig,
     lm: &LmConfig,
     seed: u64,
 ) -> Result<i64> {
@@ -277,7 +297,7 @@ pub fn write_checkpoints(
 /// Writes `out/vision` (N(0, 0.02²)) and `out/lm` (drawn as `lm_init` says).
 pub(super) fn write_checkpoints_with(
     out: &Path,
-    vision: &SiglipVisionConfig,
+    vision: &VisionConfig,
     lm: &LmConfig,
     lm_init: LmInit,
     seed: u64,
@@ -286,7 +306,7 @@ pub(super) fn write_checkpoints_with(
     lm.validate()?;
     let count = |p: &ParamMap| p.values().map(|t| t.numel() as i64).sum::<i64>();
     // One tower at a time, so the larger presets hold one model in memory.
-    let params = random_params(&siglip::checkpoint_specs(vision), seed, INIT_STD);
+    let params = random_params(&vision::checkpoint_specs(vision), seed, INIT_STD);
     write_dir(&out.join("vision"), &vision_config_json(vision), &params)?;
     let mut total = count(&params);
     drop(params);

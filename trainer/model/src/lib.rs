@@ -27,6 +27,7 @@ mod attention;
 mod config;
 mod ctx;
 mod decoder;
+mod dinov2;
 mod dtype;
 mod error;
 mod gemm;
@@ -51,13 +52,14 @@ mod source;
 mod throughput;
 #[cfg_attr(not(feature = "testing"), allow(unreachable_pub))]
 mod varlen;
+mod vision;
 mod vlm;
 mod vlm_units;
 mod vocab;
 mod weights;
 
 pub use config::read_json as read_config_json;
-pub use config::{LoraConfig, SiglipVisionConfig};
+pub use config::{LoraConfig, VisionArch, VisionConfig};
 pub use ctx::VlmCtx;
 pub use dtype::Dtype;
 pub use error::ModelError;

@@ -12,11 +12,11 @@
 //! | `mm_projector.2.{weight,bias}` | `multi_modal_projector.linear_2.*`         |
 //! | `model.X` (the LM)             | `language_model.model.X`                   |
 //! | `lm_head.weight` (untied only) | `language_model.lm_head.weight`            |
-use super::config::{read_json, LoraConfig, SiglipVisionConfig};
+use super::config::{read_json, LoraConfig, VisionArch, VisionConfig};
 use super::error::{ModelError, Result};
 use super::init::vision_config_json;
 use super::lm_config::LmConfig;
-use super::{lora, siglip, vocab, weights, HfCheckpoint, Vlm, VlmOptions};
+use super::{lora, vision, vocab, weights, HfCheckpoint, Vlm, VlmOptions};
 use std::path::Path;
 use tch::{Kind, Tensor};
 use tessera_fsdp::{ParamMap, ParamSpec};
@@ -62,7 +62,7 @@ fn stored_candidates(key: &str) -> Vec<String> {
 /// projector and the LM's base weights (no adapters), its embedding (and untied head) with the
 /// added tokens' rows appended (see [`added_rows_of`]).
 pub fn export_specs(vlm: &Vlm) -> Vec<ParamSpec> {
-    let mut specs = siglip::checkpoint_specs(&vlm.vision);
+    let mut specs = vision::checkpoint_specs(&vlm.vision);
     let added = vlm.options.added_tokens;
     specs.extend(
         vlm.param_specs()
@@ -103,8 +103,15 @@ pub fn llava_config_json(
     let mut vision = vision_config_json(&vlm.vision);
     let source = vision_source.get("vision_config").unwrap_or(vision_source);
     overlay(&mut vision, source);
-    vision["model_type"] = "siglip_vision_model".into();
-    vision["vision_use_head"] = false.into();
+    let select = match vlm.vision.arch {
+        VisionArch::Siglip => {
+            vision["model_type"] = "siglip_vision_model".into();
+            vision["vision_use_head"] = false.into();
+            "full"
+        }
+        // LLaVA's "default" drops the CLS token, as tessera's features do.
+        VisionArch::Dinov2 { .. } => "default",
+    };
     let mut text = vlm.lm.hf_json();
     overlay(&mut text, lm_source);
     text["tie_word_embeddings"] = vlm.tied.into();
@@ -128,7 +135,7 @@ pub fn llava_config_json(
         "image_seq_length": vlm.vision.num_patches(),
         "projector_hidden_act": "gelu",
         "vision_feature_layer": -2,
-        "vision_feature_select_strategy": "full",
+        "vision_feature_select_strategy": select,
         "multimodal_projector_bias": true,
         "tie_word_embeddings": vlm.tied,
         "dtype": dtype,
@@ -167,18 +174,14 @@ pub fn load_llava_dir_as(dir: &Path, kind: Option<Kind>) -> Result<(Vlm, ParamMa
             .cloned()
             .ok_or_else(|| ModelError::InvalidConfig(format!("{}: no `{name}`", path.display())))
     };
-    let json_err = |source| ModelError::Json {
-        path: path.clone(),
-        source,
-    };
     if config.get("model_type").and_then(|v| v.as_str()) != Some("llava") {
         return Err(ModelError::InvalidConfig(format!(
             "{}: model_type is not \"llava\"",
             path.display()
         )));
     }
-    let vision: SiglipVisionConfig =
-        serde_json::from_value(field("vision_config")?).map_err(json_err)?;
+    let vision = VisionConfig::from_json(&path, field("vision_config")?)?;
+    let image_size = run_image_size(dir, &vision)?;
     let lm = LmConfig::from_json(field("text_config")?, dir)?;
     let image_token_id = field("image_token_index")?.as_i64().ok_or_else(|| {
         ModelError::InvalidConfig(format!(
@@ -205,6 +208,7 @@ pub fn load_llava_dir_as(dir: &Path, kind: Option<Kind>) -> Result<(Vlm, ParamMa
     let options = VlmOptions {
         image_token_id,
         lora,
+        image_size,
         ..Default::default()
     };
     let vlm = Vlm::new(vision, lm, tied, options)?;
@@ -231,6 +235,24 @@ pub fn load_llava_dir_as(dir: &Path, kind: Option<Kind>) -> Result<(Vlm, ParamMa
         );
     }
     Ok((vlm, params))
+}
+
+/// The side the export's images are fed at: for a tower that interpolates its positions
+/// (DINOv2), the image processor's `size` in `preprocessor_config.json`; else the tower's own.
+fn run_image_size(dir: &Path, vision: &VisionConfig) -> Result<Option<i64>> {
+    if vision.arch == VisionArch::Siglip {
+        return Ok(None);
+    }
+    let path = dir.join("preprocessor_config.json");
+    let config = read_json(&path)?;
+    let height = config.pointer("/size/height").and_then(|v| v.as_i64());
+    match height {
+        Some(side) => Ok(Some(side)),
+        None => Err(ModelError::InvalidConfig(format!(
+            "{}: no size.height (the side images are resized to)",
+            path.display()
+        ))),
+    }
 }
 
 /// PEFT prefix of the LM's modules inside `LlavaForConditionalGeneration`.

@@ -5,71 +5,15 @@
 //! without `post_layernorm` and without the pooling head, so neither the last layer, the
 //! post-layernorm nor the head is a parameter here (checkpoints holding them load fine).
 use super::attention::attend;
-use super::config::SiglipVisionConfig;
-use super::gemm::{self, CpuBf16Gemm};
+use super::config::VisionConfig;
+use super::gemm::CpuBf16Gemm;
 use super::keys::{KeyPath, LinearKeys};
 use super::param;
+use super::vision::{linear, spec, NormKeys, PREFIX};
 use tch::Tensor;
 use tessera_fsdp::{ComputeError, ParamMap, ParamSpec};
-use tessera_sys::ShimError;
 
-const PREFIX: &str = "vision_model";
-
-fn spec(name: &str, shape: Vec<i64>) -> ParamSpec {
-    ParamSpec {
-        name: name.to_string(),
-        shape,
-        trainable: false,
-        expert: None,
-    }
-}
-
-/// Number of encoder layers the features need: all but the last.
-pub(super) fn feature_layers(cfg: &SiglipVisionConfig) -> i64 {
-    cfg.num_hidden_layers - 1
-}
-
-/// A LayerNorm's keys: `{path}.weight` and `{path}.bias`, both `[hidden]`.
-struct NormKeys {
-    weight: String,
-    bias: String,
-}
-
-impl NormKeys {
-    fn new(path: KeyPath) -> Self {
-        NormKeys {
-            weight: path.key("weight"),
-            bias: path.key("bias"),
-        }
-    }
-
-    fn specs(&self, hidden: i64) -> [ParamSpec; 2] {
-        [
-            spec(&self.weight, vec![hidden]),
-            spec(&self.bias, vec![hidden]),
-        ]
-    }
-
-    fn forward(&self, cfg: &SiglipVisionConfig, params: &ParamMap, x: &Tensor) -> Tensor {
-        x.layer_norm(
-            [cfg.hidden_size],
-            Some(param(params, &self.weight)),
-            Some(param(params, &self.bias)),
-            cfg.layer_norm_eps,
-            false,
-        )
-    }
-}
-
-fn linear(params: &ParamMap, x: &Tensor, keys: &LinearKeys) -> Result<Tensor, ShimError> {
-    gemm::linear(
-        x,
-        param(params, &keys.weight),
-        keys.bias.as_deref().map(|b| param(params, b)),
-    )
-}
-
-fn activation(cfg: &SiglipVisionConfig, x: &Tensor) -> Tensor {
+fn activation(cfg: &VisionConfig, x: &Tensor) -> Tensor {
     match cfg.hidden_act.as_str() {
         "gelu" => x.gelu("none"),
         _ => x.gelu("tanh"),
@@ -93,7 +37,7 @@ impl Embeddings {
         }
     }
 
-    pub(super) fn specs(&self, cfg: &SiglipVisionConfig) -> Vec<ParamSpec> {
+    pub(super) fn specs(&self, cfg: &VisionConfig) -> Vec<ParamSpec> {
         let (d, p) = (cfg.hidden_size, cfg.patch_size);
         vec![
             spec(&self.patch_weight, vec![d, cfg.num_channels, p, p]),
@@ -103,12 +47,7 @@ impl Embeddings {
     }
 
     /// Normalised pixels `[n, 3, s, s]` -> `[n, (s/p)^2, D]`.
-    pub(super) fn forward(
-        &self,
-        cfg: &SiglipVisionConfig,
-        params: &ParamMap,
-        pixels: &Tensor,
-    ) -> Tensor {
+    pub(super) fn forward(&self, cfg: &VisionConfig, params: &ParamMap, pixels: &Tensor) -> Tensor {
         let w = param(params, &self.patch_weight);
         let b = param(params, &self.patch_bias);
         let pos = param(params, &self.position);
@@ -137,7 +76,7 @@ pub(super) struct EncoderLayer {
 }
 
 impl EncoderLayer {
-    pub(super) fn new(cfg: &SiglipVisionConfig, i: i64) -> Self {
+    pub(super) fn new(cfg: &VisionConfig, i: i64) -> Self {
         let (d, ff) = (cfg.hidden_size, cfg.intermediate_size);
         let p = KeyPath::new(PREFIX) / "encoder" / "layers" / i;
         let attn = &p / "self_attn";
@@ -154,7 +93,7 @@ impl EncoderLayer {
         }
     }
 
-    pub(super) fn specs(&self, cfg: &SiglipVisionConfig) -> Vec<ParamSpec> {
+    pub(super) fn specs(&self, cfg: &VisionConfig) -> Vec<ParamSpec> {
         let d = cfg.hidden_size;
         let mut specs = Vec::new();
         specs.extend(self.layer_norm1.specs(d));
@@ -169,7 +108,7 @@ impl EncoderLayer {
 
     pub(super) fn forward(
         &self,
-        cfg: &SiglipVisionConfig,
+        cfg: &VisionConfig,
         params: &ParamMap,
         x: &Tensor,
     ) -> Result<Tensor, ComputeError> {
@@ -195,67 +134,11 @@ impl EncoderLayer {
     }
 }
 
-/// The tower up to the features LLaVA reads: embeddings and all encoder layers but the last.
-pub(crate) struct VisionTower {
-    cfg: SiglipVisionConfig,
-    embeddings: Embeddings,
-    layers: Vec<EncoderLayer>,
-}
-
-impl VisionTower {
-    pub(crate) fn new(cfg: &SiglipVisionConfig) -> Self {
-        VisionTower {
-            cfg: cfg.clone(),
-            embeddings: Embeddings::new(),
-            layers: (0..feature_layers(cfg))
-                .map(|i| EncoderLayer::new(cfg, i))
-                .collect(),
-        }
-    }
-
-    /// Parameters the features read, in checkpoint order, frozen.
-    pub(crate) fn param_specs(&self) -> Vec<ParamSpec> {
-        let mut specs = self.embeddings.specs(&self.cfg);
-        for layer in &self.layers {
-            specs.extend(layer.specs(&self.cfg));
-        }
-        specs
-    }
-
-    /// Features of the layer before the last for normalised pixels `[n, 3, s, s]`:
-    /// `[n, (s/p)^2, hidden]`.
-    pub(crate) fn features(
-        &self,
-        params: &ParamMap,
-        pixel_values: &Tensor,
-    ) -> Result<Tensor, ComputeError> {
-        let mut hidden = self.embeddings.forward(&self.cfg, params, pixel_values);
-        for layer in &self.layers {
-            hidden = layer.forward(&self.cfg, params, &hidden)?;
-        }
-        Ok(hidden)
-    }
-}
-
-/// Parameters the vision features read, in checkpoint order, frozen.
-pub(super) fn param_specs(cfg: &SiglipVisionConfig) -> Vec<ParamSpec> {
-    VisionTower::new(cfg).param_specs()
-}
-
-/// Every tensor of a complete `SiglipVisionModel` checkpoint without the pooling head: the
-/// feature parameters plus the last layer and `post_layernorm` (what `init-model` writes).
-pub(super) fn checkpoint_specs(cfg: &SiglipVisionConfig) -> Vec<ParamSpec> {
-    let mut specs = param_specs(cfg);
-    specs.extend(EncoderLayer::new(cfg, cfg.num_hidden_layers - 1).specs(cfg));
+/// What a complete `SiglipVisionModel` checkpoint holds past the features (without the
+/// pooling head): the last layer and `post_layernorm`.
+pub(super) fn unread_specs(cfg: &VisionConfig) -> Vec<ParamSpec> {
+    let mut specs = EncoderLayer::new(cfg, cfg.num_hidden_layers - 1).specs(cfg);
     let post = NormKeys::new(KeyPath::new(PREFIX) / "post_layernorm");
     specs.extend(post.specs(cfg.hidden_size));
     specs
-}
-
-/// SigLIP's image processor normalisation (mean 0.5, std 0.5 per channel): u8 pixels
-/// `[n, 3, s, s]` -> f32 `(x/255 − 0.5)/0.5`, in [-1, 1].
-pub(crate) fn normalize_pixels(raw: &Tensor) -> Tensor {
-    const MEAN: f64 = 0.5;
-    const STD: f64 = 0.5;
-    (raw.to_kind(tch::Kind::Float) / 255.0 - MEAN) / STD
 }

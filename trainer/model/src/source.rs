@@ -5,7 +5,7 @@
 //! shards plus one 64 MiB read buffer. Only the parameters no checkpoint provides (projector,
 //! LoRA adapters: a few percent of the model) are built whole, in f32.
 use super::error::{ModelError, Result};
-use super::siglip;
+use super::vision;
 use super::vlm::Vlm;
 use super::weights::HfCheckpoint;
 use std::collections::HashMap;
@@ -47,7 +47,7 @@ impl Vlm {
         let vision = HfCheckpoint::open(vision_dir)?;
         let lm = HfCheckpoint::open(lm_dir)?;
         let mut stored = HashMap::new();
-        let vision_specs = siglip::param_specs(&self.vision);
+        let vision_specs = vision::param_specs(&self.vision);
         for (is_vision, specs, ckpt, dir) in [
             (true, vision_specs, &vision, vision_dir),
             (false, self.lm_checkpoint_params(), &lm, lm_dir),

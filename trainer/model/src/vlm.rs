@@ -6,7 +6,7 @@
 //! `x = ctx.first_input()` (normalised pixels, or an empty tensor for text-only micro-batches),
 //! then for every unit that `runs_on(ctx)`: `x = unit.forward(params, &x, ctx)`. Vision and
 //! projector units skip text-only micro-batches, so `embed` then receives the empty tensor.
-use super::config::{LoraConfig, SiglipVisionConfig};
+use super::config::{LoraConfig, VisionConfig};
 use super::ctx::VlmCtx;
 use super::error::{ModelError, Result};
 use super::lm_config::LmConfig;
@@ -16,7 +16,7 @@ use super::vlm_units::{
     EmbedUnit, HeadUnit, LayerUnit, ProjectorUnit, VisionEmbedUnit, VisionLayerUnit,
 };
 use super::weights::{self, HfCheckpoint};
-use super::{lora, projector, siglip, vocab};
+use super::{lora, projector, vision, vocab};
 use std::collections::BTreeMap;
 use std::path::Path;
 use tch::{Device, Kind, Tensor};
@@ -56,6 +56,9 @@ pub struct VlmOptions {
     /// Expert parallelism: the group the experts of every sparse layer are split over (an MoE
     /// LM only; the group's size divides the experts). This rank's units list its experts only.
     pub expert_parallel: Option<ExpertGroup>,
+    /// The side images are fed at (`--image-size`); `None` takes the vision config's. Only a
+    /// tower that interpolates its position embeddings (DINOv2) takes another.
+    pub image_size: Option<i64>,
 }
 
 impl Default for VlmOptions {
@@ -70,13 +73,14 @@ impl Default for VlmOptions {
             loss_chunk: None,
             added_tokens: 0,
             expert_parallel: None,
+            image_size: None,
         }
     }
 }
 
 /// Configs plus the unit chain.
 pub struct Vlm {
-    pub vision: SiglipVisionConfig,
+    pub vision: VisionConfig,
     pub lm: LmConfig,
     /// The LM head reads `model.embed_tokens.weight` (no `lm_head.weight`).
     pub tied: bool,
@@ -86,13 +90,17 @@ pub struct Vlm {
 
 impl Vlm {
     pub fn new(
-        vision: SiglipVisionConfig,
+        vision: VisionConfig,
         lm: LmConfig,
         tied: bool,
         options: VlmOptions,
     ) -> Result<Self> {
         vision.validate()?;
         lm.validate()?;
+        let vision = match options.image_size {
+            Some(size) => vision.at_image_size(size)?,
+            None => vision,
+        };
         if let Some(l) = &options.lora {
             l.validate()?;
             if options.train_lm {
@@ -106,7 +114,7 @@ impl Vlm {
         if let Some(group) = &options.expert_parallel {
             check_expert_parallel(&lm, group.size())?;
         }
-        let layers = siglip::feature_layers(&vision) as usize;
+        let layers = vision::feature_layers(&vision) as usize;
         let first_trained_layer = match options.train_vision {
             VisionTraining::Frozen => layers,
             VisionTraining::All => 0,
@@ -127,7 +135,7 @@ impl Vlm {
             units.push(Box::new(VisionLayerUnit::new(&vision, i as i64, train)));
         }
         units.push(Box::new(ProjectorUnit::new(
-            vision.hidden_size,
+            &vision,
             lm.hidden_size,
             options.train_projector,
         )));
@@ -165,7 +173,7 @@ impl Vlm {
     /// its config describes: none missing, none left over. The head is tied when the LM config
     /// says so (`tie_word_embeddings`).
     pub fn from_dirs(vision_dir: &Path, lm_dir: &Path, options: VlmOptions) -> Result<Self> {
-        let vision = SiglipVisionConfig::from_dir(vision_dir)?;
+        let vision = VisionConfig::from_dir(vision_dir)?;
         let lm = LmConfig::from_dir(lm_dir)?;
         let tied = lm.tie_word_embeddings;
         check_lm_tensors(lm_dir, &lm, &HfCheckpoint::open(lm_dir)?)?;
@@ -253,7 +261,7 @@ impl Vlm {
         seed: u64,
     ) -> Result<ParamMap> {
         let mut params = HfCheckpoint::open(vision_dir)?
-            .load_specs_as_stored(&siglip::param_specs(&self.vision), Some("vision_model."))?;
+            .load_specs_as_stored(&vision::param_specs(&self.vision), Some("vision_model."))?;
         let lm_specs = self.lm_checkpoint_params();
         params.append(&mut HfCheckpoint::open(lm_dir)?.load_specs_as_stored(&lm_specs, None)?);
         params.append(&mut self.fresh_params(

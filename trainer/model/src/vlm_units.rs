@@ -4,12 +4,12 @@
 //! (as torchtitan and FSDP's transformer wrap policy do), so a rank gathers one layer at a
 //! time, never a whole tower. What the kinds share (name, component, parameters, whether a
 //! text-only micro-batch skips them) is [`ChainUnit`]; each kind adds only its computation.
-use super::config::{LoraConfig, SiglipVisionConfig};
+use super::config::{LoraConfig, VisionConfig};
 use super::ctx::VlmCtx;
 use super::decoder::{self, DecoderLayer, LayerInputs};
 use super::lm_config::LmConfig;
 use super::moe::ExpertGroup;
-use super::siglip::{Embeddings, EncoderLayer};
+use super::vision::{patch_tokens, TowerEmbeddings, TowerLayer};
 use super::vocab;
 use super::{loss, param, projector};
 use tch::{Kind, Tensor};
@@ -77,13 +77,13 @@ fn trained(mut specs: Vec<ParamSpec>, train: bool) -> Vec<ParamSpec> {
 
 /// Normalised pixels `[n, 3, s, s]` -> patch + position embeddings `[n, tokens, Dv]`.
 pub(super) struct VisionEmbedUnit {
-    cfg: SiglipVisionConfig,
-    embeddings: Embeddings,
+    cfg: VisionConfig,
+    embeddings: TowerEmbeddings,
 }
 
 impl VisionEmbedUnit {
-    pub(super) fn new(cfg: &SiglipVisionConfig, train: bool) -> ChainUnit<Self> {
-        let embeddings = Embeddings::new();
+    pub(super) fn new(cfg: &VisionConfig, train: bool) -> ChainUnit<Self> {
+        let embeddings = TowerEmbeddings::new(cfg);
         ChainUnit {
             name: "vision.embeddings".into(),
             component: "vision",
@@ -104,20 +104,20 @@ impl UnitKind for VisionEmbedUnit {
         input: &Tensor,
         _: &VlmCtx,
     ) -> Result<Tensor, ComputeError> {
-        Ok(self.embeddings.forward(&self.cfg, params, input))
+        self.embeddings.forward(&self.cfg, params, input)
     }
 }
 
 /// Vision encoder layer `i` `[n, tokens, Dv]` -> `[n, tokens, Dv]`. The chain holds the layers
 /// up to the one before the last, whose output is LLaVA's image features.
 pub(super) struct VisionLayerUnit {
-    cfg: SiglipVisionConfig,
-    layer: EncoderLayer,
+    cfg: VisionConfig,
+    layer: TowerLayer,
 }
 
 impl VisionLayerUnit {
-    pub(super) fn new(cfg: &SiglipVisionConfig, index: i64, train: bool) -> ChainUnit<Self> {
-        let layer = EncoderLayer::new(cfg, index);
+    pub(super) fn new(cfg: &VisionConfig, index: i64, train: bool) -> ChainUnit<Self> {
+        let layer = TowerLayer::new(cfg, index);
         ChainUnit {
             name: format!("vision.layers.{index}"),
             component: "vision",
@@ -142,19 +142,24 @@ impl UnitKind for VisionLayerUnit {
     }
 }
 
-/// Features `[n, tokens, Dv]` -> image tokens `[n * tokens, D]` (in placeholder order).
+/// Features `[n, prefix + tokens, Dv]` -> image tokens `[n * tokens, D]` (in placeholder
+/// order): the patch tokens of the last feature layer (a CLS token dropped), projected.
 pub(super) struct ProjectorUnit {
+    vision: VisionConfig,
     lm_hidden: i64,
 }
 
 impl ProjectorUnit {
-    pub(super) fn new(vision_hidden: i64, lm_hidden: i64, trainable: bool) -> ChainUnit<Self> {
+    pub(super) fn new(vision: &VisionConfig, lm_hidden: i64, trainable: bool) -> ChainUnit<Self> {
         ChainUnit {
             name: "projector".into(),
             component: "projector",
             images_only: true,
-            specs: projector::param_specs(vision_hidden, lm_hidden, trainable),
-            kind: Self { lm_hidden },
+            specs: projector::param_specs(vision.hidden_size, lm_hidden, trainable),
+            kind: Self {
+                vision: vision.clone(),
+                lm_hidden,
+            },
         }
     }
 }
@@ -166,7 +171,8 @@ impl UnitKind for ProjectorUnit {
         input: &Tensor,
         _: &VlmCtx,
     ) -> Result<Tensor, ComputeError> {
-        Ok(projector::forward(params, input)?.reshape([-1, self.lm_hidden]))
+        let features = patch_tokens(&self.vision, input);
+        Ok(projector::forward(params, &features)?.reshape([-1, self.lm_hidden]))
     }
 }
 

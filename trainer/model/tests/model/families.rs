@@ -168,7 +168,7 @@ fn a_siglip2_fixed_resolution_checkpoint_reads_as_siglip() -> anyhow::Result<()>
                               "num_attention_heads": 16, "num_hidden_layers": 27,
                               "patch_size": 14}}"#,
     )?;
-    let so400m = tessera_model::SiglipVisionConfig::from_dir(hub.path())?;
+    let so400m = tessera_model::VisionConfig::from_dir(hub.path())?;
     assert_eq!((so400m.num_patches(), so400m.hidden_size), (729, 1152));
     Ok(())
 }

@@ -4,6 +4,7 @@
 #[path = "../support/mod.rs"]
 mod support;
 
+mod dinov2;
 mod families;
 mod gemm;
 mod golden;

@@ -8,7 +8,7 @@ use tessera_fsdp::ParamSpec;
 use tessera_model::testing::{random_params, write_checkpoints};
 use tessera_model::{save_safetensors, HfCheckpoint};
 use tessera_model::{write_preset, LmFamily, Preset};
-use tessera_model::{LmConfig, ModelError, SiglipVisionConfig, Vlm, VlmOptions};
+use tessera_model::{LmConfig, ModelError, VisionConfig, Vlm, VlmOptions};
 
 fn spec(name: &str, shape: &[i64]) -> ParamSpec {
     ParamSpec {
@@ -28,7 +28,7 @@ fn sparse_and_nested_configs_get_hf_defaults() -> anyhow::Result<()> {
             "vision_config": {"image_size": 384, "patch_size": 14, "hidden_size": 1152,
                               "intermediate_size": 4304, "num_hidden_layers": 27, "num_attention_heads": 16}}"#,
     )?;
-    let v = SiglipVisionConfig::from_dir(dir.path())?;
+    let v = VisionConfig::from_dir(dir.path())?;
     assert_eq!(
         (v.num_patches(), v.hidden_act.as_str(), v.layer_norm_eps),
         (729, "gelu_pytorch_tanh", 1e-6)
@@ -37,7 +37,7 @@ fn sparse_and_nested_configs_get_hf_defaults() -> anyhow::Result<()> {
         dir.path().join("config.json"),
         r#"{"model_type": "siglip_vision_model", "image_size": 256}"#,
     )?;
-    let v = SiglipVisionConfig::from_dir(dir.path())?;
+    let v = VisionConfig::from_dir(dir.path())?;
     assert_eq!(
         (
             v.hidden_size,

@@ -6,14 +6,14 @@ use shards::Kind as SampleKind;
 use tch::Tensor;
 use tessera_fsdp::ParamMap;
 use tessera_model::testing::random_params;
-use tessera_model::{LmConfig, LmFamily, LoraConfig, SiglipVisionConfig, Vlm, VlmCtx, VlmOptions};
+use tessera_model::{LmConfig, LmFamily, LoraConfig, VisionConfig, Vlm, VlmCtx, VlmOptions};
 
 /// Placeholder id of the tiny test vocabulary.
 pub(crate) const IMAGE_ID: i64 = 299;
 pub(crate) const VOCAB: i64 = 300;
 
-pub(crate) fn tiny_vision() -> SiglipVisionConfig {
-    SiglipVisionConfig {
+pub(crate) fn tiny_vision() -> VisionConfig {
+    VisionConfig {
         hidden_size: 32,
         intermediate_size: 64,
         num_hidden_layers: 3,
@@ -23,6 +23,7 @@ pub(crate) fn tiny_vision() -> SiglipVisionConfig {
         patch_size: 4,
         hidden_act: "gelu_pytorch_tanh".into(),
         layer_norm_eps: 1e-6,
+        arch: tessera_model::VisionArch::Siglip,
     }
 }
 

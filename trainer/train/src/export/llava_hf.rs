@@ -91,6 +91,8 @@ pub struct LlavaSources<'a> {
     pub added_tokens: i64,
     /// `plain` or `chatml`.
     pub template: &'a str,
+    /// The side the run fed images at (`None`: the tower config's own).
+    pub image_size: Option<i64>,
 }
 
 /// What was written.
@@ -136,7 +138,10 @@ pub fn export_llava_hf(
     let vlm = Vlm::from_dirs(
         &description.mm_vision_tower,
         &description.language_model,
-        VlmOptions::default(),
+        VlmOptions {
+            image_size: Some(description.image_size),
+            ..Default::default()
+        },
     )?;
     let initial = initial_projector(run, &cfg, &vlm)?;
     // Stage 2 (finetune) trains LoRA adapters; stage 1 only the projector.
@@ -154,6 +159,7 @@ pub fn export_llava_hf(
         tokens: &tokens,
         added_tokens: description.added_tokens,
         template: &description.template,
+        image_size: Some(description.image_size),
     };
     let mut report = write_llava_hf(&sources, out, &options)?;
     report.projector_from = initial.map(|(_, from)| from);
@@ -176,6 +182,7 @@ pub fn write_llava_hf(
             image_token_id: i64::from(sources.tokens.image.id),
             lora: sources.lora.clone(),
             added_tokens: sources.added_tokens,
+            image_size: sources.image_size,
             ..Default::default()
         },
     )?;
@@ -393,11 +400,16 @@ fn write_processor(
             "processor_class": "LlavaProcessor",
             "image_token": tokens.image.text,
             "patch_size": vlm.vision.patch_size,
-            "vision_feature_select_strategy": "full",
-            "num_additional_image_tokens": 0,
+            // A CLS token (DINOv2) counts as an additional token that "default" drops.
+            "vision_feature_select_strategy": match vlm.vision.prefix_tokens() {
+                0 => "full",
+                _ => "default",
+            },
+            "num_additional_image_tokens": vlm.vision.prefix_tokens(),
         }),
     )?;
     let side = vlm.vision.image_size;
+    let (mean, std) = vlm.vision.pixel_mean_std();
     write_json(
         &out.join("preprocessor_config.json"),
         &serde_json::json!({
@@ -410,8 +422,8 @@ fn write_processor(
             "do_rescale": true,
             "rescale_factor": 1.0 / 255.0,
             "do_normalize": true,
-            "image_mean": [0.5, 0.5, 0.5],
-            "image_std": [0.5, 0.5, 0.5],
+            "image_mean": mean,
+            "image_std": std,
         }),
     )?;
     write_json(

@@ -111,7 +111,10 @@ pub fn export_as(run: &Path, out: &Path, dtype: Dtype) -> Result<ExportReport, E
     let model = Vlm::from_dirs(
         &vlm.mm_vision_tower,
         &vlm.language_model,
-        VlmOptions::default(),
+        VlmOptions {
+            image_size: Some(vlm.image_size),
+            ..Default::default()
+        },
     )?;
     let (projector, projector_from) = match initial_projector(run, &cfg, &model)? {
         Some((projector, from)) => (projector, Some(from)),

@@ -388,21 +388,9 @@ pub(crate) fn build(
         loss_chunk: None,
         added_tokens: vocabulary::added_rows(manifest, &cfg.shards, &lm)?,
         expert_parallel: expert_group,
+        image_size: cfg.image_size.map(|size| size as i64),
     };
     let vlm = Vlm::from_dirs(&cfg.vision, &cfg.lm, options)?;
-    if let Some(size) = cfg.image_size {
-        if size as i64 != vlm.vision.image_size {
-            return Err(ConfigError::Invalid {
-                field: "image_size",
-                reason: format!(
-                    "{size} differs from the vision config's image_size {} (a FixRes tower's position \
-                     embeddings fix its input size)",
-                    vlm.vision.image_size
-                ),
-            }
-            .into());
-        }
-    }
     let scratch = cfg
         .out
         .join(format!(".init-projector-rank{rank}.safetensors"));

