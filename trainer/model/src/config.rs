@@ -74,6 +74,16 @@ pub struct VisionConfig {
     pub layer_norm_eps: f64,
     #[serde(skip)]
     pub arch: VisionArch,
+    /// Which hidden state the image features are (LLaVA's `mm_vision_select_layer`,
+    /// transformers' `vision_feature_layer`): `hidden_states[k]` with 0 the embeddings and k the
+    /// output of layer k; negative counts from the end, so -2 (the default) is the layer before
+    /// the last. The tower runs only the layers up to it.
+    #[serde(skip, default = "before_the_last")]
+    pub feature_layer: i64,
+}
+
+fn before_the_last() -> i64 {
+    -2
 }
 
 /// transformers' `Dinov2Config` fields tessera reads, with its defaults.
@@ -173,6 +183,7 @@ impl VisionConfig {
             arch: VisionArch::Dinov2 {
                 position_grid: d.image_size / d.patch_size,
             },
+            feature_layer: before_the_last(),
         })
     }
 
@@ -200,6 +211,25 @@ impl VisionConfig {
         }
     }
 
+    /// This tower with its features taken from `hidden_states[layer]` (see
+    /// [`VisionConfig::feature_layer`]).
+    pub fn at_feature_layer(&self, layer: i64) -> Result<Self> {
+        let cfg = VisionConfig {
+            feature_layer: layer,
+            ..self.clone()
+        };
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    /// Encoder layers the features need: those up to [`VisionConfig::feature_layer`].
+    pub fn feature_layers(&self) -> i64 {
+        match self.feature_layer {
+            k if k < 0 => self.num_hidden_layers + 1 + k,
+            k => k,
+        }
+    }
+
     pub fn validate(&self) -> Result<()> {
         if self.hidden_size % self.num_attention_heads != 0 {
             return Err(ModelError::InvalidConfig(format!(
@@ -215,10 +245,13 @@ impl VisionConfig {
                 self.image_size, self.patch_size
             )));
         }
-        if self.num_hidden_layers < 2 {
-            return Err(ModelError::InvalidConfig(
-                "the vision tower needs at least 2 layers (features come from the layer before the last)".into(),
-            ));
+        let n = self.num_hidden_layers;
+        if !(1..=n).contains(&self.feature_layers()) {
+            return Err(ModelError::InvalidConfig(format!(
+                "vision feature layer {} is not a layer of a {n}-layer tower (1..={n}, or -{n}..=-1 \
+                 counting from the end: -1 the last layer's output, -2 the one before)",
+                self.feature_layer
+            )));
         }
         let acts: &[&str] = match self.arch {
             VisionArch::Siglip => &["gelu_pytorch_tanh", "gelu"],

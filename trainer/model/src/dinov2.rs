@@ -170,15 +170,14 @@ impl Layer {
     }
 }
 
-/// What a `Dinov2Model` checkpoint holds past the features: the mask token (pretraining's
-/// masked patches), the last layer and the final `layernorm`.
+/// What a `Dinov2Model` checkpoint holds besides the embeddings and layers: the mask token
+/// (pretraining's masked patches) and the final `layernorm`.
 pub(super) fn unread_specs(cfg: &VisionConfig) -> Vec<ParamSpec> {
     let d = cfg.hidden_size;
     let mut specs = vec![spec(
         &(KeyPath::new(PREFIX) / "embeddings").key("mask_token"),
         vec![1, d],
     )];
-    specs.extend(Layer::new(cfg, cfg.num_hidden_layers - 1).specs(cfg));
     specs.extend(NormKeys::new(KeyPath::new(PREFIX) / "layernorm").specs(d));
     specs
 }

@@ -134,7 +134,7 @@ pub fn llava_config_json(
         "image_token_index": vlm.options.image_token_id,
         "image_seq_length": vlm.vision.num_patches(),
         "projector_hidden_act": "gelu",
-        "vision_feature_layer": -2,
+        "vision_feature_layer": vlm.vision.feature_layer,
         "vision_feature_select_strategy": select,
         "multimodal_projector_bias": true,
         "tie_word_embeddings": vlm.tied,
@@ -205,10 +205,12 @@ pub fn load_llava_dir_as(dir: &Path, kind: Option<Kind>) -> Result<(Vlm, ParamMa
         } else {
             (None, ParamMap::new())
         };
+    let vision_feature_layer = config.get("vision_feature_layer").and_then(|v| v.as_i64());
     let options = VlmOptions {
         image_token_id,
         lora,
         image_size,
+        vision_feature_layer,
         ..Default::default()
     };
     let vlm = Vlm::new(vision, lm, tied, options)?;

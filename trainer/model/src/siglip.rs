@@ -134,11 +134,9 @@ impl EncoderLayer {
     }
 }
 
-/// What a complete `SiglipVisionModel` checkpoint holds past the features (without the
-/// pooling head): the last layer and `post_layernorm`.
+/// What a complete `SiglipVisionModel` checkpoint (without the pooling head) holds besides the
+/// embeddings and layers: `post_layernorm`.
 pub(super) fn unread_specs(cfg: &VisionConfig) -> Vec<ParamSpec> {
-    let mut specs = EncoderLayer::new(cfg, cfg.num_hidden_layers - 1).specs(cfg);
     let post = NormKeys::new(KeyPath::new(PREFIX) / "post_layernorm");
-    specs.extend(post.specs(cfg.hidden_size));
-    specs
+    post.specs(cfg.hidden_size).to_vec()
 }

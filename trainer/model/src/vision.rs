@@ -1,7 +1,7 @@
 //! The vision tower as the VLM runs it, whichever architecture its config names
-//! ([`VisionArch`]): the embeddings unit and the encoder layers up to the one before the last,
-//! whose output (without the CLS token a DINOv2 tower carries) is LLaVA's image features
-//! (`vision_feature_layer` -2). What the architectures share lives here: the parameter-spec
+//! ([`VisionArch`]): the embeddings unit and the encoder layers up to the feature layer (by
+//! default the one before the last, LLaVA's `vision_feature_layer` -2), whose output (without
+//! the CLS token a DINOv2 tower carries) is the image features. What the architectures share lives here: the parameter-spec
 //! and LayerNorm helpers, the dispatch, the whole tower for generation, and the pixel
 //! normalisation each architecture's image processor applies.
 use super::config::{VisionArch, VisionConfig};
@@ -68,11 +68,6 @@ pub(super) fn linear(
         param(params, &keys.weight),
         keys.bias.as_deref().map(|b| param(params, b)),
     )
-}
-
-/// Number of encoder layers the features need: all but the last.
-pub(super) fn feature_layers(cfg: &VisionConfig) -> i64 {
-    cfg.num_hidden_layers - 1
 }
 
 /// Pixels to tokens: `[n, 3, s, s]` normalised pixels -> `[n, prefix + (s/p)², D]`.
@@ -151,7 +146,8 @@ pub(super) fn patch_tokens(cfg: &VisionConfig, hidden: &Tensor) -> Tensor {
     }
 }
 
-/// The tower up to the features LLaVA reads: embeddings and all encoder layers but the last.
+/// The tower up to the features LLaVA reads: embeddings and the encoder layers up to the
+/// config's feature layer (by default all but the last).
 pub(crate) struct VisionTower {
     cfg: VisionConfig,
     embeddings: TowerEmbeddings,
@@ -160,12 +156,15 @@ pub(crate) struct VisionTower {
 
 impl VisionTower {
     pub(crate) fn new(cfg: &VisionConfig) -> Self {
+        Self::with_layers(cfg, cfg.feature_layers())
+    }
+
+    /// The embeddings and the first `layers` encoder layers.
+    fn with_layers(cfg: &VisionConfig, layers: i64) -> Self {
         VisionTower {
             cfg: cfg.clone(),
             embeddings: TowerEmbeddings::new(cfg),
-            layers: (0..feature_layers(cfg))
-                .map(|i| TowerLayer::new(cfg, i))
-                .collect(),
+            layers: (0..layers).map(|i| TowerLayer::new(cfg, i)).collect(),
         }
     }
 
@@ -199,10 +198,10 @@ pub(super) fn param_specs(cfg: &VisionConfig) -> Vec<ParamSpec> {
 }
 
 /// Every tensor of a complete tower checkpoint (what an export writes and `init-model` draws):
-/// the feature parameters plus what training never reads (the last layer, the final norm;
-/// DINOv2's mask token).
+/// every layer (those past the feature layer included, which training never reads), the final
+/// norm and DINOv2's mask token.
 pub(super) fn checkpoint_specs(cfg: &VisionConfig) -> Vec<ParamSpec> {
-    let mut specs = param_specs(cfg);
+    let mut specs = VisionTower::with_layers(cfg, cfg.num_hidden_layers).param_specs();
     specs.extend(match cfg.arch {
         VisionArch::Siglip => siglip::unread_specs(cfg),
         VisionArch::Dinov2 { .. } => dinov2::unread_specs(cfg),

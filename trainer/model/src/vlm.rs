@@ -59,6 +59,8 @@ pub struct VlmOptions {
     /// The side images are fed at (`--image-size`); `None` takes the vision config's. Only a
     /// tower that interpolates its position embeddings (DINOv2) takes another.
     pub image_size: Option<i64>,
+    /// The hidden state the image features are (`--vision-feature-layer`); `None`: -2.
+    pub vision_feature_layer: Option<i64>,
 }
 
 impl Default for VlmOptions {
@@ -74,6 +76,7 @@ impl Default for VlmOptions {
             added_tokens: 0,
             expert_parallel: None,
             image_size: None,
+            vision_feature_layer: None,
         }
     }
 }
@@ -101,6 +104,10 @@ impl Vlm {
             Some(size) => vision.at_image_size(size)?,
             None => vision,
         };
+        let vision = match options.vision_feature_layer {
+            Some(layer) => vision.at_feature_layer(layer)?,
+            None => vision,
+        };
         if let Some(l) = &options.lora {
             l.validate()?;
             if options.train_lm {
@@ -114,15 +121,15 @@ impl Vlm {
         if let Some(group) = &options.expert_parallel {
             check_expert_parallel(&lm, group.size())?;
         }
-        let layers = vision::feature_layers(&vision) as usize;
+        let layers = vision.feature_layers() as usize;
         let first_trained_layer = match options.train_vision {
             VisionTraining::Frozen => layers,
             VisionTraining::All => 0,
             VisionTraining::LastLayers(k) if (1..=layers).contains(&k) => layers - k,
             VisionTraining::LastLayers(k) => {
                 return Err(ModelError::InvalidConfig(format!(
-                    "vision:{k}: the tower's features come from {layers} layers (the last of its \
-                     {} layers is not used), so K must be 1..={layers}",
+                    "vision:{k}: the tower's features come from its first {layers} layers (of \
+                     {}), so K must be 1..={layers}",
                     vision.num_hidden_layers
                 )))
             }

@@ -162,8 +162,9 @@ knobs! {
     /// gs://, az://, https://) read in byte ranges through a local cache; or a mixture file
     /// (`mix.toml`: shard sets with a `weight` or a `repeat` each, see the README).
     shards: PathBuf = required("a directory written by `tessera ingest`, or a mixture file"),
-    /// SigLIP vision tower: a Hugging Face directory (config.json + safetensors).
-    vision: PathBuf = required("a SigLIP Hugging Face directory"),
+    /// Vision tower: a Hugging Face directory (config.json + safetensors) of model_type siglip,
+    /// siglip_vision_model or dinov2.
+    vision: PathBuf = required("a SigLIP or DINOv2 Hugging Face directory"),
     /// Language model: a Hugging Face directory (config.json + safetensors + tokenizer.json)
     /// of model_type qwen2, qwen3 or llama.
     lm: PathBuf = required("a Qwen2, Qwen3 or Llama Hugging Face directory"),
@@ -258,8 +259,15 @@ knobs! {
     over_long: OverLong = default(OverLong::Skip),
     /// Where to train.
     device: Device = default(Device::Cpu),
-    /// Vision input size in pixels (default: the vision config's image_size).
+    /// Vision input size in pixels (default: the vision config's image_size). A SigLIP tower
+    /// takes its own size only; DINOv2 interpolates its position grid to any size.
     image_size: usize = optional,
+    /// The tower's hidden state the image features are (LLaVA's mm_vision_select_layer,
+    /// transformers' vision_feature_layer): k the output of layer k, negative from the end;
+    /// -2 (default): the layer before the last. The tower runs only the layers up to it.
+    #[resume]
+    #[arg(allow_negative_numbers = true)]
+    vision_feature_layer: i64 = default(-2),
     /// How images become square: squash (SigLIP) or pad (LLaVA expand2square).
     #[resume]
     resize: ResizePolicy = default(ResizePolicy::Squash),

@@ -15,7 +15,7 @@ pub(crate) struct VlmDescription {
     /// Language model source directory (absolute).
     pub language_model: PathBuf,
     pub mm_projector_type: String,
-    /// Features come from the layer before the last.
+    /// The hidden state the features are (-2: the layer before the last).
     pub mm_vision_select_layer: i64,
     pub mm_vision_select_feature: String,
     pub mm_hidden_size: i64,
@@ -60,7 +60,7 @@ impl VlmDescription {
             mm_vision_tower: abs(&cfg.vision),
             language_model: abs(&cfg.lm),
             mm_projector_type: "mlp2x_gelu".into(),
-            mm_vision_select_layer: -2,
+            mm_vision_select_layer: vision.feature_layer,
             mm_vision_select_feature: "patch".into(),
             mm_hidden_size: vision.hidden_size,
             hidden_size: lm.hidden_size,

@@ -40,12 +40,18 @@ fn oracle() -> ParamMap {
     load_safetensors(file).expect("the oracle's outputs")
 }
 
-/// The tower's features of the oracle's u8 pixels at `side`, through the training chain's
-/// units (embeddings, then every layer but the last; the CLS token dropped).
-fn features(side: i64) -> anyhow::Result<(tch::Tensor, tch::Tensor)> {
+/// The tower's features of the oracle's u8 pixels at `side` from `hidden_states[layer]`
+/// (`None`: -2), through the training chain's units (the embeddings, then the layers up to the
+/// feature layer; the CLS token dropped), and transformers' (`key`).
+fn features(
+    side: i64,
+    layer: Option<i64>,
+    key: &str,
+) -> anyhow::Result<(tch::Tensor, tch::Tensor)> {
     let options = VlmOptions {
         image_token_id: IMAGE_ID,
         image_size: Some(side),
+        vision_feature_layer: layer,
         ..Default::default()
     };
     let lm = repo().join("tests/fixtures/golden/lm_tied");
@@ -66,7 +72,7 @@ fn features(side: i64) -> anyhow::Result<(tch::Tensor, tch::Tensor)> {
         })
         .collect();
     let ctx = vlm.ctx(&params, &micro_batch(&[samples], s, tokens))?;
-    let last = format!("vision.layers.{}", vlm.vision.num_hidden_layers - 2);
+    let last = format!("vision.layers.{}", vlm.vision.feature_layers() - 1);
     let hidden = run_units(
         &vlm,
         &params,
@@ -75,24 +81,49 @@ fn features(side: i64) -> anyhow::Result<(tch::Tensor, tch::Tensor)> {
         &last,
     )?;
     let patches = hidden.narrow(1, 1, hidden.size()[1] - 1);
-    Ok((
-        patches,
-        get(&out, &format!("features_{side}")).shallow_clone(),
-    ))
+    Ok((patches, get(&out, key).shallow_clone()))
+}
+
+/// `ours` equals `theirs` within [`TOL`] of their largest magnitude (a real tower's features
+/// reach tens).
+fn assert_features_close(ours: &tch::Tensor, theirs: &tch::Tensor, what: &str) {
+    assert_eq!(ours.size(), theirs.size(), "{what}: shape");
+    let scale = theirs.abs().max().double_value(&[]).max(1.0);
+    let diff = max_abs_diff(ours, theirs);
+    assert!(
+        diff <= TOL * scale,
+        "{what}: features differ by {diff:e}, more than {TOL:e} of their largest magnitude {scale}"
+    );
 }
 
 #[test]
 fn real_dinov2_small_features_match_transformers_at_two_image_sizes() -> anyhow::Result<()> {
     for side in SIZES {
-        let (ours, theirs) = features(side)?;
-        assert_eq!(ours.size(), theirs.size(), "{side}px features' shape");
-        // Features of a real tower reach magnitudes of tens: compare against their scale.
-        let scale = theirs.abs().max().double_value(&[]).max(1.0);
-        let diff = max_abs_diff(&ours, &theirs);
+        let (ours, theirs) = features(side, None, &format!("features_{side}"))?;
+        assert_features_close(&ours, &theirs, &format!("{side}px"));
+    }
+    Ok(())
+}
+
+/// `--vision-feature-layer 6` (LLaVA's mm_vision_select_layer): the chain runs six layers and
+/// its features are transformers' `hidden_states[6][:, 1:]`.
+#[test]
+fn a_middle_feature_layer_reads_transformers_hidden_state_6() -> anyhow::Result<()> {
+    let (ours, theirs) = features(112, Some(6), "features_layer6_112")?;
+    assert_features_close(&ours, &theirs, "hidden_states[6] at 112px");
+    let cfg = VisionConfig::from_dir(&dinov2())?;
+    for (layer, runs) in [(-2, 11), (-1, 12), (6, 6), (1, 1), (12, 12), (-12, 1)] {
+        assert_eq!(
+            cfg.at_feature_layer(layer)?.feature_layers(),
+            runs,
+            "layer {layer}"
+        );
+    }
+    for layer in [0, 13, -13] {
+        let err = cfg.at_feature_layer(layer).unwrap_err().to_string();
         assert!(
-            diff <= TOL * scale,
-            "{side}px: features differ by {diff:e}, more than {TOL:e} of their largest \
-             magnitude {scale}"
+            err.contains("not a layer of a 12-layer tower"),
+            "{layer}: {err}"
         );
     }
     Ok(())

@@ -80,6 +80,7 @@ pub fn load_run_model(run: &Path, dtype: Option<Dtype>) -> Result<GenerationMode
             added_tokens: description.added_tokens,
             expert_parallel: None,
             image_size: Some(description.image_size),
+            vision_feature_layer: Some(description.mm_vision_select_layer),
         },
     )?;
     let specs = vlm.param_specs();

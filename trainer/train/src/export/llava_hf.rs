@@ -93,6 +93,8 @@ pub struct LlavaSources<'a> {
     pub template: &'a str,
     /// The side the run fed images at (`None`: the tower config's own).
     pub image_size: Option<i64>,
+    /// The hidden state the run's features are (`None`: -2).
+    pub vision_feature_layer: Option<i64>,
 }
 
 /// What was written.
@@ -140,6 +142,7 @@ pub fn export_llava_hf(
         &description.language_model,
         VlmOptions {
             image_size: Some(description.image_size),
+            vision_feature_layer: Some(description.mm_vision_select_layer),
             ..Default::default()
         },
     )?;
@@ -160,6 +163,7 @@ pub fn export_llava_hf(
         added_tokens: description.added_tokens,
         template: &description.template,
         image_size: Some(description.image_size),
+        vision_feature_layer: Some(description.mm_vision_select_layer),
     };
     let mut report = write_llava_hf(&sources, out, &options)?;
     report.projector_from = initial.map(|(_, from)| from);
@@ -183,6 +187,7 @@ pub fn write_llava_hf(
             lora: sources.lora.clone(),
             added_tokens: sources.added_tokens,
             image_size: sources.image_size,
+            vision_feature_layer: sources.vision_feature_layer,
             ..Default::default()
         },
     )?;

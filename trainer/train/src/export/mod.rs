@@ -113,6 +113,7 @@ pub fn export_as(run: &Path, out: &Path, dtype: Dtype) -> Result<ExportReport, E
         &vlm.language_model,
         VlmOptions {
             image_size: Some(vlm.image_size),
+            vision_feature_layer: Some(vlm.mm_vision_select_layer),
             ..Default::default()
         },
     )?;

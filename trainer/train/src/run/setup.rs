@@ -389,6 +389,7 @@ pub(crate) fn build(
         added_tokens: vocabulary::added_rows(manifest, &cfg.shards, &lm)?,
         expert_parallel: expert_group,
         image_size: cfg.image_size.map(|size| size as i64),
+        vision_feature_layer: Some(cfg.vision_feature_layer),
     };
     let vlm = Vlm::from_dirs(&cfg.vision, &cfg.lm, options)?;
     let scratch = cfg
