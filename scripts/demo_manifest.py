@@ -1,11 +1,11 @@
 #!/usr/bin/env python3
-"""Writes demo-models/MANIFEST.json from the last JSON lines of the four pretraining runs that
-scripts/make_demo_models.sh makes: each part's folder, recipe (the script's arguments), seeds,
+"""Writes demo-models/MANIFEST.json from the last JSON lines of the two pretraining runs of the
+demo's LM that scripts/make_demo_models.sh makes: its folder, recipe (the script's arguments), seeds,
 held-out scores, a provenance line (the demo prints it), the sha256 of every file, and the
 reduced-budget run's arguments and measures (its losses, an output norm and every tensor's
 norm: tests/demo_parts.rs reruns it and compares them within a relative tolerance).
 
-Usage: python3 scripts/demo_manifest.py PARTS_DIR TOWER.log TOWER_REDUCED.log LM.log LM_REDUCED.log
+Usage: python3 scripts/demo_manifest.py PARTS_DIR LM.log LM_REDUCED.log
 """
 import hashlib
 import json
@@ -35,30 +35,14 @@ def sums(folder):
 
 
 def main():
-    if len(sys.argv) != 6:
+    if len(sys.argv) != 4:
         sys.exit(__doc__)
     out = sys.argv[1]
-    tower, tower_r, lm, lm_r = (last_json(p) for p in sys.argv[2:])
-    v = json.load(open(os.path.join(out, "vision", "config.json")))
+    lm, lm_r = (last_json(p) for p in sys.argv[2:])
     m = json.load(open(os.path.join(out, "lm", "config.json")))
-    held = tower["held_out"]
-    tower_seeds, lm_seeds = seeds(tower["args"]), seeds(lm["args"])
-    scenes = len(tower_seeds) * int(flag(tower["args"], "--scenes")) - int(flag(tower["args"], "--held-out"))
+    lm_seeds = seeds(lm["args"])
     texts = len(lm_seeds) * int(flag(lm["args"], "--records")) - int(flag(lm["args"], "--held-out"))
     parts = {
-        "vision": {
-            "folder": "vision", "made_by": "scripts/pretrain_tower.py", "args": tower["args"],
-            "seeds": tower_seeds, "held_out": held, "sha256": sums(os.path.join(out, "vision")),
-            "provenance": (
-                f"SigLIP tower (hidden {v['hidden_size']}, {v['num_hidden_layers']} layers, "
-                f"{v['image_size']} px, patch {v['patch_size']}) pretrained by "
-                f"scripts/pretrain_tower.py on {scenes:,} drawn scenes (synth seeds "
-                f"{', '.join(map(str, tower_seeds))}), a supervised head on each scene's "
-                f"objects and background; on held-out scenes its head finds "
-                f"{held['objects_found']:.0%} of the objects, but {held['false_objects']:.0%} of "
-                f"the objects it names are not there"),
-            "reduced": {"args": tower_r["args"], "measures": tower_r["measures"]},
-        },
         "lm": {
             "folder": "lm", "made_by": "scripts/pretrain_lm.py", "args": lm["args"],
             "seeds": lm_seeds, "held_out_loss": lm["held_out_loss"],

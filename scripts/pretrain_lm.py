@@ -28,7 +28,7 @@ their ids (`token_ids`); scripts/expand_lm.py writes the full `Qwen2ForCausalLM`
 
 Usage (the Python of scripts/setup.sh's .deps/hfvenv):
   .deps/hfvenv/bin/python scripts/pretrain_lm.py --out DIR [--records N] [--epochs E] ...
-  --reproducible: one thread and libtorch's portable kernels (see pretrain_tower.py).
+  --reproducible: one thread and libtorch's portable kernels (the same bits on every run of one CPU).
 Prints the loss per epoch, held-out loss and a greedy caption, and a last JSON line with the
 recipe, the held-out loss, the sha256 of compact.safetensors and `measures`: the loss of every
 epoch and of the last step, the norm of the logits over the first training record, and the
