@@ -265,7 +265,7 @@ knobs! {
     /// The tower's hidden state the image features are (LLaVA's mm_vision_select_layer,
     /// transformers' vision_feature_layer): k the output of layer k, negative from the end;
     /// -2 (default): the layer before the last. The tower runs only the layers up to it.
-    #[resume]
+    #[resume(when = |c| c.vision_feature_layer != -2)]
     #[arg(allow_negative_numbers = true)]
     vision_feature_layer: i64 = default(-2),
     /// How images become square: squash (SigLIP) or pad (LLaVA expand2square).
