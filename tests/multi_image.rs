@@ -341,7 +341,10 @@ fn a_dinov2_run_exports_as_llava_and_transformers_generates_what_tessera_generat
     let [a, b] = l.pair().map(|photo| {
         let path = l.root.join(format!(
             "{}-112.png",
-            photo.file_stem().unwrap().to_string_lossy()
+            photo
+                .file_stem()
+                .expect("a photo file name")
+                .to_string_lossy()
         ));
         image::open(&photo)
             .map(|img| img.resize_exact(112, 112, image::imageops::FilterType::CatmullRom))

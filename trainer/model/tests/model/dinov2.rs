@@ -120,7 +120,10 @@ fn a_middle_feature_layer_reads_transformers_hidden_state_6() -> anyhow::Result<
         );
     }
     for layer in [0, 13, -13] {
-        let err = cfg.at_feature_layer(layer).unwrap_err().to_string();
+        let err = cfg
+            .at_feature_layer(layer)
+            .expect_err("a layer outside the tower")
+            .to_string();
         assert!(
             err.contains("not a layer of a 12-layer tower"),
             "{layer}: {err}"
@@ -139,7 +142,9 @@ fn dinov2_reads_its_grid_and_takes_any_image_size_siglip_refuses_another() -> an
     );
     assert_eq!(cfg.at_image_size(112)?.num_patches(), 64);
     let siglip = VisionConfig::from_dir(&golden_vision())?;
-    let err = siglip.at_image_size(siglip.image_size * 2).unwrap_err();
+    let err = siglip
+        .at_image_size(siglip.image_size * 2)
+        .expect_err("SigLIP refuses another size");
     assert!(err.to_string().contains("fix its input size"), "{err}");
     Ok(())
 }
@@ -159,7 +164,7 @@ fn dinov2_variants_tessera_does_not_implement_are_refused_by_name() -> anyhow::R
     edited_config(tmp.path(), |c| {
         c["model_type"] = "dinov2_with_registers".into()
     })?;
-    let err = VisionConfig::from_dir(tmp.path()).unwrap_err();
+    let err = VisionConfig::from_dir(tmp.path()).expect_err("registers are refused");
     assert!(matches!(err, ModelError::Unsupported { .. }), "{err}");
     let text = err.to_string();
     assert!(
@@ -169,7 +174,9 @@ fn dinov2_variants_tessera_does_not_implement_are_refused_by_name() -> anyhow::R
     assert!(text.contains(&tmp.path().display().to_string()), "{text}");
 
     edited_config(tmp.path(), |c| c["use_swiglu_ffn"] = true.into())?;
-    let text = VisionConfig::from_dir(tmp.path()).unwrap_err().to_string();
+    let text = VisionConfig::from_dir(tmp.path())
+        .expect_err("SwiGLU is refused")
+        .to_string();
     assert!(
         text.contains("SwiGLU") && text.contains(&tmp.path().display().to_string()),
         "{text}"
