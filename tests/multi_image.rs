@@ -176,6 +176,20 @@ fn multi_image_multi_turn_shards_train_alike_sharded_or_not_and_resume_at_w1() -
     Ok(())
 }
 
+/// `tessera export --format llava-hf --dtype f32` of `run` into `out`; returns `out`.
+fn export_llava_hf(run: &Path, out: &Path) -> Result<PathBuf> {
+    run_ok(
+        tessera()
+            .args([
+                "export", "--quiet", "--format", "llava-hf", "--dtype", "f32", "--run",
+            ])
+            .arg(run)
+            .arg("--out")
+            .arg(out),
+    )?;
+    Ok(out.to_path_buf())
+}
+
 /// Greedy tokens of the export for `images`, from transformers (`scripts/transformers_generate.py`).
 fn transformers_tokens(export: &Path, new_tokens: usize, images: &[PathBuf]) -> Result<Vec<i64>> {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
@@ -247,16 +261,7 @@ fn a_multi_image_run_exports_and_transformers_generates_what_tessera_generates_f
     let model = tiny_model()?;
     let run = l.root.join("run");
     run_ok(&mut train(&shards, &model, &run, &["--steps", "3"]))?;
-    let export = l.root.join("export");
-    run_ok(
-        tessera()
-            .args([
-                "export", "--quiet", "--format", "llava-hf", "--dtype", "f32", "--run",
-            ])
-            .arg(&run)
-            .arg("--out")
-            .arg(&export),
-    )?;
+    let export = export_llava_hf(&run, &l.root.join("export"))?;
 
     const NEW: usize = 8;
     let pair = l.pair();
@@ -312,16 +317,7 @@ fn a_dinov2_run_exports_as_llava_and_transformers_generates_what_tessera_generat
         "8",
     ];
     run_ok(&mut train(&shards, &model, &run, &extra))?;
-    let export = l.root.join("export");
-    run_ok(
-        tessera()
-            .args([
-                "export", "--quiet", "--format", "llava-hf", "--dtype", "f32", "--run",
-            ])
-            .arg(&run)
-            .arg("--out")
-            .arg(&export),
-    )?;
+    let export = export_llava_hf(&run, &l.root.join("export"))?;
     let config: serde_json::Value =
         serde_json::from_slice(&std::fs::read(export.join("config.json"))?)?;
     assert_eq!(config["vision_config"]["model_type"], "dinov2");
