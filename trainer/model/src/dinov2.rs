@@ -5,12 +5,10 @@
 //! residual add, and an exact-GELU MLP. Keys as the Hub stores them (`embeddings.cls_token`,
 //! `encoder.layer.N.attention.attention.query`, `...layer_scale1.lambda1`), under tessera's
 //! `vision_model.` root.
-use super::attention::attend;
 use super::config::{VisionArch, VisionConfig};
-use super::gemm::CpuBf16Gemm;
 use super::keys::{KeyPath, LinearKeys};
 use super::param;
-use super::vision::{linear, spec, NormKeys, PREFIX};
+use super::vision::{linear, patch_embeddings, spec, AttentionKeys, NormKeys, PREFIX};
 use tch::{Kind, Tensor};
 use tessera_fsdp::{ComputeError, ParamMap, ParamSpec};
 
@@ -79,19 +77,13 @@ impl Embeddings {
         params: &ParamMap,
         pixels: &Tensor,
     ) -> Result<Tensor, ComputeError> {
-        let w = param(params, &self.patch_weight);
-        let b = param(params, &self.patch_bias);
-        let p = cfg.patch_size;
-        let pixels = pixels.to_kind(w.kind());
         // Square images (the loader's): one side gives the patch grid.
         let (n, _, side, _) = pixels.size4()?;
-        let patches = CpuBf16Gemm::current()
-            .patch_conv(&pixels, w, b, p)
-            .flatten(2, -1)
-            .transpose(1, 2);
+        let keys = (self.patch_weight.as_str(), self.patch_bias.as_str());
+        let patches = patch_embeddings(cfg, params, keys, pixels);
         let cls = param(params, &self.cls).expand([n, 1, cfg.hidden_size], false);
         let tokens = Tensor::cat(&[cls, patches], 1);
-        Ok(tokens + self.positions(cfg, params, side / p))
+        Ok(tokens + self.positions(cfg, params, side / cfg.patch_size))
     }
 }
 
@@ -99,10 +91,7 @@ impl Embeddings {
 pub(super) struct Layer {
     norm1: NormKeys,
     norm2: NormKeys,
-    query: LinearKeys,
-    key: LinearKeys,
-    value: LinearKeys,
-    output: LinearKeys,
+    attention: AttentionKeys,
     scale1: String,
     fc1: LinearKeys,
     fc2: LinearKeys,
@@ -118,10 +107,12 @@ impl Layer {
         Layer {
             norm1: NormKeys::new(&p / "norm1"),
             norm2: NormKeys::new(&p / "norm2"),
-            query: LinearKeys::new(&attn / "attention" / "query", d, d, true),
-            key: LinearKeys::new(&attn / "attention" / "key", d, d, true),
-            value: LinearKeys::new(&attn / "attention" / "value", d, d, true),
-            output: LinearKeys::new(&attn / "output" / "dense", d, d, true),
+            attention: AttentionKeys {
+                q: LinearKeys::new(&attn / "attention" / "query", d, d, true),
+                k: LinearKeys::new(&attn / "attention" / "key", d, d, true),
+                v: LinearKeys::new(&attn / "attention" / "value", d, d, true),
+                out: LinearKeys::new(&attn / "output" / "dense", d, d, true),
+            },
             scale1: (&p / "layer_scale1").key("lambda1"),
             fc1: LinearKeys::new(&mlp / "fc1", ff, d, true),
             fc2: LinearKeys::new(&mlp / "fc2", d, ff, true),
@@ -133,9 +124,7 @@ impl Layer {
         let d = cfg.hidden_size;
         let mut specs = Vec::new();
         specs.extend(self.norm1.specs(d));
-        for linear in [&self.query, &self.key, &self.value, &self.output] {
-            specs.extend(linear.specs(false));
-        }
+        specs.extend(self.attention.specs());
         specs.push(spec(&self.scale1, vec![d]));
         specs.extend(self.norm2.specs(d));
         specs.extend(self.fc1.specs(false));
@@ -150,18 +139,8 @@ impl Layer {
         params: &ParamMap,
         x: &Tensor,
     ) -> Result<Tensor, ComputeError> {
-        let (n, len, d) = x.size3()?;
-        let (heads, hd) = (cfg.num_attention_heads, cfg.head_dim());
         let h = self.norm1.forward(cfg, params, x);
-        let split = |t: Tensor| t.view([n, len, heads, hd]).transpose(1, 2);
-        let q = split(linear(params, &h, &self.query)?);
-        let k = split(linear(params, &h, &self.key)?);
-        let v = split(linear(params, &h, &self.value)?);
-        let attn = attend(&q, &k, &v, None)
-            .transpose(1, 2)
-            .reshape([n, len, d]);
-        let attn = linear(params, &attn, &self.output)? * param(params, &self.scale1);
-        let h = x + attn;
+        let h = x + self.attention.forward(cfg, params, &h)? * param(params, &self.scale1);
 
         let m = self.norm2.forward(cfg, params, &h);
         let m = linear(params, &m, &self.fc1)?.gelu("none");

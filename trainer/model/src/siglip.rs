@@ -4,12 +4,10 @@
 //! LLaVA-style features are `hidden_states[-2]`: the output of the layer before the last,
 //! without `post_layernorm` and without the pooling head, so neither the last layer, the
 //! post-layernorm nor the head is a parameter here (checkpoints holding them load fine).
-use super::attention::attend;
 use super::config::VisionConfig;
-use super::gemm::CpuBf16Gemm;
 use super::keys::{KeyPath, LinearKeys};
 use super::param;
-use super::vision::{linear, spec, NormKeys, PREFIX};
+use super::vision::{linear, patch_embeddings, spec, AttentionKeys, NormKeys, PREFIX};
 use tch::Tensor;
 use tessera_fsdp::{ComputeError, ParamMap, ParamSpec};
 
@@ -48,18 +46,8 @@ impl Embeddings {
 
     /// Normalised pixels `[n, 3, s, s]` -> `[n, (s/p)^2, D]`.
     pub(super) fn forward(&self, cfg: &VisionConfig, params: &ParamMap, pixels: &Tensor) -> Tensor {
-        let w = param(params, &self.patch_weight);
-        let b = param(params, &self.patch_bias);
-        let pos = param(params, &self.position);
-        let p = cfg.patch_size;
-        // The f32 pixels in the weights' dtype (bf16 compute), as transformers' embeddings do.
-        let pixels = pixels.to_kind(w.kind());
-        // [n, D, g, g] -> [n, g*g, D]
-        let patches = CpuBf16Gemm::current()
-            .patch_conv(&pixels, w, b, p)
-            .flatten(2, -1)
-            .transpose(1, 2);
-        patches + pos.unsqueeze(0)
+        let keys = (self.patch_weight.as_str(), self.patch_bias.as_str());
+        patch_embeddings(cfg, params, keys, pixels) + param(params, &self.position).unsqueeze(0)
     }
 }
 
@@ -67,10 +55,7 @@ impl Embeddings {
 pub(super) struct EncoderLayer {
     layer_norm1: NormKeys,
     layer_norm2: NormKeys,
-    q_proj: LinearKeys,
-    k_proj: LinearKeys,
-    v_proj: LinearKeys,
-    out_proj: LinearKeys,
+    attention: AttentionKeys,
     fc1: LinearKeys,
     fc2: LinearKeys,
 }
@@ -84,10 +69,12 @@ impl EncoderLayer {
         EncoderLayer {
             layer_norm1: NormKeys::new(&p / "layer_norm1"),
             layer_norm2: NormKeys::new(&p / "layer_norm2"),
-            q_proj: LinearKeys::new(&attn / "q_proj", d, d, true),
-            k_proj: LinearKeys::new(&attn / "k_proj", d, d, true),
-            v_proj: LinearKeys::new(&attn / "v_proj", d, d, true),
-            out_proj: LinearKeys::new(&attn / "out_proj", d, d, true),
+            attention: AttentionKeys {
+                q: LinearKeys::new(&attn / "q_proj", d, d, true),
+                k: LinearKeys::new(&attn / "k_proj", d, d, true),
+                v: LinearKeys::new(&attn / "v_proj", d, d, true),
+                out: LinearKeys::new(&attn / "out_proj", d, d, true),
+            },
             fc1: LinearKeys::new(&mlp / "fc1", ff, d, true),
             fc2: LinearKeys::new(&mlp / "fc2", d, ff, true),
         }
@@ -98,9 +85,7 @@ impl EncoderLayer {
         let mut specs = Vec::new();
         specs.extend(self.layer_norm1.specs(d));
         specs.extend(self.layer_norm2.specs(d));
-        for linear in [&self.q_proj, &self.k_proj, &self.v_proj, &self.out_proj] {
-            specs.extend(linear.specs(false));
-        }
+        specs.extend(self.attention.specs());
         specs.extend(self.fc1.specs(false));
         specs.extend(self.fc2.specs(false));
         specs
@@ -112,20 +97,8 @@ impl EncoderLayer {
         params: &ParamMap,
         x: &Tensor,
     ) -> Result<Tensor, ComputeError> {
-        let (n, len, d) = x.size3()?;
-        let heads = cfg.num_attention_heads;
-        let hd = cfg.head_dim();
-
-        let residual = x;
         let h = self.layer_norm1.forward(cfg, params, x);
-        let split = |t: Tensor| t.view([n, len, heads, hd]).transpose(1, 2);
-        let q = split(linear(params, &h, &self.q_proj)?);
-        let k = split(linear(params, &h, &self.k_proj)?);
-        let v = split(linear(params, &h, &self.v_proj)?);
-        let attn = attend(&q, &k, &v, None)
-            .transpose(1, 2)
-            .reshape([n, len, d]);
-        let h = residual + linear(params, &attn, &self.out_proj)?;
+        let h = x + self.attention.forward(cfg, params, &h)?;
 
         let residual = &h;
         let m = self.layer_norm2.forward(cfg, params, &h);

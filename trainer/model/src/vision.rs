@@ -4,8 +4,9 @@
 //! the CLS token a DINOv2 tower carries) is the image features. What the architectures share lives here: the parameter-spec
 //! and LayerNorm helpers, the dispatch, the whole tower for generation, and the pixel
 //! normalisation each architecture's image processor applies.
+use super::attention::attend;
 use super::config::{VisionArch, VisionConfig};
-use super::gemm;
+use super::gemm::{self, CpuBf16Gemm};
 use super::keys::{KeyPath, LinearKeys};
 use super::{dinov2, param, siglip};
 use tch::Tensor;
@@ -68,6 +69,62 @@ pub(super) fn linear(
         param(params, &keys.weight),
         keys.bias.as_deref().map(|b| param(params, b)),
     )
+}
+
+/// Conv2d patch embedding (stride = patch) of normalised pixels `[n, 3, s, s]`, computed in the
+/// weights' dtype as transformers does (bf16 compute): `[n, (s/p)², D]`.
+pub(super) fn patch_embeddings(
+    cfg: &VisionConfig,
+    params: &ParamMap,
+    (weight, bias): (&str, &str),
+    pixels: &Tensor,
+) -> Tensor {
+    let w = param(params, weight);
+    let pixels = pixels.to_kind(w.kind());
+    // [n, D, g, g] -> [n, g*g, D]
+    CpuBf16Gemm::current()
+        .patch_conv(&pixels, w, param(params, bias), cfg.patch_size)
+        .flatten(2, -1)
+        .transpose(1, 2)
+}
+
+/// A tower layer's bidirectional multi-head self-attention (scale hd^-0.5): its four
+/// projections' keys, as each architecture names them.
+pub(super) struct AttentionKeys {
+    pub(super) q: LinearKeys,
+    pub(super) k: LinearKeys,
+    pub(super) v: LinearKeys,
+    pub(super) out: LinearKeys,
+}
+
+impl AttentionKeys {
+    /// The four projections' specs, q, k, v, out (frozen).
+    pub(super) fn specs(&self) -> Vec<ParamSpec> {
+        [&self.q, &self.k, &self.v, &self.out]
+            .into_iter()
+            .flat_map(|linear| linear.specs(false))
+            .collect()
+    }
+
+    /// Normalised hidden states `[n, len, D]` -> the attention block's output (before any
+    /// residual add).
+    pub(super) fn forward(
+        &self,
+        cfg: &VisionConfig,
+        params: &ParamMap,
+        h: &Tensor,
+    ) -> Result<Tensor, ComputeError> {
+        let (n, len, d) = h.size3()?;
+        let (heads, hd) = (cfg.num_attention_heads, cfg.head_dim());
+        let split = |t: Tensor| t.view([n, len, heads, hd]).transpose(1, 2);
+        let q = split(linear(params, h, &self.q)?);
+        let k = split(linear(params, h, &self.k)?);
+        let v = split(linear(params, h, &self.v)?);
+        let attn = attend(&q, &k, &v, None)
+            .transpose(1, 2)
+            .reshape([n, len, d]);
+        Ok(linear(params, &attn, &self.out)?)
+    }
 }
 
 /// Pixels to tokens: `[n, 3, s, s]` normalised pixels -> `[n, prefix + (s/p)², D]`.
@@ -139,8 +196,8 @@ impl TowerLayer {
 }
 
 /// The patch tokens of the last feature layer's output `[n, prefix + T, D]`: `[n, T, D]`.
-pub(super) fn patch_tokens(cfg: &VisionConfig, hidden: &Tensor) -> Tensor {
-    match cfg.prefix_tokens() {
+pub(super) fn patch_tokens(hidden: &Tensor, prefix: i64) -> Tensor {
+    match prefix {
         0 => hidden.shallow_clone(),
         k => hidden.narrow(1, k, hidden.size()[1] - k),
     }
@@ -188,7 +245,7 @@ impl VisionTower {
         for layer in &self.layers {
             hidden = layer.forward(&self.cfg, params, &hidden)?;
         }
-        Ok(patch_tokens(&self.cfg, &hidden))
+        Ok(patch_tokens(&hidden, self.cfg.prefix_tokens()))
     }
 }
 

@@ -109,7 +109,8 @@ impl UnitKind for VisionEmbedUnit {
 }
 
 /// Vision encoder layer `i` `[n, tokens, Dv]` -> `[n, tokens, Dv]`. The chain holds the layers
-/// up to the one before the last, whose output is LLaVA's image features.
+/// up to the feature layer (by default the one before the last), whose output is the image
+/// features.
 pub(super) struct VisionLayerUnit {
     cfg: VisionConfig,
     layer: TowerLayer,
@@ -145,7 +146,8 @@ impl UnitKind for VisionLayerUnit {
 /// Features `[n, prefix + tokens, Dv]` -> image tokens `[n * tokens, D]` (in placeholder
 /// order): the patch tokens of the last feature layer (a CLS token dropped), projected.
 pub(super) struct ProjectorUnit {
-    vision: VisionConfig,
+    /// Tokens ahead of the patches (DINOv2's CLS), dropped.
+    prefix: i64,
     lm_hidden: i64,
 }
 
@@ -157,7 +159,7 @@ impl ProjectorUnit {
             images_only: true,
             specs: projector::param_specs(vision.hidden_size, lm_hidden, trainable),
             kind: Self {
-                vision: vision.clone(),
+                prefix: vision.prefix_tokens(),
                 lm_hidden,
             },
         }
@@ -171,7 +173,7 @@ impl UnitKind for ProjectorUnit {
         input: &Tensor,
         _: &VlmCtx,
     ) -> Result<Tensor, ComputeError> {
-        let features = patch_tokens(&self.vision, input);
+        let features = patch_tokens(input, self.prefix);
         Ok(projector::forward(params, &features)?.reshape([-1, self.lm_hidden]))
     }
 }

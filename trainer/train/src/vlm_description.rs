@@ -4,7 +4,7 @@ use crate::config::{ResizePolicy, TrainConfig};
 use crate::export::error::ExportError;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
-use tessera_model::{LoraConfig, Vlm};
+use tessera_model::{LoraConfig, Vlm, VlmOptions};
 
 /// The VLM a run trains, as exported in `config.json` (LLaVA's key names where it has them).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -81,6 +81,16 @@ impl VlmDescription {
             adapter_dir: None,
             special_tokens: Some(tokens),
             added_tokens: vlm.options.added_tokens,
+        }
+    }
+
+    /// The model options the run's tower was built with (its image side and feature layer),
+    /// everything else at its default: what rebuilding the run's `Vlm` from its folders needs.
+    pub(crate) fn tower_options(&self) -> VlmOptions {
+        VlmOptions {
+            image_size: Some(self.image_size),
+            vision_feature_layer: Some(self.mm_vision_select_layer),
+            ..Default::default()
         }
     }
 

@@ -79,8 +79,7 @@ pub fn load_run_model(run: &Path, dtype: Option<Dtype>) -> Result<GenerationMode
             loss_chunk: None,
             added_tokens: description.added_tokens,
             expert_parallel: None,
-            image_size: Some(description.image_size),
-            vision_feature_layer: Some(description.mm_vision_select_layer),
+            ..description.tower_options()
         },
     )?;
     let specs = vlm.param_specs();

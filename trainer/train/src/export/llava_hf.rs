@@ -140,11 +140,7 @@ pub fn export_llava_hf(
     let vlm = Vlm::from_dirs(
         &description.mm_vision_tower,
         &description.language_model,
-        VlmOptions {
-            image_size: Some(description.image_size),
-            vision_feature_layer: Some(description.mm_vision_select_layer),
-            ..Default::default()
-        },
+        description.tower_options(),
     )?;
     let initial = initial_projector(run, &cfg, &vlm)?;
     // Stage 2 (finetune) trains LoRA adapters; stage 1 only the projector.

@@ -30,8 +30,7 @@ use run_checkpoint::{newest_complete_trained, stored_config};
 use run_weights::initial_projector;
 use std::path::{Path, PathBuf};
 use tessera_model::{
-    save_adapter_as, save_safetensors_as, write_hub_files, Vlm, VlmOptions, ADAPTER_CONFIG,
-    HUB_SHARD_BYTES,
+    save_adapter_as, save_safetensors_as, write_hub_files, Vlm, ADAPTER_CONFIG, HUB_SHARD_BYTES,
 };
 
 pub(crate) const PROJECTOR_FILE: &str = "mm_projector.safetensors";
@@ -111,11 +110,7 @@ pub fn export_as(run: &Path, out: &Path, dtype: Dtype) -> Result<ExportReport, E
     let model = Vlm::from_dirs(
         &vlm.mm_vision_tower,
         &vlm.language_model,
-        VlmOptions {
-            image_size: Some(vlm.image_size),
-            vision_feature_layer: Some(vlm.mm_vision_select_layer),
-            ..Default::default()
-        },
+        vlm.tower_options(),
     )?;
     let (projector, projector_from) = match initial_projector(run, &cfg, &model)? {
         Some((projector, from)) => (projector, Some(from)),
