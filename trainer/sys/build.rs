@@ -1,7 +1,8 @@
 //! Build script of `tessera-sys`: compiles the C++ shims (csrc/: c10d_shim.cpp, all_to_all.cpp (expert parallelism's
 //! differentiable all-to-all), attention_shim.cpp for varlen
 //! attention, profiler_shim.cpp, fused_adamw.cpp, stream_shim.cpp for side-stream uploads,
-//! widened_linear.cpp for bf16 products on CPUs without bf16 arithmetic; their
+//! widened_linear.cpp for bf16 products on CPUs without bf16 arithmetic, recomputed.cpp for
+//! selective activation recompute; their
 //! error convention in shim_error.h) against libtorch's headers and
 //! Debian's gloo headers, links it, and hands libtorch's lib folder and the CUDA runtime folder
 //! (libcudart.so.13 / libcupti.so.13, which libtorch_cpu links) to the crates above it
@@ -16,7 +17,7 @@
 use std::path::{Path, PathBuf};
 
 /// Every C++ shim, once: compiled here and watched for changes.
-const SHIMS: [&str; 7] = [
+const SHIMS: [&str; 8] = [
     "csrc/c10d_shim.cpp",
     "csrc/all_to_all.cpp",
     "csrc/attention_shim.cpp",
@@ -24,6 +25,7 @@ const SHIMS: [&str; 7] = [
     "csrc/fused_adamw.cpp",
     "csrc/stream_shim.cpp",
     "csrc/widened_linear.cpp",
+    "csrc/recomputed.cpp",
 ];
 
 fn main() {

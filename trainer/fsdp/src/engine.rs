@@ -269,6 +269,11 @@ impl<'a, C> Fsdp<'a, C> {
         world.bytes_sent() + own + replicas.map_or(0, ProcessGroup::bytes_sent)
     }
 
+    /// The run's recompute policy.
+    pub fn recompute(&self) -> Recompute {
+        self.config.recompute
+    }
+
     /// How many flat buffers this rank holds (one per unit and dtype/trainability class).
     pub fn buffer_count(&self) -> usize {
         self.flat.buffers.len()

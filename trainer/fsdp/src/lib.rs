@@ -79,7 +79,7 @@ impl Strategy {
 }
 
 /// What backward does for units that train (or pass gradients to one that does). Spelled
-/// `all`, `none` or `every:K` on the command line and in TOML.
+/// `all`, `none`, `selective` or `every:K` on the command line and in TOML.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(try_from = "String", into = "String")]
 pub enum Recompute {
@@ -93,6 +93,12 @@ pub enum Recompute {
     /// order) recomputed as `All` does, the others keeping their graphs as `None` does
     /// (torchtitan's "every N-th layer" checkpointing): memory and time between the two.
     Every(usize),
+    /// Every unit keeps its graph as with `None`, but the model runs its cheap element-wise
+    /// pieces (norms, activations) so that they keep only their inputs and run again in
+    /// backward (the model reads [`Recompute::recomputes_cheap_ops`]; tessera-model's
+    /// `selective.rs` lists what is kept). Between `none` and `all` in memory, near `none`
+    /// in time.
+    Selective,
 }
 
 impl Recompute {
@@ -100,9 +106,14 @@ impl Recompute {
     pub fn recomputes(self, i: usize) -> bool {
         match self {
             Recompute::All => true,
-            Recompute::None => false,
+            Recompute::None | Recompute::Selective => false,
             Recompute::Every(k) => i.is_multiple_of(k.max(1)),
         }
+    }
+
+    /// Whether the model recomputes its cheap pieces inside units that keep their graphs.
+    pub fn recomputes_cheap_ops(self) -> bool {
+        self == Recompute::Selective
     }
 }
 
@@ -113,11 +124,13 @@ impl std::str::FromStr for Recompute {
         match s {
             "all" => Ok(Recompute::All),
             "none" => Ok(Recompute::None),
+            "selective" => Ok(Recompute::Selective),
             _ => match s.strip_prefix("every:").map(str::parse::<usize>) {
                 Some(Ok(k)) if k >= 1 => Ok(Recompute::Every(k)),
                 _ => Err(format!(
-                    "`{s}` is not a recompute choice: all, none or every:K (K >= 1: every K-th \
-                     unit recomputed, the others keeping their activations)"
+                    "`{s}` is not a recompute choice: all, none, selective (norms and \
+                     activations recomputed, matmul and attention outputs kept) or every:K \
+                     (K >= 1: every K-th unit recomputed, the others keeping their activations)"
                 )),
             },
         }
@@ -129,6 +142,7 @@ impl std::fmt::Display for Recompute {
         match self {
             Recompute::All => f.write_str("all"),
             Recompute::None => f.write_str("none"),
+            Recompute::Selective => f.write_str("selective"),
             Recompute::Every(k) => write!(f, "every:{k}"),
         }
     }

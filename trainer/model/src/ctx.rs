@@ -46,6 +46,9 @@ pub struct VlmCtx {
     pub pixel_values: Option<Tensor>,
     /// LoRA dropout seed for this micro-batch; `None` (the default) runs without dropout.
     pub dropout_seed: Option<u64>,
+    /// Selective recompute (see `selective.rs`): the LM's norms and activations save only
+    /// their inputs and run again in backward. Off by default.
+    pub recompute_cheap_ops: bool,
     pub sample_ids: Vec<String>,
     /// Set by [`Self::set_loss_groups`] (a mixture's sources): each supervised position's group
     /// `[supervised]` i64 and the number of groups. The head then sums the token loss per
@@ -205,6 +208,7 @@ impl VlmCtx {
             targets,
             pixel_values,
             dropout_seed: None,
+            recompute_cheap_ops: false,
             sample_ids: mb.sample_ids.clone(),
             loss_groups: None,
             group_loss: std::sync::Mutex::new(None),
@@ -295,6 +299,11 @@ impl VlmCtx {
     /// balance losses, as data-parallel transformers with gradient accumulation adds them.
     pub fn share_balance_loss(&mut self, coef: f64, micro_batches: usize) {
         self.balance_weight = coef / micro_batches.max(1) as f64;
+    }
+
+    /// Turns selective recompute on or off for this micro-batch's forward.
+    pub fn set_recompute_cheap_ops(&mut self, on: bool) {
+        self.recompute_cheap_ops = on;
     }
 
     /// Turns on LoRA dropout with masks drawn from `seed` (use a different seed per

@@ -18,6 +18,7 @@ use super::lora;
 use super::moe::{ExpertGroup, RouterLog, SparseMlp};
 use super::param;
 use super::rope::apply_rotary;
+use super::selective::CheapOps;
 use super::varlen::{attend_varlen, Varlen};
 use tch::{Kind, Tensor};
 use tessera_fsdp::{ComputeError, ParamMap, ParamSpec};
@@ -175,9 +176,10 @@ impl DecoderLayer {
             dropout_seed: inputs.dropout_seed,
         };
 
+        let cheap = inputs.cheap;
         let residual = x;
-        let h = rms_norm(x, param(params, &self.input_layernorm), cfg.rms_norm_eps);
-        let (q, k, v) = self.qkv(cfg, &lin, &h, salt)?;
+        let h = cheap.rms_norm(x, param(params, &self.input_layernorm), cfg.rms_norm_eps)?;
+        let (q, k, v) = self.qkv(cfg, &lin, &h, salt, cheap)?;
         let q = apply_rotary(&q, inputs.cos, inputs.sin);
         let k = apply_rotary(&k, inputs.cos, inputs.sin);
         let attn = match (inputs.varlen, inputs.mask) {
@@ -189,11 +191,11 @@ impl DecoderLayer {
         let h = residual + lin.apply(&attn, &self.o_proj, salt(3))?;
 
         let residual = &h;
-        let m = rms_norm(
+        let m = cheap.rms_norm(
             &h,
             param(params, &self.post_attention_layernorm),
             cfg.rms_norm_eps,
-        );
+        )?;
         let mlp = match &self.mlp {
             Mlp::Sparse(sparse) => {
                 // Padding never reaches the router: it would count in the balance loss and
@@ -202,14 +204,14 @@ impl DecoderLayer {
                 let log = inputs.router_log.map(|log| (log, i));
                 match inputs.real_index {
                     Some(real) => {
-                        let y = sparse.forward(params, &flat.index_select(0, real), log)?;
+                        let y = sparse.forward(params, &flat.index_select(0, real), log, cheap)?;
                         flat.zeros_like().index_copy(0, real, &y)
                     }
-                    None => sparse.forward(params, &flat, log)?,
+                    None => sparse.forward(params, &flat, log, cheap)?,
                 }
                 .view([rows, len, d])
             }
-            Mlp::Dense { .. } => self.dense_mlp(&lin, &m, salt)?,
+            Mlp::Dense { .. } => self.dense_mlp(&lin, &m, salt, cheap)?,
         };
         Ok(residual + mlp)
     }
@@ -221,6 +223,7 @@ impl DecoderLayer {
         lin: &Linear,
         m: &Tensor,
         salt: impl Fn(u64) -> u64,
+        cheap: CheapOps,
     ) -> Result<Tensor, ComputeError> {
         let Mlp::Dense {
             gate_proj,
@@ -230,9 +233,9 @@ impl DecoderLayer {
         else {
             return Ok(m.zeros_like());
         };
-        let gate = lin.apply(m, gate_proj, salt(4))?.silu();
+        let gate = lin.apply(m, gate_proj, salt(4))?;
         let up = lin.apply(m, up_proj, salt(5))?;
-        Ok(lin.apply(&(gate * up), down_proj, salt(6))?)
+        Ok(lin.apply(&cheap.swiglu(&gate, &up)?, down_proj, salt(6))?)
     }
 }
 
@@ -247,6 +250,7 @@ impl DecoderLayer {
         lin: &Linear,
         h: &Tensor,
         salt: impl Fn(u64) -> u64,
+        cheap: CheapOps,
     ) -> Result<(Tensor, Tensor, Tensor), ComputeError> {
         let (rows, len, _) = h.size3()?;
         let (heads, kv_heads, hd) = (cfg.num_attention_heads, cfg.kv_heads(), cfg.head_dim());
@@ -257,8 +261,8 @@ impl DecoderLayer {
         let (q, k) = match &self.qk_norm {
             Some((q_norm, k_norm)) => {
                 let eps = cfg.rms_norm_eps;
-                let q = rms_norm(&q, param(lin.params, q_norm), eps);
-                (q, rms_norm(&k, param(lin.params, k_norm), eps))
+                let q = cheap.rms_norm(&q, param(lin.params, q_norm), eps)?;
+                (q, cheap.rms_norm(&k, param(lin.params, k_norm), eps)?)
             }
             None => (q, k),
         };
@@ -289,7 +293,7 @@ impl DecoderLayer {
         };
         let residual = x;
         let h = rms_norm(x, param(params, &self.input_layernorm), cfg.rms_norm_eps);
-        let (q, k, v) = self.qkv(cfg, &lin, &h, |_| 0)?;
+        let (q, k, v) = self.qkv(cfg, &lin, &h, |_| 0, CheapOps::default())?;
         let q = apply_rotary(&q, cos, sin);
         let k = apply_rotary(&k, cos, sin);
         let past = kv.len();
@@ -312,9 +316,9 @@ impl DecoderLayer {
         );
         let mlp = match &self.mlp {
             Mlp::Sparse(sparse) => sparse
-                .forward(params, &m.reshape([rows * len, d]), None)?
+                .forward(params, &m.reshape([rows * len, d]), None, CheapOps::default())?
                 .view([rows, len, d]),
-            Mlp::Dense { .. } => self.dense_mlp(&lin, &m, |_| 0)?,
+            Mlp::Dense { .. } => self.dense_mlp(&lin, &m, |_| 0, CheapOps::default())?,
         };
         Ok(residual + mlp)
     }
@@ -377,6 +381,8 @@ pub(super) struct LayerInputs<'a> {
     pub real_index: Option<&'a Tensor>,
     /// Where sparse layers record their routing (the balance loss and the expert loads).
     pub router_log: Option<&'a RouterLog>,
+    /// Whether the norms and activations recompute in backward (`--recompute selective`).
+    pub cheap: CheapOps,
 }
 
 struct Linear<'a> {

@@ -45,6 +45,7 @@ mod loss;
 mod moe;
 mod projector;
 mod rope;
+mod selective;
 mod side_stream;
 mod siglip;
 mod source;

@@ -27,6 +27,7 @@
 //! and [`RouterLog::side_loss`]).
 use super::keys::{KeyPath, LinearKeys};
 use super::lm_config::LmConfig;
+use super::selective::CheapOps;
 use super::{gemm, param};
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -170,6 +171,7 @@ impl SparseMlp {
         params: &ParamMap,
         x: &Tensor,
         log: Option<(&RouterLog, i64)>,
+        cheap: CheapOps,
     ) -> Result<Tensor, ComputeError> {
         let (n, d) = x.size2()?;
         let clock = log
@@ -206,7 +208,7 @@ impl SparseMlp {
         let (y, spent) = match &self.parallel {
             None => {
                 let started = Instant::now();
-                let y = self.run_experts(params, &routed, &counts, 0, false)?;
+                let y = self.run_experts(params, &routed, &counts, 0, false, cheap)?;
                 let experts = started.elapsed().as_secs_f64();
                 (
                     y,
@@ -216,7 +218,7 @@ impl SparseMlp {
                     },
                 )
             }
-            Some(group) => self.exchange_and_run(params, &routed, &counts, &group.0)?,
+            Some(group) => self.exchange_and_run(params, &routed, &counts, &group.0, cheap)?,
         };
         let y = y * weights.unsqueeze(1);
         let out = Tensor::zeros([n, d], (x.kind(), x.device())).index_add(0, &tokens, &y);
@@ -240,6 +242,7 @@ impl SparseMlp {
         routed: &Tensor,
         counts: &[i64],
         group: &ProcessGroup,
+        cheap: CheapOps,
     ) -> Result<(Tensor, MoeTimes), ComputeError> {
         let exchanging = Instant::now();
         let ranks = group.world_size();
@@ -277,7 +280,7 @@ impl SparseMlp {
         let by_expert = received.index_select(0, &order);
         let started = Instant::now();
         let first = group.rank() * local;
-        let y = self.run_experts(params, &by_expert, &per_expert, first, true)?;
+        let y = self.run_experts(params, &by_expert, &per_expert, first, true, cheap)?;
         let experts = started.elapsed().as_secs_f64();
         // Back to the received order (the inverse permutation), then home.
         let inverse = order.argsort(0, false);
@@ -304,6 +307,7 @@ impl SparseMlp {
         counts: &[i64],
         first: usize,
         keep_empty: bool,
+        cheap: CheapOps,
     ) -> Result<Tensor, ComputeError> {
         let mut outputs = Vec::with_capacity(counts.len());
         let mut start = 0;
@@ -316,7 +320,7 @@ impl SparseMlp {
             let gate = gemm::linear(&rows, param(params, &expert.gate_proj.weight), None)?;
             let up = gemm::linear(&rows, param(params, &expert.up_proj.weight), None)?;
             outputs.push(gemm::linear(
-                &(gate.silu() * up),
+                &cheap.swiglu(&gate, &up)?,
                 param(params, &expert.down_proj.weight),
                 None,
             )?);

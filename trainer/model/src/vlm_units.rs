@@ -6,9 +6,10 @@
 //! text-only micro-batch skips them) is [`ChainUnit`]; each kind adds only its computation.
 use super::config::{LoraConfig, VisionConfig};
 use super::ctx::VlmCtx;
-use super::decoder::{self, DecoderLayer, LayerInputs};
+use super::decoder::{DecoderLayer, LayerInputs};
 use super::lm_config::LmConfig;
 use super::moe::ExpertGroup;
+use super::selective::CheapOps;
 use super::vision::{patch_tokens, TowerEmbeddings, TowerLayer};
 use super::vocab;
 use super::{loss, param, projector};
@@ -265,6 +266,9 @@ impl UnitKind for LayerUnit {
             dropout_seed: ctx.dropout_seed,
             real_index: ctx.real_index.as_ref(),
             router_log: Some(&ctx.router_log),
+            cheap: CheapOps {
+                recomputed: ctx.recompute_cheap_ops,
+            },
         };
         self.layer
             .forward(&self.cfg, self.lora.as_ref(), params, input, &inputs)
@@ -325,7 +329,10 @@ impl UnitKind for HeadUnit {
         let h = input
             .reshape([-1, d])
             .index_select(0, &ctx.supervised_index);
-        let h = decoder::rms_norm(&h, param(params, vocab::NORM), self.cfg.rms_norm_eps);
+        let cheap = CheapOps {
+            recomputed: ctx.recompute_cheap_ops,
+        };
+        let h = cheap.rms_norm(&h, param(params, vocab::NORM), self.cfg.rms_norm_eps)?;
         let w = vocab::output_matrix(params, self.tied);
         let groups = ctx.loss_groups.as_ref();
         let (sum, tokens) =

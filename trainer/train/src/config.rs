@@ -189,8 +189,9 @@ knobs! {
     /// 1 (default): every rank holds every expert (FSDP-sharded).
     expert_parallel: usize = default(1),
     /// Backward recomputes each trained unit's forward (`all`, default: least memory), keeps
-    /// the forward's activations (`none`: faster, more memory), or recomputes every K-th unit
-    /// and keeps the others' (`every:K`: in between).
+    /// the forward's activations (`none`: faster, more memory), keeps them but the norms' and
+    /// activations' (`selective`: recomputed, cheap), or recomputes every K-th unit and keeps
+    /// the others' (`every:K`).
     recompute: Recompute = default(Recompute::All),
     /// Optimizer steps (default: one epoch).
     steps: u64 = optional,

@@ -127,7 +127,7 @@ fn fsdp_adds_each_sparse_layers_share_of_the_balance_loss_in_backward() -> anyho
     // The engine never sees the balance loss as a whole: each sparse layer adds its share in
     // its own backward (after a recompute, or through the graph its forward kept).
     for variant in ["top2-norm", "top3-raw"] {
-        for recompute in [Recompute::All, Recompute::None] {
+        for recompute in [Recompute::All, Recompute::None, Recompute::Selective] {
             let (vlm, params, out, mb) = load(variant)?;
             let single = ProcessGroup::single(Duration::from_secs(60))?;
             let config = FsdpConfig {
@@ -137,6 +137,7 @@ fn fsdp_adds_each_sparse_layers_share_of_the_balance_loss_in_backward() -> anyho
             let mut fsdp = Fsdp::new(vlm.units(), &single, &params, config)?;
             let mut ctx = vlm.ctx(&ParamMap::new(), &mb)?;
             ctx.share_balance_loss(vlm.lm.router_aux_loss_coef(), 1);
+            ctx.set_recompute_cheap_ops(recompute.recomputes_cheap_ops());
             let sum =
                 fsdp.forward_backward(&ctx, &ctx.first_input(), 1.0 / ctx.supervised as f64)?;
             let want = scalar(&get(&out, "ce_loss").reshape([])) * ctx.supervised as f64;

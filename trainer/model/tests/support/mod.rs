@@ -231,6 +231,7 @@ pub(crate) fn fsdp_step(
         .collect::<Result<_, _>>()?;
     for ctx in &mut ctxs {
         ctx.share_balance_loss(vlm.lm.router_aux_loss_coef(), batches.len());
+        ctx.set_recompute_cheap_ops(fsdp.recompute().recomputes_cheap_ops());
     }
     let tokens: i64 = ctxs.iter().map(|c| c.supervised).sum();
     for ctx in ctxs.iter().skip(pg.rank()).step_by(pg.world_size()) {

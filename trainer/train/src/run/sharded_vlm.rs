@@ -126,6 +126,7 @@ impl<'a> ShardedVlm<'a> {
         times: &mut UnitTimes,
     ) -> Result<MicroBatchLoss, TrainError> {
         ctx.ready()?;
+        ctx.set_recompute_cheap_ops(self.fsdp.recompute().recomputes_cheap_ops());
         let loss_sum = self
             .fsdp
             .forward_backward(&ctx, &ctx.first_input(), loss_scale)?;

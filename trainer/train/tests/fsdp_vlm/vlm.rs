@@ -222,8 +222,10 @@ fn stage2_lora_no_shard_two_ranks_match_one_rank() -> anyhow::Result<()> {
     check(Some(lora), Strategy::NoShard)
 }
 
-/// 20 steps with activations kept give the same losses and weights as 20 steps recomputing
-/// them, in stage 1 and stage 2, at W=1 and (FULL_SHARD, stage 2) at W=2.
+/// 20 steps with activations kept (`none`), kept but for the norms and activations
+/// (`selective`) or kept in every other or third unit (`every:K`) give the same losses and
+/// weights as 20 steps recomputing them all, in stage 1 and stage 2, at W=1 and (FULL_SHARD,
+/// stage 2) at W=2.
 #[test]
 fn recompute_none_matches_recompute_all_over_20_steps() -> anyhow::Result<()> {
     let lora = LoraConfig {
@@ -239,7 +241,12 @@ fn recompute_none_matches_recompute_all_over_20_steps() -> anyhow::Result<()> {
         let (all, all_params) = run(Recompute::All)?;
         assert_eq!(all.len(), 20);
         assert!(all[19] < all[0], "stage {stage} did not learn: {all:?}");
-        for other in [Recompute::None, Recompute::Every(2), Recompute::Every(3)] {
+        for other in [
+            Recompute::None,
+            Recompute::Selective,
+            Recompute::Every(2),
+            Recompute::Every(3),
+        ] {
             let (losses, params) = run(other)?;
             for (step, (a, n)) in all.iter().zip(&losses).enumerate() {
                 assert!(
