@@ -274,6 +274,11 @@ impl<'a, C> Fsdp<'a, C> {
         self.config.recompute
     }
 
+    /// Changes the recompute policy for the micro-batches to come (between steps).
+    pub fn set_recompute(&mut self, policy: Recompute) {
+        self.config.recompute = policy;
+    }
+
     /// How many flat buffers this rank holds (one per unit and dtype/trainability class).
     pub fn buffer_count(&self) -> usize {
         self.flat.buffers.len()

@@ -316,7 +316,12 @@ impl DecoderLayer {
         );
         let mlp = match &self.mlp {
             Mlp::Sparse(sparse) => sparse
-                .forward(params, &m.reshape([rows * len, d]), None, CheapOps::default())?
+                .forward(
+                    params,
+                    &m.reshape([rows * len, d]),
+                    None,
+                    CheapOps::default(),
+                )?
                 .view([rows, len, d]),
             Mlp::Dense { .. } => self.dense_mlp(&lin, &m, |_| 0, CheapOps::default())?,
         };

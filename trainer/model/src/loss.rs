@@ -64,12 +64,26 @@ pub(crate) fn chunked_cross_entropy(
         // product is the sum's start (a zero-filled [V, D] is 545 MB to write at Qwen's size).
         let mut grad_w: Option<Tensor> = None;
         let mut tokens = Vec::new();
+        // f32 products land in one buffer of a chunk's logits, reused by every chunk: a fresh
+        // one per chunk left the heap fragmented by the small tensors allocated between
+        // them (glibc carved them out of the freed block), so the next chunk's did not fit
+        // and each chunk grew the process by its logits (268 MB at Qwen's vocabulary).
+        let f32_logits = wide || compute == Kind::Float;
+        let buffer = f32_logits.then(|| {
+            Tensor::empty(
+                [chunk.min(n).max(0), w.size()[0]],
+                (Kind::Float, hidden.device()),
+            )
+        });
         let mut start = 0;
         while start < n {
             let len = chunk.min(n - start);
             let h = h_all.narrow(0, start, len);
             let t = targets.narrow(0, start, len).unsqueeze(1);
-            let mut logits = h.matmul(&w.tr());
+            let mut logits = match &buffer {
+                Some(buffer) => h.matmul_out(&buffer.narrow(0, 0, len), &w.tr()),
+                None => h.matmul(&w.tr()),
+            };
             if wide {
                 logits = logits.to_kind(compute);
             }

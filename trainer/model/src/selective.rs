@@ -30,13 +30,21 @@ pub(crate) struct CheapOps {
 
 impl CheapOps {
     /// RMSNorm of `x` with `weight` (see [`rms_norm`]).
-    pub(crate) fn rms_norm(self, x: &Tensor, weight: &Tensor, eps: f64) -> Result<Tensor, ShimError> {
+    pub(crate) fn rms_norm(
+        self,
+        x: &Tensor,
+        weight: &Tensor,
+        eps: f64,
+    ) -> Result<Tensor, ShimError> {
         if !self.wraps(&[x, weight]) {
             return Ok(rms_norm(x, weight, eps));
         }
-        one(recomputed("recomputed RMSNorm", &[x, weight], 1, move |t| {
-            Ok(vec![rms_norm(&t[0], &t[1], eps)])
-        })?)
+        one(recomputed(
+            "recomputed RMSNorm",
+            &[x, weight],
+            1,
+            move |t| Ok(vec![rms_norm(&t[0], &t[1], eps)]),
+        )?)
     }
 
     /// `silu(gate) · up`.
@@ -178,7 +186,12 @@ mod tests {
         let y = ops.swiglu(&normed, &up).expect("swiglu");
         let loss = (&y * &y).sum(Kind::Float);
         let g = Tensor::run_backward(&[&loss], &[&x, &w, &up], false, false);
-        (loss.detach(), g[0].shallow_clone(), g[1].shallow_clone(), g[2].shallow_clone())
+        (
+            loss.detach(),
+            g[0].shallow_clone(),
+            g[1].shallow_clone(),
+            g[2].shallow_clone(),
+        )
     }
 
     /// The recomputing node gives the value and the gradients autograd gives over the same

@@ -188,6 +188,13 @@ impl Vlm {
     }
 
     /// The units in execution order.
+    /// Tokens per chunk of the head's loss.
+    pub fn loss_chunk(&self) -> i64 {
+        self.options
+            .loss_chunk
+            .unwrap_or_else(|| super::loss::default_chunk(self.lm.vocab_size))
+    }
+
     pub fn units(&self) -> &[Box<dyn Unit<VlmCtx>>] {
         &self.units
     }

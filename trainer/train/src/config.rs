@@ -18,9 +18,11 @@
 mod knobs;
 use knobs::record_value;
 
+mod recompute_setting;
 mod train_parts;
 pub use pipeline::loader::{BadImagePolicy, ResizePolicy};
 use pipeline::plan::OverLong;
+pub(crate) use recompute_setting::RecomputeSetting;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
@@ -188,11 +190,12 @@ knobs! {
     /// ranks, tokens exchanged by all-to-all; N divides the world size and the experts.
     /// 1 (default): every rank holds every expert (FSDP-sharded).
     expert_parallel: usize = default(1),
-    /// Backward recomputes each trained unit's forward (`all`, default: least memory), keeps
-    /// the forward's activations (`none`: faster, more memory), keeps them but the norms' and
-    /// activations' (`selective`: recomputed, cheap), or recomputes every K-th unit and keeps
-    /// the others' (`every:K`).
-    recompute: Recompute = default(Recompute::All),
+    /// Backward recomputes each trained unit's forward (`all`: least memory), keeps the
+    /// forward's activations (`none`: fastest, most memory), keeps them but the norms' and
+    /// activations' (`selective`), or recomputes every K-th unit and keeps the others'
+    /// (`every:K`); `auto` (default) takes the fastest whose estimated peak fits the memory at
+    /// hand, and a resume keeps the choice.
+    recompute: RecomputeSetting = default(RecomputeSetting::Auto),
     /// Optimizer steps (default: one epoch).
     steps: u64 = optional,
     /// Full passes over the data (instead of --steps).

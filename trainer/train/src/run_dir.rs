@@ -24,6 +24,7 @@ const PLAN_FILE: &str = "plan.jsonl";
 const RESUMES_FILE: &str = "resumes.jsonl";
 const SKIPPED_FILE: &str = "skipped.jsonl";
 pub(crate) const SUMMARY_FILE: &str = "summary.json";
+pub(crate) const RECOMPUTE_FILE: &str = "recompute.json";
 pub(crate) const LOSS_PLOT_FILE: &str = "loss.png";
 pub(crate) const CHECKPOINTS_DIR: &str = "checkpoints";
 const SAMPLES_FILE: &str = "samples.jsonl";
@@ -82,6 +83,11 @@ impl RunDir {
     /// `resumes.jsonl`: one line per resume.
     pub fn resumes(&self) -> PathBuf {
         self.root.join(RESUMES_FILE)
+    }
+
+    /// `recompute.json`: the recompute policy, why, and the peak estimated for each one.
+    pub fn recompute_report(&self) -> PathBuf {
+        self.root.join(RECOMPUTE_FILE)
     }
 
     /// `summary.json`, written at the end of the run.

@@ -5,7 +5,9 @@
 //! 1 / (supervised tokens of the whole step across ranks), all-reduce, clip, AdamW, log the
 //! step (`metrics.jsonl`) and its samples (`plan.jsonl`), validate (`validate.rs`), checkpoint.
 pub(crate) mod cpu_gemm;
+mod memory_estimate;
 pub(crate) mod rank_plan;
+mod recompute_choice;
 pub(crate) mod restore;
 pub(crate) mod schedule;
 pub(crate) mod setup;
@@ -166,8 +168,11 @@ fn train_rank(
     };
     let resumed = pick.as_ref().and_then(|p| p.checkpoint.as_ref());
     let plan_world_size = resumed.map_or(s.world_size, |c| c.meta.plan_world_size());
-    let cpu_gemm = cpu_gemm::settle(&cfg, &s, resumed)?;
-    let mut train_loop = TrainLoop::new(&cfg, &s, plan_world_size, cpu_gemm)?;
+    let settled = Settled {
+        cpu_gemm: cpu_gemm::settle(&cfg, &s, resumed)?,
+        recompute: recompute_choice::settle(&cfg, &s, &mut model, resumed)?,
+    };
+    let mut train_loop = TrainLoop::new(&cfg, &s, plan_world_size, settled)?;
     let first = train_loop.restore(pick, start, &mut model)?;
     train_loop.run(&mut model, first, start.progress)?;
     drop(model);
@@ -205,8 +210,17 @@ struct TrainLoop<'a> {
     layout: RankLayout,
     validation: Option<Validation>,
     saver: CheckpointSaver,
-    /// A bf16 CPU run's matrix-product kernels, kept in the run record (`cpu_gemm.rs`).
+    /// What the run chose before its first step and keeps in its run record.
+    settled: Settled,
+}
+
+/// Choices a run makes before its first step and a resume keeps (both `None` for a resume
+/// of a run from before it recorded them).
+struct Settled {
+    /// A bf16 CPU run's matrix-product kernels (`cpu_gemm.rs`).
     cpu_gemm: Option<CpuBf16Gemm>,
+    /// The recompute policy (`recompute_choice.rs`).
+    recompute: Option<tessera_fsdp::Recompute>,
 }
 
 /// Stage 1 trains only the projector, which text-only samples never reach: it plans image
@@ -222,7 +236,7 @@ impl<'a> TrainLoop<'a> {
         cfg: &'a TrainConfig,
         s: &'a Setup,
         plan_world_size: usize,
-        cpu_gemm: Option<CpuBf16Gemm>,
+        settled: Settled,
     ) -> Result<Self, TrainError> {
         if let Some(kind) = planned_kind(cfg.stage) {
             let left_out = s.samples.iter().filter(|m| m.kind != kind).count();
@@ -275,7 +289,7 @@ impl<'a> TrainLoop<'a> {
             },
             validation,
             saver: CheckpointSaver::new(cfg),
-            cpu_gemm,
+            settled,
         };
         train_loop.total_steps = match cfg.steps {
             // Planned once anyway: a dataset the plan refuses (an over-long sample under

@@ -78,10 +78,16 @@ impl TrainLoop<'_> {
         ] {
             r.insert(key.to_string(), value);
         }
-        if let Some(choice) = self.cpu_gemm {
+        if let Some(choice) = self.settled.cpu_gemm {
             r.insert(
                 super::cpu_gemm::RECORD_KEY.to_string(),
                 choice.record_name().to_string(),
+            );
+        }
+        if let Some(policy) = self.settled.recompute {
+            r.insert(
+                super::recompute_choice::RECORD_KEY.to_string(),
+                policy.to_string(),
             );
         }
         r

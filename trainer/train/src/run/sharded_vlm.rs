@@ -5,7 +5,7 @@
 //! size), and evaluates a micro-batch forward only.
 use crate::checkpoint::sharded_state::{self, ShardedState};
 use crate::checkpoint::trained::TRAINABLE_FILE;
-use crate::config::{Stage, TrainConfig};
+use crate::config::{RecomputeSetting, Stage, TrainConfig};
 use crate::error::TrainError;
 use pipeline::MicroBatch;
 use std::collections::BTreeMap;
@@ -85,7 +85,11 @@ impl<'a> ShardedVlm<'a> {
         groups.push(group("vision", &["vision."], cfg.vision_lr));
         let config = FsdpConfig {
             strategy: cfg.strategy,
-            recompute: cfg.recompute,
+            // `auto` is settled once the shards are built (`recompute_choice.rs`).
+            recompute: match cfg.recompute {
+                RecomputeSetting::Fixed(policy) => policy,
+                RecomputeSetting::Auto => tessera_fsdp::Recompute::All,
+            },
             adamw: AdamWConfig {
                 lr: cfg.lr,
                 weight_decay: cfg.weight_decay,
@@ -138,6 +142,11 @@ impl<'a> ShardedVlm<'a> {
             by_group: ctx.take_group_loss(),
             router: ctx.router_log.stats(),
         })
+    }
+
+    /// Sets the recompute policy (before the first step).
+    pub(crate) fn set_recompute(&mut self, policy: tessera_fsdp::Recompute) {
+        self.fsdp.set_recompute(policy);
     }
 
     /// The model this rank trains.
