@@ -13,7 +13,8 @@
 #   4. `tessera bench loader` at 8 and 16 threads on crops of real photographs, the PIL
 #      reference in the same run;
 #   5. what each switch is worth: TESSERA_DENSE_ATTENTION=1, TESSERA_SIDE_STREAM=0,
-#      --recompute none and every:2 (the default is all); a 3-step Kineto profile on cuda;
+#      --recompute none, selective, every:2 and all against the default auto (stage 1's
+#      recompute.json says what it chose and the peaks it estimated); a 3-step Kineto profile;
 #   6. the same-run bf16 matmul peak (MFU's measured denominator).
 # Then scripts/device_summary.py prints every figure (summary.txt under $OUT).
 #
@@ -213,8 +214,12 @@ if on_cuda && want switches; then
 fi
 want switches && stage "stage 1 recompute none" 100 --gpu v_norecompute "$T" train "${common[@]}" --stage 1 \
   --recompute none --steps "$SHORT" --out "$W/v_norecompute"
+want switches && stage "stage 1 recompute selective" 100 --gpu v_selective "$T" train "${common[@]}" \
+  --stage 1 --recompute selective --steps "$SHORT" --out "$W/v_selective"
 want switches && stage "stage 1 recompute every:2" 100 --gpu v_every2 "$T" train "${common[@]}" --stage 1 \
   --recompute every:2 --steps "$SHORT" --out "$W/v_every2"
+want switches && stage "stage 1 recompute all" 100 --gpu v_recompute_all "$T" train "${common[@]}" \
+  --stage 1 --recompute all --steps "$SHORT" --out "$W/v_recompute_all"
 want profile && stage "stage 1 profiled (3 steps)" 100 "$T" train "${common[@]}" --stage 1 --steps 4 --profile 3 \
   --out "$W/v_profile"
 
@@ -231,8 +236,10 @@ for _ in range(reps): a @ b
 sync(); print(f"PEAK {2 * n**3 * reps / (time.time() - t):.4e}")
 EOF
 
-for run in s1 s2_lora s2_full tiny_cuda tiny_launch tiny_cpu v_dense v_noside v_norecompute v_every2; do
+for run in s1 s2_lora s2_full tiny_cuda tiny_launch tiny_cpu v_dense v_noside v_norecompute \
+  v_selective v_every2 v_recompute_all; do
   [ -f "$W/$run/metrics.jsonl" ] && cp "$W/$run/metrics.jsonl" "$W/${run}.jsonl"
+  [ -f "$W/$run/recompute.json" ] && cp "$W/$run/recompute.json" "$W/${run}.recompute.json"
 done
 ls "$W"/v_profile/profile_rank*.json 2>/dev/null | head -1 | xargs -r -I{} gzip -c {} >"$OUT/profile_rank0.json.gz"
 echo

@@ -83,7 +83,9 @@ def main():
             ("v_dense", "stage 1, TESSERA_DENSE_ATTENTION=1", {}),
             ("v_noside", "stage 1, TESSERA_SIDE_STREAM=0", {}),
             ("v_norecompute", "stage 1, --recompute none", {}),
-            ("v_every2", "stage 1, --recompute every:2", {})]
+            ("v_selective", "stage 1, --recompute selective", {}),
+            ("v_every2", "stage 1, --recompute every:2", {}),
+            ("v_recompute_all", "stage 1, --recompute all", {})]
     for run, label, kw in runs:
         all_steps = metrics(work, run)
         m = all_steps[first:]
@@ -110,9 +112,17 @@ def main():
             print("  per-step median unit times: " + ", ".join(
                 f"{k} {st.median(v) * 1000:.0f} ms" for k, v in sorted(units.items())))
         print("  losses: " + " ".join("%.4f" % x["loss"] for x in all_steps[::3]))
-    for run in ("v_dense", "v_noside", "v_norecompute", "v_every2"):
+    for run in ("v_dense", "v_noside", "v_norecompute", "v_selective", "v_every2", "v_recompute_all"):
         if run in rates and "s1" in rates:
             print(f"SWITCH {run}: {rates[run] / rates['s1']:.2f}x the default stage-1 rate")
+    for run in ("s1", "v_norecompute", "v_selective", "v_every2", "v_recompute_all"):
+        p = os.path.join(work, run + ".recompute.json")
+        if os.path.exists(p):
+            r = json.load(open(p))
+            est = ", ".join(f"{k} {v / 2**30:.1f}" for k, v in r["estimated_peak_bytes"])
+            mem = gpu_peak(work, run)
+            print(f"RECOMPUTE {run}: ran {r['choice']} ({r['how']}); estimated peak GiB: {est}"
+                  + (f"; measured peak device memory {mem:,} MiB" if mem is not None else ""))
 
     for tag, label, ours in (("hf_s1", "stage 1", "s1"), ("hf_full", "full-parameter (--train lm)", "s2_full")):
         p = os.path.join(work, tag + ".log")
