@@ -20,6 +20,7 @@ mod atomic;
 pub mod chat;
 mod disk_space;
 mod error;
+pub mod image_layout;
 mod location;
 mod manifest;
 mod reader;
@@ -47,7 +48,9 @@ pub use schema::{
     schema_v3, FORMAT_VERSION, OLDEST_READABLE_VERSION,
 };
 pub use special_tokens::{SpecialTokens, Token};
-pub use stats::{stats, DatasetStats, Percentiles, EXTREME_ASPECT, TINY_SIDE};
+pub use stats::{
+    stats, stats_under, DatasetStats, LayoutStats, Percentiles, EXTREME_ASPECT, TINY_SIDE,
+};
 pub use verify::{sha256_file, verify, verify_at, VerifyReport};
 pub use writer::{estimated_sample_bytes, RowGroupLimits, ShardWriter};
 

@@ -2,6 +2,7 @@
 //! and by format,
 //! token-length and image-size percentiles, odd images, and ingest's rejections by reason.
 use crate::error::ShardError;
+use crate::image_layout::{ImageLayout, Tower};
 use crate::reader::Dataset;
 use crate::schema::col;
 use arrow_array::cast::AsArray;
@@ -62,6 +63,28 @@ pub struct DatasetStats {
     pub tiny_images: u64,
     pub extreme_aspect_images: u64,
     pub rejected: BTreeMap<String, u64>,
+    /// With a layout ([`stats_under`]): what the samples cost under it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub under_layout: Option<LayoutStats>,
+}
+
+/// What the samples cost under an image layout, from the image sizes the shards hold.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct LayoutStats {
+    /// `single`, `anyres_max_9`, ...
+    pub layout: String,
+    /// The tower's tile and patch side in pixels.
+    pub tile: u32,
+    pub patch: u32,
+    /// Tokens per sample: text plus every image's tokens (each placeholder expanded).
+    pub sample_tokens: Percentiles,
+    /// Tokens per image.
+    pub image_tokens: Percentiles,
+    /// Tiles the tower runs per image (the base view included).
+    pub tiles_per_image: Percentiles,
+    /// Tokens of all samples, and of their images.
+    pub total_tokens: u64,
+    pub total_image_tokens: u64,
 }
 
 /// One image's format and size, as the stats read them.
@@ -93,6 +116,20 @@ impl DatasetStats {
 /// Computes [`DatasetStats`] reading only the small columns (never the image bytes: in format
 /// 3 only the `format`, `width` and `height` leaves of `images`).
 pub fn stats(dataset: &Dataset) -> Result<DatasetStats, ShardError> {
+    stats_under(dataset, None)
+}
+
+/// [`stats`], and with `layout` what every sample costs under it (its tokens counted from its
+/// images' sizes: see [`crate::image_layout`]).
+pub fn stats_under(
+    dataset: &Dataset,
+    layout: Option<(&ImageLayout, Tower)>,
+) -> Result<DatasetStats, ShardError> {
+    let mut costs = layout.map(|(layout, tower)| LayoutCosts {
+        layout: layout.clone(),
+        tower,
+        ..LayoutCosts::default()
+    });
     let mut out = DatasetStats {
         rejected: dataset.manifest().ingest.rejected.clone(),
         ..Default::default()
@@ -156,6 +193,10 @@ pub fn stats(dataset: &Dataset) -> Result<DatasetStats, ShardError> {
             for (row, range) in ranges.into_iter().enumerate() {
                 out.samples += 1;
                 tokens.push(t.value(row));
+                if let Some(costs) = costs.as_mut() {
+                    let sizes = range.clone().map(|i| (w.value(i), h.value(i)));
+                    costs.add_sample(t.value(row), sizes);
+                }
                 let kind = if kinds.value(row) == 1 {
                     "image"
                 } else {
@@ -187,5 +228,51 @@ pub fn stats(dataset: &Dataset) -> Result<DatasetStats, ShardError> {
     out.text_tokens = Percentiles::of(&mut tokens);
     out.image_width = Percentiles::of(&mut widths);
     out.image_height = Percentiles::of(&mut heights);
+    out.under_layout = costs.map(LayoutCosts::finish);
     Ok(out)
+}
+
+/// [`LayoutStats`] being gathered.
+#[derive(Default)]
+struct LayoutCosts {
+    layout: ImageLayout,
+    tower: Tower,
+    sample_tokens: Vec<u32>,
+    image_tokens: Vec<u32>,
+    tiles: Vec<u32>,
+    total: u64,
+    total_image: u64,
+}
+
+impl LayoutCosts {
+    /// A sample of `text` tokens (one placeholder per image among them) and its images' sizes.
+    fn add_sample(&mut self, text: u32, images: impl Iterator<Item = (u32, u32)>) {
+        let mut sample = u64::from(text);
+        for (width, height) in images {
+            let t = self.layout.tokens(width, height, self.tower);
+            sample = sample - 1 + t.total();
+            self.total_image += t.total();
+            self.image_tokens.push(clamp(t.total()));
+            self.tiles.push(t.tiles);
+        }
+        self.total += sample;
+        self.sample_tokens.push(clamp(sample));
+    }
+
+    fn finish(mut self) -> LayoutStats {
+        LayoutStats {
+            layout: self.layout.to_string(),
+            tile: self.tower.tile,
+            patch: self.tower.patch,
+            sample_tokens: Percentiles::of(&mut self.sample_tokens),
+            image_tokens: Percentiles::of(&mut self.image_tokens),
+            tiles_per_image: Percentiles::of(&mut self.tiles),
+            total_tokens: self.total,
+            total_image_tokens: self.total_image,
+        }
+    }
+}
+
+fn clamp(n: u64) -> u32 {
+    u32::try_from(n).unwrap_or(u32::MAX)
 }

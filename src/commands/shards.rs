@@ -26,13 +26,36 @@ enum ShardsCommand {
         /// Print one JSON object instead of text.
         #[arg(long)]
         json: bool,
+        /// Also count each sample's tokens under this image layout, from the image sizes the
+        /// shards hold (no decode): `single` (one tile per image) or `anyres_max_N`
+        /// (LLaVA-OneVision's tiles, as its processor counts them).
+        #[arg(long)]
+        image_layout: Option<shards::image_layout::ImageLayout>,
+        /// The tower's tile side in pixels, for --image-layout (so400m-384: 384).
+        #[arg(long, default_value_t = 384)]
+        tile_size: u32,
+        /// The tower's patch side in pixels, for --image-layout (so400m: 14).
+        #[arg(long, default_value_t = 14)]
+        patch_size: u32,
     },
 }
 
 pub(crate) fn run(args: Args) -> anyhow::Result<()> {
     match args.command {
         ShardsCommand::Verify { dir } => verify(&dir),
-        ShardsCommand::Stats { dir, json } => stats(&dir, json),
+        ShardsCommand::Stats {
+            dir,
+            json,
+            image_layout,
+            tile_size,
+            patch_size,
+        } => {
+            let tower = shards::image_layout::Tower {
+                tile: tile_size,
+                patch: patch_size,
+            };
+            stats(&dir, json, image_layout.as_ref().map(|l| (l, tower)))
+        }
     }
 }
 
@@ -68,13 +91,19 @@ struct SourceStats {
     stats: shards::DatasetStats,
 }
 
-fn stats(dir: &str, json: bool) -> anyhow::Result<()> {
+/// An image layout and the tower it cuts tiles for.
+type Layout<'a> = Option<(
+    &'a shards::image_layout::ImageLayout,
+    shards::image_layout::Tower,
+)>;
+
+fn stats(dir: &str, json: bool, layout: Layout) -> anyhow::Result<()> {
     if pipeline::mix::is_mixture(dir) {
-        return mixture_stats(dir, json);
+        return mixture_stats(dir, json, layout);
     }
     let location = remote::open_location(dir, None)?;
     let dataset = shards::Dataset::open_at(&location).with_context(|| format!("open {dir}"))?;
-    let s = shards::stats(&dataset).with_context(|| format!("stats of {dir}"))?;
+    let s = shards::stats_under(&dataset, layout).with_context(|| format!("stats of {dir}"))?;
     if json {
         println!("{}", serde_json::to_string(&s)?);
         return Ok(());
@@ -84,7 +113,7 @@ fn stats(dir: &str, json: bool) -> anyhow::Result<()> {
 }
 
 /// Each source's stats and its share of an epoch (per_epoch / the epoch's samples).
-fn mixture_stats(file: &str, json: bool) -> anyhow::Result<()> {
+fn mixture_stats(file: &str, json: bool, layout: Layout) -> anyhow::Result<()> {
     let spec = pipeline::mix::MixSpec::load(std::path::Path::new(file))?;
     let mut datasets = Vec::new();
     for source in &spec.sources {
@@ -103,7 +132,7 @@ fn mixture_stats(file: &str, json: bool) -> anyhow::Result<()> {
             shards: source.dataset.source().describe(),
             per_epoch: source.per_epoch,
             share: source.share(epoch),
-            stats: shards::stats(&source.dataset)
+            stats: shards::stats_under(&source.dataset, layout)
                 .with_context(|| format!("stats of source {}", source.name))?,
         });
     }
@@ -158,6 +187,16 @@ fn print_stats(s: &shards::DatasetStats) {
         shards::EXTREME_ASPECT,
         s.extreme_aspect_images
     );
+    if let Some(l) = &s.under_layout {
+        println!(
+            "under --image-layout {} (tile {} px, patch {} px): {} tokens in all, {} of them \
+             image tokens",
+            l.layout, l.tile, l.patch, l.total_tokens, l.total_image_tokens
+        );
+        p("  sample tokens", &l.sample_tokens);
+        p("  image tokens", &l.image_tokens);
+        p("  tiles/image", &l.tiles_per_image);
+    }
     println!("rejected at ingest: {}", s.rejected.values().sum::<u64>());
     for (reason, n) in &s.rejected {
         println!("  {reason:<28} {n}");
