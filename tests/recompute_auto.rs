@@ -35,7 +35,7 @@ fn fixture() -> Result<PathBuf> {
         run_ok(&mut ingest_with(
             tessera(),
             &llava,
-            &dir.join("shards"),
+            dir.join("shards"),
             &tokenizer(),
         ))?;
         Ok(())
