@@ -20,7 +20,8 @@ use std::process::Command;
 mod support;
 use support::metrics::{check_tensorboard_events, losses};
 use support::{
-    fixture_with, run_err, run_ok, smollm2, tessera, train_command, Fixture, Lm, TrainArgs,
+    fixture_with, read_json, run_err, run_ok, smollm2, tessera, train_command, Fixture, Lm,
+    TrainArgs,
 };
 
 /// `tessera train` on `f` at stage `stage`, then `extra`: one sample per rank and micro-step
@@ -47,11 +48,6 @@ fn train(f: &Fixture, stage: u8, out: &Path, extra: &[&str]) -> Command {
         .arg(out)
         .args(extra);
     cmd
-}
-
-fn read_json(path: &Path) -> Result<serde_json::Value> {
-    let text = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
-    Ok(serde_json::from_slice(&text)?)
 }
 
 fn relative_diff(a: f64, b: f64) -> f64 {

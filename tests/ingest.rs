@@ -144,6 +144,29 @@ fn shards_verify_names_a_flipped_shard_and_exits_non_zero() -> anyhow::Result<()
     let stats: serde_json::Value = serde_json::from_slice(&stats.stdout)?;
     assert_eq!(stats["samples"], 118);
     assert_eq!(stats["rejected"]["missing_image"], 2);
+    // Under a layout the text part stays (each placeholder replaced by its image's tokens):
+    // one tile is 729 tokens an image; AnyRes costs more per image, the text the same.
+    let under = |layout: &str| -> anyhow::Result<serde_json::Value> {
+        let out = run_ok(
+            tessera()
+                .args(["shards", "stats", "--json", "--image-layout", layout])
+                .arg(&out),
+        )?;
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout)?;
+        Ok(v["under_layout"].clone())
+    };
+    let (single, anyres) = (under("single")?, under("anyres_max_9")?);
+    let images = stats["images"].as_u64().expect("images");
+    let tokens = |v: &serde_json::Value, key: &str| v[key].as_u64().expect(key);
+    assert_eq!(tokens(&single, "total_image_tokens"), 729 * images);
+    assert!(
+        tokens(&anyres, "total_image_tokens") > 729 * images,
+        "{anyres}"
+    );
+    assert_eq!(
+        tokens(&single, "total_tokens") - tokens(&single, "total_image_tokens"),
+        tokens(&anyres, "total_tokens") - tokens(&anyres, "total_image_tokens")
+    );
 
     let victim = out.join("shard-00001.parquet");
     let mut bytes = std::fs::read(&victim)?;

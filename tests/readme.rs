@@ -19,7 +19,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 mod support;
-use support::{binary, run_ok, smollm2, tessera, tokenizer};
+use support::{binary, read_json, run_ok, smollm2, tessera, tokenizer};
 
 const BEGIN: &str = "<!-- real-data:begin -->";
 const END: &str = "<!-- real-data:end -->";
@@ -102,12 +102,6 @@ fn first_file(dir: &Path) -> Result<PathBuf> {
         }
     }
     bail!("no file under {}", dir.display())
-}
-
-fn read_json(path: &Path) -> Result<Value> {
-    let text =
-        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-    serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))
 }
 
 /// The newest committed checkpoint folder of a run (`checkpoints/step-N`, not `.tmp`).

@@ -13,7 +13,12 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 mod support;
-use support::{ingest_with, run_err, run_ok, scratch_once, tessera, tokenizer};
+
+/// The two tests train one after the other: a second training process beside one changes the
+/// peak the first reaches (its second step has reached `none`'s peak under `every:2`), which
+/// is not what the estimate is checked against.
+static ONE_RUN_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+use support::{ingest_with, read_json, run_err, run_ok, scratch_once, tessera, tokenizer};
 
 /// 300 synthetic image samples ingested, and `init-model --preset small`; made once.
 fn fixture() -> Result<PathBuf> {
@@ -53,13 +58,12 @@ fn train(dir: &Path, out: &Path, budget: u32, extra: &[&str]) -> Command {
         .args(["--token-budget", &budget.to_string(), "--seq-len", "256"])
         .args(["--seed", "5", "--out"])
         .arg(out)
-        .args(extra);
+        .args(extra)
+        // Two loader threads, as a run on this machine has by default: with the one the other
+        // tests use, a step's peak has jumped by up to 640 MiB at random (not explained yet;
+        // the closing note of this round has it).
+        .env("TESSERA_LOADER_THREADS", "2");
     cmd
-}
-
-fn read_json(path: &Path) -> Result<serde_json::Value> {
-    let text = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
-    Ok(serde_json::from_slice(&text)?)
 }
 
 /// What the run held before its first step, in MiB.
@@ -101,6 +105,7 @@ fn measured_peak(run: &Path) -> Result<f64> {
 
 #[test]
 fn estimated_peaks_are_within_15_percent_of_the_measured_ones() -> Result<()> {
+    let _alone = ONE_RUN_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let dir = fixture()?;
     let tmp = tempfile::tempdir()?;
     for budget in [2048, 4096] {
@@ -129,6 +134,7 @@ fn estimated_peaks_are_within_15_percent_of_the_measured_ones() -> Result<()> {
 
 #[test]
 fn auto_takes_the_fastest_policy_that_fits_and_a_resume_keeps_it() -> Result<()> {
+    let _alone = ONE_RUN_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let dir = fixture()?;
     let tmp = tempfile::tempdir()?;
     // What each policy needs here, from a run that only estimates and trains one step.

@@ -25,12 +25,11 @@ pub enum ImageLayout {
     Single,
     /// LLaVA-OneVision's `anyres_max_N`: a base view plus the best pinpoint's grid of tiles,
     /// pooled to about N tiles' worth.
+    /// Its `image_grid_pinpoints` are LLaVA-OneVision's 36: the tower's tile size times
+    /// {1..6} in both directions.
     AnyRes {
         /// N of `anyres_max_N`.
         max_tiles: u32,
-        /// `image_grid_pinpoints` as (height, width) pairs in pixels; `None`: the tower's tile
-        /// size times {1..6} in both directions (LLaVA-OneVision's 36 pinpoints).
-        pinpoints: Option<Vec<(u32, u32)>>,
     },
 }
 
@@ -42,10 +41,7 @@ impl FromStr for ImageLayout {
             return Ok(ImageLayout::Single);
         }
         match s.strip_prefix("anyres_max_").map(str::parse::<u32>) {
-            Some(Ok(n)) if n >= 1 => Ok(ImageLayout::AnyRes {
-                max_tiles: n,
-                pinpoints: None,
-            }),
+            Some(Ok(n)) if n >= 1 => Ok(ImageLayout::AnyRes { max_tiles: n }),
             _ => Err(format!(
                 "`{s}` is not an image layout: single (one tile per image) or anyres_max_N (N >= \
                  1: LLaVA-OneVision's tiles, pooled to about N tiles' worth; anyres_max_9 is its \
@@ -59,7 +55,7 @@ impl fmt::Display for ImageLayout {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             ImageLayout::Single => f.write_str("single"),
-            ImageLayout::AnyRes { max_tiles, .. } => write!(f, "anyres_max_{max_tiles}"),
+            ImageLayout::AnyRes { max_tiles } => write!(f, "anyres_max_{max_tiles}"),
         }
     }
 }
@@ -116,12 +112,7 @@ impl ImageLayout {
     pub fn pinpoints(&self, tower: Tower) -> Vec<(u32, u32)> {
         match self {
             ImageLayout::Single => vec![(tower.tile, tower.tile)],
-            ImageLayout::AnyRes {
-                pinpoints: Some(p), ..
-            } => p.clone(),
-            ImageLayout::AnyRes {
-                pinpoints: None, ..
-            } => {
+            ImageLayout::AnyRes { .. } => {
                 let sides = (1..=6).map(|k| k * tower.tile);
                 sides
                     .clone()
@@ -135,7 +126,7 @@ impl ImageLayout {
     pub fn tokens(&self, width: u32, height: u32, tower: Tower) -> ImageTokens {
         let side = u64::from(tower.side());
         let base = side * side;
-        let ImageLayout::AnyRes { max_tiles, .. } = self else {
+        let ImageLayout::AnyRes { max_tiles } = self else {
             return ImageTokens {
                 tiles: 1,
                 grid: (1, 1),

@@ -9,6 +9,12 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output};
 use std::time::{Duration, Instant};
 
+/// A JSON file, the path named in the error when it cannot be read or parsed.
+pub(crate) fn read_json(path: &Path) -> Result<serde_json::Value> {
+    let text = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+    serde_json::from_slice(&text).with_context(|| format!("parsing {}", path.display()))
+}
+
 /// The `tessera` binary cargo built for these tests (with `train`: the root's default
 /// features). `make test` checks the no-libtorch build with `cargo check`, which writes no
 /// binary, so nothing replaces this one while the tests run.

@@ -12,6 +12,7 @@
 #include <torch/csrc/autograd/autograd.h>
 #include <torch/csrc/autograd/custom_function.h>
 
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -140,10 +141,13 @@ extern "C" {
 char* tc_recomputed(void* closure, tc_piece_fn call, tc_piece_drop drop,
                     const at::Tensor* const* inputs, int64_t n_inputs, at::Tensor** outputs,
                     int64_t n_outputs) {
-  auto* piece = new Piece{closure, call, drop, n_outputs};
-  // From here the owner tensor frees `piece` whatever happens.
-  at::Tensor holder = owner(piece);
-  return tessera_shim::guarded([&] {
+  // Until the owner tensor holds the piece, the closure is dropped here on failure.
+  bool owned = false;
+  char* err = tessera_shim::guarded([&] {
+    auto piece = std::make_unique<Piece>(Piece{closure, call, drop, n_outputs});
+    at::Tensor holder = owner(piece.get());
+    piece.release();
+    owned = true;
     variable_list in;
     in.reserve(static_cast<size_t>(n_inputs));
     for (int64_t i = 0; i < n_inputs; ++i) {
@@ -158,6 +162,10 @@ char* tc_recomputed(void* closure, tc_piece_fn call, tc_piece_drop drop,
       outputs[i] = new at::Tensor(std::move(out[static_cast<size_t>(i)]));
     }
   });
+  if (!owned) {
+    drop(closure);
+  }
+  return err;
 }
 
 }  // extern "C"
