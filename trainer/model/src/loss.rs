@@ -17,6 +17,28 @@ pub(super) fn default_chunk(vocab: i64) -> i64 {
     ((1i64 << 26) / vocab.max(1)).max(1)
 }
 
+thread_local! {
+    /// The last call's f32 logits buffer, for the next call on this thread: allocated afresh
+    /// at every micro-batch, it sometimes no longer fitted the hole the previous one left
+    /// (small tensors kept across steps land in it), and the process grew by a chunk's logits
+    /// (256 MB) at a random step.
+    static LOGITS_BUFFER: std::cell::RefCell<Option<Tensor>> = const { std::cell::RefCell::new(None) };
+}
+
+/// A `[rows, vocab]` f32 buffer on `device`: the kept one when it is large enough.
+fn logits_buffer(rows: i64, vocab: i64, device: tch::Device) -> Tensor {
+    let kept = LOGITS_BUFFER.with(|b| b.borrow_mut().take());
+    match kept {
+        Some(t) if t.device() == device && t.size()[1] == vocab && t.size()[0] >= rows => t,
+        _ => Tensor::empty([rows, vocab], (Kind::Float, device)),
+    }
+}
+
+/// Keeps `buffer` for the next [`logits_buffer`] on this thread.
+fn keep_logits_buffer(buffer: Tensor) {
+    LOGITS_BUFFER.with(|b| *b.borrow_mut() = Some(buffer));
+}
+
 /// Σ_t CE(h_t Wᵀ, target_t) for `hidden` `[n, D]`, `weight` `[V, D]` and `targets` `[n]`
 /// (every target supervised, none `IGNORE_INDEX`).
 #[cfg(feature = "testing")]
@@ -69,12 +91,8 @@ pub(crate) fn chunked_cross_entropy(
         // them (glibc carved them out of the freed block), so the next chunk's did not fit
         // and each chunk grew the process by its logits (268 MB at Qwen's vocabulary).
         let f32_logits = wide || compute == Kind::Float;
-        let buffer = f32_logits.then(|| {
-            Tensor::empty(
-                [chunk.min(n).max(0), w.size()[0]],
-                (Kind::Float, hidden.device()),
-            )
-        });
+        let buffer =
+            f32_logits.then(|| logits_buffer(chunk.min(n).max(0), w.size()[0], hidden.device()));
         let mut start = 0;
         while start < n {
             let len = chunk.min(n - start);
@@ -88,15 +106,22 @@ pub(crate) fn chunked_cross_entropy(
                 logits = logits.to_kind(compute);
             }
             let mut logits = logits.to_kind(Kind::Float);
-            let lse = logits.logsumexp([-1], true);
-            let token_loss = &lse - logits.gather(1, &t, false);
+            // log-sum-exp in place over the chunk's logits (ATen's `logsumexp` would allocate
+            // a second chunk-sized tensor for `logits - max`): they become exp(logit - max),
+            // the softmax once divided by their sum.
+            let target_logit = logits.gather(1, &t, false);
+            let max = logits.amax([-1], true);
+            let _ = logits.g_sub_(&max).exp_();
+            let sum = logits.sum_dim_intlist([-1i64].as_slice(), true, Kind::Float);
+            let lse = &max + sum.log();
+            let token_loss = &lse - target_logit;
             loss += token_loss.sum(Kind::Float);
             if per_token {
                 tokens.push(token_loss.view([-1]));
             }
             if need_h || need_w {
                 // softmax - one_hot, in place over the chunk's logits
-                let _ = logits.g_sub_(&lse).exp_();
+                let _ = logits.g_div_(&sum);
                 let _ = logits.scatter_add_(
                     1,
                     &t,
@@ -132,6 +157,9 @@ pub(crate) fn chunked_cross_entropy(
                 }
             }
             start += len;
+        }
+        if let Some(buffer) = buffer {
+            keep_logits_buffer(buffer);
         }
         let grad_w =
             grad_w.or_else(|| need_w.then(|| Tensor::zeros(w.size(), (Kind::Float, w.device()))));
