@@ -95,6 +95,9 @@ pub struct ImageTokens {
     pub grid: (u32, u32),
     /// Tokens of the base view (all of them for `single`).
     pub base: u64,
+    /// The grid's features left once the padding is removed: (top, left, rows, columns) of
+    /// the `grid x side` feature map (all 0 for `single`).
+    pub unpadded: (u64, u64, u64, u64),
     /// Rows and columns of the grid's features after unpadding and pooling (0 for `single`).
     pub rows: u64,
     pub cols: u64,
@@ -131,23 +134,25 @@ impl ImageLayout {
                 tiles: 1,
                 grid: (1, 1),
                 base,
+                unpadded: (0, 0, 0, 0),
                 rows: 0,
                 cols: 0,
             };
         };
         let (best_h, best_w) = best_resolution(height, width, &self.pinpoints(tower));
         let grid = (best_h / tower.tile.max(1), best_w / tower.tile.max(1));
-        let (rows, cols) = unpadded(
+        let unpadded = unpadded(
             height,
             width,
             side * u64::from(grid.0),
             side * u64::from(grid.1),
         );
-        let (rows, cols) = pooled(rows, cols, u64::from(*max_tiles), side);
+        let (rows, cols) = pooled(unpadded.2, unpadded.3, u64::from(*max_tiles), side);
         ImageTokens {
             tiles: 1 + grid.0 * grid.1,
             grid,
             base,
+            unpadded,
             rows,
             cols,
         }
@@ -175,20 +180,20 @@ pub fn best_resolution(height: u32, width: u32, pinpoints: &[(u32, u32)]) -> (u3
     best
 }
 
-/// `unpad_image`'s rows and columns of a `current_h` x `current_w` feature grid made from an
-/// image `height` x `width`: the padding on the short axis removed (as much on each side, so
-/// an odd remainder stays).
-fn unpadded(height: u32, width: u32, current_h: u64, current_w: u64) -> (u64, u64) {
+/// `unpad_image`'s (top, left, rows, columns) of a `current_h` x `current_w` feature grid made
+/// from an image `height` x `width`: the padding on the short axis removed (as much on each
+/// side, so an odd remainder stays).
+fn unpadded(height: u32, width: u32, current_h: u64, current_w: u64) -> (u64, u64, u64, u64) {
     let (h, w) = (f64::from(height.max(1)), f64::from(width.max(1)));
     let (ch, cw) = (current_h as f64, current_w as f64);
     if w / h > cw / ch {
         let new_h = python_round7(h * (cw / w)) as u64;
         let padding = current_h.saturating_sub(new_h) / 2;
-        (current_h - 2 * padding, current_w)
+        (padding, 0, current_h - 2 * padding, current_w)
     } else {
         let new_w = python_round7(w * (ch / h)) as u64;
         let padding = current_w.saturating_sub(new_w) / 2;
-        (current_h, current_w - 2 * padding)
+        (0, padding, current_h, current_w - 2 * padding)
     }
 }
 

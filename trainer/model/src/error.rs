@@ -76,6 +76,9 @@ pub enum ModelError {
         samples: Vec<String>,
         reason: String,
     },
+    /// One image's features do not fit its layout's geometry.
+    #[error("image features: {0}")]
+    ImageFeatures(String),
     #[error("torch")]
     Torch(#[from] tch::TchError),
     /// A unit of the chain failed computing its output (run whole, outside FSDP).

@@ -23,6 +23,7 @@
 //! 6. `init.rs`: random-weight checkpoints for `tessera init-model`; `throughput.rs` (feature
 //!    `bench`): the forward+backward measurement of `benches/model.rs`.
 #[cfg_attr(not(feature = "testing"), allow(unreachable_pub))]
+mod anyres;
 mod attention;
 mod config;
 mod ctx;
@@ -59,6 +60,7 @@ mod vlm_units;
 mod vocab;
 mod weights;
 
+pub use anyres::{pack_image_features, packed_len};
 pub use config::read_json as read_config_json;
 pub use config::{LoraConfig, VisionArch, VisionConfig};
 pub use ctx::VlmCtx;

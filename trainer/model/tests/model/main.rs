@@ -4,6 +4,7 @@
 #[path = "../support/mod.rs"]
 mod support;
 
+mod anyres;
 mod dinov2;
 mod families;
 mod gemm;
