@@ -4,7 +4,8 @@
 //! 2. `decode`: each image's bytes -> RGB (every image of a sample, in placeholder order),
 //!    DCT-scaled where a JPEG is much larger than needed.
 //! 3. `resize`: `squash` or `pad` to `S x S`, bicubic, SIMD, written as u8 CHW (the kernels
-//!    live under `resize/`).
+//!    live under `resize/`); `anyres_views` cuts an image's base view and tiles under
+//!    `anyres_max_N` from the same resizer.
 //! 4. `assemble`: placeholders expanded, labels shifted per sample, positions restarting per
 //!    packed sample, rows padded to the longest.
 //! 5. `pool`: steps 1-4 for whole micro-batches on N threads, bounded channels, reorder buffer.
@@ -27,6 +28,7 @@
 //! assert_eq!(batch.input_ids, vec![10, 11, 12]);
 //! assert_eq!(batch.labels, vec![11, 12, -100]);
 //! ```
+pub mod anyres_views;
 mod assemble;
 mod config;
 pub mod decode;

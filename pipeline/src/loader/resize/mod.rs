@@ -147,17 +147,40 @@ impl ChwResizer {
                 size,
             });
         }
-        let [x0, y0, bw, bh] = content_box(source_dims.0, source_dims.1, size, policy);
-        let (size, x0, y0) = (size as usize, x0 as usize, y0 as usize);
+        let content = content_box(source_dims.0, source_dims.1, size, policy);
+        {
+            let [x0, y0, bw, bh] = content.map(|v| v as usize);
+            for (c, &value) in pad_rgb.iter().enumerate() {
+                fill_border(
+                    &mut out[c * plane..(c + 1) * plane],
+                    size as usize,
+                    [x0, y0, bw, bh],
+                    value,
+                );
+            }
+        }
+        self.resize_into_box(img, (size, size), content, out)
+    }
+
+    /// Resizes `img` to the box `[x, y, width, height]` of `out`, a `[3, canvas_h, canvas_w]`
+    /// canvas (`canvas` is (width, height)); the canvas outside the box is left as it is.
+    pub fn resize_into_box(
+        &mut self,
+        img: &RgbImage,
+        canvas: (u32, u32),
+        [x0, y0, bw, bh]: [u32; 4],
+        out: &mut [u8],
+    ) -> Result<(), ResizeError> {
+        let (size, x0, y0) = (canvas.0 as usize, x0 as usize, y0 as usize);
+        let plane = size * canvas.1 as usize;
         let (bw, bh) = (bw as usize, bh as usize);
         let box_bytes = bw * bh * 3;
-        for (c, &value) in pad_rgb.iter().enumerate() {
-            fill_border(
-                &mut out[c * plane..(c + 1) * plane],
-                size,
-                [x0, y0, bw, bh],
-                value,
-            );
+        if x0 + bw > size || y0 + bh > canvas.1 as usize || out.len() != 3 * plane {
+            return Err(ResizeError::BoxOutside {
+                width: bw,
+                height: bh,
+                len: out.len(),
+            });
         }
         let same_size = (img.width as usize, img.height as usize) == (bw, bh);
         let boxed: &[u8] = if same_size {
