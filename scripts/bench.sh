@@ -20,6 +20,9 @@ fi
 "$T" bench loader --shards "$OUT/photos-shards" --threads 2 --image-size 384 --limit 1980 --policy pad \
   | tee "$OUT/loader.log" | tail -n 1 > "$OUT/loader.json"
 
+echo "== AnyRes views: decode + base view + anyres_max_9 tiles vs LlavaOnevisionImageProcessor, same photos"
+cargo bench --bench anyres_views 2>&1 | tee "$OUT/anyres_views.log" | tail -n 1 > "$OUT/anyres_views.json"
+
 echo "== ingest: verify / --no-verify vs the copy bound"
 cargo bench --no-default-features --bench ingest 2>&1 | tee "$OUT/ingest.log" | tail -n 1 > "$OUT/ingest.json"
 cargo build --release   # the ingest bench rebuilt the binary without libtorch
