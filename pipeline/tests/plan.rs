@@ -602,3 +602,85 @@ fn over_long_samples_are_skipped_by_every_rank_and_resume_stays_exact() -> anyho
     assert_eq!(a.resume_position(1)?, b.resume_position(1)?);
     Ok(())
 }
+
+/// With each sample's images given (as `shards::sample_images` counts them under a layout),
+/// a sample's length is its text plus those tokens, over-long ones are measured by them, and
+/// every sample is still planned once, type-aligned, within the budget.
+#[test]
+fn per_sample_image_tokens_set_the_lengths() -> anyhow::Result<()> {
+    use shards::SampleImages;
+    let mut rng = ChaCha8Rng::seed_from_u64(11);
+    let n = 400;
+    let samples: Vec<SampleMeta> = (0..n)
+        .map(|i| {
+            let images = if i % 10 == 0 {
+                0
+            } else {
+                1 + u32::from(i % 7 == 0)
+            };
+            SampleMeta {
+                kind: if images == 0 { Kind::Text } else { Kind::Image },
+                num_images: images,
+                num_text_tokens: rng.gen_range(20..200) + images,
+                num_supervised_tokens: 10,
+            }
+        })
+        .collect();
+    // AnyRes-like: 729 to about 7,300 tokens an image, 2 to 26 tiles.
+    let images: Vec<SampleImages> = samples
+        .iter()
+        .map(|s| {
+            let tiles: u32 = (0..s.num_images).map(|_| rng.gen_range(2..=26)).sum();
+            SampleImages {
+                tokens: u64::from(tiles) * 280 + u64::from(s.num_images) * 729,
+                tiles,
+            }
+        })
+        .collect();
+    let planner = Planner::builder()
+        .samples(&samples)
+        .sample_images(images.clone())
+        .world_size(4)
+        .token_budget(16384)
+        .seq_len(16384)
+        .seed(2)
+        .build()?;
+    for (i, (s, im)) in samples.iter().zip(&images).enumerate() {
+        let want = u64::from(s.num_text_tokens) - u64::from(s.num_images) + im.tokens;
+        anyhow::ensure!(
+            u64::from(planner.sample_lens()[i]) == want,
+            "sample {i}: {} tokens planned, {want} counted",
+            planner.sample_lens()[i]
+        );
+    }
+    let plan = planner.plan();
+    anyhow::ensure!(real_samples(&plan.steps) == (0..n).collect::<Vec<u64>>());
+    anyhow::ensure!(plan.stats.type_aligned == 1.0, "{:?}", plan.stats);
+    // A row limit below the longest sample: those samples are skipped by their counted length.
+    let longest = *planner.sample_lens().iter().max().unwrap_or(&0);
+    let skipping = Planner::builder()
+        .samples(&samples)
+        .sample_images(images.clone())
+        .token_budget(u64::from(longest) - 1)
+        .seq_len(u64::from(longest) - 1)
+        .over_long(OverLong::Skip)
+        .build()?;
+    anyhow::ensure!(!skipping.skipped().is_empty());
+    anyhow::ensure!(skipping
+        .skipped()
+        .iter()
+        .all(|s| s.tokens >= u64::from(longest)));
+    // One count per sample, or the builder refuses.
+    let err = Planner::builder()
+        .samples(&samples)
+        .sample_images(images[..3].to_vec())
+        .build()
+        .err()
+        .map(|e| e.to_string())
+        .unwrap_or_default();
+    anyhow::ensure!(
+        err.contains("3 samples' image counts for 400 samples"),
+        "{err}"
+    );
+    Ok(())
+}

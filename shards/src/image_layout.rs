@@ -101,12 +101,16 @@ pub struct ImageTokens {
     /// Rows and columns of the grid's features after unpadding and pooling (0 for `single`).
     pub rows: u64,
     pub cols: u64,
+    /// One `image_newline` after the base view: OneVision's images of a multi-image sample,
+    /// which get the base view only.
+    pub base_newline: bool,
 }
 
 impl ImageTokens {
-    /// Language-model tokens in all: base, the grid's features, one newline per row.
+    /// Language-model tokens in all: base, the grid's features, one newline per row (or the
+    /// base view's newline).
     pub fn total(&self) -> u64 {
-        self.base + self.rows * self.cols + self.rows
+        self.base + self.rows * self.cols + self.rows + u64::from(self.base_newline)
     }
 }
 
@@ -137,6 +141,7 @@ impl ImageLayout {
                 unpadded: (0, 0, 0, 0),
                 rows: 0,
                 cols: 0,
+                base_newline: false,
             };
         };
         let (best_h, best_w) = best_resolution(height, width, &self.pinpoints(tower));
@@ -155,6 +160,26 @@ impl ImageLayout {
             unpadded,
             rows,
             cols,
+            base_newline: false,
+        }
+    }
+
+    /// What one of `images` images of a sample becomes: under `anyres_max_N` a sample of
+    /// several images gives each its base view and one newline (LLaVA-OneVision's rule, as
+    /// transformers' processor and model apply it), one image alone gets its tiles.
+    pub fn tokens_in_sample(
+        &self,
+        width: u32,
+        height: u32,
+        images: usize,
+        tower: Tower,
+    ) -> ImageTokens {
+        match self {
+            ImageLayout::AnyRes { .. } if images > 1 => ImageTokens {
+                base_newline: true,
+                ..ImageLayout::Single.tokens(width, height, tower)
+            },
+            _ => self.tokens(width, height, tower),
         }
     }
 }
@@ -255,6 +280,19 @@ mod tests {
 
     /// A square image at the tile's size is one tile of grid plus the base view, no pooling:
     /// 729 + 27 x 27 + 27 newlines.
+    #[test]
+    fn images_of_a_multi_image_sample_get_their_base_view_and_a_newline() {
+        let tower = Tower::default();
+        let anyres = ImageLayout::AnyRes { max_tiles: 9 };
+        let alone = anyres.tokens_in_sample(1000, 700, 1, tower);
+        assert_eq!(alone, anyres.tokens(1000, 700, tower));
+        assert!(alone.tiles > 1);
+        let one_of_two = anyres.tokens_in_sample(1000, 700, 2, tower);
+        assert_eq!((one_of_two.tiles, one_of_two.total()), (1, 730));
+        let single = ImageLayout::Single.tokens_in_sample(1000, 700, 2, tower);
+        assert_eq!((single.tiles, single.total()), (1, 729));
+    }
+
     #[test]
     fn a_tile_sized_square_is_the_base_view_and_one_grid_tile() {
         let any: ImageLayout = "anyres_max_9".parse().expect("layout");

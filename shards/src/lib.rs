@@ -49,7 +49,8 @@ pub use schema::{
 };
 pub use special_tokens::{SpecialTokens, Token};
 pub use stats::{
-    stats, stats_under, DatasetStats, LayoutStats, Percentiles, EXTREME_ASPECT, TINY_SIDE,
+    sample_images, stats, stats_under, DatasetStats, LayoutStats, Percentiles, SampleImages,
+    EXTREME_ASPECT, TINY_SIDE,
 };
 pub use verify::{sha256_file, verify, verify_at, VerifyReport};
 pub use writer::{estimated_sample_bytes, RowGroupLimits, ShardWriter};

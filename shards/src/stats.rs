@@ -125,6 +125,33 @@ pub fn stats_under(
     dataset: &Dataset,
     layout: Option<(&ImageLayout, Tower)>,
 ) -> Result<DatasetStats, ShardError> {
+    scan(dataset, layout).map(|(stats, _)| stats)
+}
+
+/// What a sample's images become under a layout.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SampleImages {
+    /// Language-model tokens of all its images (what its placeholders expand to).
+    pub tokens: u64,
+    /// Tiles the tower runs over (base views included).
+    pub tiles: u32,
+}
+
+/// Each sample's [`SampleImages`] under `layout`, in the dataset's order (the order of
+/// [`Dataset::metadata`]): what the planner counts a sample's images as.
+pub fn sample_images(
+    dataset: &Dataset,
+    layout: &ImageLayout,
+    tower: Tower,
+) -> Result<Vec<SampleImages>, ShardError> {
+    scan(dataset, Some((layout, tower))).map(|(_, samples)| samples.unwrap_or_default())
+}
+
+/// The scan behind [`stats_under`] and [`sample_images`].
+fn scan(
+    dataset: &Dataset,
+    layout: Option<(&ImageLayout, Tower)>,
+) -> Result<(DatasetStats, Option<Vec<SampleImages>>), ShardError> {
     let mut costs = layout.map(|(layout, tower)| LayoutCosts {
         layout: layout.clone(),
         tower,
@@ -228,8 +255,9 @@ pub fn stats_under(
     out.text_tokens = Percentiles::of(&mut tokens);
     out.image_width = Percentiles::of(&mut widths);
     out.image_height = Percentiles::of(&mut heights);
+    let per_sample = costs.as_mut().map(|c| std::mem::take(&mut c.per_sample));
     out.under_layout = costs.map(LayoutCosts::finish);
-    Ok(out)
+    Ok((out, per_sample))
 }
 
 /// [`LayoutStats`] being gathered.
@@ -242,14 +270,22 @@ struct LayoutCosts {
     tiles: Vec<u32>,
     total: u64,
     total_image: u64,
+    /// Each sample's images, in the dataset's order.
+    per_sample: Vec<SampleImages>,
 }
 
 impl LayoutCosts {
     /// A sample of `text` tokens (one placeholder per image among them) and its images' sizes.
-    fn add_sample(&mut self, text: u32, images: impl Iterator<Item = (u32, u32)>) {
+    fn add_sample(&mut self, text: u32, images: impl ExactSizeIterator<Item = (u32, u32)>) {
         let mut sample = u64::from(text);
+        let count = images.len();
+        let mut images_here = SampleImages::default();
         for (width, height) in images {
-            let t = self.layout.tokens(width, height, self.tower);
+            let t = self
+                .layout
+                .tokens_in_sample(width, height, count, self.tower);
+            images_here.tokens += t.total();
+            images_here.tiles += t.tiles;
             sample = sample - 1 + t.total();
             self.total_image += t.total();
             self.image_tokens.push(clamp(t.total()));
@@ -257,6 +293,7 @@ impl LayoutCosts {
         }
         self.total += sample;
         self.sample_tokens.push(clamp(sample));
+        self.per_sample.push(images_here);
     }
 
     fn finish(mut self) -> LayoutStats {

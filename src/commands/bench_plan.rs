@@ -33,6 +33,17 @@ pub(crate) struct Args {
     /// Vision tokens per image (729: SigLIP-so400m at 384 px).
     #[arg(long, default_value_t = 729)]
     image_tokens: u32,
+    /// Count each image's tokens (and tiles, for the rank balance) from its size under this
+    /// layout instead of --image-tokens: `anyres_max_N` (LLaVA-OneVision's tiles) or `single`.
+    /// With --shards only (the sizes come from the shards).
+    #[arg(long, requires = "shards")]
+    image_layout: Option<shards::image_layout::ImageLayout>,
+    /// The tower's tile side in pixels, for --image-layout (so400m-384: 384).
+    #[arg(long, default_value_t = 384)]
+    tile_size: u32,
+    /// The tower's patch side in pixels, for --image-layout (so400m: 14).
+    #[arg(long, default_value_t = 14)]
+    patch_size: u32,
     /// Share of text-only samples in the synthetic data.
     #[arg(long, default_value_t = 0.1)]
     text_only_fraction: f64,
@@ -51,14 +62,25 @@ struct ModeResult {
 }
 
 pub(crate) fn run(args: Args) -> anyhow::Result<()> {
-    let (samples, fingerprint) = match (&args.shards, args.synthetic_llava) {
+    let (samples, fingerprint, images) = match (&args.shards, args.synthetic_llava) {
         (Some(dir), _) => {
             let dataset = shards::Dataset::open(dir)
                 .with_context(|| format!("opening shards in {}", dir.display()))?;
             let meta = dataset
                 .metadata()
                 .with_context(|| format!("reading sample metadata of {}", dir.display()))?;
-            (meta, dataset.fingerprint().to_string())
+            let tower = shards::image_layout::Tower {
+                tile: args.tile_size,
+                patch: args.patch_size,
+            };
+            let images = match &args.image_layout {
+                Some(layout) => Some(
+                    shards::sample_images(&dataset, layout, tower)
+                        .with_context(|| format!("reading image sizes of {}", dir.display()))?,
+                ),
+                None => None,
+            };
+            (meta, dataset.fingerprint().to_string(), images)
         }
         (None, Some(n)) => (
             synthetic_llava(n, args.text_only_fraction, args.seed),
@@ -66,6 +88,7 @@ pub(crate) fn run(args: Args) -> anyhow::Result<()> {
                 "synthetic-llava-{n}-{}-{}",
                 args.text_only_fraction, args.seed
             ),
+            None,
         ),
         (None, None) => anyhow::bail!("pass --shards DIR or --synthetic-llava N"),
     };
@@ -84,6 +107,9 @@ pub(crate) fn run(args: Args) -> anyhow::Result<()> {
             .fingerprint(&fingerprint);
         if let Some(c) = args.fixed_samples {
             builder = builder.fixed_samples(c);
+        }
+        if let Some(images) = &images {
+            builder = builder.sample_images(images.clone());
         }
         let planner = builder
             .build()
@@ -119,8 +145,15 @@ fn print_table(
 ) -> std::io::Result<()> {
     writeln!(
         out,
-        "{n} samples, W={} B={} seq_len={} G={}",
-        args.world_size, args.token_budget, args.seq_len, args.micro_steps
+        "{n} samples, W={} B={} seq_len={} G={}, images {}",
+        args.world_size,
+        args.token_budget,
+        args.seq_len,
+        args.micro_steps,
+        match &args.image_layout {
+            Some(layout) => layout.to_string(),
+            None => format!("{} tokens each", args.image_tokens),
+        }
     )?;
     writeln!(
         out,

@@ -1,7 +1,7 @@
 //! `PlannerBuilder` -> `Planner`: the planner's inputs, validated once in `build()`.
 use super::error::PlanError;
 use super::order::SampleOrder;
-use shards::{Kind, SampleMeta};
+use shards::{Kind, SampleImages, SampleMeta};
 
 /// How samples become micro-batches.
 #[derive(
@@ -105,6 +105,7 @@ pub struct PlannerBuilder {
     only: Option<Kind>,
     draws: Option<(Vec<u64>, String)>,
     over_long: OverLong,
+    images: Option<Vec<SampleImages>>,
 }
 
 impl Default for PlannerBuilder {
@@ -125,6 +126,7 @@ impl Default for PlannerBuilder {
             only: None,
             draws: None,
             over_long: OverLong::Fail,
+            images: None,
         }
     }
 }
@@ -139,6 +141,13 @@ impl PlannerBuilder {
     /// several images counts this many for each.
     pub fn image_tokens(mut self, n: u32) -> Self {
         self.image_tokens = n;
+        self
+    }
+    /// Each sample's images as a layout makes them (`shards::sample_images`, in the order of
+    /// `samples`): an image sample then counts those tokens, and its tiles in the rank
+    /// balance's cost, instead of `image_tokens` per image.
+    pub fn sample_images(mut self, images: Vec<SampleImages>) -> Self {
+        self.images = Some(images);
         self
     }
     /// Ranks (W); default 1.
@@ -277,8 +286,28 @@ impl PlannerBuilder {
         };
         let mut lens = Vec::with_capacity(self.samples.len());
         let mut skipped = Vec::new();
+        if let Some(images) = self
+            .images
+            .as_ref()
+            .filter(|i| i.len() != self.samples.len())
+        {
+            return Err(PlanError::ImagesPerSample {
+                images: images.len(),
+                samples: self.samples.len(),
+            });
+        }
+        let images_of = |i: usize, s: &SampleMeta| match &self.images {
+            Some(images) => images[i],
+            None => SampleImages {
+                tokens: u64::from(s.num_images) * u64::from(self.image_tokens),
+                tiles: s.num_images,
+            },
+        };
+        let mut tiles = Vec::with_capacity(self.samples.len());
         for (i, s) in self.samples.iter().enumerate() {
-            let len = sample_len(i as u64, s, self.image_tokens)?;
+            let images = images_of(i, s);
+            tiles.push(images.tiles);
+            let len = sample_len(i as u64, s, images.tokens)?;
             if len > row_cap {
                 if self.over_long == OverLong::Fail {
                     return Err(PlanError::SampleTooLong {
@@ -297,14 +326,16 @@ impl PlannerBuilder {
             lens.push(len.min(u64::from(u32::MAX)) as u32);
         }
         // Per item: every sample once (a seeded shuffle), or a mixture's draw (its order).
-        let (metas, lens, order_of, drawn): (Vec<SampleMeta>, Vec<u32>, _, _) = match self.draws {
-            None => (self.samples, lens, None, None),
-            Some((items, key)) => {
-                let metas = items.iter().map(|&i| self.samples[i as usize]).collect();
-                let item_lens = items.iter().map(|&i| lens[i as usize]).collect();
-                (metas, item_lens, Some(key), Some(items))
-            }
-        };
+        let (metas, lens, tiles, order_of, drawn): (Vec<SampleMeta>, Vec<u32>, Vec<u32>, _, _) =
+            match self.draws {
+                None => (self.samples, lens, tiles, None, None),
+                Some((items, key)) => {
+                    let metas = items.iter().map(|&i| self.samples[i as usize]).collect();
+                    let item_lens = items.iter().map(|&i| lens[i as usize]).collect();
+                    let item_tiles = items.iter().map(|&i| tiles[i as usize]).collect();
+                    (metas, item_lens, item_tiles, Some(key), Some(items))
+                }
+            };
         let kinds: Vec<Kind> = metas.iter().map(|s| s.kind).collect();
         let mut order = match &order_of {
             None => SampleOrder::new(&kinds, &self.fingerprint, self.seed, self.epoch),
@@ -318,10 +349,10 @@ impl PlannerBuilder {
         }
         Ok(Planner {
             supervised: metas.iter().map(|s| s.num_supervised_tokens).collect(),
-            costs: metas
+            costs: tiles
                 .iter()
                 .zip(&lens)
-                .map(|(s, &l)| self.cost.cost(s.num_images, l))
+                .map(|(&t, &l)| self.cost.cost(t, l))
                 .collect(),
             kinds,
             lens,
@@ -339,10 +370,10 @@ impl PlannerBuilder {
     }
 }
 
-/// Tokens a sample occupies in a row: its text tokens, with each of an image sample's
-/// placeholders (one per image) expanded to `image_tokens`. A sample is never split: all of
-/// its images and text go into one row.
-fn sample_len(index: u64, s: &SampleMeta, image_tokens: u32) -> Result<u64, PlanError> {
+/// Tokens a sample occupies in a row: its text tokens, with an image sample's placeholders
+/// (one per image) expanded to its images' `image_tokens` in all. A sample is never split: all
+/// of its images and text go into one row.
+fn sample_len(index: u64, s: &SampleMeta, image_tokens: u64) -> Result<u64, PlanError> {
     let text = u64::from(s.num_text_tokens);
     let images = u64::from(s.num_images);
     let bad = || PlanError::EmptySample {
@@ -355,7 +386,7 @@ fn sample_len(index: u64, s: &SampleMeta, image_tokens: u32) -> Result<u64, Plan
         Kind::Text if text == 0 || images > 0 => Err(bad()),
         Kind::Text => Ok(text),
         Kind::Image if images == 0 || text < images => Err(bad()),
-        Kind::Image => Ok(text - images + images * u64::from(image_tokens)),
+        Kind::Image => Ok(text - images + image_tokens),
     }
 }
 

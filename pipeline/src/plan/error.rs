@@ -6,6 +6,8 @@ use shards::Kind;
 pub enum PlanError {
     #[error("token budget 0 is not a budget")]
     ZeroBudget,
+    #[error("{images} samples' image counts for {samples} samples")]
+    ImagesPerSample { images: usize, samples: usize },
     #[error("world size 0: at least one rank must run")]
     ZeroWorldSize,
     #[error("sequence length 0: a row must hold at least one token")]

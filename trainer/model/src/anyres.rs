@@ -3,7 +3,7 @@
 //! - a grid image (`anyres_max_N`): the base view's features, then the grid's feature map,
 //!   its padding removed, pooled bilinearly when it holds more than 1.1 times N tiles' worth,
 //!   row by row with the learned `image_newline` after each row;
-//! - a one-view image: its features, then `image_newline` when the caller passes one (what
+//! - a one-view image: its features, then `image_newline` when the geometry says so (what
 //!   OneVision does with the images of a multi-image sample), else nothing more (LLaVA-1.5).
 //!
 //! The geometry (grid, unpadding, pooled size) comes from `shards::image_layout`, the same
@@ -14,7 +14,7 @@ use tch::Tensor;
 
 /// Packs `features` `[tiles, side * side, D]` (the base view first, then the grid's tiles
 /// row by row, after the projector) into `[geometry.total(), D]`. `newline` is `[D]`; a grid
-/// image needs it.
+/// image and a base view with its newline need it.
 pub fn pack_image_features(
     features: &Tensor,
     geometry: &ImageTokens,
@@ -36,17 +36,16 @@ pub fn pack_image_features(
         }
     }
     let base = features.get(0);
-    if geometry.tiles == 1 {
-        return Ok(match newline {
-            Some(newline) => {
-                Tensor::cat(&[base, newline.to_kind(features.kind()).view([1, dim])], 0)
-            }
-            None => base,
-        });
+    if geometry.tiles == 1 && !geometry.base_newline {
+        return Ok(base);
     }
     let Some(newline) = newline else {
-        return bad("a grid image needs image_newline".into());
+        return bad("this image's layout needs image_newline".into());
     };
+    if geometry.tiles == 1 {
+        let newline = newline.to_kind(features.kind()).view([1, dim]);
+        return Ok(Tensor::cat(&[base, newline], 0));
+    }
     let (grid_h, grid_w) = (i64::from(geometry.grid.0), i64::from(geometry.grid.1));
     // [gh, gw, s, s, D] -> [D, gh, s, gw, s] -> [D, gh * s, gw * s]: the tiles side by side.
     let map = features
@@ -72,11 +71,4 @@ pub fn pack_image_features(
     let rows_with_newlines = Tensor::cat(&[map, newlines], 2);
     let grid = rows_with_newlines.flatten(1, 2).transpose(0, 1);
     Ok(Tensor::cat(&[base, grid], 0))
-}
-
-/// The rows [`pack_image_features`] gives an image of `geometry` (with or without a newline
-/// after a one-view image).
-pub fn packed_len(geometry: &ImageTokens, newline: bool) -> i64 {
-    let extra = i64::from(geometry.tiles == 1 && newline);
-    geometry.total() as i64 + extra
 }

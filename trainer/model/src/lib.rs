@@ -60,7 +60,7 @@ mod vlm_units;
 mod vocab;
 mod weights;
 
-pub use anyres::{pack_image_features, packed_len};
+pub use anyres::pack_image_features;
 pub use config::read_json as read_config_json;
 pub use config::{LoraConfig, VisionArch, VisionConfig};
 pub use ctx::VlmCtx;

@@ -1,7 +1,8 @@
 //! `anyres_max_N` image features packed as transformers' `LlavaOnevisionModel.pack_image_features`
 //! packs them (`tests/oracles/anyres_pack.py`, in f64): tall, wide, square, tiny, huge and odd
-//! sizes, N = 9 and N = 4; the same packed features, the same gradients for the features and
-//! for `image_newline`, and as many rows as the planner counts for the image.
+//! sizes, N = 9 and N = 4, and one image of a two-image sample; the same packed features, the
+//! same gradients for the features and for `image_newline`, and as many rows as the planner
+//! counts for the image.
 use crate::support::*;
 use shards::image_layout::{ImageLayout, Tower};
 use tch::{Device, Kind, Tensor};
@@ -39,8 +40,11 @@ fn packed_features_and_gradients_equal_transformers() {
         let newline = Tensor::randn([DIM], f32s);
         let mut inputs = ParamMap::from([("newline".to_string(), newline.copy())]);
         let mut geometries = Vec::new();
-        for (i, &(h, w)) in SIZES.iter().enumerate() {
-            let geometry = layout.tokens(w, h, SO400M);
+        // Each size alone in its sample, and the last one as one of two images of a sample
+        // (its base view and a newline).
+        let images = SIZES.iter().map(|&s| (s, 1)).chain([(SIZES[9], 2)]);
+        for (i, ((h, w), in_sample)) in images.enumerate() {
+            let geometry = layout.tokens_in_sample(w, h, in_sample, SO400M);
             let tiles = i64::from(geometry.tiles);
             inputs.insert(
                 format!("features.{i}"),
@@ -78,7 +82,7 @@ fn packed_features_and_gradients_equal_transformers() {
         let mut loss = Tensor::zeros([], (Kind::Double, Device::Cpu));
         let mut leaves = Vec::new();
         for (i, geometry) in geometries.iter().enumerate() {
-            let what = format!("{:?} under anyres_max_{max_tiles}", SIZES[i]);
+            let what = format!("image {i} under anyres_max_{max_tiles}");
             let features = get(&inputs, &format!("features.{i}"))
                 .to_kind(Kind::Double)
                 .set_requires_grad(true);
