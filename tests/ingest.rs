@@ -301,7 +301,7 @@ fn shards_open_in_pyarrow() -> anyhow::Result<()> {
     )))?;
     let checked = run_ok(
         Command::new(python)
-            .arg(root.join("scripts/check_pyarrow.py"))
+            .arg(root.join("tests/oracles/check_pyarrow.py"))
             .arg(&out),
     )?;
     assert!(String::from_utf8_lossy(&checked.stdout).contains("pyarrow ok"));

@@ -187,7 +187,7 @@ fn three_layouts_ingest_to_the_same_samples_rejections_and_shard_bytes() -> Resu
     ensure!(String::from_utf8_lossy(&verified.stdout).starts_with("ok:"));
     let checked = run_ok(
         Command::new(python())
-            .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/check_pyarrow.py"))
+            .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/oracles/check_pyarrow.py"))
             .arg(&outs[0].1),
     )?;
     ensure!(String::from_utf8_lossy(&checked.stdout).contains("pyarrow ok"));

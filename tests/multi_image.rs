@@ -190,11 +190,11 @@ fn export_llava_hf(run: &Path, out: &Path) -> Result<PathBuf> {
     Ok(out.to_path_buf())
 }
 
-/// Greedy tokens of the export for `images`, from transformers (`scripts/transformers_generate.py`).
+/// Greedy tokens of the export for `images`, from transformers (`tests/oracles/transformers_generate.py`).
 fn transformers_tokens(export: &Path, new_tokens: usize, images: &[PathBuf]) -> Result<Vec<i64>> {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let out = Command::new(root.join(".deps/hfvenv/bin/python"))
-        .arg(root.join("scripts/transformers_generate.py"))
+        .arg(root.join("tests/oracles/transformers_generate.py"))
         .arg(export)
         .arg(new_tokens.to_string())
         .args(images)

@@ -51,7 +51,7 @@ pub(crate) fn losses(run: &Path) -> Result<Vec<(u64, f64)>> {
         .collect())
 }
 
-/// What `scripts/tensorboard_check.py` found in a run folder: TensorBoard's own reader
+/// What `tests/oracles/tensorboard_check.py` found in a run folder: TensorBoard's own reader
 /// (`EventAccumulator`) loaded its event files, and they hold exactly `metrics.jsonl`'s scalars
 /// (it fails otherwise, naming the first difference).
 #[derive(Debug)]
@@ -68,7 +68,7 @@ pub(crate) fn check_tensorboard_events(run: &Path) -> Result<Events> {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let python = root.join(".deps/venv/bin/python");
     let out = std::process::Command::new(&python)
-        .arg(root.join("scripts/tensorboard_check.py"))
+        .arg(root.join("tests/oracles/tensorboard_check.py"))
         .arg(run)
         .output()
         .with_context(|| format!("running {} (run scripts/setup.sh)", python.display()))?;

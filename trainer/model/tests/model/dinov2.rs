@@ -3,7 +3,7 @@
 //! `Dinov2Model` on real photographs: tessera's tower features (the layer before the last, CLS
 //! dropped) equal `hidden_states[-2][:, 1:]` within 1e-4 (f32) at two image sizes, neither of
 //! them the 518 px its position grid was learned at, so the bicubic interpolation of the
-//! position embeddings is checked too. `scripts/dinov2_parity.py` writes the oracle.
+//! position embeddings is checked too. `tests/oracles/dinov2_parity.py` writes the oracle.
 use crate::support::*;
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
@@ -24,12 +24,12 @@ fn oracle() -> ParamMap {
         let dir = tempfile::tempdir().expect("a temporary folder").keep();
         let file = dir.join("dinov2.safetensors");
         let output = std::process::Command::new(repo().join(".deps/hfvenv/bin/python"))
-            .arg(repo().join("scripts/dinov2_parity.py"))
+            .arg(repo().join("tests/oracles/dinov2_parity.py"))
             .arg(dinov2())
             .arg(&file)
             .args(SIZES.map(|s| s.to_string()))
             .output()
-            .expect("running scripts/dinov2_parity.py");
+            .expect("running tests/oracles/dinov2_parity.py");
         assert!(
             output.status.success(),
             "dinov2_parity.py failed (run scripts/setup.sh): {}",

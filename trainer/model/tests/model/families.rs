@@ -1,5 +1,5 @@
 //! The language model families and vision layouts tessera reads, against transformers, and
-//! the folders it refuses. `scripts/family_parity.py` (run once per test binary, in
+//! the folders it refuses. `tests/oracles/family_parity.py` (run once per test binary, in
 //! scripts/setup.sh's `.deps/hfvenv`) writes tiny random Qwen3, Llama (untied, as SmolLM2 but
 //! untied) and Llama-with-biases checkpoints and a SigLIP-2 fixed-resolution layout with
 //! transformers' own classes, plus their outputs; tessera loads the same folders and must
@@ -19,7 +19,7 @@ const TOL: f64 = 1e-4;
 /// The folder `family_parity.py` wrote every family into (once for all tests of the binary).
 fn transformers_models() -> &'static Path {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
-    DIR.get_or_init(|| run_oracle("scripts/family_parity.py"))
+    DIR.get_or_init(|| run_oracle("tests/oracles/family_parity.py"))
 }
 
 /// Logits and loss of `family`'s checkpoint through the unit chain, and prompt logits through
@@ -295,7 +295,7 @@ fn smollm2_chat_logits_and_greedy_answer_match_transformers() -> anyhow::Result<
     let tmp = tempfile::tempdir()?;
     let out = tmp.path().join("chat.safetensors");
     let output = std::process::Command::new(repo().join(".deps/hfvenv/bin/python"))
-        .arg(repo().join("scripts/transformers_chat.py"))
+        .arg(repo().join("tests/oracles/transformers_chat.py"))
         .arg(&dir)
         .arg(QUESTION)
         .arg(&out)

@@ -1,5 +1,5 @@
 //! Parity with transformers: the checkpoints and outputs under tests/fixtures/golden/ were
-//! written by scripts/golden.py (SiglipVisionModel, tied and untied Qwen2ForCausalLM, LLaVA's
+//! written by tests/oracles/golden.py (SiglipVisionModel, tied and untied Qwen2ForCausalLM, LLaVA's
 //! mlp2x_gelu projector); tessera loads the same files and must compute the same numbers
 //! (f32, CPU, within 1e-4).
 

@@ -1,4 +1,4 @@
-//! Full-parameter training against transformers: scripts/golden_train.py trained the golden
+//! Full-parameter training against transformers: tests/oracles/golden_train.py trained the golden
 //! checkpoints (tests/fixtures/golden/: frozen SigLIP tower, trained projector and whole Qwen2
 //! LM, tied and untied) for 5 AdamW steps of one image micro-batch each with PyTorch, in f32 on
 //! the CPU, and saved the micro-batches, the loss before each update, the gradient norms and the

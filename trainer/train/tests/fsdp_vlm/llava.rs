@@ -1,5 +1,5 @@
 //! The llava-hf export and generation against transformers: tests/fixtures/llava/ was written
-//! by scripts/llava_golden.py from the golden SigLIP tower, untied Qwen2 and projector
+//! by tests/oracles/llava_golden.py from the golden SigLIP tower, untied Qwen2 and projector
 //! (tests/fixtures/golden/): the tensor names, shapes and config fields `save_pretrained`
 //! writes for that `LlavaForConditionalGeneration`, and its logits and greedy tokens for two
 //! images. tessera exports the same weights, reads its export back and must generate the same.
@@ -259,7 +259,7 @@ fn bf16_sharded_export_reads_back_and_stops_at_a_stop_id() -> anyhow::Result<()>
 
 /// A full fine-tune (projector and the whole untied LM, trained by FSDP for three steps at
 /// lr 1e-2) exported as llava-hf in shards: transformers loads it with no missing, unexpected or
-/// mismatched weight (`scripts/transformers_greedy.py`, in `.deps/hfvenv` from setup.sh) and
+/// mismatched weight (`tests/oracles/transformers_greedy.py`, in `.deps/hfvenv` from setup.sh) and
 /// generates greedily the tokens tessera's `Generator` generates from the same export.
 #[test]
 fn a_full_finetune_export_loads_in_transformers_and_generates_the_same_tokens() -> anyhow::Result<()>
@@ -358,7 +358,7 @@ fn a_full_finetune_export_loads_in_transformers_and_generates_the_same_tokens() 
     tessera_model::save_safetensors(&inputs, &tensors)?;
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
     let output = std::process::Command::new(root.join(".deps/hfvenv/bin/python"))
-        .arg(root.join("scripts/transformers_greedy.py"))
+        .arg(root.join("tests/oracles/transformers_greedy.py"))
         .arg(&out)
         .arg(&inputs)
         .arg(NEW.to_string())

@@ -2,7 +2,7 @@
 """Golden losses of full-parameter training for tessera's parity test
 (trainer/train/tests/fsdp_vlm/golden_train.rs).
 
-Loads the tiny checkpoints that scripts/golden.py wrote under tests/fixtures/golden/ (the
+Loads the tiny checkpoints that tests/oracles/golden.py wrote under tests/fixtures/golden/ (the
 SiglipVisionModel in vision/, the tied and the untied Qwen2ForCausalLM in lm_tied/ and lm_untied/,
 the mlp2x_gelu projector in projector.safetensors) and trains a LLaVA-style model on CPU in f32
 for STEPS optimizer steps of one micro-batch each, with transformers and PyTorch only:
@@ -37,7 +37,7 @@ weight_decay, max_grad_norm = null, image_token_id, steps).
 
 Run by hand (not in CI), from the repository root, with the Python scripts/setup.sh makes
 (transformers 5.24 over .deps/venv's torch):
-  .deps/hfvenv/bin/python scripts/golden_train.py
+  .deps/hfvenv/bin/python tests/oracles/golden_train.py
 """
 import json
 import os
@@ -48,7 +48,7 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 from transformers import Qwen2ForCausalLM, SiglipVisionModel
 
-GOLDEN = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "fixtures", "golden")
+GOLDEN = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "fixtures", "golden")
 IMAGE_TOKEN_ID = 299
 STEPS = 5
 ROWS = 2

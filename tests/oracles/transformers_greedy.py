@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Greedy tokens of a `tessera export --format llava-hf` directory, as transformers computes them.
 
-Usage: .deps/hfvenv/bin/python scripts/transformers_greedy.py EXPORT_DIR INPUTS.safetensors N
+Usage: .deps/hfvenv/bin/python tests/oracles/transformers_greedy.py EXPORT_DIR INPUTS.safetensors N
 
 INPUTS holds `prompt_ids` [P] (the image placeholder already expanded to image_seq_length
 copies) and `pixel_values` [images, 3, S, S] (normalised as the SigLIP processor does). The

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """One chat turn with a language model folder, as transformers computes it (f32, CPU).
 
-Usage: .deps/hfvenv/bin/python scripts/transformers_chat.py LM_DIR PROMPT OUT.safetensors N
+Usage: .deps/hfvenv/bin/python tests/oracles/transformers_chat.py LM_DIR PROMPT OUT.safetensors N
 
 The prompt goes through the model's own chat template (`apply_chat_template`, one user turn,
 `add_generation_prompt=True`); the model (`AutoModelForCausalLM`, f32) gives the prompt's

@@ -4,7 +4,7 @@ no text, as transformers computes them: its own processor (AutoProcessor: the Si
 processor and the export's tokenizer) is given the images and `text = image_token * len(images)`
 (each placeholder expanded to `image_seq_length` tokens), then `generate` runs greedily.
 
-Usage: .deps/hfvenv/bin/python scripts/transformers_generate.py EXPORT_DIR N IMAGE [IMAGE ...]
+Usage: .deps/hfvenv/bin/python tests/oracles/transformers_generate.py EXPORT_DIR N IMAGE [IMAGE ...]
 
 Prints one JSON line {"tokens": [...], "text": "..."}: the generated ids (a stop token
 included, as transformers returns it) and their decoding without special tokens.

@@ -3,7 +3,7 @@
 (trainer/train/tests/fsdp_vlm/llava.rs).
 
 Builds a tiny random transformers `LlavaForConditionalGeneration` out of the golden fixtures
-that scripts/golden.py wrote (SigLIP tower `vision/`, untied Qwen2 `lm_untied/` with
+that tests/oracles/golden.py wrote (SigLIP tower `vision/`, untied Qwen2 `lm_untied/` with
 vocabulary 512, LLaVA's projector `projector.safetensors`), with tessera's LLaVA settings
 (vision_feature_layer -2, strategy "full", projector_hidden_act "gelu", no pooling head), and
 writes under
@@ -17,8 +17,8 @@ tests/fixtures/llava/:
                        step_logits_i [N,512] (the logits each generated token was picked from).
 
 Run by hand (not in CI), from the repository root:
-  data/hfvenv/bin/python scripts/llava_golden.py            # write the fixtures
-  data/hfvenv/bin/python scripts/llava_golden.py --check DIR
+  data/hfvenv/bin/python tests/oracles/llava_golden.py            # write the fixtures
+  data/hfvenv/bin/python tests/oracles/llava_golden.py --check DIR
       # DIR: an export tessera wrote (`LLAVA_EXPORT_DIR=DIR cargo test --release -p trainer
       # --test model llava` keeps the fixture's export there, in f32; or any
       # `tessera export --format llava-hf` output). Loads it with from_pretrained, fails on any
@@ -41,7 +41,7 @@ from transformers import (
     SiglipVisionConfig,
 )
 
-ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "fixtures")
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "fixtures")
 GOLDEN = os.path.join(ROOT, "golden")
 OUT = os.path.join(ROOT, "llava")
 IMAGE_ID = 299

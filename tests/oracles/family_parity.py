@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Tiny random-weight models of one family, written by transformers itself, and their outputs.
 
-Usage: .deps/hfvenv/bin/python scripts/family_parity.py OUT [FAMILY ...]
+Usage: .deps/hfvenv/bin/python tests/oracles/family_parity.py OUT [FAMILY ...]
 
 FAMILY (all of them when none is named; one Python start-up for all, as importing torch and
 transformers takes most of the time) is one of

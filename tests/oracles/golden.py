@@ -15,7 +15,7 @@ saves their outputs for fixed inputs in tests/fixtures/golden/outputs.safetensor
 
 Run by hand (not in CI), from the repository root:
   .deps/venv/bin/pip install transformers
-  .deps/venv/bin/python scripts/golden.py
+  .deps/venv/bin/python tests/oracles/golden.py
 """
 import json
 import os
@@ -25,7 +25,7 @@ import torch
 from safetensors.torch import save_file
 from transformers import Qwen2Config, Qwen2ForCausalLM, SiglipVisionConfig, SiglipVisionModel
 
-OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "fixtures", "golden")
+OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "fixtures", "golden")
 VOCAB = 512
 SEQ = 12
 
