@@ -16,28 +16,15 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Instant;
 
+#[path = "support/photos.rs"]
+mod photos;
+use photos::jpegs_under;
+
 const TOWER: Tower = Tower {
     tile: 384,
     patch: 14,
 };
 const ROUNDS: usize = 3;
-
-fn jpegs_under(dir: &Path, out: &mut Vec<PathBuf>) {
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return;
-    };
-    for entry in entries.flatten() {
-        let path = entry.path();
-        if path.is_dir() {
-            jpegs_under(&path, out);
-        } else if path
-            .extension()
-            .is_some_and(|e| e.eq_ignore_ascii_case("jpg"))
-        {
-            out.push(path);
-        }
-    }
-}
 
 /// Each photo whole, a tall crop and a wide strip, as quality-90 JPEG files under `out`.
 fn photo_files(dir: &Path, out: &Path) -> Vec<PathBuf> {

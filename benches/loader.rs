@@ -10,6 +10,10 @@ use std::hint::black_box;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
+#[path = "support/photos.rs"]
+mod photos;
+use photos::jpegs_under;
+
 const SIZE: u32 = 384;
 /// LLaVA-Pretrain-like shapes (shorter side 336).
 const SHAPES: [(u32, u32); 6] = [
@@ -20,23 +24,6 @@ const SHAPES: [(u32, u32); 6] = [
     (504, 336),
     (400, 336),
 ];
-
-fn jpegs_under(dir: &Path, out: &mut Vec<PathBuf>) {
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return;
-    };
-    for entry in entries.flatten() {
-        let path = entry.path();
-        if path.is_dir() {
-            jpegs_under(&path, out);
-        } else if path
-            .extension()
-            .is_some_and(|e| e.eq_ignore_ascii_case("jpg"))
-        {
-            out.push(path);
-        }
-    }
-}
 
 /// Crops of every photo at each LLaVA shape, re-encoded as quality-90 JPEGs.
 fn llava_sized_jpegs(dir: &Path) -> Vec<Vec<u8>> {
