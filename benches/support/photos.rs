@@ -2,7 +2,7 @@
 use std::path::{Path, PathBuf};
 
 /// Every `.jpg` under `dir`, recursively (unreadable folders are skipped).
-pub fn jpegs_under(dir: &Path, out: &mut Vec<PathBuf>) {
+pub(crate) fn jpegs_under(dir: &Path, out: &mut Vec<PathBuf>) {
     let Ok(entries) = std::fs::read_dir(dir) else {
         return;
     };
