@@ -167,6 +167,31 @@ fn shards_verify_names_a_flipped_shard_and_exits_non_zero() -> anyhow::Result<()
         tokens(&single, "total_tokens") - tokens(&single, "total_image_tokens"),
         tokens(&anyres, "total_tokens") - tokens(&anyres, "total_image_tokens")
     );
+    // The planner counts what `stats` counts: every sample planned once, `pack`'s real tokens
+    // are the layout's total.
+    for (layout, want) in [("single", &single), ("anyres_max_9", &anyres)] {
+        let planned = run_ok(
+            tessera()
+                .args([
+                    "bench",
+                    "plan",
+                    "--world-size",
+                    "2",
+                    "--token-budget",
+                    "16384",
+                ])
+                .args(["--seq-len", "16384", "--image-layout", layout, "--shards"])
+                .arg(&out),
+        )?;
+        let text = String::from_utf8(planned.stdout)?;
+        let last = text.lines().last().unwrap_or_default();
+        let plan: serde_json::Value = serde_json::from_str(last)?;
+        assert_eq!(
+            plan["pack"]["real_tokens"].as_u64(),
+            Some(tokens(want, "total_tokens")),
+            "{layout}: {text}"
+        );
+    }
 
     let victim = out.join("shard-00001.parquet");
     let mut bytes = std::fs::read(&victim)?;

@@ -217,6 +217,7 @@ fn mode_json(r: &ModeResult, n: usize) -> serde_json::Value {
         "budget_fill": s.budget_fill,
         "micro_steps": s.micro_steps,
         "computed_tokens": s.computed_tokens,
+        "real_tokens": s.real_tokens,
         "filler_micro_batches": s.filler_micro_batches,
         "critical_cost": s.critical_cost,
         "plan_seconds": r.seconds,
