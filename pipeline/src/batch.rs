@@ -24,12 +24,18 @@ pub struct MicroBatch {
     /// is causal and only within equal, non-negative ids.
     pub segment_ids: Vec<i32>,
     /// Images in the order their placeholders appear (row-major; a sample of several images
-    /// gives them in its placeholders' order): u8, CHW, `[n, 3, s, s]`.
+    /// gives them in its placeholders' order): u8, CHW, `[views, 3, s, s]` (one view per image
+    /// under `single`; see `image_geometry`).
     pub pixels: Vec<u8>,
     pub num_images: usize,
     pub image_size: usize,
-    /// Vision tokens per image (each placeholder expands to this many ids).
+    /// Vision tokens per image under the `single` layout (each placeholder expands to this
+    /// many ids).
     pub image_tokens: usize,
+    /// Under `anyres_max_N`: each image's views and tokens, in placeholder order (its
+    /// placeholder expands to `total()` ids; `pixels` then holds every image's `tiles` views,
+    /// base view first). Empty under `single`: one view of `image_tokens` per image.
+    pub image_geometry: Vec<shards::image_layout::ImageTokens>,
     /// Source sample ids, in packing order (for logs and error messages).
     pub sample_ids: Vec<String>,
     /// The samples' global indices (as the plan names them), in packing order: which shard
@@ -56,4 +62,24 @@ pub struct MicroBatchPlan {
     pub rows: Vec<Vec<u64>>,
     /// Filler at an epoch's end: real samples (images included) whose labels are all ignored.
     pub zero_loss: bool,
+}
+
+impl MicroBatch {
+    /// Views of `image_size` the pixels hold: one per image, or the tiles of `image_geometry`.
+    pub fn views(&self) -> usize {
+        if self.image_geometry.is_empty() {
+            self.num_images
+        } else {
+            self.image_geometry.iter().map(|g| g.tiles as usize).sum()
+        }
+    }
+
+    /// Placeholder tokens in all (the image features the model writes in).
+    pub fn image_token_count(&self) -> usize {
+        if self.image_geometry.is_empty() {
+            self.num_images * self.image_tokens
+        } else {
+            self.image_geometry.iter().map(|g| g.total() as usize).sum()
+        }
+    }
 }

@@ -102,3 +102,115 @@ fn views_match_the_llava_onevision_image_processors() -> Result<()> {
     }
     Ok(())
 }
+
+/// A sample of `images` (PNG bytes with their sizes) and a few text tokens around one
+/// placeholder (id 9) per image.
+fn sample(id: &str, images: Vec<shards::Image>) -> shards::Sample {
+    let mut input_ids = vec![1u32, 2];
+    input_ids.extend(std::iter::repeat_n(9, images.len()));
+    input_ids.extend([3, 4]);
+    let n = input_ids.len();
+    shards::Sample {
+        id: id.into(),
+        kind: shards::Kind::Image,
+        images,
+        conversation: vec![],
+        label_mask: (0..n).map(|i| i >= n - 2).collect(),
+        num_text_tokens: n as u32,
+        num_supervised_tokens: 2,
+        input_ids,
+        input_ids_crc32c: None,
+    }
+}
+
+/// The loader under `anyres_max_9`: each image decoded once into the views `anyres_views`
+/// cuts (a lone image its grid, each image of a two-image sample its base view alone), the
+/// micro-batch carrying each image's geometry, and every placeholder expanded to the tokens
+/// the planner counts for it.
+#[test]
+fn the_loader_carries_each_images_views_geometry_and_tokens() -> Result<()> {
+    let photo = image::open(PHOTO)
+        .with_context(|| format!("{PHOTO} (scripts/setup.sh installs mate-backgrounds)"))?;
+    let png = |&(x, y, w, h): &(u32, u32, u32, u32)| -> Result<shards::Image> {
+        let mut bytes = Vec::new();
+        photo.crop_imm(x, y, w, h).write_to(
+            &mut std::io::Cursor::new(&mut bytes),
+            image::ImageFormat::Png,
+        )?;
+        Ok(shards::Image {
+            bytes,
+            format: "png".into(),
+            width: w,
+            height: h,
+            crc32c: None,
+        })
+    };
+    let crops: Vec<shards::Image> = CROPS[..3].iter().map(png).collect::<Result<_>>()?;
+    let samples = vec![
+        sample("wide", vec![crops[0].clone()]),
+        sample("pair", vec![crops[1].clone(), crops[2].clone()]),
+    ];
+    let layout = ImageLayout::AnyRes { max_tiles: 9 };
+    let config = pipeline::loader::LoaderConfig::builder()
+        .image_size(384)
+        .image_tokens(729)
+        .image_layout(layout.clone(), 14)
+        .placeholder_id(9)
+        .pad_id(0)
+        .threads(1)
+        .build()?;
+    let plan = pipeline::MicroBatchPlan {
+        kind: shards::Kind::Image,
+        rows: vec![vec![0], vec![1]],
+        zero_loss: false,
+    };
+    let source: std::sync::Arc<dyn pipeline::loader::SampleSource> =
+        std::sync::Arc::new(samples.clone());
+    let mb = pipeline::loader::Loader::new(source, vec![plan], config)
+        .next()
+        .context("one micro-batch")??;
+
+    let geometry = vec![
+        layout.tokens_in_sample(2560, 1600, 1, SO400M),
+        layout.tokens_in_sample(600, 1600, 2, SO400M),
+        layout.tokens_in_sample(200, 150, 2, SO400M),
+    ];
+    assert_eq!(mb.image_geometry, geometry);
+    assert_eq!(mb.num_images, 3);
+    assert_eq!(mb.views(), geometry[0].tiles as usize + 2);
+    let (mut resizer, mut canvas) = (ChwResizer::default(), Vec::new());
+    let view = 3 * 384 * 384;
+    let mut want = Vec::new();
+    for (image, g) in crops.iter().zip(&geometry) {
+        let (img, _) = decode_rgb(&image.bytes, |w, h| (w, h)).map_err(anyhow::Error::msg)?;
+        let mut out = vec![0u8; g.tiles as usize * view];
+        anyres_views(
+            &mut resizer,
+            &img,
+            (img.width, img.height),
+            g,
+            384,
+            &mut canvas,
+            &mut out,
+        )?;
+        want.extend(out);
+    }
+    ensure!(
+        mb.pixels == want,
+        "the loader's views differ from anyres_views'"
+    );
+    // Each row holds one sample: its text (4 tokens) and its images' tokens.
+    for (row, images) in [(0usize, &geometry[..1]), (1, &geometry[1..])] {
+        let ids = &mb.input_ids[row * mb.row_len..(row + 1) * mb.row_len];
+        let placeholders = ids.iter().filter(|&&t| t == 9).count() as u64;
+        let tokens: u64 = images.iter().map(|g| g.total()).sum();
+        assert_eq!(placeholders, tokens, "row {row}");
+    }
+    assert_eq!(
+        mb.image_token_count() as u64,
+        geometry.iter().map(|g| g.total()).sum::<u64>()
+    );
+    // The pair's images are 729 + a newline each: the OneVision rule for several images.
+    assert_eq!(geometry[1].total(), 730);
+    Ok(())
+}

@@ -17,8 +17,10 @@
 use std::fmt;
 use std::str::FromStr;
 
-/// How images are cut into tower tiles.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+/// How images are cut into tower tiles. Written as its name (`single`, `anyres_max_9`) in
+/// JSON and TOML.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(try_from = "String", into = "String")]
 pub enum ImageLayout {
     /// One tile of the tower's size per image.
     #[default]
@@ -48,6 +50,20 @@ impl FromStr for ImageLayout {
                  default)"
             )),
         }
+    }
+}
+
+impl TryFrom<String> for ImageLayout {
+    type Error = String;
+
+    fn try_from(s: String) -> Result<Self, String> {
+        s.parse()
+    }
+}
+
+impl From<ImageLayout> for String {
+    fn from(layout: ImageLayout) -> String {
+        layout.to_string()
     }
 }
 

@@ -13,6 +13,8 @@ pub(crate) struct Step {
     pub bytes_sent_across_nodes: u64,
     /// Object store requests retried during the step (0 when the key is absent).
     pub store_retries: u64,
+    /// Tokens that are not padding, over every rank (0 when the key is absent).
+    pub real_tokens: u64,
 }
 
 /// Every step of `path`, in file order; a line that is not a step's record is an error naming
@@ -38,6 +40,7 @@ pub(crate) fn read_metrics(path: &Path) -> Result<Vec<Step>> {
             bytes_sent: unsigned("bytes_sent").unwrap_or(0),
             bytes_sent_across_nodes: unsigned("bytes_sent_across_nodes").unwrap_or(0),
             store_retries: unsigned("store_retries").unwrap_or(0),
+            real_tokens: unsigned("real_tokens").unwrap_or(0),
         });
     }
     Ok(steps)

@@ -1,13 +1,15 @@
 //! Token side of a `MicroBatch`: packed rows of samples -> input ids (placeholders expanded),
 //! shifted labels, per-sample positions, segment ids, padding and counts.
 //!
-//! Per sample, after expanding its placeholder to `image_tokens` copies (never targets):
+//! Per sample, after expanding each placeholder to its image's tokens (`image_tokens` copies
+//! under `single`, the image's geometry's total under `anyres_max_N`; never targets):
 //! `labels[t] = ids[t + 1]` when token t + 1 is supervised, else `IGNORE_INDEX`; the last token
 //! of a sample has no target inside its sample, so packed samples never predict each other.
 //! This makes a sample's supervised count equal to `Sample::num_supervised_tokens` (positions
 //! t >= 1 with `label_mask[t]`), the count the planner hands the trainer for loss scaling.
 use super::{LoaderConfig, LoaderError};
 use crate::{MicroBatch, IGNORE_INDEX};
+use shards::image_layout::ImageTokens;
 use shards::{Kind, Sample};
 
 /// One sample as it enters a row.
@@ -17,6 +19,35 @@ pub(super) struct RowSample {
     pub index: u64,
     /// All labels `IGNORE_INDEX` (a zero-loss plan, or a stand-in for a failed image).
     pub ignore_labels: bool,
+    /// Under `anyres_max_N`: each of its images' views and tokens, in placeholder order
+    /// (empty under `single`).
+    pub geometry: Vec<ImageTokens>,
+}
+
+impl RowSample {
+    /// The ids placeholder `image` of the sample expands to.
+    fn image_tokens(&self, image: usize, config: &LoaderConfig) -> usize {
+        self.geometry
+            .get(image)
+            .map_or(config.image_tokens, |g| g.total() as usize)
+    }
+
+    /// The sample's length once its placeholders are expanded.
+    fn expanded_len(&self, config: &LoaderConfig) -> usize {
+        let mut image = 0;
+        self.sample
+            .input_ids
+            .iter()
+            .map(|&t| {
+                if t == config.placeholder_id {
+                    image += 1;
+                    self.image_tokens(image - 1, config)
+                } else {
+                    1
+                }
+            })
+            .sum()
+    }
 }
 
 /// Checks a sample's tokens against its kind before any image work is spent on it.
@@ -66,21 +97,9 @@ pub(super) fn assemble(
     config: &LoaderConfig,
 ) -> MicroBatch {
     let placeholder = config.placeholder_id as i64;
-    let expanded_len = |s: &Sample| {
-        s.input_ids
-            .iter()
-            .map(|&t| {
-                if t == config.placeholder_id {
-                    config.image_tokens
-                } else {
-                    1
-                }
-            })
-            .sum::<usize>()
-    };
     let row_len = rows
         .iter()
-        .map(|row| row.iter().map(|rs| expanded_len(&rs.sample)).sum::<usize>())
+        .map(|row| row.iter().map(|rs| rs.expanded_len(config)).sum::<usize>())
         .max()
         .unwrap_or(0);
     let total = rows.len() * row_len;
@@ -91,6 +110,7 @@ pub(super) fn assemble(
     let mut sample_ids = Vec::new();
     let mut sample_indices = Vec::new();
     let mut num_images = 0;
+    let mut image_geometry = Vec::new();
     // Scratch for one expanded sample: (id, is target).
     let mut tokens: Vec<(i64, bool)> = Vec::new();
     for row in &rows {
@@ -100,12 +120,15 @@ pub(super) fn assemble(
             sample_ids.push(s.id.clone());
             sample_indices.push(rs.index);
             tokens.clear();
+            image_geometry.extend_from_slice(&rs.geometry);
+            let mut image = 0;
             for (&t, &supervised) in s.input_ids.iter().zip(&s.label_mask) {
                 if t == config.placeholder_id {
                     tokens.extend(std::iter::repeat_n(
                         (placeholder, false),
-                        config.image_tokens,
+                        rs.image_tokens(image, config),
                     ));
+                    image += 1;
                     num_images += 1;
                 } else {
                     tokens.push((t as i64, supervised && !rs.ignore_labels && !zero_loss));
@@ -139,6 +162,7 @@ pub(super) fn assemble(
         num_images,
         image_size: config.image_size,
         image_tokens: config.image_tokens,
+        image_geometry,
         sample_ids,
         sample_indices,
         real_tokens,

@@ -1,6 +1,7 @@
 //! `LoaderConfig`: image size, token ids, resize and bad-image policies, thread count.
 //! Built through `LoaderConfig::builder()`, whose `build()` rejects unusable values.
 use super::LoaderError;
+use shards::image_layout::{ImageLayout, ImageTokens, Tower};
 use shards::SpecialTokens;
 use tessera_switches::Switches;
 
@@ -43,8 +44,14 @@ pub enum BadImagePolicy {
 pub struct LoaderConfig {
     /// Output side length S: pixels are `[n, 3, S, S]`.
     pub image_size: usize,
-    /// Vision tokens per image (each placeholder expands to this many ids).
+    /// Vision tokens per image under `single` (each placeholder expands to this many ids).
     pub image_tokens: usize,
+    /// How an image becomes tower views: `single` (one `image_size` view, resized by
+    /// `resize`) or `anyres_max_N` (a base view plus its pinpoint's tiles, LLaVA-OneVision's).
+    pub image_layout: ImageLayout,
+    /// The tower's patch side: under `anyres_max_N` a view gives `(image_size / patch)²`
+    /// features, which the geometry of each image's tokens is counted in.
+    pub patch_size: u32,
     /// The id each image expands from: the dataset's image token (see
     /// [`LoaderConfigBuilder::tokens`]).
     pub placeholder_id: u32,
@@ -67,6 +74,28 @@ impl LoaderConfig {
     pub fn builder() -> LoaderConfigBuilder {
         LoaderConfigBuilder::default()
     }
+
+    /// The tower's geometry the views are cut for.
+    pub fn tower(&self) -> Tower {
+        Tower {
+            tile: self.image_size as u32,
+            patch: self.patch_size,
+        }
+    }
+
+    /// What image `image` of `images` in a sample becomes under an `anyres_max_N` layout
+    /// (`None` under `single`), from its stored size: the planner's numbers.
+    pub fn geometry(&self, width: u32, height: u32, images: usize) -> Option<ImageTokens> {
+        match self.image_layout {
+            ImageLayout::Single => None,
+            ImageLayout::AnyRes { .. } => {
+                Some(
+                    self.image_layout
+                        .tokens_in_sample(width, height, images, self.tower()),
+                )
+            }
+        }
+    }
 }
 
 /// Builder for `LoaderConfig`; defaults: 384 px, 729 tokens (SigLIP so400m/14 at 384), Qwen ids,
@@ -76,6 +105,8 @@ impl LoaderConfig {
 pub struct LoaderConfigBuilder {
     image_size: Option<usize>,
     image_tokens: Option<usize>,
+    image_layout: ImageLayout,
+    patch_size: Option<u32>,
     placeholder_id: Option<u32>,
     pad_id: Option<u32>,
     resize: ResizePolicy,
@@ -93,6 +124,13 @@ impl LoaderConfigBuilder {
     }
     pub fn image_tokens(mut self, v: usize) -> Self {
         self.image_tokens = Some(v);
+        self
+    }
+    /// `anyres_max_N` cuts each image into views of `image_size` for a tower of patch
+    /// `patch_size` (default `single`).
+    pub fn image_layout(mut self, layout: ImageLayout, patch_size: u32) -> Self {
+        self.image_layout = layout;
+        self.patch_size = Some(patch_size);
         self
     }
     pub fn placeholder_id(mut self, v: u32) -> Self {
@@ -146,6 +184,18 @@ impl LoaderConfigBuilder {
         if image_tokens == 0 {
             return Err(LoaderError::Config("0 image tokens per image".into()));
         }
+        let patch_size = self.patch_size.unwrap_or(14);
+        if self.image_layout != ImageLayout::Single {
+            let side = image_size as u32 / patch_size.max(1);
+            if patch_size == 0 || (side * side) as usize != image_tokens {
+                return Err(LoaderError::Config(format!(
+                    "{}: a {image_size} px view of {patch_size} px patches gives {} features, \
+                     not the {image_tokens} image tokens set",
+                    self.image_layout,
+                    side * side
+                )));
+            }
+        }
         // An explicit count wins; TESSERA_LOADER_THREADS only replaces the default.
         let threads = self
             .threads
@@ -161,6 +211,8 @@ impl LoaderConfigBuilder {
         Ok(LoaderConfig {
             image_size,
             image_tokens,
+            image_layout: self.image_layout,
+            patch_size,
             // Without ids set, those of datasets from before index.json recorded them.
             placeholder_id: self
                 .placeholder_id

@@ -3,12 +3,14 @@
 //! tensor (a sample's images in placeholder order), apply the bad-image policy (to checksum
 //! mismatches too: a sample with one bad image is dropped whole), assemble the tokens. A pure function of
 //! (plan, samples, config), which is what makes the output identical for any thread count.
+use super::anyres_views::{anyres_views, fitted_box};
 use super::assemble::{assemble, check_tokens, RowSample};
 use super::decode::decode_rgb_reusing;
 use super::resize::{content_box, ChwResizer};
 use super::stats::StatCells;
 use super::{BadImagePolicy, LoaderConfig, LoaderError, SampleSource};
 use crate::{MicroBatch, MicroBatchPlan};
+use shards::image_layout::{ImageLayout, ImageTokens};
 use shards::{Kind, Sample};
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
@@ -21,6 +23,8 @@ pub(crate) struct Worker {
     resizer: ChwResizer,
     /// The last decoded image's buffer, reused by the next decode.
     decoded: Vec<u8>,
+    /// The pinpoint canvas of `anyres_max_N` views, reused.
+    canvas: Vec<u8>,
 }
 
 impl Worker {
@@ -35,6 +39,7 @@ impl Worker {
             stats,
             resizer: ChwResizer::default(),
             decoded: Vec::new(),
+            canvas: Vec::new(),
         }
     }
 
@@ -81,10 +86,11 @@ impl Worker {
                     None => self.add_images(&sample, &mut pixels),
                 };
                 match added {
-                    Ok(()) => row.push(RowSample {
+                    Ok(geometry) => row.push(RowSample {
                         sample,
                         index,
                         ignore_labels: plan.zero_loss,
+                        geometry,
                     }),
                     Err(e) if self.config.on_bad_image == BadImagePolicy::Fail => return Err(e),
                     Err(e) => {
@@ -102,7 +108,11 @@ impl Worker {
                 rows.push(row);
             }
         }
-        let images_ok = pixels.len() / image_bytes;
+        let images_ok = rows
+            .iter()
+            .flatten()
+            .map(|r| r.sample.images.len())
+            .sum::<usize>();
         if plan.kind == Kind::Image && images_ok == 0 {
             if let Some((sample, index)) = first_bad_image {
                 // Every image of an image micro-batch failed. A rank without images would skip
@@ -114,7 +124,18 @@ impl Worker {
                 );
                 self.stats.skipped.fetch_sub(1, Relaxed);
                 let plane = image_bytes / 3;
-                for _ in &sample.images {
+                let images = sample.images.len();
+                let geometry: Vec<_> = sample
+                    .images
+                    .iter()
+                    .filter_map(|i| self.config.geometry(i.width, i.height, images))
+                    .collect();
+                let views = if geometry.is_empty() {
+                    images
+                } else {
+                    geometry.iter().map(|g| g.tiles as usize).sum()
+                };
+                for _ in 0..views {
                     for &c in &self.config.pad_rgb {
                         pixels.extend(std::iter::repeat_n(c, plane));
                     }
@@ -123,6 +144,7 @@ impl Worker {
                     sample,
                     index,
                     ignore_labels: true,
+                    geometry,
                 }]);
             }
         }
@@ -151,18 +173,111 @@ impl Worker {
         })
     }
 
-    /// Checks the sample and appends the `[3, S, S]` pixels of each of its images, in order;
-    /// if one fails, none of the sample's pixels stay.
-    fn add_images(&mut self, sample: &Sample, pixels: &mut Vec<u8>) -> Result<(), LoaderError> {
+    /// Checks the sample and appends the `[3, S, S]` pixels of each of its images, in order
+    /// (under `anyres_max_N` each image's views, with the geometry returned); if one fails,
+    /// none of the sample's pixels stay.
+    fn add_images(
+        &mut self,
+        sample: &Sample,
+        pixels: &mut Vec<u8>,
+    ) -> Result<Vec<ImageTokens>, LoaderError> {
         check_tokens(sample, self.config.placeholder_id)?;
         let start = pixels.len();
+        let mut geometry = Vec::new();
         for image in 0..sample.images.len() {
-            if let Err(e) = self.add_image(sample, image, pixels) {
+            let added = match self.config.image_layout {
+                ImageLayout::Single => self.add_image(sample, image, pixels),
+                ImageLayout::AnyRes { .. } => self
+                    .add_views(sample, image, pixels)
+                    .map(|g| geometry.push(g)),
+            };
+            if let Err(e) = added {
                 pixels.truncate(start);
                 return Err(e);
             }
         }
-        Ok(())
+        Ok(geometry)
+    }
+
+    /// Decodes image `image` of `sample` once and appends its `anyres_max_N` views (the base
+    /// view, then the pinpoint's tiles row by row): its geometry, from its size, is returned.
+    fn add_views(
+        &mut self,
+        sample: &Sample,
+        image: usize,
+        pixels: &mut Vec<u8>,
+    ) -> Result<ImageTokens, LoaderError> {
+        let stored = &sample.images[image];
+        let (image_u32, images) = (image as u32, sample.images.len() as u32);
+        let cfg = Arc::clone(&self.config);
+        let tile = cfg.image_size as u32;
+        let started = Instant::now();
+        let geometry = std::cell::Cell::new(None);
+        let needed = |w, h| {
+            let Some(g) = cfg.geometry(w, h, sample.images.len()) else {
+                return (tile, tile);
+            };
+            geometry.set(Some((w, h, g)));
+            if g.tiles == 1 {
+                return (tile, tile);
+            }
+            let [_, _, bw, bh] = fitted_box((w, h), (g.grid.1 * tile, g.grid.0 * tile));
+            (bw.max(tile), bh.max(tile))
+        };
+        let reuse = std::mem::take(&mut self.decoded);
+        let (img, _) = decode_rgb_reusing(&stored.bytes, needed, reuse).map_err(|source| {
+            LoaderError::Decode {
+                sample_id: sample.id.clone(),
+                image: image_u32,
+                images,
+                source,
+            }
+        })?;
+        StatCells::add_time(&self.stats.decode_ns, started.elapsed());
+        let (w, h, g) = match geometry.get() {
+            Some(found) => found,
+            None => {
+                let (w, h) = (img.width, img.height);
+                let g = cfg.geometry(w, h, sample.images.len()).ok_or_else(|| {
+                    LoaderError::Config("anyres views under the single layout".into())
+                })?;
+                (w, h, g)
+            }
+        };
+        // The planner counted the tokens from the stored size: the pixels must agree.
+        if (stored.width, stored.height) != (0, 0) && (stored.width, stored.height) != (w, h) {
+            return Err(LoaderError::Sample {
+                sample_id: sample.id.clone(),
+                message: format!(
+                    "image {image_u32} of {images} decodes at {w}x{h} but the shard stores \
+                     {}x{} (its token count was planned from the stored size)",
+                    stored.width, stored.height
+                ),
+            });
+        }
+        let started = Instant::now();
+        let offset = pixels.len();
+        pixels.resize(offset + g.tiles as usize * 3 * (tile * tile) as usize, 0);
+        let views = anyres_views(
+            &mut self.resizer,
+            &img,
+            (w, h),
+            &g,
+            tile,
+            &mut self.canvas,
+            &mut pixels[offset..],
+        );
+        StatCells::add_time(&self.stats.resize_ns, started.elapsed());
+        self.decoded = img.data;
+        views.map(|()| g).map_err(|source| {
+            pixels.truncate(offset);
+            LoaderError::Resize {
+                sample_id: sample.id.clone(),
+                image: image_u32,
+                images,
+                source,
+            }
+        })
     }
 
     /// Decodes and resizes image `image` of `sample` onto the end of `pixels`.

@@ -16,6 +16,8 @@ pub struct Span {
 
 /// The spans of each row of `segment_ids` (`[rows][len]`): maximal runs of one segment id.
 /// Packed samples are contiguous in their row, so each run is one sample (or padding).
+// Public for `testing` (the kernels the tests compare with), crate-wide otherwise.
+#[cfg_attr(not(feature = "testing"), allow(unreachable_pub))]
 pub fn row_spans(segment_ids: &[i32], rows: usize, row_len: usize) -> Vec<Vec<Span>> {
     segment_ids
         .chunks(row_len.max(1))
@@ -41,6 +43,8 @@ pub fn row_spans(segment_ids: &[i32], rows: usize, row_len: usize) -> Vec<Vec<Sp
 /// query t sees key s when both belong to the same packed sample (equal, non-negative
 /// `segment_ids`) and s <= t. Padding tokens (segment -1) see only themselves, so no softmax
 /// row is empty (an empty row would be NaN, and NaN·0 leaks into real tokens' values).
+// Public for `testing` (the kernels the tests compare with), crate-wide otherwise.
+#[cfg_attr(not(feature = "testing"), allow(unreachable_pub))]
 pub fn block_causal_mask(segment_ids: &Tensor) -> Tensor {
     let len = segment_ids.size()[1];
     let device = segment_ids.device();
@@ -73,6 +77,8 @@ fn scale(q: &Tensor) -> f64 {
 
 /// `softmax(q kᵀ · head_dim^-0.5 + mask) v` for `q` `[b, heads, len, hd]` and `k`, `v`
 /// `[b, kv_heads, len, hd]`; kv heads are repeated (repeat_interleave) to match q's heads.
+// Public for `testing` (the kernels the tests compare with), crate-wide otherwise.
+#[cfg_attr(not(feature = "testing"), allow(unreachable_pub))]
 pub fn attend(q: &Tensor, k: &Tensor, v: &Tensor, mask: Option<&Tensor>) -> Tensor {
     let (k, v) = repeat_kv(q, k, v);
     Tensor::scaled_dot_product_attention(q, &k, &v, mask, 0.0, false, scale(q), false)
@@ -85,6 +91,8 @@ pub fn attend(q: &Tensor, k: &Tensor, v: &Tensor, mask: Option<&Tensor>) -> Tens
 /// Rows and spans are cut with `split` rather than `narrow`: in backward a split's pieces are
 /// concatenated once, where each narrow would zero-fill a gradient of the whole tensor and copy
 /// its piece in (a sixth of a Qwen3-0.6B stage-1 step went to those fills and copies).
+// Public for `testing` (the kernels the tests compare with), crate-wide otherwise.
+#[cfg_attr(not(feature = "testing"), allow(unreachable_pub))]
 pub fn attend_spans(q: &Tensor, k: &Tensor, v: &Tensor, spans: &[Vec<Span>]) -> Tensor {
     let (k, v) = repeat_kv(q, k, v);
     let scale = scale(q);

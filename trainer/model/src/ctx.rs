@@ -41,7 +41,10 @@ pub struct VlmCtx {
     pub targets: Tensor,
     /// Number of supervised positions.
     pub supervised: i64,
-    /// Normalised pixels `[n, 3, s, s]` f32 (see [`vision::normalize_pixels`]), `None` without
+    /// Under `anyres_max_N`: each image's views and tokens, in placeholder order (the
+    /// projector packs the views by them); empty under `single`.
+    pub image_geometry: Vec<shards::image_layout::ImageTokens>,
+    /// Normalised pixels `[views, 3, s, s]` f32 (see [`vision::normalize_pixels`]), `None` without
     /// images.
     pub pixel_values: Option<Tensor>,
     /// LoRA dropout seed for this micro-batch; `None` (the default) runs without dropout.
@@ -126,13 +129,31 @@ impl VlmCtx {
         let placeholders: Vec<i64> = (0..n as i64)
             .filter(|&i| mb.input_ids[i as usize] == image_token_id)
             .collect();
-        let expected = mb.num_images * mb.image_tokens;
+        let anyres = vlm.has_image_newline();
+        if mb.num_images > 0 && anyres != !mb.image_geometry.is_empty() {
+            return Err(bad(format!(
+                "the model's image layout is {} but the micro-batch's images {}",
+                vlm.options.image_layout,
+                if anyres {
+                    "are single tiles"
+                } else {
+                    "are anyres grids"
+                }
+            )));
+        }
+        if anyres && mb.image_geometry.len() != mb.num_images {
+            return Err(bad(format!(
+                "{} image geometries for {} images",
+                mb.image_geometry.len(),
+                mb.num_images
+            )));
+        }
+        let expected = mb.image_token_count();
         if placeholders.len() != expected {
             return Err(bad(format!(
-                "{} placeholder tokens for {} images of {} tokens",
+                "{} placeholder tokens for {} images of {expected} tokens in all",
                 placeholders.len(),
                 mb.num_images,
-                mb.image_tokens
             )));
         }
         // From here on every tensor is made on the device: on CUDA, on the side stream.
@@ -147,14 +168,26 @@ impl VlmCtx {
                     vision.num_patches()
                 )));
             }
-            let numel = mb.num_images * 3 * mb.image_size * mb.image_size;
+            if let Some(g) = mb
+                .image_geometry
+                .iter()
+                .find(|g| g.base as i64 != vision.num_patches())
+            {
+                return Err(bad(format!(
+                    "an image's base view has {} features; the vision tower makes {}",
+                    g.base,
+                    vision.num_patches()
+                )));
+            }
+            let views = mb.views();
+            let numel = views * 3 * mb.image_size * mb.image_size;
             if mb.pixels.len() != numel {
                 return Err(bad(format!(
-                    "{} pixel bytes, expected {numel}",
+                    "{} pixel bytes, expected {numel} ({views} views)",
                     mb.pixels.len()
                 )));
             }
-            let shape = [mb.num_images as i64, 3, side, side];
+            let shape = [views as i64, 3, side, side];
             let raw = upload(Tensor::from_slice(&mb.pixels).view(shape), device)?;
             Some(vision::normalize_pixels(vision, &raw))
         } else {
@@ -207,6 +240,7 @@ impl VlmCtx {
             supervised_index,
             targets,
             pixel_values,
+            image_geometry: mb.image_geometry.clone(),
             dropout_seed: None,
             recompute_cheap_ops: false,
             sample_ids: mb.sample_ids.clone(),

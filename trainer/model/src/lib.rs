@@ -80,6 +80,7 @@ pub use lora::{
     save_adapter_as, ADAPTER_CONFIG, ADAPTER_WEIGHTS,
 };
 pub use moe::{ExpertGroup, MoeTimes, RouterLog, RouterStats};
+pub use projector::IMAGE_NEWLINE;
 pub use source::VlmInit;
 #[cfg(feature = "bench")]
 pub use throughput::{measure_throughput, peak_matmul_flops, ThroughputReport};

@@ -12,6 +12,36 @@ use tessera_sys::ShimError;
 
 pub(super) const FC1: &str = "mm_projector.0";
 pub(super) const FC2: &str = "mm_projector.2";
+/// LLaVA-NeXT/OneVision's learned vector after each row of an `anyres_max_N` image's grid
+/// (`model.image_newline` in their checkpoints), `[lm_hidden]`; trains with the projector.
+pub const IMAGE_NEWLINE: &str = "image_newline";
+
+/// The `image_newline` spec, for a model whose images are `anyres_max_N` grids.
+pub(super) fn newline_spec(lm_hidden: i64, trainable: bool) -> ParamSpec {
+    ParamSpec {
+        name: IMAGE_NEWLINE.into(),
+        shape: vec![lm_hidden],
+        trainable,
+        expert: None,
+    }
+}
+
+/// transformers' `LlavaOnevisionModel` init of `image_newline`: normal with standard deviation
+/// 1/sqrt(lm_hidden), here drawn from a seeded stream (Box-Muller) so every rank and CPU
+/// draws the same vector.
+pub(super) fn init_newline(lm_hidden: i64, seed: u64) -> Tensor {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0x6e65_776c_696e_65);
+    let std = 1.0 / (lm_hidden as f64).sqrt();
+    let values: Vec<f32> = (0..lm_hidden)
+        .map(|_| {
+            let u1: f64 = rng.gen_range(f64::EPSILON..1.0);
+            let u2: f64 = rng.gen_range(0.0..1.0);
+            let normal = (-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos();
+            (normal * std) as f32
+        })
+        .collect();
+    Tensor::from_slice(&values)
+}
 
 pub(super) fn param_specs(vision_hidden: i64, lm_hidden: i64, trainable: bool) -> Vec<ParamSpec> {
     let s = |name: String, shape: Vec<i64>| ParamSpec {

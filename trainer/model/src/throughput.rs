@@ -41,6 +41,7 @@ fn packed_text_batch(rows: usize, row_len: usize, vocab: i64) -> MicroBatch {
         num_images: 0,
         image_size: 0,
         image_tokens: 0,
+        image_geometry: Vec::new(),
         sample_ids: Vec::new(),
         sample_indices: Vec::new(),
         real_tokens: rows * row_len,

@@ -61,6 +61,10 @@ pub struct VlmOptions {
     pub image_size: Option<i64>,
     /// The hidden state the image features are (`--vision-feature-layer`); `None`: -2.
     pub vision_feature_layer: Option<i64>,
+    /// How images become features (`--image-layout`): `single` (one tile each, LLaVA-1.5) or
+    /// `anyres_max_N` (a base view plus tiles, packed with the learned `image_newline`, as
+    /// LLaVA-OneVision does).
+    pub image_layout: shards::image_layout::ImageLayout,
 }
 
 impl Default for VlmOptions {
@@ -77,6 +81,7 @@ impl Default for VlmOptions {
             expert_parallel: None,
             image_size: None,
             vision_feature_layer: None,
+            image_layout: shards::image_layout::ImageLayout::Single,
         }
     }
 }
@@ -145,6 +150,7 @@ impl Vlm {
             &vision,
             lm.hidden_size,
             options.train_projector,
+            options.image_layout != shards::image_layout::ImageLayout::Single,
         )));
         let train_lm = options.train_lm;
         units.push(Box::new(EmbedUnit::new(
@@ -358,16 +364,33 @@ impl Vlm {
     /// The projector training starts from (f32): `projector_file`'s (`--init-projector`), or
     /// the fresh one `seed` draws (the same on every rank, and again here for an export of a
     /// run that never trained it).
+    /// Under `anyres_max_N` it includes `image_newline`: the file's when it holds one (a
+    /// stage-1 run's), else a fresh one.
     pub fn initial_projector(&self, projector_file: Option<&Path>, seed: u64) -> Result<ParamMap> {
         let specs = projector::param_specs(self.vision.hidden_size, self.lm.hidden_size, true);
-        match projector_file {
-            Some(path) => load_projector(path, &specs),
-            None => Ok(projector::init(
-                self.vision.hidden_size,
-                self.lm.hidden_size,
-                seed,
-            )),
+        let mut params = match projector_file {
+            Some(path) => load_projector(path, &specs)?,
+            None => projector::init(self.vision.hidden_size, self.lm.hidden_size, seed),
+        };
+        if self.has_image_newline() {
+            let lm_hidden = self.lm.hidden_size;
+            let stored = match projector_file {
+                Some(path) => {
+                    load_projector(path, &[projector::newline_spec(lm_hidden, true)]).ok()
+                }
+                None => None,
+            };
+            let newline = stored
+                .and_then(|mut p| p.remove(projector::IMAGE_NEWLINE))
+                .unwrap_or_else(|| projector::init_newline(lm_hidden, seed));
+            params.insert(projector::IMAGE_NEWLINE.to_string(), newline);
         }
+        Ok(params)
+    }
+
+    /// Whether the model holds `image_newline` (its images are `anyres_max_N` grids).
+    pub fn has_image_newline(&self) -> bool {
+        self.options.image_layout != shards::image_layout::ImageLayout::Single
     }
 
     /// Sets `requires_grad` on the trainable parameters (for the single-process reference).

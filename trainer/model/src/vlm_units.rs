@@ -4,6 +4,7 @@
 //! (as torchtitan and FSDP's transformer wrap policy do), so a rank gathers one layer at a
 //! time, never a whole tower. What the kinds share (name, component, parameters, whether a
 //! text-only micro-batch skips them) is [`ChainUnit`]; each kind adds only its computation.
+use super::anyres::pack_image_features;
 use super::config::{LoraConfig, VisionConfig};
 use super::ctx::VlmCtx;
 use super::decoder::{DecoderLayer, LayerInputs};
@@ -150,18 +151,31 @@ pub(super) struct ProjectorUnit {
     /// Tokens ahead of the patches (DINOv2's CLS), dropped.
     prefix: i64,
     lm_hidden: i64,
+    /// Features per side of one view (the tower's image size over its patch).
+    side: i64,
 }
 
 impl ProjectorUnit {
-    pub(super) fn new(vision: &VisionConfig, lm_hidden: i64, trainable: bool) -> ChainUnit<Self> {
+    /// `newline`: the images are `anyres_max_N` grids, packed with a learned `image_newline`.
+    pub(super) fn new(
+        vision: &VisionConfig,
+        lm_hidden: i64,
+        trainable: bool,
+        newline: bool,
+    ) -> ChainUnit<Self> {
+        let mut specs = projector::param_specs(vision.hidden_size, lm_hidden, trainable);
+        if newline {
+            specs.push(projector::newline_spec(lm_hidden, trainable));
+        }
         ChainUnit {
             name: "projector".into(),
             component: "projector",
             images_only: true,
-            specs: projector::param_specs(vision.hidden_size, lm_hidden, trainable),
+            specs,
             kind: Self {
                 prefix: vision.prefix_tokens(),
                 lm_hidden,
+                side: vision.image_size / vision.patch_size,
             },
         }
     }
@@ -172,10 +186,26 @@ impl UnitKind for ProjectorUnit {
         &self,
         params: &ParamMap,
         input: &Tensor,
-        _: &VlmCtx,
+        ctx: &VlmCtx,
     ) -> Result<Tensor, ComputeError> {
         let features = patch_tokens(input, self.prefix);
-        Ok(projector::forward(params, &features)?.reshape([-1, self.lm_hidden]))
+        let projected = projector::forward(params, &features)?;
+        if ctx.image_geometry.is_empty() {
+            return Ok(projected.reshape([-1, self.lm_hidden]));
+        }
+        // anyres_max_N: each image's views (base first, then its tiles) packed into its tokens.
+        let newline = param(params, projector::IMAGE_NEWLINE);
+        let mut packed = Vec::with_capacity(ctx.image_geometry.len());
+        let mut view = 0;
+        for geometry in &ctx.image_geometry {
+            let tiles = i64::from(geometry.tiles);
+            let views = projected.narrow(0, view, tiles);
+            view += tiles;
+            let image = pack_image_features(&views, geometry, self.side, Some(newline))
+                .map_err(|e| tch::TchError::Shape(e.to_string()))?;
+            packed.push(image);
+        }
+        Ok(Tensor::cat(&packed, 0))
     }
 }
 

@@ -24,6 +24,7 @@ pub use pipeline::loader::{BadImagePolicy, ResizePolicy};
 use pipeline::plan::OverLong;
 pub(crate) use recompute_setting::RecomputeSetting;
 use serde::{Deserialize, Serialize};
+use shards::image_layout::ImageLayout;
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
 pub use tessera_fsdp::{Recompute, Strategy};
@@ -275,6 +276,13 @@ knobs! {
     /// How images become square: squash (SigLIP) or pad (LLaVA expand2square).
     #[resume]
     resize: ResizePolicy = default(ResizePolicy::Squash),
+    /// How images become tower tiles: single (default: one tile each, LLaVA-1.5) or
+    /// anyres_max_N (LLaVA-OneVision: a base view plus the best pinpoint's grid of tiles of
+    /// the tower's size, 1..6 tiles a side, pooled to about N tiles' worth, with a learned
+    /// image_newline that stage 1 trains beside the projector; anyres_max_9 is OneVision's).
+    // Recorded only when not single, so runs from before the knob existed still resume.
+    #[resume(when = |c| c.image_layout != ImageLayout::Single)]
+    image_layout: ImageLayout = default(ImageLayout::Single),
     /// Longest packed row in tokens (default 2048).
     #[resume]
     seq_len: usize = default(2048),

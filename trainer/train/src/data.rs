@@ -65,6 +65,25 @@ impl TrainData {
         })
     }
 
+    /// Each sample's image tokens and tiles under `layout` (see `shards::sample_images`), in
+    /// the order of [`Self::metadata`].
+    pub(crate) fn sample_images(
+        &self,
+        layout: &shards::image_layout::ImageLayout,
+        tower: shards::image_layout::Tower,
+    ) -> Result<Vec<shards::SampleImages>, TrainError> {
+        Ok(match self {
+            TrainData::Shards(d) => shards::sample_images(d, layout, tower)?,
+            TrainData::Mixture(m) => {
+                let mut out = Vec::new();
+                for source in m.sources() {
+                    out.extend(shards::sample_images(&source.dataset, layout, tower)?);
+                }
+                out
+            }
+        })
+    }
+
     pub(crate) fn source(&self) -> Arc<dyn SampleSource> {
         match self {
             TrainData::Shards(d) => d.clone(),

@@ -141,6 +141,7 @@ pub(crate) fn micro_batch(
         num_images: 0,
         image_size,
         image_tokens,
+        image_geometry: Vec::new(),
         sample_ids: vec![],
         sample_indices: vec![],
         real_tokens: 0,

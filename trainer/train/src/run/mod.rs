@@ -258,6 +258,7 @@ impl<'a> TrainLoop<'a> {
         let loader_cfg = LoaderConfig::builder()
             .image_size(s.vlm.vision.image_size as usize)
             .image_tokens(s.vlm.vision.num_patches() as usize)
+            .image_layout(cfg.image_layout.clone(), s.vlm.vision.patch_size as u32)
             .tokens(&s.data.manifest().special_tokens())
             .resize(cfg.resize)
             .threads(cfg.loader_threads)
@@ -311,6 +312,10 @@ impl<'a> TrainLoop<'a> {
         let builder = match self.s.data.draw(self.cfg.seed, epoch) {
             Some(draw) => Planner::builder().draws(draw.items, &draw.key),
             None => Planner::builder(),
+        };
+        let builder = match &self.s.images {
+            Some(images) => builder.sample_images(images.clone()),
+            None => builder,
         };
         builder
             .samples(&self.s.samples)

@@ -32,6 +32,9 @@ pub(crate) struct Setup {
     /// The object stores behind URL shard sets (their request counts: the run logs retries).
     pub stores: Vec<Arc<remote::ObjectFiles>>,
     pub samples: Vec<shards::SampleMeta>,
+    /// Under `--image-layout anyres_max_N`: each sample's image tokens and tiles, from the
+    /// stored image sizes (the planner's lengths); `None` under `single`.
+    pub images: Option<Vec<shards::SampleImages>>,
     pub vlm: Arc<Vlm>,
     pub model_fingerprint: ModelFingerprint,
     pub device: tch::Device,
@@ -265,6 +268,14 @@ pub(crate) fn model_fingerprint(
 
 /// The projector file to start from: the file itself, or a run directory's newest complete
 /// checkpoint (format 4 keeps it in shards: its four tensors are written to `scratch` first).
+/// The geometry the model's tower sees images at: its input size and patch.
+pub(crate) fn tower(vlm: &Vlm) -> shards::image_layout::Tower {
+    shards::image_layout::Tower {
+        tile: vlm.vision.image_size as u32,
+        patch: vlm.vision.patch_size as u32,
+    }
+}
+
 fn init_projector_file(path: &Path, scratch: &Path) -> Result<PathBuf, TrainError> {
     if path.is_file() {
         return Ok(path.to_path_buf());
@@ -293,8 +304,11 @@ fn init_projector_file(path: &Path, scratch: &Path) -> Result<PathBuf, TrainErro
         return Ok(ckpt.rank_dir(0)?.join(TRAINABLE_FILE));
     }
     // The projector, and the added tokens' rows (trained beside it) when the run had any.
-    let projector = TrainedTensors::open(&ckpt)?
-        .collect(|k| k.starts_with("mm_projector.") || k.starts_with("added_tokens."))?;
+    let projector = TrainedTensors::open(&ckpt)?.collect(|k| {
+        k.starts_with("mm_projector.")
+            || k.starts_with("added_tokens.")
+            || k == tessera_model::IMAGE_NEWLINE
+    })?;
     if !projector.keys().any(|k| k.starts_with("mm_projector.")) {
         return Err(ConfigError::Invalid {
             field: "init_projector",
@@ -390,6 +404,7 @@ pub(crate) fn build(
         expert_parallel: expert_group,
         image_size: cfg.image_size.map(|size| size as i64),
         vision_feature_layer: Some(cfg.vision_feature_layer),
+        image_layout: cfg.image_layout.clone(),
     };
     let vlm = Vlm::from_dirs(&cfg.vision, &cfg.lm, options)?;
     let scratch = cfg
@@ -409,6 +424,10 @@ pub(crate) fn build(
         std::fs::remove_file(&scratch).map_err(io(&scratch))?;
     }
     let model_fingerprint = model_fingerprint(cfg, &vlm)?;
+    let images = match cfg.image_layout {
+        shards::image_layout::ImageLayout::Single => None,
+        ref layout => Some(data.sample_images(layout, tower(&vlm))?),
+    };
     let setup = Setup {
         pg: Arc::new(pg),
         mesh,
@@ -418,6 +437,7 @@ pub(crate) fn build(
         data,
         stores,
         samples,
+        images,
         vlm: Arc::new(vlm),
         model_fingerprint,
         device,

@@ -112,7 +112,14 @@ impl Validation {
             .collect();
         let subset_metas: Vec<shards::SampleMeta> =
             picked.iter().map(|&i| metas[i as usize]).collect();
-        let plan = Planner::builder()
+        let builder = match cfg.image_layout {
+            shards::image_layout::ImageLayout::Single => Planner::builder(),
+            ref layout => {
+                let all = shards::sample_images(&dataset, layout, super::setup::tower(&s.vlm))?;
+                Planner::builder().sample_images(picked.iter().map(|&i| all[i as usize]).collect())
+            }
+        };
+        let plan = builder
             .samples(&subset_metas)
             .image_tokens(s.vlm.vision.num_patches() as u32)
             .world_size(s.world_size)

@@ -103,6 +103,7 @@ fn step_batch(fixture: &ParamMap, step: i64, image_tokens: usize) -> MicroBatch 
         num_images: rows,
         image_size,
         image_tokens,
+        image_geometry: Vec::new(),
         sample_ids: (0..rows).map(|r| format!("step{step}.row{r}")).collect(),
         sample_indices: (0..rows as u64).collect(),
         real_tokens,
