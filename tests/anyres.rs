@@ -6,7 +6,13 @@
 //! - stage 1 trains `image_newline` beside the projector (it is in the checkpoint and moves);
 //! - a W=2 run checkpointed at step 3 resumes at W=1 on the same samples and ends at the same
 //!   loss (1e-3 relative: the reductions run in another order);
-//! - resuming without the layout is refused.
+//! - resuming without the layout is refused;
+//! - `export --format llava-onevision` writes what transformers'
+//!   `LlavaOnevisionForConditionalGeneration` loads with no missing or unexpected keys, and
+//!   through its own `AutoProcessor` (a `LlavaOnevisionProcessor`) a wide, a tall and a square
+//!   photo and a two-image prompt become the prompt ids `tessera generate` makes, the logits
+//!   after it equal tessera's (1e-4 of their scale, f32) and the greedy tokens are tessera's
+//!   (`tests/oracles/onevision_greedy.py`).
 #![cfg(feature = "train")]
 use anyhow::{ensure, Context, Result};
 use shards::image_layout::{ImageLayout, Tower};
@@ -148,5 +154,150 @@ fn anyres_runs_train_the_planned_tokens_and_image_newline_and_resume_at_another_
         (want - got).abs() / want.abs() < 1e-3,
         "resumed at W=1: loss {got} at step 6 vs {want} uninterrupted"
     );
+    Ok(())
+}
+
+/// The crops (x, y, width, height) of a real photo the round trip prompts with, and the cases:
+/// each alone, then two in one prompt.
+const CROPS: [(u32, u32, u32, u32); 3] =
+    [(0, 0, 300, 120), (500, 100, 100, 260), (800, 800, 200, 180)];
+const PHOTO: &str = "/usr/share/backgrounds/mate/nature/Garden.jpg";
+
+#[test]
+fn the_llava_onevision_export_prompts_and_generates_as_tessera_does() -> Result<()> {
+    let f = fixture(24, 0.0)?;
+    let run = f.root.join("run");
+    run_ok(&mut stage1(
+        &f,
+        &run,
+        &["--image-layout", LAYOUT, "--lr", "1e-2"],
+    ))?;
+    let export = f.root.join("onevision");
+    let llava_hf = run_err(
+        tessera()
+            .args(["export", "--format", "llava-hf", "--run"])
+            .arg(&run)
+            .arg("--out")
+            .arg(f.root.join("refused")),
+    )?;
+    ensure!(llava_hf.contains("--format llava-onevision"), "{llava_hf}");
+    run_ok(
+        tessera()
+            .args([
+                "export",
+                "--format",
+                "llava-onevision",
+                "--dtype",
+                "f32",
+                "--run",
+            ])
+            .arg(&run)
+            .arg("--out")
+            .arg(&export),
+    )?;
+
+    let photo = image::open(PHOTO)
+        .with_context(|| format!("{PHOTO} (scripts/setup.sh installs mate-backgrounds)"))?;
+    let mut paths = Vec::new();
+    for (i, &(x, y, w, h)) in CROPS.iter().enumerate() {
+        let path = f.root.join(format!("crop{i}.png"));
+        photo.crop_imm(x, y, w, h).to_rgb8().save(&path)?;
+        paths.push(path);
+    }
+    let cases: Vec<Vec<usize>> = vec![vec![0], vec![1], vec![2], vec![0, 1]];
+
+    // tessera's side: the run as `tessera generate --run` loads it, in f32.
+    let model = tessera_train::load_run_model(&run, Some(tessera_model::Dtype::F32))?;
+    let captioner = model.into_captioner(&run.join("tokenizer.json"))?;
+    let options = tessera_model::GenerateOptions {
+        max_new_tokens: 6,
+        ..Default::default()
+    };
+    let (mut views, mut ours) = (std::collections::BTreeMap::new(), Vec::new());
+    for (k, case) in cases.iter().enumerate() {
+        let images = case
+            .iter()
+            .map(|&i| std::fs::read(&paths[i]))
+            .collect::<std::io::Result<Vec<_>>>()?;
+        let prompt = captioner.prompt_ids(None, images.len())?;
+        let sample = tessera_train::image_sample(format!("case{k}"), images, prompt);
+        let mb = captioner.batches(vec![sample])?.remove(0);
+        let generator = &captioner.generator;
+        let (ids, geometry) = (&mb.input_ids, &mb.image_geometry);
+        let tokens = generator
+            .generate_images(ids, &mb.pixels, geometry, &options)?
+            .tokens;
+        let logits = generator.prompt_logits_images(ids, &mb.pixels, geometry)?;
+        let last = logits.get(logits.size()[0] - 1);
+        let side = mb.image_size as i64;
+        let pixels = tch::Tensor::from_slice(&mb.pixels).view([-1, 3, side, side]);
+        views.insert(format!("views.{k}"), pixels);
+        ours.push((ids.clone(), tokens, last));
+    }
+    let views_file = f.root.join("views.safetensors");
+    tessera_model::save_safetensors(&views_file, &views)?;
+    let cases_file = f.root.join("cases.json");
+    let case_paths: Vec<Vec<&Path>> = cases
+        .iter()
+        .map(|c| c.iter().map(|&i| paths[i].as_path()).collect())
+        .collect();
+    std::fs::write(&cases_file, serde_json::to_vec(&case_paths)?)?;
+
+    // transformers' side.
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let logits_file = f.root.join("logits.safetensors");
+    let out = run_ok(
+        Command::new(root.join(".deps/hfvenv/bin/python"))
+            .arg(root.join("tests/oracles/onevision_greedy.py"))
+            .arg(&export)
+            .arg(&cases_file)
+            .arg(&views_file)
+            .arg(options.max_new_tokens.to_string())
+            .arg(&logits_file),
+    )?;
+    let theirs_logits = tessera_model::load_safetensors(&logits_file)?;
+    let lines: Vec<serde_json::Value> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(serde_json::from_str)
+        .collect::<Result<_, _>>()?;
+    ensure!(lines.len() == cases.len(), "one line per case: {lines:?}");
+    for (k, (line, (ids, tokens, logits))) in lines.iter().zip(&ours).enumerate() {
+        let prompt: Vec<i64> = serde_json::from_value(line["prompt_ids"].clone())?;
+        ensure!(
+            &prompt == ids,
+            "case {k}: the processor's prompt has {} ids, tessera's {}",
+            prompt.len(),
+            ids.len()
+        );
+        let theirs = theirs_logits
+            .get(&format!("logits.{k}"))
+            .context("the oracle's logits")?;
+        let scale = logits.abs().max().double_value(&[]);
+        let diff = (logits - theirs).abs().max().double_value(&[]);
+        ensure!(
+            diff <= 1e-4 * scale,
+            "case {k}: logits differ by {diff} (scale {scale})"
+        );
+        let with_ours: Vec<i64> = serde_json::from_value(line["tokens_ours"].clone())?;
+        let with_theirs: Vec<i64> = serde_json::from_value(line["tokens"].clone())?;
+        assert_eq!(
+            &with_ours, tokens,
+            "case {k}: greedy tokens from tessera's views"
+        );
+        assert_eq!(
+            &with_theirs, tokens,
+            "case {k}: greedy tokens from the processor's views"
+        );
+        let level = line["level_diff"].as_f64().context("level_diff")?;
+        ensure!(
+            level < 1.0,
+            "case {k}: the processor's views differ by {level} levels"
+        );
+        eprintln!(
+            "case {k}: {} prompt ids, logits within {diff:.2e} (scale {scale:.2}), views {level:.3} \
+             levels apart, tokens {tokens:?}",
+            ids.len()
+        );
+    }
     Ok(())
 }

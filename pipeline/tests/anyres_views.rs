@@ -65,7 +65,7 @@ fn views_match_the_llava_onevision_image_processors() -> Result<()> {
             &img,
             dims,
             &geometry,
-            384,
+            (384, [127; 3]),
             &mut canvas,
             &mut views,
         )
@@ -189,7 +189,7 @@ fn the_loader_carries_each_images_views_geometry_and_tokens() -> Result<()> {
             &img,
             (img.width, img.height),
             g,
-            384,
+            (384, [127; 3]),
             &mut canvas,
             &mut out,
         )?;

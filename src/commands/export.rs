@@ -1,7 +1,9 @@
 //! `tessera export --run DIR --out DIR`: projector safetensors (LLaVA keys), PEFT adapter
 //! (stage 2) and a config.json describing the VLM, from the run's newest complete checkpoint;
 //! with `--format llava-hf`, one directory transformers' `LlavaForConditionalGeneration` and
-//! `AutoProcessor` load (see `tessera_train::write_llava_hf`).
+//! `AutoProcessor` load (see `tessera_train::write_llava_hf`); `--format llava-onevision` the
+//! same for a run trained with `--image-layout anyres_max_N`
+//! (`LlavaOnevisionForConditionalGeneration`, `LlavaOnevisionProcessor`).
 use anyhow::Context;
 use std::path::PathBuf;
 use tessera_train::LlavaHfOptions;
@@ -12,6 +14,9 @@ pub(crate) enum Format {
     Tessera,
     /// A transformers `LlavaForConditionalGeneration` directory with tokenizer and processor.
     LlavaHf,
+    /// A transformers `LlavaOnevisionForConditionalGeneration` directory with tokenizer and
+    /// processor: the export of a run trained with `--image-layout anyres_max_N`.
+    LlavaOnevision,
 }
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -50,7 +55,7 @@ pub(crate) struct Args {
 
 pub(crate) fn run(args: Args) -> anyhow::Result<()> {
     tessera_train::unmap_freed_tensors();
-    if args.format == Format::LlavaHf {
+    if matches!(args.format, Format::LlavaHf | Format::LlavaOnevision) {
         return run_llava_hf(args);
     }
     let dtype = match args.dtype {
@@ -85,12 +90,17 @@ fn run_llava_hf(args: Args) -> anyhow::Result<()> {
         })
         .context("weight dtype")?,
         tokenizer: args.tokenizer.clone(),
+        onevision: args.format == Format::LlavaOnevision,
         ..Default::default()
     };
+    let format = match args.format {
+        Format::LlavaOnevision => "llava-onevision",
+        _ => "llava-hf",
+    };
     let (step, report) = tessera_train::export_llava_hf(&args.run, &args.out, &options)
-        .with_context(|| format!("exporting run {} as llava-hf", args.run.display()))?;
+        .with_context(|| format!("exporting run {} as {format}", args.run.display()))?;
     println!(
-        "exported step {step} of {} as llava-hf: {} tensors in {} file(s) under {}",
+        "exported step {step} of {} as {format}: {} tensors in {} file(s) under {}",
         args.run.display(),
         report.tensors,
         report.weight_files.len(),

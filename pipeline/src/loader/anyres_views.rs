@@ -1,5 +1,7 @@
 //! One image's views under LLaVA-OneVision's `anyres_max_N`, as its image processor cuts them:
-//! 1. the base view: the whole image resized to one tile (squashed);
+//! 1. the base view: the whole image resized to one tile (squashed), or for an image of a
+//!    several-image sample (which OneVision gives its base view alone) padded to a square of
+//!    the mean colour first (`pad_to_square`, LLaVA's `expand2square`);
 //! 2. the image resized to fit the chosen pinpoint (the planner's grid times the tile),
 //!    keeping its aspect ratio (the scaled side rounded up), centred on a black canvas of
 //!    the pinpoint's size (the odd pixel of padding on the right or bottom);
@@ -14,13 +16,14 @@ use shards::image_layout::ImageTokens;
 
 /// Writes the views of `img` under `geometry` into `out` (`geometry.tiles` views of
 /// `3 x tile x tile` bytes); `canvas` is scratch, kept between calls. `source_dims` is the
-/// image's size before any DCT-scaled decode: what the processor's arithmetic sees.
+/// image's size before any DCT-scaled decode: what the processor's arithmetic sees. `pad_rgb`
+/// fills the square of a several-image sample's base view (the processor's mean x 255).
 pub fn anyres_views(
     resizer: &mut ChwResizer,
     img: &RgbImage,
     source_dims: (u32, u32),
     geometry: &ImageTokens,
-    tile: u32,
+    (tile, pad_rgb): (u32, [u8; 3]),
     canvas: &mut Vec<u8>,
     out: &mut [u8],
 ) -> Result<(), ResizeError> {
@@ -32,7 +35,11 @@ pub fn anyres_views(
         });
     }
     let (base, tiles) = out.split_at_mut(view);
-    resizer.resize_into(img, source_dims, tile, ResizePolicy::Squash, [0; 3], base)?;
+    let policy = match geometry.base_newline {
+        true => ResizePolicy::Pad,
+        false => ResizePolicy::Squash,
+    };
+    resizer.resize_into(img, source_dims, tile, policy, pad_rgb, base)?;
     if geometry.tiles == 1 {
         return Ok(());
     }

@@ -263,7 +263,7 @@ impl Worker {
             &img,
             (w, h),
             &g,
-            tile,
+            (tile, cfg.pad_rgb),
             &mut self.canvas,
             &mut pixels[offset..],
         );

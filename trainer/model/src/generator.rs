@@ -20,6 +20,7 @@ use super::vocab;
 use super::{projector, Vlm};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
+use shards::image_layout::ImageTokens;
 use tch::{Device, Kind, Tensor};
 use tessera_fsdp::ParamMap;
 
@@ -149,24 +150,56 @@ impl Generator {
             .map_or(Device::Cpu, |t| t.device())
     }
 
-    /// Projected image tokens `[images * tokens, D]` of u8 CHW pixels `[images, 3, s, s]`.
+    /// Projected image tokens `[tokens, D]` of u8 CHW pixels `[views, 3, s, s]`: one view of
+    /// `num_patches` tokens per image, or under `anyres_max_N` each image's views packed by its
+    /// `geometry` with `image_newline` (see [`crate::pack_image_features`]).
     fn image_embeds(
         &self,
         (vision, tower): &(VisionConfig, VisionTower),
         pixels: &[u8],
-        images: i64,
+        views: i64,
+        geometry: &[ImageTokens],
     ) -> Result<Tensor> {
         let side = vision.image_size;
         let raw = Tensor::from_slice(pixels)
-            .view([images, 3, side, side])
+            .view([views, 3, side, side])
             .to_device(self.device());
         let features = tower.features(&self.params, &vision::normalize_pixels(vision, &raw))?;
-        Ok(projector::forward(&self.params, &features)?.reshape([-1, self.lm.hidden_size]))
+        let projected = projector::forward(&self.params, &features)?;
+        if geometry.is_empty() {
+            return Ok(projected.reshape([-1, self.lm.hidden_size]));
+        }
+        let newline = self.params.get(projector::IMAGE_NEWLINE).ok_or_else(|| {
+            ModelError::InvalidConfig(
+                "anyres images need image_newline, which this model does not hold".into(),
+            )
+        })?;
+        let mut packed = Vec::with_capacity(geometry.len());
+        let mut view = 0;
+        for g in geometry {
+            let tiles = i64::from(g.tiles);
+            let features = projected.narrow(0, view, tiles);
+            view += tiles;
+            let side = vision.image_size / vision.patch_size;
+            packed.push(crate::pack_image_features(
+                &features,
+                g,
+                side,
+                Some(newline),
+            )?);
+        }
+        Ok(Tensor::cat(&packed, 0))
     }
 
     /// Input embeddings `[1, len, D]` of `ids` with the image tokens of `pixels` (one image per
-    /// `num_patches` placeholders, in order) at the placeholder positions.
-    fn prompt_embeds(&self, ids: &[i64], pixels: &[u8]) -> Result<Tensor> {
+    /// `num_patches` placeholders, in order; under `anyres_max_N` each image's `geometry`
+    /// says its views and tokens) at the placeholder positions.
+    fn prompt_embeds(
+        &self,
+        ids: &[i64],
+        pixels: &[u8],
+        geometry: &[ImageTokens],
+    ) -> Result<Tensor> {
         let vocab = self.vocab;
         if let Some(id) = ids.iter().find(|&&id| id < 0 || id >= vocab) {
             return Err(ModelError::InvalidConfig(format!(
@@ -191,14 +224,19 @@ impl Generator {
         let side = vision.0.image_size;
         let per_image = (3 * side * side) as usize;
         let images = (pixels.len() / per_image) as i64;
-        if pixels.len() != images as usize * per_image
-            || placeholders.len() as i64 != images * tokens
-        {
+        let (views, expected) = if geometry.is_empty() {
+            (images, images * tokens)
+        } else {
+            let views: i64 = geometry.iter().map(|g| i64::from(g.tiles)).sum();
+            (views, geometry.iter().map(|g| g.total() as i64).sum())
+        };
+        if pixels.len() != views as usize * per_image || placeholders.len() as i64 != expected {
             return Err(ModelError::InvalidConfig(format!(
-                "prompt has {} image placeholders and {} pixel bytes; each {side}px image takes \
-                 {per_image} bytes and {tokens} placeholders",
+                "prompt has {} image placeholders and {} pixel bytes; its {views} {side}px \
+                 views take {} bytes and {expected} placeholders",
                 placeholders.len(),
-                pixels.len()
+                pixels.len(),
+                views as usize * per_image
             )));
         }
         let device = self.device();
@@ -211,7 +249,11 @@ impl Generator {
         let d = self.lm.hidden_size;
         Ok(embeds
             .reshape([-1, d])
-            .index_copy(0, &index, &self.image_embeds(vision, pixels, images)?)
+            .index_copy(
+                0,
+                &index,
+                &self.image_embeds(vision, pixels, views, geometry)?,
+            )
             .view([1, -1, d]))
     }
 
@@ -243,8 +285,19 @@ impl Generator {
 
     /// Logits `[len, vocab]` (f32) of every prompt position (one forward, no cache kept).
     pub fn prompt_logits(&self, ids: &[i64], pixels: &[u8]) -> Result<Tensor> {
+        self.prompt_logits_images(ids, pixels, &[])
+    }
+
+    /// [`Self::prompt_logits`] of `anyres_max_N` images: `pixels` holds each image's views,
+    /// `geometry` what each becomes (a micro-batch's `image_geometry`).
+    pub fn prompt_logits_images(
+        &self,
+        ids: &[i64],
+        pixels: &[u8],
+        geometry: &[ImageTokens],
+    ) -> Result<Tensor> {
         tch::no_grad(|| {
-            let x = self.prompt_embeds(ids, pixels)?;
+            let x = self.prompt_embeds(ids, pixels, geometry)?;
             let h = self.decode(&x, &mut self.fresh_cache())?;
             Ok(vocab::logits(&self.lm, &self.params, self.tied, &h)
                 .squeeze_dim(0)
@@ -253,24 +306,37 @@ impl Generator {
     }
 
     /// Generates after `ids` (placeholders expanded, one image of `pixels` per
-    /// `num_patches` of them).
+    /// `num_patches` of them; see [`Self::generate_images`] for `anyres_max_N` images).
     pub fn generate(
         &self,
         ids: &[i64],
         pixels: &[u8],
         options: &GenerateOptions,
     ) -> Result<Generation> {
-        tch::no_grad(|| self.generate_inner(ids, pixels, options))
+        self.generate_images(ids, pixels, &[], options)
+    }
+
+    /// [`Self::generate`] after a prompt of `anyres_max_N` images: `pixels` holds each image's
+    /// views, `geometry` what each becomes (a micro-batch's `image_geometry`).
+    pub fn generate_images(
+        &self,
+        ids: &[i64],
+        pixels: &[u8],
+        geometry: &[ImageTokens],
+        options: &GenerateOptions,
+    ) -> Result<Generation> {
+        tch::no_grad(|| self.generate_inner(ids, pixels, geometry, options))
     }
 
     fn generate_inner(
         &self,
         ids: &[i64],
         pixels: &[u8],
+        geometry: &[ImageTokens],
         options: &GenerateOptions,
     ) -> Result<Generation> {
         let mut rng = ChaCha8Rng::seed_from_u64(options.seed);
-        let mut sequence = self.prompt_embeds(ids, pixels)?;
+        let mut sequence = self.prompt_embeds(ids, pixels, geometry)?;
         let mut kv = self.fresh_cache();
         let mut next_input = sequence.shallow_clone();
         let (mut tokens, mut logits) = (Vec::new(), Vec::new());

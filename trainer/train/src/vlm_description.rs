@@ -3,6 +3,7 @@
 use crate::config::{ResizePolicy, TrainConfig};
 use crate::export::error::ExportError;
 use serde::{Deserialize, Serialize};
+use shards::image_layout::ImageLayout;
 use std::path::{Path, PathBuf};
 use tessera_model::{LoraConfig, Vlm, VlmOptions};
 
@@ -47,6 +48,10 @@ pub(crate) struct VlmDescription {
     /// Rows the LM appended for tokens ingest added (`<image>`), trained with the projector.
     #[serde(default)]
     pub added_tokens: i64,
+    /// `--image-layout`: `single` (one tile per image) or `anyres_max_N` (LLaVA-OneVision's
+    /// tiles with `image_newline`).
+    #[serde(default)]
+    pub image_layout: ImageLayout,
 }
 
 impl VlmDescription {
@@ -81,6 +86,7 @@ impl VlmDescription {
             adapter_dir: None,
             special_tokens: Some(tokens),
             added_tokens: vlm.options.added_tokens,
+            image_layout: vlm.options.image_layout.clone(),
         }
     }
 
@@ -90,6 +96,7 @@ impl VlmDescription {
         VlmOptions {
             image_size: Some(self.image_size),
             vision_feature_layer: Some(self.mm_vision_select_layer),
+            image_layout: self.image_layout.clone(),
             ..Default::default()
         }
     }

@@ -7,6 +7,7 @@
 use pipeline::loader::{BadImagePolicy, Loader, LoaderConfig, LoaderError, ResizePolicy};
 use pipeline::{MicroBatch, MicroBatchPlan};
 use shards::chat::{Role, Template, IMAGE_TAG, IM_END};
+use shards::image_layout::ImageLayout;
 use shards::{Image, Kind, Sample, SpecialTokens};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -77,10 +78,12 @@ impl Captioner {
     /// prompting with `template` and resizing images by `resize` (as the model was trained).
     /// `tokens`: the special tokens the model was trained with (a run's); `None` resolves them
     /// from the tokenizer's own files (a llava-hf export's tokenizer_config.json).
+    /// `layout`: how the model was trained to see images (`single`, or `anyres_max_N`, whose
+    /// views the loader cuts as in training).
     pub fn new(
         generator: Generator,
         template: Template,
-        resize: ResizePolicy,
+        (resize, layout): (ResizePolicy, ImageLayout),
         tokenizer: &Path,
         tokens: Option<SpecialTokens>,
     ) -> Result<Self, CaptionError> {
@@ -111,6 +114,7 @@ impl Captioner {
         let loader = LoaderConfig::builder()
             .image_size(vision.image_size as usize)
             .image_tokens(vision.num_patches() as usize)
+            .image_layout(layout, vision.patch_size as u32)
             .tokens(&encoder.tokens)
             .resize(resize)
             .threads(1)
@@ -187,7 +191,7 @@ impl Captioner {
     pub fn caption(&self, mb: &MicroBatch) -> Result<(String, usize), CaptionError> {
         let generation = self
             .generator
-            .generate(&mb.input_ids, &mb.pixels, &self.options)
+            .generate_images(&mb.input_ids, &mb.pixels, &mb.image_geometry, &self.options)
             .map_err(|source| CaptionError::Generate {
                 samples: mb.sample_ids.join(","),
                 source: Box::new(source),

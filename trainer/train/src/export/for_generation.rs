@@ -15,6 +15,7 @@ use crate::export::run_weights::{initial_projector, RunWeights};
 use crate::run_dir::RunDir;
 use crate::vlm_description::VlmDescription;
 use pipeline::loader::ResizePolicy;
+use shards::image_layout::ImageLayout;
 use std::path::Path;
 use tessera_fsdp::ParamMap;
 use tessera_model::{
@@ -28,6 +29,8 @@ pub struct GenerationModel {
     pub template: String,
     /// `square` (resize straight) or `pad`, as LLaVA's `image_aspect_ratio`.
     pub image_aspect_ratio: String,
+    /// How the model sees images: `single` or `anyres_max_N` (its run's `--image-layout`).
+    pub image_layout: ImageLayout,
     /// Hex sha256 of the tokenizer.json the run's shards were tokenized with (runs only).
     pub tokenizer_fingerprint: Option<String>,
     /// The special tokens the run's shards were tokenized with (runs only; an export's
@@ -49,7 +52,7 @@ impl GenerationModel {
         Captioner::new(
             self.generator,
             template,
-            resize,
+            (resize, self.image_layout),
             tokenizer,
             self.special_tokens,
         )
@@ -125,6 +128,7 @@ pub fn load_run_model(run: &Path, dtype: Option<Dtype>) -> Result<GenerationMode
         generator: Generator::with_kind(&vlm, params, kind)?,
         template: description.template.clone(),
         image_aspect_ratio: description.image_aspect_ratio.clone(),
+        image_layout: description.image_layout.clone(),
         tokenizer_fingerprint: Some(description.tokenizer_fingerprint.clone()),
         special_tokens: Some(description.special_tokens()),
         step: Some(ckpt.meta.step),
@@ -145,6 +149,7 @@ pub fn load_export_model(dir: &Path, dtype: Option<Dtype>) -> Result<GenerationM
             "plain".into()
         },
         image_aspect_ratio: "square".into(),
+        image_layout: ImageLayout::Single,
         tokenizer_fingerprint: None,
         special_tokens: None,
         step: None,

@@ -28,6 +28,7 @@ use crate::export::run_weights::{initial_projector, RunWeights};
 use crate::run_dir::RunDir;
 use crate::vlm_description::VlmDescription;
 use shards::chat::{Template, IM_END};
+use shards::image_layout::ImageLayout;
 use shards::SpecialTokens;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -50,11 +51,15 @@ pub struct LlavaHfOptions {
     /// ships the run's own copy when this is `None`, and refuses one whose sha256 is not the
     /// run's tokenizer fingerprint; [`write_llava_hf`] writes no processor files without one.
     pub tokenizer: Option<PathBuf>,
+    /// `--format llava-onevision`: the run must be an `anyres_max_N` one, and is written as a
+    /// `LlavaOnevisionForConditionalGeneration` (`--format llava-hf` refuses such runs).
+    pub onevision: bool,
 }
 
 impl Default for LlavaHfOptions {
     fn default() -> Self {
         Self {
+            onevision: false,
             merge: true,
             dtype: Kind::BFloat16,
             max_shard_bytes: tessera_model::HUB_SHARD_BYTES,
@@ -95,6 +100,9 @@ pub struct LlavaSources<'a> {
     pub image_size: Option<i64>,
     /// The hidden state the run's features are (`None`: -2).
     pub vision_feature_layer: Option<i64>,
+    /// `single` writes a `LlavaForConditionalGeneration`, `anyres_max_N` a
+    /// `LlavaOnevisionForConditionalGeneration` (with `image_newline` and its pinpoints).
+    pub image_layout: ImageLayout,
 }
 
 /// What was written.
@@ -135,6 +143,27 @@ pub fn export_llava_hf(
         tokenizer: Some(run_dir.tokenizer_for(options.tokenizer.as_deref())?),
         ..options.clone()
     };
+    match (&description.image_layout, options.onevision) {
+        (ImageLayout::Single, true) => {
+            return Err(refused(
+                run,
+                "it sees each image as one tile (--image-layout single): export it with \
+                 --format llava-hf"
+                    .into(),
+            ))
+        }
+        (ImageLayout::AnyRes { .. }, false) => {
+            return Err(refused(
+                run,
+                format!(
+                    "it sees images as {} tiles, a LLaVA-OneVision model: export it with \
+                     --format llava-onevision",
+                    description.image_layout
+                ),
+            ))
+        }
+        _ => {}
+    }
     let (ckpt, trainable) = newest_complete_trained(run)?;
     let cfg = stored_config(run, &ckpt)?;
     let vlm = Vlm::from_dirs(
@@ -160,6 +189,7 @@ pub fn export_llava_hf(
         template: &description.template,
         image_size: Some(description.image_size),
         vision_feature_layer: Some(description.mm_vision_select_layer),
+        image_layout: description.image_layout.clone(),
     };
     let mut report = write_llava_hf(&sources, out, &options)?;
     report.projector_from = initial.map(|(_, from)| from);
@@ -184,6 +214,7 @@ pub fn write_llava_hf(
             added_tokens: sources.added_tokens,
             image_size: sources.image_size,
             vision_feature_layer: sources.vision_feature_layer,
+            image_layout: sources.image_layout.clone(),
             ..Default::default()
         },
     )?;
@@ -279,12 +310,15 @@ pub fn write_llava_hf(
         Kind::Half => "float16",
         _ => "float32",
     };
-    let config = llava_config_json(
+    let mut config = llava_config_json(
         &vlm,
         &read(sources.vision_dir)?,
         &read(sources.lm_dir)?,
         dtype,
     );
+    if let ImageLayout::AnyRes { .. } = &sources.image_layout {
+        as_onevision_config(&mut config, &vlm, &sources.image_layout);
+    }
     write_json(&out.join("config.json"), &config)?;
     if let Some(tokenizer) = &options.tokenizer {
         write_processor(out, tokenizer, &vlm, sources)?;
@@ -295,6 +329,38 @@ pub fn write_llava_hf(
         tensors: entries.len(),
         projector_from: None,
     })
+}
+
+fn refused(run: &Path, what: String) -> ExportError {
+    ExportError::BadRun {
+        run: run.to_path_buf(),
+        what,
+    }
+}
+
+/// The pinpoints of an `anyres_max_N` model as transformers lists them: [height, width] pairs.
+fn pinpoints(vlm: &Vlm, layout: &ImageLayout) -> serde_json::Value {
+    let tower = shards::image_layout::Tower {
+        tile: vlm.vision.image_size as u32,
+        patch: vlm.vision.patch_size as u32,
+    };
+    layout
+        .pinpoints(tower)
+        .into_iter()
+        .map(|(h, w)| serde_json::json!([h, w]))
+        .collect()
+}
+
+/// A llava config made LLaVA-OneVision's (`LlavaOnevisionConfig`): its model type, the
+/// pinpoints and `vision_aspect_ratio` (the `anyres_max_N` the run trained with).
+fn as_onevision_config(config: &mut serde_json::Value, vlm: &Vlm, layout: &ImageLayout) {
+    config["architectures"] = serde_json::json!(["LlavaOnevisionForConditionalGeneration"]);
+    config["model_type"] = "llava_onevision".into();
+    config["image_grid_pinpoints"] = pinpoints(vlm, layout);
+    config["vision_aspect_ratio"] = layout.to_string().into();
+    if let Some(map) = config.as_object_mut() {
+        map.remove("image_seq_length");
+    }
 }
 
 /// The PEFT adapter for the LLaVA model: keys and `target_modules` name the LM's modules
@@ -373,6 +439,10 @@ fn write_processor(
     // The run's end of sequence, as the shards spell it (so `generate --model` resolves the
     // same tokens as `generate --run`); generation_config.json lists every stop.
     let stop_ids = template.stop_ids(tokens, im_end_id);
+    let processor_class = match sources.image_layout {
+        ImageLayout::Single => "LlavaProcessor",
+        ImageLayout::AnyRes { .. } => "LlavaOnevisionProcessor",
+    };
     let pad = loaded
         .id_to_token(tokens.pad_id)
         .unwrap_or_else(|| tokens.eos.text.clone());
@@ -380,7 +450,7 @@ fn write_processor(
         &out.join("tokenizer_config.json"),
         &serde_json::json!({
             "tokenizer_class": tokenizer_class(sources.lm_dir),
-            "processor_class": "LlavaProcessor",
+            "processor_class": processor_class,
             "bos_token": null,
             "eos_token": tokens.eos.text,
             "pad_token": pad,
@@ -395,6 +465,9 @@ fn write_processor(
     )?;
     let jinja = out.join("chat_template.jinja");
     std::fs::write(&jinja, chat_template(template, tokens)).map_err(io(&jinja))?;
+    if let ImageLayout::AnyRes { .. } = &sources.image_layout {
+        return write_onevision_processor(out, vlm, sources, &stop_ids);
+    }
     write_json(
         &out.join("processor_config.json"),
         &serde_json::json!({
@@ -419,6 +492,59 @@ fn write_processor(
             "do_convert_rgb": true,
             "do_resize": true,
             "size": {"height": side, "width": side},
+            "resample": 3,
+            "do_rescale": true,
+            "rescale_factor": 1.0 / 255.0,
+            "do_normalize": true,
+            "image_mean": mean,
+            "image_std": std,
+        }),
+    )?;
+    write_json(
+        &out.join("generation_config.json"),
+        &serde_json::json!({
+            "bos_token_id": null,
+            "eos_token_id": stop_ids,
+            "pad_token_id": tokens.pad_id,
+            "do_sample": false,
+        }),
+    )
+}
+
+/// The processor files of a LLaVA-OneVision export: `LlavaOnevisionProcessor` (its image
+/// token, the tokens of one view, the feature selection and `vision_aspect_ratio`, which
+/// together give each image's token count), `LlavaOnevisionImageProcessor` (the tower's tile,
+/// the pinpoints, bicubic, padding to the pinpoint) and the generation stops.
+fn write_onevision_processor(
+    out: &Path,
+    vlm: &Vlm,
+    sources: &LlavaSources,
+    stop_ids: &[u32],
+) -> Result<(), ExportError> {
+    let tokens = sources.tokens;
+    let prefix = vlm.vision.prefix_tokens();
+    write_json(
+        &out.join("processor_config.json"),
+        &serde_json::json!({
+            "processor_class": "LlavaOnevisionProcessor",
+            "image_token": tokens.image.text,
+            "num_image_tokens": vlm.vision.num_patches() + prefix,
+            "vision_feature_select_strategy": if prefix == 0 { "full" } else { "default" },
+            "vision_aspect_ratio": sources.image_layout.to_string(),
+        }),
+    )?;
+    let side = vlm.vision.image_size;
+    let (mean, std) = vlm.vision.pixel_mean_std();
+    write_json(
+        &out.join("preprocessor_config.json"),
+        &serde_json::json!({
+            "image_processor_type": "LlavaOnevisionImageProcessor",
+            "processor_class": "LlavaOnevisionProcessor",
+            "do_convert_rgb": true,
+            "do_resize": true,
+            "size": {"height": side, "width": side},
+            "image_grid_pinpoints": pinpoints(vlm, &sources.image_layout),
+            "do_pad": true,
             "resample": 3,
             "do_rescale": true,
             "rescale_factor": 1.0 / 255.0,

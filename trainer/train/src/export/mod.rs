@@ -31,6 +31,7 @@ use run_weights::initial_projector;
 use std::path::{Path, PathBuf};
 use tessera_model::{
     save_adapter_as, save_safetensors_as, write_hub_files, Vlm, ADAPTER_CONFIG, HUB_SHARD_BYTES,
+    IMAGE_NEWLINE,
 };
 
 pub(crate) const PROJECTOR_FILE: &str = "mm_projector.safetensors";
@@ -114,15 +115,22 @@ pub fn export_as(run: &Path, out: &Path, dtype: Dtype) -> Result<ExportReport, E
     )?;
     let (projector, projector_from) = match initial_projector(run, &cfg, &model)? {
         Some((projector, from)) => (projector, Some(from)),
-        None => (params.collect(|k| k.starts_with("mm_projector."))?, None),
+        None => (
+            params.collect(|k| k.starts_with("mm_projector.") || k == IMAGE_NEWLINE)?,
+            None,
+        ),
     };
-    if projector.len() != 4 {
+    // An anyres_max_N run's image_newline trains beside the projector and ships with it.
+    let expected = if model.has_image_newline() { 5 } else { 4 };
+    if projector.len() != expected {
         return Err(ExportError::BadRun {
             run: run.to_path_buf(),
             what: format!(
-                "checkpoint {} holds {} projector tensors, expected 4 (mm_projector.0/2 weight+bias)",
+                "checkpoint {} holds {} projector tensors, expected {expected} (mm_projector.0/2 \
+                 weight+bias{})",
                 ckpt.dir.display(),
-                projector.len()
+                projector.len(),
+                if expected == 5 { ", image_newline" } else { "" }
             ),
         });
     }

@@ -38,6 +38,7 @@ fn export(out: &Path, options: &LlavaHfOptions) -> anyhow::Result<()> {
         template: "plain",
         image_size: None,
         vision_feature_layer: None,
+        image_layout: Default::default(),
     };
     write_llava_hf(&sources, out, options)?;
     Ok(())
@@ -318,6 +319,7 @@ fn a_full_finetune_export_loads_in_transformers_and_generates_the_same_tokens() 
         template: "plain",
         image_size: None,
         vision_feature_layer: None,
+        image_layout: Default::default(),
     };
     // Streamed into 100 KB shards (of a 400 KB f32 model) with an index, as `save_pretrained`
     // shards a large model: transformers reads the index.
