@@ -42,6 +42,63 @@ pub(crate) fn assign_rows(
     Some(ranks)
 }
 
+/// Evens the ranks' costs after `assign_rows`: swaps a sample of the costliest rank for a
+/// cheaper one of another rank (any rows), choosing the swap that leaves the pair's costlier
+/// rank cheapest, while that lowers the costliest rank. A swap never makes a row longer than
+/// its rank's longest (or, in a rank of one row, which has no padding, longer than `cap`), so
+/// the padding in all does not grow (what one rank's rows lose in real tokens the other's
+/// gain). Levelled rows are close in
+/// length but not in cost (an AnyRes image's tiles cost the vision tower as much as its tokens
+/// cost the LM), which is what this corrects. `ranks`: rows of sample indices per rank.
+pub(crate) fn balance_costs(ranks: &mut [Vec<Vec<u32>>], lens: &[u32], costs: &[f64], cap: u32) {
+    let row_len = |row: &[u32]| row.iter().map(|&s| lens[s as usize]).sum::<u32>();
+    let rank_cost =
+        |rows: &[Vec<u32>]| -> f64 { rows.iter().flatten().map(|&s| costs[s as usize]).sum() };
+    for _ in 0..4 * ranks.len() {
+        let totals: Vec<f64> = ranks.iter().map(|r| rank_cost(r)).collect();
+        let Some(hi) = (0..ranks.len()).max_by(|&a, &b| totals[a].total_cmp(&totals[b])) else {
+            return;
+        };
+        // How long a row of the rank may get: its longest row, or the cap for a rank of one row.
+        let width = |rows: &[Vec<u32>]| match rows.len() {
+            1 => cap,
+            _ => rows.iter().map(|r| row_len(r)).max().unwrap_or(0),
+        };
+        let hi_width = width(&ranks[hi]);
+        // (the pair's new higher cost, rank, row and position in hi, row and position in it)
+        let mut best: Option<(f64, usize, (usize, usize), (usize, usize))> = None;
+        for (r, rows) in ranks.iter().enumerate().filter(|&(r, _)| r != hi) {
+            let r_width = width(rows);
+            for (i, hi_row) in ranks[hi].iter().enumerate() {
+                let hi_len = row_len(hi_row);
+                for (a, &sa) in hi_row.iter().enumerate() {
+                    let (la, ca) = (lens[sa as usize], costs[sa as usize]);
+                    for (j, row) in rows.iter().enumerate() {
+                        let len = row_len(row);
+                        for (b, &sb) in row.iter().enumerate() {
+                            let (lb, cb) = (lens[sb as usize], costs[sb as usize]);
+                            let fits = hi_len - la + lb <= hi_width && len - lb + la <= r_width;
+                            if cb >= ca || !fits {
+                                continue;
+                            }
+                            let pair = (totals[hi] - ca + cb).max(totals[r] - cb + ca);
+                            if pair < totals[hi] && best.is_none_or(|k| pair < k.0) {
+                                best = Some((pair, r, (i, a), (j, b)));
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        let Some((_, r, (i, a), (j, b))) = best else {
+            return;
+        };
+        let taken = ranks[hi][i][a];
+        ranks[hi][i][a] = ranks[r][j][b];
+        ranks[r][j][b] = taken;
+    }
+}
+
 /// Item indices per rank for `bucket`: `sorted` (longest first) cut into at most `w`
 /// consecutive groups, each `count * first_len <= budget`, leaving an item for every later rank
 /// while items last. `None` if the items do not fit `w` ranks.

@@ -5,7 +5,7 @@
 //! that can be laid out on the W ranks within the budget. A micro-step depends only on where
 //! the streams stand, so a plan resumed from a position repeats the original exactly.
 //! `fixed` takes the next `W * c` samples of the shuffled order, kinds mixed.
-use super::assign::{assign_buckets, assign_rows};
+use super::assign::{assign_buckets, assign_rows, balance_costs};
 use super::config::{Mode, Planner};
 use super::rows::pack_rows;
 use shards::Kind;
@@ -38,6 +38,17 @@ impl Planner {
             lens.push(len);
         }
         let (n, mut ranks) = self.largest_fitting_prefix(&samples, &lens);
+        if self.mode != Mode::Bucket {
+            // Once, on the layout chosen (not on every prefix the search tries).
+            let mut rows: Vec<Vec<Vec<u32>>> = ranks
+                .iter_mut()
+                .map(|r| std::mem::take(&mut r.rows))
+                .collect();
+            balance_costs(&mut rows, &self.lens, &self.costs, self.row_cap);
+            for (rank, rows) in ranks.iter_mut().zip(rows) {
+                rank.rows = rows;
+            }
+        }
         // Only a kind's last few samples can leave ranks empty: fill them with zero-loss copies
         // of those samples (images included, so the vision tower runs on every rank).
         for (j, rank) in ranks

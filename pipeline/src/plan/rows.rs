@@ -1,6 +1,7 @@
 //! Rows of one look-ahead window: first-fit decreasing decides how many rows the window's
 //! samples need; the samples are then dealt into that many rows largest-first, each to the
-//! shortest row (levelling), so the rows of a micro-batch are nearly equally long and padding
+//! shortest row (levelling), and evened out by moving or swapping items between the longest
+//! and the shortest row, so the rows of a micro-batch are nearly equally long and padding
 //! every row to the longest wastes little. If levelling would overflow a row, FFD's rows stay.
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
@@ -26,6 +27,7 @@ pub(crate) fn pack_rows(
     if let Some(levelled) = level(lens, sorted, cap, rows) {
         return Some(levelled);
     }
+
     if rows != ffd_rows {
         return None;
     }
@@ -40,6 +42,7 @@ pub(crate) fn pack_rows(
         out[row].items.push(item);
         out[row].len += lens[item as usize];
     }
+    even_out(lens, &mut out);
     Some(out)
 }
 
@@ -94,7 +97,58 @@ fn level(lens: &[u32], sorted: &[u32], cap: u32, rows: usize) -> Option<Vec<Row>
         out[row].len = load + len;
         heap.push(Reverse((load + len, row)));
     }
+    even_out(lens, &mut out);
     Some(out)
+}
+
+/// Lowers the longest row while it can: moves one of its items to another row, or swaps one
+/// of its items for a shorter one of another row, choosing the exchange that leaves the pair's
+/// longer row shortest; the other row never reaches the old longest, so the cap holds and no
+/// row grows past it. Dealing alone (or FFD, when dealing would overflow a row) leaves rows of
+/// few-thousand-token items (AnyRes images) hundreds of tokens apart; this brings them to
+/// within tens.
+fn even_out(lens: &[u32], rows: &mut [Row]) {
+    for _ in 0..8 * rows.len() {
+        let Some(long) = (0..rows.len()).max_by_key(|&r| (rows[r].len, Reverse(r))) else {
+            return;
+        };
+        let top = rows[long].len;
+        // (the pair's new longer row, its new shorter row reversed, row, item of long, item of row)
+        let mut best: Option<(u32, Reverse<u32>, usize, usize, Option<usize>)> = None;
+        for (r, row) in rows.iter().enumerate().filter(|&(r, _)| r != long) {
+            for (a, &ia) in rows[long].items.iter().enumerate() {
+                let la = lens[ia as usize];
+                let mut consider = |shift: u32, b: Option<usize>| {
+                    if shift == 0 || row.len + shift >= top {
+                        return;
+                    }
+                    let (hi, lo) = (
+                        (top - shift).max(row.len + shift),
+                        (top - shift).min(row.len + shift),
+                    );
+                    let key = (hi, Reverse(lo), r, a, b);
+                    if best.is_none_or(|k| (key.0, key.1) < (k.0, k.1)) {
+                        best = Some(key);
+                    }
+                };
+                consider(la, None);
+                for (b, &ib) in row.items.iter().enumerate() {
+                    consider(la.saturating_sub(lens[ib as usize]), Some(b));
+                }
+            }
+        }
+        let Some((_, _, r, a, b)) = best else { return };
+        let item = rows[long].items.remove(a);
+        let mut shift = lens[item as usize];
+        if let Some(b) = b {
+            let back = rows[r].items.remove(b);
+            shift -= lens[back as usize];
+            rows[long].items.push(back);
+        }
+        rows[r].items.push(item);
+        rows[long].len -= shift;
+        rows[r].len += shift;
+    }
 }
 
 #[cfg(test)]
@@ -110,6 +164,26 @@ mod tests {
         let rows = pack_rows(&lens, &sorted, 100, 1).expect("fits");
         assert_eq!(rows.len(), 3);
         assert!(rows.iter().all(|r| r.len == 100), "{rows:?}");
+    }
+
+    #[test]
+    fn evening_out_brings_dealt_rows_together() {
+        // Dealt largest-first into 2 rows, 3,050 tokens end up 1,500 + 50s and 1,550 or so
+        // apart by whole items; exchanges bring the rows to within the smallest item.
+        let lens = [900, 800, 500, 400, 300, 50, 50, 50];
+        let sorted: Vec<u32> = (0..lens.len() as u32).collect();
+        let rows = pack_rows(&lens, &sorted, 2000, 2).expect("fits");
+        let total: u32 = lens.iter().sum();
+        assert_eq!(rows.iter().map(|r| r.len).sum::<u32>(), total);
+        for r in &rows {
+            assert_eq!(
+                r.len,
+                r.items.iter().map(|&i| lens[i as usize]).sum::<u32>()
+            );
+        }
+        let spread = rows.iter().map(|r| r.len).max().unwrap_or(0)
+            - rows.iter().map(|r| r.len).min().unwrap_or(0);
+        assert!(spread <= 50, "{rows:?}");
     }
 
     #[test]
