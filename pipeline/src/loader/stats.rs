@@ -12,6 +12,9 @@ pub struct LoaderStats {
     pub samples: u64,
     /// Images decoded and resized.
     pub images: u64,
+    /// Tower views cut from them: one per image under `single`, the base view and tiles of
+    /// each under `anyres_max_N`.
+    pub views: u64,
     /// Samples dropped under the `skip` policy.
     pub skipped: u64,
     /// Worker time reading samples from the source (the checksum check included).
@@ -34,6 +37,7 @@ impl LoaderStats {
         self.batches += other.batches;
         self.samples += other.samples;
         self.images += other.images;
+        self.views += other.views;
         self.skipped += other.skipped;
         self.read += other.read;
         self.checksum += other.checksum;
@@ -49,6 +53,7 @@ impl LoaderStats {
 pub(crate) struct StatCells {
     pub samples: AtomicU64,
     pub images: AtomicU64,
+    pub views: AtomicU64,
     pub skipped: AtomicU64,
     pub read_ns: AtomicU64,
     pub checksum_ns: AtomicU64,
@@ -67,6 +72,7 @@ impl StatCells {
             batches,
             samples: self.samples.load(Relaxed),
             images: self.images.load(Relaxed),
+            views: self.views.load(Relaxed),
             skipped: self.skipped.load(Relaxed),
             read: Duration::from_nanos(self.read_ns.load(Relaxed)),
             checksum: Duration::from_nanos(self.checksum_ns.load(Relaxed)),

@@ -157,6 +157,7 @@ impl Worker {
         self.stats
             .images
             .fetch_add(batch.num_images as u64, Relaxed);
+        self.stats.views.fetch_add(batch.views() as u64, Relaxed);
         Ok(batch)
     }
 

@@ -1,7 +1,10 @@
 //! `tessera bench loader`: the loader's images/s on a shard directory, next to the decode-only
 //! bound (the `image` crate decoding the same bytes on the same thread count) and the PIL
 //! reference loader (the repo's scripts/baselines/pil_loader.py) on the same images and worker
-//! count. Human-readable lines first, then one JSON line.
+//! count. With `--image-layout anyres_max_N` the loader cuts each image's base view and tiles,
+//! and the reference is transformers' own `LlavaOnevisionImageProcessor`
+//! (scripts/baselines/llava_onevision_views.py): views (tiles) per second on both sides.
+//! Human-readable lines first, then one JSON line.
 mod measure;
 mod remote;
 
@@ -37,6 +40,14 @@ pub(crate) struct Args {
     /// Samples per packed row and rows per micro-batch of the synthetic plan.
     #[arg(long, num_args = 2, default_values_t = [2, 4])]
     packing: Vec<usize>,
+    /// How images become tower views: single (default: one S x S view each) or anyres_max_N
+    /// (LLaVA-OneVision's base view and tiles, measured in views/s against transformers'
+    /// LlavaOnevisionImageProcessor from .deps/hfvenv, which cuts 384 px tiles).
+    #[arg(long)]
+    image_layout: Option<shards::image_layout::ImageLayout>,
+    /// The tower's patch side under --image-layout anyres_max_N (so400m: 14).
+    #[arg(long, default_value_t = 14)]
+    patch_size: u32,
     /// Skip the PIL reference even when python3 with pillow and numpy is present.
     #[arg(long)]
     no_reference: bool,
@@ -53,6 +64,8 @@ pub(crate) struct Args {
 /// One round: the loader, then decode-only, back to back.
 struct Round {
     images_per_s: f64,
+    /// Tower views: images/s under `single`, base views and tiles under `anyres_max_N`.
+    views_per_s: f64,
     samples_per_s: f64,
     decode_only: f64,
     loader_cpu_ms: Option<f64>,
@@ -87,11 +100,16 @@ pub(crate) fn run(args: Args) -> anyhow::Result<()> {
     );
     let images = read_images(source.as_ref(), &work.image_indices)?; // also warms the page cache
     let policy = args.policy;
+    let layout = args.image_layout.clone().unwrap_or_default();
+    let side = args.image_size / args.patch_size.max(1) as usize;
     let config = LoaderConfig::builder()
         .threads(args.threads)
         .image_size(args.image_size)
+        .image_tokens(side * side)
+        .image_layout(layout.clone(), args.patch_size)
         .resize(policy)
         .build()?;
+    let anyres = layout != shards::image_layout::ImageLayout::Single;
     let threads = config.threads;
 
     let bytes: Vec<Vec<u8>> = images.iter().map(|(_, b)| b.clone()).collect();
@@ -121,11 +139,14 @@ pub(crate) fn run(args: Args) -> anyhow::Result<()> {
         let secs = took.as_secs_f64();
         let images_per_s = stats.images as f64 / secs;
         println!(
-            "round {round}: tessera {} images, {} samples, {} skipped in {secs:.3}s with \
-             {threads} threads: {images_per_s:.1} images/s, consumer wait {:.3}s",
+            "round {round}: tessera {} images ({} views), {} samples, {} skipped in {secs:.3}s \
+             with {threads} threads: {images_per_s:.1} images/s, {:.1} views/s, consumer wait \
+             {:.3}s",
             stats.images,
+            stats.views,
             stats.samples,
             stats.skipped,
+            stats.views as f64 / secs,
             stats.wait.as_secs_f64()
         );
         let unchecked = unchecked_before.or(unchecked_rate(false)?);
@@ -150,6 +171,7 @@ pub(crate) fn run(args: Args) -> anyhow::Result<()> {
         // cores (preemption drops out; cache contention stays): the same ratio, less noisy.
         let cpu_ms = |cpu: Option<f64>, n: u64| cpu.map(|c| c * 1e3 / n.max(1) as f64);
         rounds.push(Round {
+            views_per_s: stats.views as f64 / secs,
             images_per_s,
             samples_per_s: stats.samples as f64 / secs,
             decode_only,
@@ -171,6 +193,7 @@ pub(crate) fn run(args: Args) -> anyhow::Result<()> {
     );
     let of = |f: fn(&Round) -> f64| median(rounds.iter().map(f).collect());
     let images_per_s = of(|r| r.images_per_s);
+    let views_per_s = of(|r| r.views_per_s);
     let samples_per_s = of(|r| r.samples_per_s);
     let decode_only = of(|r| r.decode_only);
     let ratio_vs_decode_only = of(|r| r.images_per_s / r.decode_only);
@@ -199,20 +222,38 @@ pub(crate) fn run(args: Args) -> anyhow::Result<()> {
         100.0 * checksum_share
     );
 
-    let reference = if args.no_reference {
-        None
-    } else {
-        run_reference(&images, args.image_size, threads)?
-    };
-    let ratio_vs_reference = reference.map(|r| images_per_s / r);
     let n = rounds.len();
-    match (reference, ratio_vs_reference) {
-        (Some(r), Some(ratio)) => println!(
-            "PIL reference ({threads} workers): {r:.1} images/s; tessera (median of {n}) \
-             {images_per_s:.1} images/s is {ratio:.2}x"
-        ),
-        _ => println!("PIL reference: not run (needs python3 with pillow and numpy)"),
-    }
+    let (reference, ratio_vs_reference) = if anyres {
+        let reference = match args.no_reference {
+            true => None,
+            false => run_views_reference(&images, &args, threads)?,
+        };
+        let ratio = reference.map(|r| views_per_s / r);
+        match (reference, ratio) {
+            (Some(r), Some(ratio)) => println!(
+                "LlavaOnevisionImageProcessor ({threads} workers): {r:.1} views/s; tessera \
+                 (median of {n}) {views_per_s:.1} views/s is {ratio:.2}x"
+            ),
+            _ => println!(
+                "LlavaOnevisionImageProcessor: not run (needs .deps/hfvenv, 384 px, patch 14)"
+            ),
+        }
+        (reference, ratio)
+    } else {
+        let reference = match args.no_reference {
+            true => None,
+            false => run_reference(&images, args.image_size, threads)?,
+        };
+        let ratio = reference.map(|r| images_per_s / r);
+        match (reference, ratio) {
+            (Some(r), Some(ratio)) => println!(
+                "PIL reference ({threads} workers): {r:.1} images/s; tessera (median of {n}) \
+                 {images_per_s:.1} images/s is {ratio:.2}x"
+            ),
+            _ => println!("PIL reference: not run (needs python3 with pillow and numpy)"),
+        }
+        (reference, ratio)
+    };
     println!("tessera / decode-only, median of {n} paired rounds: {ratio_vs_decode_only:.3}");
     if let (Some(l), Some(d), Some(r)) = (loader_cpu_ms, decode_cpu_ms, cpu_ratio) {
         println!(
@@ -222,6 +263,8 @@ pub(crate) fn run(args: Args) -> anyhow::Result<()> {
     }
     let line = serde_json::json!({
         "images_per_s": images_per_s,
+        "views_per_s": views_per_s,
+        "image_layout": layout.to_string(),
         "samples_per_s": samples_per_s,
         "decode_only_images_per_s": decode_only,
         "reference_images_per_s": reference,
@@ -311,6 +354,56 @@ fn run_reference(
     Ok(Some(
         rate.parse()
             .with_context(|| format!("reference rate {rate:?}"))?,
+    ))
+}
+
+/// transformers' `LlavaOnevisionImageProcessor` over `images` written as files
+/// (scripts/baselines/llava_onevision_views.py, on `workers` processes, `args.rounds` passes):
+/// its views (base and tiles) per second. `None` without .deps/hfvenv or the script, or when
+/// the run is not the processor's geometry (384 px tiles, patch 14).
+fn run_views_reference(
+    images: &[(String, Vec<u8>)],
+    args: &Args,
+    workers: usize,
+) -> anyhow::Result<Option<f64>> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let (python, script) = (
+        root.join(".deps/hfvenv/bin/python"),
+        root.join("scripts/baselines/llava_onevision_views.py"),
+    );
+    if !python.is_file() || !script.is_file() || (args.image_size, args.patch_size) != (384, 14) {
+        return Ok(None);
+    }
+    let dir = std::env::temp_dir().join(format!("tessera-bench-views-{}", std::process::id()));
+    export_llava(&dir, images).with_context(|| format!("exporting to {}", dir.display()))?;
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir.join("images"))?
+        .map(|e| e.map(|e| e.path()))
+        .collect::<Result<_, _>>()?;
+    files.sort();
+    let out = Command::new(&python)
+        .arg(&script)
+        .arg(workers.to_string())
+        .arg(args.rounds.max(1).to_string())
+        .args(&files)
+        .output()
+        .with_context(|| format!("running {}", script.display()));
+    std::fs::remove_dir_all(&dir).with_context(|| format!("removing {}", dir.display()))?;
+    let out = out?;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    anyhow::ensure!(
+        out.status.success(),
+        "{} failed: {}{}",
+        script.display(),
+        stdout,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    println!("LlavaOnevisionImageProcessor: {}", stdout.trim());
+    let rate = stdout
+        .split_whitespace()
+        .find_map(|kv| kv.strip_prefix("tiles_per_s="))
+        .with_context(|| format!("no tiles_per_s= in the reference's output: {stdout}"))?;
+    Ok(Some(
+        rate.parse().with_context(|| format!("rate {rate:?}"))?,
     ))
 }
 
