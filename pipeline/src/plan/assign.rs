@@ -42,6 +42,15 @@ pub(crate) fn assign_rows(
     Some(ranks)
 }
 
+/// A swap `balance_costs` considers: the pair's higher cost after it, the other rank, and the
+/// (row, position) of each sample.
+struct Swap {
+    cost: f64,
+    rank: usize,
+    hi_at: (usize, usize),
+    at: (usize, usize),
+}
+
 /// Evens the ranks' costs after `assign_rows`: swaps a sample of the costliest rank for a
 /// cheaper one of another rank (any rows), choosing the swap that leaves the pair's costlier
 /// rank cheapest, while that lowers the costliest rank. A swap never makes a row longer than
@@ -65,8 +74,7 @@ pub(crate) fn balance_costs(ranks: &mut [Vec<Vec<u32>>], lens: &[u32], costs: &[
             _ => rows.iter().map(|r| row_len(r)).max().unwrap_or(0),
         };
         let hi_width = width(&ranks[hi]);
-        // (the pair's new higher cost, rank, row and position in hi, row and position in it)
-        let mut best: Option<(f64, usize, (usize, usize), (usize, usize))> = None;
+        let mut best: Option<Swap> = None;
         for (r, rows) in ranks.iter().enumerate().filter(|&(r, _)| r != hi) {
             let r_width = width(rows);
             for (i, hi_row) in ranks[hi].iter().enumerate() {
@@ -82,15 +90,26 @@ pub(crate) fn balance_costs(ranks: &mut [Vec<Vec<u32>>], lens: &[u32], costs: &[
                                 continue;
                             }
                             let pair = (totals[hi] - ca + cb).max(totals[r] - cb + ca);
-                            if pair < totals[hi] && best.is_none_or(|k| pair < k.0) {
-                                best = Some((pair, r, (i, a), (j, b)));
+                            if pair < totals[hi] && best.as_ref().is_none_or(|k| pair < k.cost) {
+                                best = Some(Swap {
+                                    cost: pair,
+                                    rank: r,
+                                    hi_at: (i, a),
+                                    at: (j, b),
+                                });
                             }
                         }
                     }
                 }
             }
         }
-        let Some((_, r, (i, a), (j, b))) = best else {
+        let Some(Swap {
+            rank: r,
+            hi_at: (i, a),
+            at: (j, b),
+            ..
+        }) = best
+        else {
             return;
         };
         let taken = ranks[hi][i][a];

@@ -101,6 +101,16 @@ fn level(lens: &[u32], sorted: &[u32], cap: u32, rows: usize) -> Option<Vec<Row>
     Some(out)
 }
 
+/// An exchange `even_out` considers: the pair's rows after it (longer, shorter), the other
+/// row, the longest row's item that goes, and the other row's item that comes back (if any).
+struct Exchange {
+    longer: u32,
+    shorter: u32,
+    row: usize,
+    item: usize,
+    back: Option<usize>,
+}
+
 /// Lowers the longest row while it can: moves one of its items to another row, or swaps one
 /// of its items for a shorter one of another row, choosing the exchange that leaves the pair's
 /// longer row shortest; the other row never reaches the old longest, so the cap holds and no
@@ -113,8 +123,7 @@ fn even_out(lens: &[u32], rows: &mut [Row]) {
             return;
         };
         let top = rows[long].len;
-        // (the pair's new longer row, its new shorter row reversed, row, item of long, item of row)
-        let mut best: Option<(u32, Reverse<u32>, usize, usize, Option<usize>)> = None;
+        let mut best: Option<Exchange> = None;
         for (r, row) in rows.iter().enumerate().filter(|&(r, _)| r != long) {
             for (a, &ia) in rows[long].items.iter().enumerate() {
                 let la = lens[ia as usize];
@@ -126,9 +135,15 @@ fn even_out(lens: &[u32], rows: &mut [Row]) {
                         (top - shift).max(row.len + shift),
                         (top - shift).min(row.len + shift),
                     );
-                    let key = (hi, Reverse(lo), r, a, b);
-                    if best.is_none_or(|k| (key.0, key.1) < (k.0, k.1)) {
-                        best = Some(key);
+                    let better = |k: &Exchange| (hi, Reverse(lo)) < (k.longer, Reverse(k.shorter));
+                    if best.as_ref().is_none_or(better) {
+                        best = Some(Exchange {
+                            longer: hi,
+                            shorter: lo,
+                            row: r,
+                            item: a,
+                            back: b,
+                        });
                     }
                 };
                 consider(la, None);
@@ -137,7 +152,15 @@ fn even_out(lens: &[u32], rows: &mut [Row]) {
                 }
             }
         }
-        let Some((_, _, r, a, b)) = best else { return };
+        let Some(Exchange {
+            row: r,
+            item: a,
+            back: b,
+            ..
+        }) = best
+        else {
+            return;
+        };
         let item = rows[long].items.remove(a);
         let mut shift = lens[item as usize];
         if let Some(b) = b {

@@ -130,7 +130,7 @@ impl VlmCtx {
             .filter(|&i| mb.input_ids[i as usize] == image_token_id)
             .collect();
         let anyres = vlm.has_image_newline();
-        if mb.num_images > 0 && anyres != !mb.image_geometry.is_empty() {
+        if mb.num_images > 0 && anyres == mb.image_geometry.is_empty() {
             return Err(bad(format!(
                 "the model's image layout is {} but the micro-batch's images {}",
                 vlm.options.image_layout,

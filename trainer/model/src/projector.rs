@@ -30,7 +30,7 @@ pub(super) fn newline_spec(lm_hidden: i64, trainable: bool) -> ParamSpec {
 /// 1/sqrt(lm_hidden), here drawn from a seeded stream (Box-Muller) so every rank and CPU
 /// draws the same vector.
 pub(super) fn init_newline(lm_hidden: i64, seed: u64) -> Tensor {
-    let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0x6e65_776c_696e_65);
+    let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0x006e_6577_6c69_6e65);
     let std = 1.0 / (lm_hidden as f64).sqrt();
     let values: Vec<f32> = (0..lm_hidden)
         .map(|_| {

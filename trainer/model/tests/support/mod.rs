@@ -267,6 +267,7 @@ pub(crate) fn raw_text_batch(
         num_images: 0,
         image_size: 0,
         image_tokens: 0,
+        image_geometry: Vec::new(),
         sample_ids: (0..rows).map(|r| format!("row{r}")).collect(),
         sample_indices: (0..rows as u64).collect(),
         real_tokens: rows * row_len,
