@@ -136,16 +136,21 @@ fn main() {
             .unwrap_or_else(|| panic!("no {key} in: {line}"))
     };
     let (theirs, their_tiles) = (field("tiles_per_s="), field("tiles="));
+    let backend = line
+        .split_whitespace()
+        .find_map(|kv| kv.strip_prefix("processor="))
+        .unwrap_or("unknown");
     assert_eq!(
         their_tiles as u64, tiles,
         "the processor cut another number of views"
     );
     println!(
-        "photos {} x {ROUNDS} rounds, {threads} threads: ours {ours:.1} views/s, processor {theirs:.1} views/s",
+        "photos {} x {ROUNDS} rounds, {threads} threads: ours {ours:.1} views/s, processor \
+         ({backend}) {theirs:.1} views/s",
         files.len()
     );
     println!(
-        "{{\"images\": {}, \"views\": {tiles}, \"threads\": {threads}, \"ours_views_per_s\": {ours:.2}, \"processor_views_per_s\": {theirs:.2}, \"ratio\": {:.2}}}",
+        "{{\"images\": {}, \"views\": {tiles}, \"threads\": {threads}, \"ours_views_per_s\": {ours:.2}, \"processor_views_per_s\": {theirs:.2}, \"processor\": \"{backend}\", \"ratio\": {:.2}}}",
         files.len() * ROUNDS,
         ours / theirs
     );

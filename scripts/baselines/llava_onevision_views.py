@@ -8,7 +8,10 @@ normalised. The pixel arrays are not shipped back to the parent (a DataLoader wo
 the baseline is timed without that cost).
 
 Run: python scripts/baselines/llava_onevision_views.py WORKERS ROUNDS IMAGE [IMAGE ...]
-Prints one line: images=N tiles=T seconds=S tiles_per_s=R
+Prints one line: images=N tiles=T seconds=S tiles_per_s=R processor=CLASS
+CLASS is the backend transformers picked: LlavaOnevisionImageProcessor (torchvision, its
+default when torchvision is installed, as scripts/setup.sh installs it) or
+LlavaOnevisionImageProcessorPil (its fallback without torchvision, about half as fast here).
 Needs: a Python with transformers, torch, torchvision and pillow (.deps/hfvenv).
 """
 import sys
@@ -36,12 +39,15 @@ def _views(path):
 
 def main():
     workers, rounds, paths = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3:]
+    _start()
+    backend = type(_processor).__name__
     with Pool(workers, initializer=_start) as pool:
         pool.map(_views, paths[:workers])  # warm-up: imports and first calls
         started = time.perf_counter()
         tiles = sum(sum(pool.map(_views, paths, chunksize=1)) for _ in range(rounds))
         seconds = time.perf_counter() - started
-    print(f"images={len(paths) * rounds} tiles={tiles} seconds={seconds:.3f} tiles_per_s={tiles / seconds:.2f}")
+    print(f"images={len(paths) * rounds} tiles={tiles} seconds={seconds:.3f} "
+          f"tiles_per_s={tiles / seconds:.2f} processor={backend}")
 
 
 if __name__ == "__main__":
