@@ -79,6 +79,10 @@ pub enum ModelError {
     /// One image's features do not fit its layout's geometry.
     #[error("image features: {0}")]
     ImageFeatures(String),
+    /// Generation met logits that are not numbers (NaN or infinite): the weights or the
+    /// prompt's embeddings are not finite, and no token can be picked.
+    #[error("generated token {step}: the logits are not finite (NaN or infinite weights?)")]
+    NonFiniteLogits { step: usize },
     #[error("torch")]
     Torch(#[from] tch::TchError),
     /// A unit of the chain failed computing its output (run whole, outside FSDP).

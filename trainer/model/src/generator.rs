@@ -352,6 +352,9 @@ impl Generator {
                 .squeeze_dim(0)
                 .to_kind(Kind::Float)
                 .to_device(Device::Cpu);
+            if step.isfinite().logical_not().any().int64_value(&[]) != 0 {
+                return Err(ModelError::NonFiniteLogits { step: tokens.len() });
+            }
             let token = pick(&step, options, &mut rng);
             logits.push(step);
             tokens.push(token);
@@ -420,8 +423,9 @@ fn pick(logits: &Tensor, options: &GenerateOptions, rng: &mut ChaCha8Rng) -> i64
     if options.temperature <= 0.0 {
         return logits.argmax(0, false).int64_value(&[]);
     }
-    let probs: Vec<f32> = Vec::try_from((logits / options.temperature).softmax(0, Kind::Float))
-        .expect("softmax of a 1-d f32 tensor converts to Vec<f32>");
+    // A 1-d f32 tensor always converts; an empty list (never the case) picks token 0.
+    let probs: Vec<f32> =
+        Vec::try_from((logits / options.temperature).softmax(0, Kind::Float)).unwrap_or_default();
     let mut order: Vec<usize> = (0..probs.len()).collect();
     order.sort_by(|&a, &b| probs[b].total_cmp(&probs[a]));
     let mut kept = 0.0f64;
@@ -440,7 +444,5 @@ fn pick(logits: &Tensor, options: &GenerateOptions, rng: &mut ChaCha8Rng) -> i64
             return i as i64;
         }
     }
-    *nucleus
-        .last()
-        .expect("the nucleus holds at least one token") as i64
+    nucleus.last().map_or(0, |&i| i as i64)
 }

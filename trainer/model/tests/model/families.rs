@@ -66,6 +66,13 @@ fn lm_parity(family: &str, expect: LmFamily, expect_tied: bool) -> anyhow::Resul
 
     // Row 0 starts at position 0: the generator's cached decoding gives the same logits, and
     // greedy tokens with and without the cache agree.
+    // The same weights with the final norm not a number, for the check at the end.
+    let mut broken: std::collections::BTreeMap<String, tch::Tensor> = params
+        .iter()
+        .map(|(k, v)| (k.clone(), v.shallow_clone()))
+        .collect();
+    let norm = broken["model.norm.weight"].full_like(f64::NAN);
+    broken.insert("model.norm.weight".into(), norm);
     let generator = Generator::new(&vlm, params)?;
     let prompt: Vec<i64> = to_i64(ids)[..len].to_vec();
     let logits = generator.prompt_logits(&prompt, &[])?;
@@ -88,6 +95,16 @@ fn lm_parity(family: &str, expect: LmFamily, expect_tied: bool) -> anyhow::Resul
         cached,
         generator.generate(&prompt, &[], &options)?.tokens,
         "{family}: greedy tokens with and without the KV cache"
+    );
+    // Logits that are not numbers stop generation with an error naming the step.
+    let failed = Generator::new(&vlm, broken)?.generate(&prompt, &[], &options);
+    assert!(
+        matches!(
+            failed,
+            Err(tessera_model::ModelError::NonFiniteLogits { step: 0 })
+        ),
+        "{family}: NaN logits gave {:?}",
+        failed.map(|g| g.tokens)
     );
     Ok(())
 }
