@@ -32,8 +32,9 @@ enum Command {
     Ingest(commands::ingest::Args),
     /// Inspect shards: `verify DIR` or `stats DIR`.
     Shards(commands::shards::Args),
-    /// Benchmarks: `loader` (images/s vs the PIL reference), `plan` (pack vs bucket vs fixed)
-    /// and `generate` (the KV cache vs recomputing the prefix).
+    /// Benchmarks: `loader` (images/s vs the PIL reference; AnyRes views/s vs transformers'
+    /// processor), `plan` (pack vs bucket vs fixed) and `generate` (the KV cache vs recomputing
+    /// the prefix).
     Bench(commands::bench::Args),
     /// Write small random-weight Hugging Face checkpoints (DIR/vision, DIR/lm; the LM Qwen2,
     /// Qwen3, Qwen3-MoE or Llama).
@@ -43,8 +44,10 @@ enum Command {
     /// pre-built shards.
     #[cfg(feature = "train")]
     Train(Box<commands::train::Args>),
-    /// Export a run: projector safetensors, PEFT adapter, VLM config.json, or (`--format
-    /// llava-hf`) a transformers LlavaForConditionalGeneration folder.
+    /// Export a run: projector safetensors, PEFT adapter, VLM config.json, or a transformers
+    /// folder: `--format llava-hf` (LlavaForConditionalGeneration) or `--format
+    /// llava-onevision` (LlavaOnevisionForConditionalGeneration, an `--image-layout anyres_max_N`
+    /// run).
     #[cfg(feature = "train")]
     Export(commands::export::Args),
     /// Caption an image or held-out shard samples with a run or a llava-hf export.
