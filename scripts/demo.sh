@@ -22,11 +22,8 @@ SAMPLES="${DEMO_SAMPLES:-2000}"
 STAGE1_STEPS="${DEMO_STAGE1_STEPS:-120}"
 STAGE2_STEPS="${DEMO_STAGE2_STEPS:-40}"
 SCORED="${DEMO_SCORED:-64}"
-# Scene seeds: the demo trains on TRAIN_SEED's records and is scored on VAL_SEED's; the
-# pretrained parts saw only their own seeds (demo-models/MANIFEST.json; tests/demo_parts.rs
-# checks the sets are disjoint).
-TRAIN_SEED=0
-VAL_SEED=1
+# Scene seeds (TRAIN_SEED, VAL_SEED): see scripts/demo_seeds.env.
+. scripts/demo_seeds.env
 PARTS=demo-models
 # The real DINOv2-small (scripts/setup.sh), fed 112 px images (its 37 x 37 position grid
 # interpolated to 8 x 8: the 64 image tokens the demo LM reads), features from hidden state

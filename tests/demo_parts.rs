@@ -28,14 +28,14 @@ fn sha256_hex(path: &Path) -> Result<String> {
     Ok(shards::sha256_file(path)?.0)
 }
 
-/// `NAME=value` of scripts/demo.sh, as a number.
+/// `NAME=value` of scripts/demo_seeds.env (the seeds scripts/demo.sh sources), as a number.
 fn demo_seed(name: &str) -> Result<u64> {
-    let script = std::fs::read_to_string(root().join("scripts/demo.sh"))?;
+    let seeds = std::fs::read_to_string(root().join("scripts/demo_seeds.env"))?;
     let prefix = format!("{name}=");
-    let line = script
+    let line = seeds
         .lines()
         .find_map(|l| l.strip_prefix(&prefix))
-        .with_context(|| format!("scripts/demo.sh sets no {name}"))?;
+        .with_context(|| format!("scripts/demo_seeds.env sets no {name}"))?;
     Ok(line.trim().parse()?)
 }
 
