@@ -5,7 +5,7 @@
 //! (plan, samples, config), which is what makes the output identical for any thread count.
 use super::anyres_views::{anyres_views, fitted_box};
 use super::assemble::{assemble, check_tokens, RowSample};
-use super::decode::decode_rgb_reusing;
+use super::decode::{decode_rgb_reusing, RgbImage};
 use super::resize::{content_box, ChwResizer};
 use super::stats::StatCells;
 use super::{BadImagePolicy, LoaderConfig, LoaderError, SampleSource};
@@ -212,7 +212,6 @@ impl Worker {
         let (image_u32, images) = (image as u32, sample.images.len() as u32);
         let cfg = Arc::clone(&self.config);
         let tile = cfg.image_size as u32;
-        let started = Instant::now();
         let geometry = std::cell::Cell::new(None);
         let needed = |w, h| {
             let Some(g) = cfg.geometry(w, h, sample.images.len()) else {
@@ -225,16 +224,7 @@ impl Worker {
             let [_, _, bw, bh] = fitted_box((w, h), (g.grid.1 * tile, g.grid.0 * tile));
             (bw.max(tile), bh.max(tile))
         };
-        let reuse = std::mem::take(&mut self.decoded);
-        let (img, _) = decode_rgb_reusing(&stored.bytes, needed, reuse).map_err(|source| {
-            LoaderError::Decode {
-                sample_id: sample.id.clone(),
-                image: image_u32,
-                images,
-                source,
-            }
-        })?;
-        StatCells::add_time(&self.stats.decode_ns, started.elapsed());
+        let img = self.decode(sample, image, needed)?;
         let (w, h, g) = match geometry.get() {
             Some(found) => found,
             None => {
@@ -281,6 +271,29 @@ impl Worker {
         })
     }
 
+    /// Decodes image `image` of `sample` into the buffer the last decode left (`needed`: the
+    /// size the caller resizes to, from the full size, as `decode_rgb` takes it), timed; a
+    /// failure names the sample and the image.
+    fn decode(
+        &mut self,
+        sample: &Sample,
+        image: usize,
+        needed: impl Fn(u32, u32) -> (u32, u32),
+    ) -> Result<RgbImage, LoaderError> {
+        let started = Instant::now();
+        let reuse = std::mem::take(&mut self.decoded);
+        let decoded = decode_rgb_reusing(&sample.images[image].bytes, needed, reuse);
+        StatCells::add_time(&self.stats.decode_ns, started.elapsed());
+        decoded
+            .map(|(img, _)| img)
+            .map_err(|source| LoaderError::Decode {
+                sample_id: sample.id.clone(),
+                image: image as u32,
+                images: sample.images.len() as u32,
+                source,
+            })
+    }
+
     /// Decodes and resizes image `image` of `sample` onto the end of `pixels`.
     fn add_image(
         &mut self,
@@ -288,28 +301,18 @@ impl Worker {
         image: usize,
         pixels: &mut Vec<u8>,
     ) -> Result<(), LoaderError> {
-        let bytes = &sample.images[image].bytes;
         // Counted as u32 in errors (which keeps `LoaderError` small).
         let (image_u32, images) = (image as u32, sample.images.len() as u32);
-        let cfg = &self.config;
+        let cfg = Arc::clone(&self.config);
         let size = cfg.image_size as u32;
-        let started = Instant::now();
         // The full size (before DCT scaling) sets the aspect ratio `pad` keeps.
         let full_dims = std::cell::Cell::new(None);
-        let reuse = std::mem::take(&mut self.decoded);
         let needed = |w, h| {
             full_dims.set(Some((w, h)));
             let [_, _, bw, bh] = content_box(w, h, size, cfg.resize);
             (bw, bh)
         };
-        let (img, _) =
-            decode_rgb_reusing(bytes, needed, reuse).map_err(|source| LoaderError::Decode {
-                sample_id: sample.id.clone(),
-                image: image_u32,
-                images,
-                source,
-            })?;
-        StatCells::add_time(&self.stats.decode_ns, started.elapsed());
+        let img = self.decode(sample, image, needed)?;
 
         let started = Instant::now();
         let offset = pixels.len();

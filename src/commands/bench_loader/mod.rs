@@ -338,23 +338,7 @@ fn run_reference(
         .output()
         .with_context(|| format!("running {} {}", python.display(), script.display()));
     std::fs::remove_dir_all(&dir).with_context(|| format!("removing {}", dir.display()))?;
-    let out = out?;
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    anyhow::ensure!(
-        out.status.success(),
-        "{} failed: {}{}",
-        script.display(),
-        stdout,
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let rate = stdout
-        .split_whitespace()
-        .find_map(|kv| kv.strip_prefix("images_per_s="))
-        .with_context(|| format!("no images_per_s= in the reference's output: {stdout}"))?;
-    Ok(Some(
-        rate.parse()
-            .with_context(|| format!("reference rate {rate:?}"))?,
-    ))
+    Ok(Some(baseline_rate(&out?, &script, "images_per_s=")?))
 }
 
 /// transformers' `LlavaOnevisionImageProcessor` over `images` written as files
@@ -388,7 +372,12 @@ fn run_views_reference(
         .output()
         .with_context(|| format!("running {}", script.display()));
     std::fs::remove_dir_all(&dir).with_context(|| format!("removing {}", dir.display()))?;
-    let out = out?;
+    Ok(Some(baseline_rate(&out?, &script, "tiles_per_s=")?))
+}
+
+/// The rate a baseline script printed as `KEY<rate>`, once it succeeded (its line is echoed);
+/// its failure names the script and shows what it printed.
+fn baseline_rate(out: &std::process::Output, script: &Path, key: &str) -> anyhow::Result<f64> {
     let stdout = String::from_utf8_lossy(&out.stdout);
     anyhow::ensure!(
         out.status.success(),
@@ -397,14 +386,13 @@ fn run_views_reference(
         stdout,
         String::from_utf8_lossy(&out.stderr)
     );
-    println!("LlavaOnevisionImageProcessor: {}", stdout.trim());
+    println!("{}: {}", script.display(), stdout.trim());
     let rate = stdout
         .split_whitespace()
-        .find_map(|kv| kv.strip_prefix("tiles_per_s="))
-        .with_context(|| format!("no tiles_per_s= in the reference's output: {stdout}"))?;
-    Ok(Some(
-        rate.parse().with_context(|| format!("rate {rate:?}"))?,
-    ))
+        .find_map(|kv| kv.strip_prefix(key))
+        .with_context(|| format!("no {key} in the output of {}: {stdout}", script.display()))?;
+    rate.parse()
+        .with_context(|| format!("{} printed {key}{rate:?}", script.display()))
 }
 
 /// $TESSERA_REFERENCE_LOADER, else the repo's scripts/baselines/pil_loader.py.

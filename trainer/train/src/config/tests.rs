@@ -275,6 +275,11 @@ fn every_flag_and_its_toml_key_set_the_same_knob() -> anyhow::Result<()> {
         ("--image-size", "224", "image_size = 224"),
         ("--vision-feature-layer", "-4", "vision_feature_layer = -4"),
         ("--resize", "pad", "resize = \"pad\""),
+        (
+            "--image-layout",
+            "anyres_max_9",
+            "image_layout = \"anyres_max_9\"",
+        ),
         ("--seq-len", "1024", "seq_len = 1024"),
         ("--loader-threads", "3", "loader_threads = 3"),
         ("--collective-timeout", "60", "collective_timeout_s = 60"),
@@ -309,6 +314,10 @@ fn every_flag_and_its_toml_key_set_the_same_knob() -> anyhow::Result<()> {
     );
     assert_eq!(from_flags.strategy, Some(Strategy::NoShard));
     assert_eq!(from_flags.resize, Some(ResizePolicy::Pad));
+    assert_eq!(
+        from_flags.image_layout,
+        Some(shards::image_layout::ImageLayout::AnyRes { max_tiles: 9 })
+    );
     assert_eq!(from_flags.collective_timeout_s, Some(60));
     Ok(())
 }

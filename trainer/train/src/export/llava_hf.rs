@@ -482,24 +482,43 @@ fn write_processor(
             "num_additional_image_tokens": vlm.vision.prefix_tokens(),
         }),
     )?;
-    let side = vlm.vision.image_size;
-    let (mean, std) = vlm.vision.pixel_mean_std();
     write_json(
         &out.join("preprocessor_config.json"),
-        &serde_json::json!({
-            "image_processor_type": "SiglipImageProcessor",
-            "processor_class": "LlavaProcessor",
-            "do_convert_rgb": true,
-            "do_resize": true,
-            "size": {"height": side, "width": side},
-            "resample": 3,
-            "do_rescale": true,
-            "rescale_factor": 1.0 / 255.0,
-            "do_normalize": true,
-            "image_mean": mean,
-            "image_std": std,
-        }),
+        &image_processor_json(vlm, "SiglipImageProcessor", "LlavaProcessor"),
     )?;
+    write_generation_config(out, tokens, &stop_ids)
+}
+
+/// `preprocessor_config.json`'s common part: bicubic resize to the tower's size, rescale and
+/// the tower's mean and std.
+fn image_processor_json(
+    vlm: &Vlm,
+    processor_type: &str,
+    processor_class: &str,
+) -> serde_json::Value {
+    let side = vlm.vision.image_size;
+    let (mean, std) = vlm.vision.pixel_mean_std();
+    serde_json::json!({
+        "image_processor_type": processor_type,
+        "processor_class": processor_class,
+        "do_convert_rgb": true,
+        "do_resize": true,
+        "size": {"height": side, "width": side},
+        "resample": 3,
+        "do_rescale": true,
+        "rescale_factor": 1.0 / 255.0,
+        "do_normalize": true,
+        "image_mean": mean,
+        "image_std": std,
+    })
+}
+
+/// `generation_config.json`: greedy, stopping where `tessera generate` stops.
+fn write_generation_config(
+    out: &Path,
+    tokens: &SpecialTokens,
+    stop_ids: &[u32],
+) -> Result<(), ExportError> {
     write_json(
         &out.join("generation_config.json"),
         &serde_json::json!({
@@ -533,35 +552,15 @@ fn write_onevision_processor(
             "vision_aspect_ratio": sources.image_layout.to_string(),
         }),
     )?;
-    let side = vlm.vision.image_size;
-    let (mean, std) = vlm.vision.pixel_mean_std();
-    write_json(
-        &out.join("preprocessor_config.json"),
-        &serde_json::json!({
-            "image_processor_type": "LlavaOnevisionImageProcessor",
-            "processor_class": "LlavaOnevisionProcessor",
-            "do_convert_rgb": true,
-            "do_resize": true,
-            "size": {"height": side, "width": side},
-            "image_grid_pinpoints": pinpoints(vlm, &sources.image_layout),
-            "do_pad": true,
-            "resample": 3,
-            "do_rescale": true,
-            "rescale_factor": 1.0 / 255.0,
-            "do_normalize": true,
-            "image_mean": mean,
-            "image_std": std,
-        }),
-    )?;
-    write_json(
-        &out.join("generation_config.json"),
-        &serde_json::json!({
-            "bos_token_id": null,
-            "eos_token_id": stop_ids,
-            "pad_token_id": tokens.pad_id,
-            "do_sample": false,
-        }),
-    )
+    let mut image_processor = image_processor_json(
+        vlm,
+        "LlavaOnevisionImageProcessor",
+        "LlavaOnevisionProcessor",
+    );
+    image_processor["image_grid_pinpoints"] = pinpoints(vlm, &sources.image_layout);
+    image_processor["do_pad"] = true.into();
+    write_json(&out.join("preprocessor_config.json"), &image_processor)?;
+    write_generation_config(out, tokens, stop_ids)
 }
 
 /// The run's template as Jinja for transformers: [`PLAIN_TEMPLATE`] or [`CHATML_TEMPLATE`]
