@@ -6,7 +6,7 @@
 use super::anyres_views::{anyres_views, fitted_box};
 use super::assemble::{assemble, check_tokens, RowSample};
 use super::decode::{decode_rgb_reusing, RgbImage};
-use super::resize::{content_box, ChwResizer};
+use super::resize::{content_box, ChwResizer, ResizeError};
 use super::stats::StatCells;
 use super::{BadImagePolicy, LoaderConfig, LoaderError, SampleSource};
 use crate::{MicroBatch, MicroBatchPlan};
@@ -262,12 +262,7 @@ impl Worker {
         self.decoded = img.data;
         views.map(|()| g).map_err(|source| {
             pixels.truncate(offset);
-            LoaderError::Resize {
-                sample_id: sample.id.clone(),
-                image: image_u32,
-                images,
-                source,
-            }
+            resize_error(sample, image, source)
         })
     }
 
@@ -301,8 +296,6 @@ impl Worker {
         image: usize,
         pixels: &mut Vec<u8>,
     ) -> Result<(), LoaderError> {
-        // Counted as u32 in errors (which keeps `LoaderError` small).
-        let (image_u32, images) = (image as u32, sample.images.len() as u32);
         let cfg = Arc::clone(&self.config);
         let size = cfg.image_size as u32;
         // The full size (before DCT scaling) sets the aspect ratio `pad` keeps.
@@ -326,12 +319,17 @@ impl Worker {
         self.decoded = img.data;
         resized.map_err(|source| {
             pixels.truncate(offset);
-            LoaderError::Resize {
-                sample_id: sample.id.clone(),
-                image: image_u32,
-                images,
-                source,
-            }
+            resize_error(sample, image, source)
         })
+    }
+}
+
+/// A failed resize of image `image` of `sample`, named.
+fn resize_error(sample: &Sample, image: usize, source: ResizeError) -> LoaderError {
+    LoaderError::Resize {
+        sample_id: sample.id.clone(),
+        image: image as u32,
+        images: sample.images.len() as u32,
+        source,
     }
 }
