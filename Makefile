@@ -1,4 +1,4 @@
-# The two commands of the README, plus benchmarks. Each runs scripts/setup.sh first
+# The two commands of the README, plus benchmarks. Each runs scripts/setup/setup.sh first
 # (idempotent: about a second when everything is installed).
 CARGO ?= cargo
 DEMO_DIR ?= runs/demo
@@ -6,13 +6,13 @@ DEMO_DIR ?= runs/demo
 .PHONY: setup demo test lint bench build fmt
 
 setup:
-	@bash scripts/setup.sh
+	@bash scripts/setup/setup.sh
 
 build: setup
 	$(CARGO) build --release
 
 demo: build
-	@bash scripts/demo.sh "$(DEMO_DIR)"
+	@bash scripts/demo/demo.sh "$(DEMO_DIR)"
 
 # Every test of the workspace, built once in release mode. `make lint` (CI runs both) is the
 # static checks: clippy, and the no-libtorch CLI as a `cargo check` (it writes no binary, so it
@@ -31,7 +31,7 @@ lint: setup
 	$(CARGO) check --release --no-default-features --bin tessera
 
 bench: build
-	@bash scripts/bench.sh
+	@bash scripts/bench/bench.sh
 
 fmt:
 	$(CARGO) fmt --all

@@ -1,5 +1,5 @@
 //! Compiles the JPEG check (`csrc/jpeg_check.c`) against the system's libjpeg-turbo (Debian's
-//! `libjpeg62-turbo-dev`, which `scripts/setup.sh` installs as `libjpeg-dev`).
+//! `libjpeg62-turbo-dev`, which `scripts/setup/setup.sh` installs as `libjpeg-dev`).
 fn main() {
     println!("cargo:rerun-if-changed=csrc/jpeg_check.c");
     cc::Build::new()

@@ -197,7 +197,7 @@ fn the_llava_onevision_export_prompts_and_generates_as_tessera_does() -> Result<
     )?;
 
     let photo = image::open(PHOTO)
-        .with_context(|| format!("{PHOTO} (scripts/setup.sh installs mate-backgrounds)"))?;
+        .with_context(|| format!("{PHOTO} (scripts/setup/setup.sh installs mate-backgrounds)"))?;
     let mut paths = Vec::new();
     for (i, &(x, y, w, h)) in CROPS.iter().enumerate() {
         let path = f.root.join(format!("crop{i}.png"));

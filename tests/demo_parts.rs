@@ -1,5 +1,5 @@
-//! The demo's pretrained LM (`demo-models/lm`, made by `scripts/make_demo_models.sh`; the
-//! demo's tower is the real DINOv2-small that scripts/setup.sh writes): it was trained on other
+//! The demo's pretrained LM (`demo-models/lm`, made by `scripts/demo/make_demo_models.sh`; the
+//! demo's tower is the real DINOv2-small that scripts/setup/setup.sh writes): it was trained on other
 //! scenes than the ones the demo scores, the committed files are the ones the manifest names
 //! and tessera loads them beside the tower, and the pretraining script still makes what the
 //! manifest says it makes (rerun at a reduced budget: the same losses, output norm and norm of
@@ -28,14 +28,14 @@ fn sha256_hex(path: &Path) -> Result<String> {
     Ok(shards::sha256_file(path)?.0)
 }
 
-/// `NAME=value` of scripts/demo_seeds.env (the seeds scripts/demo.sh sources), as a number.
+/// `NAME=value` of scripts/demo/demo_seeds.env (the seeds scripts/demo/demo.sh sources), as a number.
 fn demo_seed(name: &str) -> Result<u64> {
-    let seeds = std::fs::read_to_string(root().join("scripts/demo_seeds.env"))?;
+    let seeds = std::fs::read_to_string(root().join("scripts/demo/demo_seeds.env"))?;
     let prefix = format!("{name}=");
     let line = seeds
         .lines()
         .find_map(|l| l.strip_prefix(&prefix))
-        .with_context(|| format!("scripts/demo_seeds.env sets no {name}"))?;
+        .with_context(|| format!("scripts/demo/demo_seeds.env sets no {name}"))?;
     Ok(line.trim().parse()?)
 }
 
@@ -101,7 +101,7 @@ fn pretrain(script: &str, args: &[String], out: &Path) -> Result<serde_json::Val
     let python = root().join(".deps/hfvenv/bin/python");
     let output = Command::new(&python)
         .current_dir(root())
-        .arg(root().join("scripts").join(script))
+        .arg(root().join("scripts/demo").join(script))
         .arg("--out")
         .arg(out)
         .args(["--tessera", &support::binary().display().to_string()])
@@ -109,7 +109,7 @@ fn pretrain(script: &str, args: &[String], out: &Path) -> Result<serde_json::Val
         .output()
         .with_context(|| {
             format!(
-                "running {} (scripts/setup.sh installs it)",
+                "running {} (scripts/setup/setup.sh installs it)",
                 python.display()
             )
         })?;
@@ -127,10 +127,10 @@ fn pretrain(script: &str, args: &[String], out: &Path) -> Result<serde_json::Val
     Ok(serde_json::from_str(line)?)
 }
 
-/// The LM's full checkpoint from a compact folder (scripts/expand_lm.py, .deps/venv).
+/// The LM's full checkpoint from a compact folder (scripts/demo/expand_lm.py, .deps/venv).
 fn expand_lm(compact: &Path, out: &Path) -> Result<()> {
     let status = Command::new(root().join(".deps/venv/bin/python"))
-        .arg(root().join("scripts/expand_lm.py"))
+        .arg(root().join("scripts/demo/expand_lm.py"))
         .arg(compact)
         .arg(out)
         .status()?;
@@ -142,7 +142,7 @@ fn expand_lm(compact: &Path, out: &Path) -> Result<()> {
     Ok(())
 }
 
-/// The demo's tower: the real DINOv2-small scripts/setup.sh writes.
+/// The demo's tower: the real DINOv2-small scripts/setup/setup.sh writes.
 fn dinov2() -> PathBuf {
     root().join(".deps/dinov2-small")
 }

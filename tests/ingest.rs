@@ -311,7 +311,7 @@ fn shards_open_in_pyarrow() -> anyhow::Result<()> {
     let python = root.join(".deps/venv/bin/python");
     anyhow::ensure!(
         python.exists(),
-        "{} (pyarrow's python) is missing: scripts/setup.sh installs it",
+        "{} (pyarrow's python) is missing: scripts/setup/setup.sh installs it",
         python.display()
     );
     let mut f = dataset(60);

@@ -201,7 +201,7 @@ fn transformers_tokens(export: &Path, new_tokens: usize, images: &[PathBuf]) -> 
         .output()?;
     ensure!(
         out.status.success(),
-        "transformers_generate.py failed (scripts/setup.sh makes .deps/hfvenv): {}",
+        "transformers_generate.py failed (scripts/setup/setup.sh makes .deps/hfvenv): {}",
         String::from_utf8_lossy(&out.stderr)
     );
     let line: serde_json::Value = serde_json::from_slice(&out.stdout)?;

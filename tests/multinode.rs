@@ -1,5 +1,5 @@
 //! Two machines on one box: two torchrun agents (`--nnodes 2 --node-rank k --nproc-per-node 2`,
-//! torchrun from `.deps/hfvenv`, made by scripts/setup.sh) stand for two nodes of two ranks.
+//! torchrun from `.deps/hfvenv`, made by scripts/setup/setup.sh) stand for two nodes of two ranks.
 //! - When one "node" dies (its agent and ranks killed with SIGKILL), the other node's ranks
 //!   stop within 60 s, naming the lost ranks (the trainer's heartbeats, not the 300 s
 //!   collective timeout); the run then resumes on one node from its last complete checkpoint
@@ -89,7 +89,7 @@ fn node(
         .spawn()
         .with_context(|| {
             format!(
-                "starting torchrun with {} (scripts/setup.sh)",
+                "starting torchrun with {} (scripts/setup/setup.sh)",
                 python().display()
             )
         })

@@ -5,7 +5,7 @@
 //! ```` ```bash ```` fence: first the user's paths as shell variables, then `$T` commands. The
 //! test builds stand-ins for what a user downloads (`tessera synth --zip`: LLaVA-Pretrain's
 //! json + images.zip; `tessera init-model --preset tiny`: the two Hugging Face folders, the LM's
-//! with its own tokenizer.json; or SmolLM2 from scripts/setup.sh as the LM), gives the README's
+//! with its own tokenizer.json; or SmolLM2 from scripts/setup/setup.sh as the LM), gives the README's
 //! variables those paths, makes the batch small (`REWRITES`: each must still match the README),
 //! and runs every command with `bash -euo pipefail`. Then it checks what a user looks for: the
 //! shards, both runs' checkpoints and summaries, a stage 2 that trained the whole LM with

@@ -275,7 +275,7 @@ fn photo_crops_decode_at_photo_sizes() -> Result<()> {
     ensure!(
         Path::new(PHOTOS).is_dir(),
         "{PHOTOS} (Debian's mate-backgrounds, the photographs of --photos) is missing: \
-         scripts/setup.sh installs it"
+         scripts/setup/setup.sh installs it"
     );
     let tmp = tempfile::tempdir()?;
     let mut cfg = SynthConfig::new(tmp.path(), 60);

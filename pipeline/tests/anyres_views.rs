@@ -30,7 +30,7 @@ const CROPS: [(u32, u32, u32, u32); 6] = [
 fn views_match_the_llava_onevision_image_processors() -> Result<()> {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     let photo = image::open(PHOTO)
-        .with_context(|| format!("{PHOTO} (scripts/setup.sh installs mate-backgrounds)"))?;
+        .with_context(|| format!("{PHOTO} (scripts/setup/setup.sh installs mate-backgrounds)"))?;
     let dir = tempfile::tempdir()?;
     let mut paths = Vec::new();
     for (i, &(x, y, w, h)) in CROPS.iter().enumerate() {
@@ -47,7 +47,7 @@ fn views_match_the_llava_onevision_image_processors() -> Result<()> {
         .context("running tests/oracles/anyres_views.py")?;
     ensure!(
         out.status.success(),
-        "the oracle failed (run scripts/setup.sh for .deps/hfvenv): {}",
+        "the oracle failed (run scripts/setup/setup.sh for .deps/hfvenv): {}",
         String::from_utf8_lossy(&out.stderr)
     );
     let bytes = std::fs::read(&views_file)?;
@@ -130,7 +130,7 @@ fn sample(id: &str, images: Vec<shards::Image>) -> shards::Sample {
 #[test]
 fn the_loader_carries_each_images_views_geometry_and_tokens() -> Result<()> {
     let photo = image::open(PHOTO)
-        .with_context(|| format!("{PHOTO} (scripts/setup.sh installs mate-backgrounds)"))?;
+        .with_context(|| format!("{PHOTO} (scripts/setup/setup.sh installs mate-backgrounds)"))?;
     let png = |&(x, y, w, h): &(u32, u32, u32, u32)| -> Result<shards::Image> {
         let mut bytes = Vec::new();
         photo.crop_imm(x, y, w, h).write_to(

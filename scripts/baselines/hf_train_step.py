@@ -32,7 +32,7 @@ Run (Python with torch and transformers, e.g. .deps/hfvenv/bin/python):
       [--dtype float32|bfloat16] [--device cpu|cuda] [--threads 2] [--train lm|lm,vision]
       [--ckpt] [--full-logits] [--keep-last-layer]
 Give it the images / tokens / supervised tokens per step of the tessera run it is compared with
-(medians from that run's metrics.jsonl); scripts/cpu_vs_hf.sh and scripts/device_bench.sh do.
+(medians from that run's metrics.jsonl); scripts/bench/cpu_vs_hf.sh and scripts/device/device_bench.sh do.
 
 Prints (the lines those scripts parse):
   load <s>s; <N> images x <n> tokens, row of <T> tokens, <K> supervised

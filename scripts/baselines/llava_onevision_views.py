@@ -10,7 +10,7 @@ the baseline is timed without that cost).
 Run: python scripts/baselines/llava_onevision_views.py WORKERS ROUNDS IMAGE [IMAGE ...]
 Prints one line: images=N tiles=T seconds=S tiles_per_s=R processor=CLASS
 CLASS is the backend transformers picked: LlavaOnevisionImageProcessor (torchvision, its
-default when torchvision is installed, as scripts/setup.sh installs it) or
+default when torchvision is installed, as scripts/setup/setup.sh installs it) or
 LlavaOnevisionImageProcessorPil (its fallback without torchvision, about half as fast here).
 Needs: a Python with transformers, torch, torchvision and pillow (.deps/hfvenv).
 """

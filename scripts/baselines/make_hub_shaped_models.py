@@ -16,8 +16,8 @@ and, when named after OUT_DIR:
                               hidden 2048, 32 heads / 4 KV of head_dim 128, untied; per-expert
                               keys as the Hub's; 3.7 GB, ~8 GB of RAM while writing).
 Weights: transformers' own random initialisation (seed 0), stored as bf16 model.safetensors.
-What it measures: nothing; it is the fixture the benchmarks (scripts/cpu_vs_hf.sh,
-scripts/device_bench.sh, hf_train_step.py) load. About 2.7 GB on disk (1.2 GB more for qwen3,
+What it measures: nothing; it is the fixture the benchmarks (scripts/bench/cpu_vs_hf.sh,
+scripts/device/device_bench.sh, hf_train_step.py) load. About 2.7 GB on disk (1.2 GB more for qwen3,
 0.7 GB for smollm2), ~6 GB of RAM while writing, a few minutes on 2 cores.
 
 Run: python scripts/baselines/make_hub_shaped_models.py OUT_DIR [qwen3] [smollm2] [qwen3moe] [--layers N]

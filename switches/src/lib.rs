@@ -91,7 +91,7 @@ pub struct Switches {
     /// rank's tensor files, before its manifest and the commit, until the process is killed
     /// (default unset).
     pub checkpoint_pause_at: Option<u64>,
-    /// Bench hook, read only by builds with the `test-hooks` feature (`scripts/bench_s3.sh`):
+    /// Bench hook, read only by builds with the `test-hooks` feature (`scripts/bench/bench_s3.sh`):
     /// `TESSERA_REMOTE_LATENCY_MS` milliseconds slept before every object-store request, a far
     /// store on a near one (default 0).
     pub remote_latency: Duration,

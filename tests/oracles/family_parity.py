@@ -19,7 +19,7 @@ input_ids / positions [2,12] (the second row starting at position 3), labels (al
 (transformers' mean over the unshifted labels); for the tower, pixels_u8 [2,3,36,36] (int64),
 pixel_values and vision_features (hidden_states[-2], the layer before the last, as LLaVA reads).
 Every parameter is perturbed so that a swapped or unused weight cannot go unnoticed.
-trainer/model/tests/model/families.rs runs it (from scripts/setup.sh's .deps/hfvenv) and checks
+trainer/model/tests/model/families.rs runs it (from scripts/setup/setup.sh's .deps/hfvenv) and checks
 tessera's numbers against these (f32, within 1e-4).
 """
 import os

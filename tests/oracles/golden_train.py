@@ -35,7 +35,7 @@ Writes tests/fixtures/golden/train_full.safetensors:
 and tests/fixtures/golden/train_full.json with the hyper-parameters (lr, betas, eps,
 weight_decay, max_grad_norm = null, image_token_id, steps).
 
-Run by hand (not in CI), from the repository root, with the Python scripts/setup.sh makes
+Run by hand (not in CI), from the repository root, with the Python scripts/setup/setup.sh makes
 (transformers 5.24 over .deps/venv's torch):
   .deps/hfvenv/bin/python tests/oracles/golden_train.py
 """

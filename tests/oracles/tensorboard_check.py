@@ -4,7 +4,7 @@ they hold exactly the scalars of its metrics.jsonl: every tag at every step, eac
 to the metrics line's as f32 (TensorBoard's scalar type), and nothing else.
 
 Usage: .deps/venv/bin/python tests/oracles/tensorboard_check.py RUN_DIR
-(`tensorboard` is installed there by scripts/setup.sh). Prints one JSON line: the steps, the
+(`tensorboard` is installed there by scripts/setup/setup.sh). Prints one JSON line: the steps, the
 number of scalars and the points per tag; exits 1 naming the first difference.
 """
 import json

@@ -9,7 +9,7 @@ logits, saved to OUT (`prompt_ids` [P], `logits` [P, V]), and answers greedily (
 tokens, stopping where its generation config says). Prints one JSON line:
 {"prompt_ids": [...], "tokens": [...], "text": "..."} (text: the new tokens decoded without
 special tokens). trainer/model/tests/model/families.rs compares tessera's numbers and answer
-with these on SmolLM2-135M-Instruct (.deps/smollm2-135m-instruct, from scripts/setup.sh).
+with these on SmolLM2-135M-Instruct (.deps/smollm2-135m-instruct, from scripts/setup/setup.sh).
 """
 import json
 import sys

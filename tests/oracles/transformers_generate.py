@@ -9,7 +9,7 @@ Usage: .deps/hfvenv/bin/python tests/oracles/transformers_generate.py EXPORT_DIR
 Prints one JSON line {"tokens": [...], "text": "..."}: the generated ids (a stop token
 included, as transformers returns it) and their decoding without special tokens.
 `tessera generate --model EXPORT_DIR --image A --image B` generates the same for the same images
-(tests/multi_image.rs). `.deps/hfvenv` is made by scripts/setup.sh.
+(tests/multi_image.rs). `.deps/hfvenv` is made by scripts/setup/setup.sh.
 """
 import json
 import sys

@@ -13,7 +13,7 @@ line also holds "processor_prompt_ids": what its `AutoProcessor` (a LlavaProcess
 user turn holding one image and "Describe the image." through the export's chat template with
 the assistant's header (`add_generation_prompt`), the image token expanded as it expands it.
 trainer/train/tests/fsdp_vlm/llava.rs compares them with tessera's `Generator` on a full
-fine-tune's export. `.deps/hfvenv` is made by scripts/setup.sh.
+fine-tune's export. `.deps/hfvenv` is made by scripts/setup/setup.sh.
 """
 import json
 import os

@@ -66,7 +66,7 @@ pub(crate) struct Events {
 }
 
 /// Checks `run`'s TensorBoard events against its `metrics.jsonl` with the `tensorboard` that
-/// `scripts/setup.sh` installs into `.deps/venv`.
+/// `scripts/setup/setup.sh` installs into `.deps/venv`.
 pub(crate) fn check_tensorboard_events(run: &Path) -> Result<Events> {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let python = root.join(".deps/venv/bin/python");
@@ -74,7 +74,7 @@ pub(crate) fn check_tensorboard_events(run: &Path) -> Result<Events> {
         .arg(root.join("tests/oracles/tensorboard_check.py"))
         .arg(run)
         .output()
-        .with_context(|| format!("running {} (run scripts/setup.sh)", python.display()))?;
+        .with_context(|| format!("running {} (run scripts/setup/setup.sh)", python.display()))?;
     anyhow::ensure!(
         out.status.success(),
         "tensorboard_check.py {}: {}",

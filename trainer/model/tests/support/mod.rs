@@ -328,7 +328,7 @@ pub(crate) fn get<'a>(map: &'a ParamMap, key: &str) -> &'a Tensor {
         .unwrap_or_else(|| panic!("outputs have no `{key}`"))
 }
 
-/// Runs the transformers oracle `script` (a path under the repo, in scripts/setup.sh's
+/// Runs the transformers oracle `script` (a path under the repo, in scripts/setup/setup.sh's
 /// `.deps/hfvenv`) into a fresh kept folder and returns it; callers keep it in a `OnceLock` so
 /// it runs once per test binary.
 pub(crate) fn run_oracle(script: &str) -> std::path::PathBuf {
@@ -340,7 +340,7 @@ pub(crate) fn run_oracle(script: &str) -> std::path::PathBuf {
         .unwrap_or_else(|e| panic!("running {script}: {e}"));
     assert!(
         output.status.success(),
-        "{script} failed (run scripts/setup.sh for .deps/hfvenv): {}",
+        "{script} failed (run scripts/setup/setup.sh for .deps/hfvenv): {}",
         String::from_utf8_lossy(&output.stderr)
     );
     dir

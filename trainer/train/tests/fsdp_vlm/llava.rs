@@ -367,7 +367,7 @@ fn a_full_finetune_export_loads_in_transformers_and_generates_the_same_tokens() 
         .output()?;
     assert!(
         output.status.success(),
-        "transformers_greedy.py failed (run scripts/setup.sh for .deps/hfvenv): {}",
+        "transformers_greedy.py failed (run scripts/setup/setup.sh for .deps/hfvenv): {}",
         String::from_utf8_lossy(&output.stderr)
     );
     let line: serde_json::Value = serde_json::from_slice(&output.stdout)?;

@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """Writes the demo LM's full `Qwen2ForCausalLM` checkpoint from its compact form (see
-scripts/pretrain_lm.py): every tensor as stored, and `model.embed_tokens.weight` with all of
+scripts/demo/pretrain_lm.py): every tensor as stored, and `model.embed_tokens.weight` with all of
 Qwen's 151,936 rows, the trained ones at their ids (`token_ids`) and zeros elsewhere.
 
-Usage: python3 scripts/expand_lm.py COMPACT_DIR OUT_DIR   (numpy + safetensors: .deps/venv)
+Usage: python3 scripts/demo/expand_lm.py COMPACT_DIR OUT_DIR   (numpy + safetensors: .deps/venv)
 COMPACT_DIR holds config.json (the full model's) and compact.safetensors; OUT_DIR gets
 config.json and model.safetensors.
 """

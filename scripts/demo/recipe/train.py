@@ -1,6 +1,6 @@
 """The demo's recipe study, part 2 (docs/performance-notes.md, "Demo"): stage 1 (the projector)
-and optionally stage 2 (projector + LM) in PyTorch on the features scripts/demo_recipe/features.py
-cached, scored by scripts/caption_score.py's rule on the first 64 held-out images; one JSON line
+and optionally stage 2 (projector + LM) in PyTorch on the features scripts/demo/recipe/features.py
+cached, scored by scripts/demo/caption_score.py's rule on the first 64 held-out images; one JSON line
 per run appended to WORK/results.jsonl. AdamW (weight decay 0), warmup + cosine, clip 1.0, 12
 images a step, as the demo's stage 1. Seconds a run instead of the demo's minutes, so feature
 layers, learning rates, seeds and a fixed per-channel standardisation of the features (`--norm
@@ -9,7 +9,7 @@ The LM: the demo's pretrained tiny Qwen2 run exactly through a compact vocabular
 rows; the 151,673 unused rows are exactly 0 and, when the LM trains, stay identical to each other,
 so they are one shared trainable row whose logit carries + log(#unused)).
 
-Usage: .deps/hfvenv/bin/python scripts/demo_recipe/train.py --run RUN --work WORK --layer 8 \
+Usage: .deps/hfvenv/bin/python scripts/demo/recipe/train.py --run RUN --work WORK --layer 8 \
            --norm std --lr1 1e-2 --steps1 120 [--steps2 40] --seed 0
 """
 import argparse, json, math, os, random, sys, time
@@ -23,8 +23,8 @@ from caption_score import keys, background
 p = argparse.ArgumentParser()
 p.add_argument('--run', required=True, help='a `make demo` folder (model/lm)')
 p.add_argument('--work', required=True, help='the folder features.py wrote')
-p.add_argument('--layer', type=int, default=11)
-p.add_argument('--norm', default='none', choices=['none', 'ln', 'lnaffine', 'std'])
+p.add_argument('--layer', default='11', help='hidden-state index, or several joined by commas (their features concatenated, as transformers does for a list vision_feature_layer)')
+p.add_argument('--norm', default='none', choices=['none', 'ln', 'lnaffine', 'std', 'tower', 'towerstd'])
 p.add_argument('--lr1', type=float, default=3e-2)
 p.add_argument('--steps1', type=int, default=120)
 p.add_argument('--warmup', type=float, default=0.03)
@@ -35,6 +35,7 @@ p.add_argument('--lr2proj', type=float, default=3e-3)
 p.add_argument('--lr2lm', type=float, default=1e-3)
 p.add_argument('--text2', type=int, default=1, help='stage 2 includes text-only batches')
 p.add_argument('--seed', type=int, default=0)
+p.add_argument('--std-images', type=int, default=0, help='standardisation statistics from the first N training images (0: all)')
 p.add_argument('--clip', type=float, default=1.0)
 p.add_argument('--eval_every', type=int, default=0)
 p.add_argument('--tag', default='')
@@ -67,7 +68,7 @@ def logits_of(h):
 
 def load(split):
     d = torch.load(f'{a.work}/{split}.pt')
-    X = d['feats'][a.layer].float()
+    X = torch.cat([d['feats'][int(l)].float() for l in a.layer.split(',')], -1)
     out = []
     for s in d['samples']:
         if s['img'] >= 0:
@@ -78,18 +79,26 @@ def load(split):
         out.append(dict(img=s['img'], ids=[to_c[i] for i in ids], mask=m, caption=s['caption']))
     return X, out
 Xtr, Str = load('train'); Xva, Sva = load('val')
+DIM = Xtr.shape[-1]
 # optional feature normalisation (a model change: LayerNorm over the 384 features, per token)
 class Proj(nn.Module):
     def __init__(s):
         super().__init__()
-        s.norm = nn.LayerNorm(384, elementwise_affine=(a.norm == 'lnaffine')) if a.norm in ('ln', 'lnaffine') else None
-        s.l1 = nn.Linear(384, 128); s.l2 = nn.Linear(128, 128)
-        if a.norm == 'std':  # fixed per-channel standardisation from train stats (foldable into l1)
-            mu = Xtr.reshape(-1, 384).mean(0); sd_ = Xtr.reshape(-1, 384).std(0)
+        s.norm = nn.LayerNorm(DIM, elementwise_affine=(a.norm == 'lnaffine')) if a.norm in ('ln', 'lnaffine') else None
+        s.l1 = nn.Linear(DIM, 128); s.l2 = nn.Linear(128, 128)
+        if a.norm in ('tower', 'towerstd'):  # the tower's own final LayerNorm (DINOv2's get_intermediate_layers(norm=True))
+            tw = load_file(f'{a.run}/model/vision/model.safetensors')
+            s.tower_ln = nn.LayerNorm(DIM, eps=1e-6); s.tower_ln.weight.data = tw['layernorm.weight'].float(); s.tower_ln.bias.data = tw['layernorm.bias'].float()
+            s.tower_ln.requires_grad_(False)
+        if a.norm in ('std', 'towerstd'):  # fixed per-channel standardisation from train stats (foldable into l1)
+            sub = Xtr[:a.std_images] if a.std_images else Xtr
+            ref = s.tower_ln(sub.reshape(-1, DIM)).detach() if a.norm == 'towerstd' else sub.reshape(-1, DIM)
+            mu = ref.mean(0); sd_ = ref.std(0)
             s.register_buffer('mu', mu); s.register_buffer('sd', sd_)
     def forward(s, x):
         if s.norm is not None: x = s.norm(x)
-        if a.norm == 'std': x = (x - s.mu) / s.sd
+        if a.norm in ('tower', 'towerstd'): x = s.tower_ln(x)
+        if a.norm in ('std', 'towerstd'): x = (x - s.mu) / s.sd
         return s.l2(F.gelu(s.l1(x)))
 proj = Proj()
 

@@ -3,7 +3,7 @@ widened operands (what tessera's trainer/model/src/gemm.rs does on CPUs without 
 arithmetic), each against the plain f32 product of the same shape in the same run. Shapes: the
 Qwen2.5-0.5B MLP and SigLIP-so400m MLP products of a 1,489/1,458-token step, SDPA of one layer,
 and the 151,936-row head at 1-64 rows (where widening the head stops paying: MIN_WIDENED_ROWS).
-usage: data/hfvenv/bin/python scripts/bf16_gemm_bench.py [--threads 2]
+usage: data/hfvenv/bin/python scripts/bench/bf16_gemm_bench.py [--threads 2]
 """
 import argparse, time, torch
 import torch.nn.functional as F

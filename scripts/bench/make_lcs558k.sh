@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# LLaVA-Pretrain at its real size, for the full-size ingest benchmark (scripts/bench_ingest_558k.sh):
+# LLaVA-Pretrain at its real size, for the full-size ingest benchmark (scripts/bench/bench_ingest_558k.sh):
 # OUT/blip_laion_cc_sbu_558k.json with 558,128 records in LCS-558K's layout (9-digit ids,
 # `00000/000000123.jpg` paths, a human turn with <image> and a gpt caption) over the images of
 # a `tessera synth --photos` dataset of IMAGES real photo crops (Debian's mate-backgrounds),
@@ -7,16 +7,16 @@
 # about 0.4 GB of images; the shards of an ingest of all records take about 16 GB). Also
 # OUT/first_15000.json, the same job's first 15,000 records, and OUT/images -> base/images.
 #
-#   scripts/make_lcs558k.sh OUT [IMAGES]        (RECORDS=558128, TESSERA=target/release/tessera)
+#   scripts/bench/make_lcs558k.sh OUT [IMAGES]        (RECORDS=558128, TESSERA=target/release/tessera)
 set -euo pipefail
-cd "$(dirname "$0")/.."
-OUT=${1:?usage: scripts/make_lcs558k.sh OUT [IMAGES]}
+cd "$(dirname "$0")/../.."
+OUT=${1:?usage: scripts/bench/make_lcs558k.sh OUT [IMAGES]}
 IMAGES=${2:-15000}
 RECORDS=${RECORDS:-558128}
 T=${TESSERA:-target/release/tessera}
 PHOTOS=${PHOTOS:-/usr/share/backgrounds/mate}
 [ -x "$T" ] || { echo "make_lcs558k: no $T (cargo build --release first)" >&2; exit 1; }
-[ -d "$PHOTOS" ] || { echo "make_lcs558k: no photos in $PHOTOS (scripts/setup.sh installs mate-backgrounds)" >&2; exit 1; }
+[ -d "$PHOTOS" ] || { echo "make_lcs558k: no photos in $PHOTOS (scripts/setup/setup.sh installs mate-backgrounds)" >&2; exit 1; }
 mkdir -p "$OUT"
 if [ ! -f "$OUT/base/blip_laion_cc_sbu_558k.json" ]; then
   rm -rf "$OUT/base"

@@ -23,11 +23,11 @@ those embedding rows (tied: they are the output head too) and keeps every other 
 0, so each unused id has logit 0; the softmax over the full vocabulary is computed exactly as
 the compact logits plus one logit log(151,936 - used) standing for all the zero rows. The saved
 `compact.safetensors` holds the used rows (`model.embed_tokens.weight`, `[used, hidden]`) and
-their ids (`token_ids`); scripts/expand_lm.py writes the full `Qwen2ForCausalLM` checkpoint
+their ids (`token_ids`); scripts/demo/expand_lm.py writes the full `Qwen2ForCausalLM` checkpoint
 (zeros elsewhere) that tessera and transformers load, the same model bit for bit.
 
-Usage (the Python of scripts/setup.sh's .deps/hfvenv):
-  .deps/hfvenv/bin/python scripts/pretrain_lm.py --out DIR [--records N] [--epochs E] ...
+Usage (the Python of scripts/setup/setup.sh's .deps/hfvenv):
+  .deps/hfvenv/bin/python scripts/demo/pretrain_lm.py --out DIR [--records N] [--epochs E] ...
   --reproducible: one thread and libtorch's portable kernels (the same bits on every run of one CPU).
 Prints the loss per epoch, held-out loss and a greedy caption, and a last JSON line with the
 recipe, the held-out loss, the sha256 of compact.safetensors and `measures`: the loss of every
@@ -304,7 +304,7 @@ def measures(epoch_losses, last_loss, model, sample, tensors):
 
 
 def check_expanded(model, out, token_ids, sample):
-    """scripts/expand_lm.py's checkpoint, loaded by transformers, is the trained model: the
+    """scripts/demo/expand_lm.py's checkpoint, loaded by transformers, is the trained model: the
     same logits at the used ids and exactly 0 at every other id."""
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from expand_lm import expand

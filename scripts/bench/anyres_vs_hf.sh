@@ -9,11 +9,11 @@
 # processor, as one padded batch. Runs alternate (tessera, transformers, ...); each run's first
 # step is warm-up and left out.
 #
-# usage: scripts/anyres_vs_hf.sh [ROUNDS]   (default 2)
+# usage: scripts/bench/anyres_vs_hf.sh [ROUNDS]   (default 2)
 # env:   STEPS=5  BUDGET=4096 (tokens per micro-batch, one row)  SAMPLES=96
 # Last line: "RATIO tessera/transformers median step <r> (<t> s / <h> s)".
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 ROUNDS=${1:-2}
 STEPS=${STEPS:-5}
 BUDGET=${BUDGET:-4096}
@@ -23,7 +23,7 @@ PY=.deps/hfvenv/bin/python
 W=data/anyres_vs_hf
 say() { echo "anyres_vs_hf: $*" >&2; }
 [ -x "$T" ] || { say "build first: cargo build --release"; exit 1; }
-[ -x "$PY" ] || { say "run scripts/setup.sh first (.deps/hfvenv)"; exit 1; }
+[ -x "$PY" ] || { say "run scripts/setup/setup.sh first (.deps/hfvenv)"; exit 1; }
 mkdir -p "$W"
 if [ ! -f "$W/shards/index.json" ]; then
   rm -rf "$W/llava" "$W/model" "$W/shards"

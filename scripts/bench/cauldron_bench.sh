@@ -3,9 +3,9 @@
 # reference (scripts/baselines/cauldron_ingest.py) on the same file, alternating, ROUNDS rounds;
 # peak RSS of the ingest at 10K and 100K rows; `bench loader` on the ingested multi-image
 # shards against the PIL reference. Figures in BENCHMARKS.md, "Ingest of the_cauldron-layout
-# parquet". Usage: scripts/cauldron_bench.sh [OUT_DIR] (default runs/bench/cauldron); ROUNDS=2.
+# parquet". Usage: scripts/bench/cauldron_bench.sh [OUT_DIR] (default runs/bench/cauldron); ROUNDS=2.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 OUT=${1:-runs/bench/cauldron}
 ROUNDS=${ROUNDS:-2}
 T=target/release/tessera

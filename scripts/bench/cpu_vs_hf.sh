@@ -8,7 +8,7 @@
 # step (medians of tessera's metrics.jsonl). Runs alternate (tessera, transformers, tessera, ...)
 # so machine load hits both alike; each run's first step is warm-up and left out.
 #
-# usage: scripts/cpu_vs_hf.sh [ROUNDS]       (default 2 rounds; one command does everything)
+# usage: scripts/bench/cpu_vs_hf.sh [ROUNDS]       (default 2 rounds; one command does everything)
 # env:   STEPS=4            optimizer steps per run (the first is not counted)
 #        SHAPE=real|small   small: the same Hub files with 4 layers per tower (quick iteration)
 #        PRECISION=f32|bf16 bf16: tessera --precision bf16, the baseline --dtype bfloat16 (frozen
@@ -32,10 +32,10 @@
 #                           BENCH=../shared/bench, the reference the repo's were compared with)
 # Last line: "RATIO tessera/transformers median step <r> (<t> s / <h> s) ..." .
 # Needs: target/release/tessera (cargo build --release) and a Python with torch 2.11 +
-# transformers: .deps/hfvenv (scripts/setup.sh makes it), else one made under data/hfvenv
+# transformers: .deps/hfvenv (scripts/setup/setup.sh makes it), else one made under data/hfvenv
 # (git-ignored; network to PyPI the first time).
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 ROUNDS=${1:-2}
 STEPS=${STEPS:-4}
 SHAPE=${SHAPE:-real}
@@ -73,7 +73,7 @@ say() { echo "cpu_vs_hf: $*" >&2; }
 # 1. python with torch + transformers (torch from .deps/venv, its CUDA libraries from PyPI)
 if ! "$PY" -c 'import torch, transformers' 2>/dev/null; then
   say "making $PY (torch 2.11 + transformers)"
-  bash scripts/setup.sh >/dev/null
+  bash scripts/setup/setup.sh >/dev/null
   python3 -m venv data/hfvenv
   site=$(.deps/venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
   pysite=$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')

@@ -2,7 +2,7 @@
 """The demo's caption score: the share of captioned held-out images whose generated caption
 names the reference's shape and both its colours.
 
-Usage: python3 scripts/caption_score.py SAMPLES.jsonl [--before BEFORE.jsonl]
+Usage: python3 scripts/demo/caption_score.py SAMPLES.jsonl [--before BEFORE.jsonl]
 (files written by `tessera generate --shards`; BEFORE: the same images captioned before
 training, whose score is printed beside)
 

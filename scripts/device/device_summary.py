@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Figures of one scripts/device_round.sh call, from its work folder: per tessera run real
+"""Figures of one scripts/device/device_round.sh call, from its work folder: per tessera run real
 tokens/s, images/s, ms/step, model TFLOP/s and MFU, peak device memory (nvidia-smi samples), the
 loader's wait and the per-unit times; the transformers steps beside them and the ratios; the
 tiny preset's cuda-vs-cpu losses; the loader bench; what each switch is worth.

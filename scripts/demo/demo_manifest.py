@@ -1,11 +1,11 @@
 #!/usr/bin/env python3
 """Writes demo-models/MANIFEST.json from the last JSON lines of the two pretraining runs of the
-demo's LM that scripts/make_demo_models.sh makes: its folder, recipe (the script's arguments), seeds,
+demo's LM that scripts/demo/make_demo_models.sh makes: its folder, recipe (the script's arguments), seeds,
 held-out scores, a provenance line (the demo prints it), the sha256 of every file, and the
 reduced-budget run's arguments and measures (its losses, an output norm and every tensor's
 norm: tests/demo_parts.rs reruns it and compares them within a relative tolerance).
 
-Usage: python3 scripts/demo_manifest.py PARTS_DIR LM.log LM_REDUCED.log
+Usage: python3 scripts/demo/demo_manifest.py PARTS_DIR LM.log LM_REDUCED.log
 """
 import hashlib
 import json
@@ -44,12 +44,12 @@ def main():
     texts = len(lm_seeds) * int(flag(lm["args"], "--records")) - int(flag(lm["args"], "--held-out"))
     parts = {
         "lm": {
-            "folder": "lm", "made_by": "scripts/pretrain_lm.py", "args": lm["args"],
+            "folder": "lm", "made_by": "scripts/demo/pretrain_lm.py", "args": lm["args"],
             "seeds": lm_seeds, "held_out_loss": lm["held_out_loss"],
             "sha256": sums(os.path.join(out, "lm")),
             "provenance": (
                 f"Qwen2 LM (hidden {m['hidden_size']}, {m['num_hidden_layers']} layers, Qwen's "
-                f"{m['vocab_size']:,}-id vocabulary) pretrained by scripts/pretrain_lm.py on "
+                f"{m['vocab_size']:,}-id vocabulary) pretrained by scripts/demo/pretrain_lm.py on "
                 f"{texts:,} synth captions and conversations (seeds "
                 f"{', '.join(map(str, lm_seeds))}), each caption read off word slots in its "
                 f"context; text only: it has never seen an image"),

