@@ -91,7 +91,7 @@ fn stage2(
 /// What tessera and transformers make of the llava-hf export `export`, for the first image of
 /// `f`'s shards and the prompt `tessera generate --image` writes: tessera's greedy tokens (the
 /// export read back, as `generate --model` reads it) and its expanded prompt ids; transformers'
-/// greedy tokens (`tests/oracles/transformers_greedy.py`, which fails on any missing or unexpected
+/// greedy tokens (`tests/oracles/transformers_oracle.py greedy`, which fails on any missing or unexpected
 /// weight) and the prompt ids the export's own `LlavaProcessor` and chat template make.
 struct Greedy {
     ours: Vec<i64>,
@@ -138,7 +138,8 @@ fn greedy_both(f: &Fixture, export: &Path, tokens: usize) -> Result<Greedy> {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let out = run_ok(
         Command::new(root.join(".deps/hfvenv/bin/python"))
-            .arg(root.join("tests/oracles/transformers_greedy.py"))
+            .arg(root.join("tests/oracles/transformers_oracle.py"))
+            .arg("greedy")
             .arg(export)
             .arg(&file)
             .arg(tokens.to_string()),

@@ -190,18 +190,19 @@ fn export_llava_hf(run: &Path, out: &Path) -> Result<PathBuf> {
     Ok(out.to_path_buf())
 }
 
-/// Greedy tokens of the export for `images`, from transformers (`tests/oracles/transformers_generate.py`).
+/// Greedy tokens of the export for `images`, from transformers (`tests/oracles/transformers_oracle.py generate`).
 fn transformers_tokens(export: &Path, new_tokens: usize, images: &[PathBuf]) -> Result<Vec<i64>> {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let out = Command::new(root.join(".deps/hfvenv/bin/python"))
-        .arg(root.join("tests/oracles/transformers_generate.py"))
+        .arg(root.join("tests/oracles/transformers_oracle.py"))
+        .arg("generate")
         .arg(export)
         .arg(new_tokens.to_string())
         .args(images)
         .output()?;
     ensure!(
         out.status.success(),
-        "transformers_generate.py failed (scripts/setup/setup.sh makes .deps/hfvenv): {}",
+        "transformers_oracle.py generate failed (scripts/setup/setup.sh makes .deps/hfvenv): {}",
         String::from_utf8_lossy(&out.stderr)
     );
     let line: serde_json::Value = serde_json::from_slice(&out.stdout)?;
@@ -296,7 +297,7 @@ fn a_multi_image_run_exports_and_transformers_generates_what_tessera_generates_f
 /// 112 px images (its 37² position grid interpolated to 8²), its features from layer 8,
 /// exports as llava-hf with a `dinov2` vision config and `vision_feature_layer` 8;
 /// transformers loads it with no missing or unexpected key (checked by
-/// transformers_generate.py) and, through its own processor, generates tessera's greedy tokens
+/// transformers_oracle.py generate) and, through its own processor, generates tessera's greedy tokens
 /// for each of two photos alone and for both in one prompt (112 px PNGs, so that the two
 /// sides' resizing filters do not enter).
 #[test]

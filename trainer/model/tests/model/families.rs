@@ -312,7 +312,8 @@ fn smollm2_chat_logits_and_greedy_answer_match_transformers() -> anyhow::Result<
     let tmp = tempfile::tempdir()?;
     let out = tmp.path().join("chat.safetensors");
     let output = std::process::Command::new(repo().join(".deps/hfvenv/bin/python"))
-        .arg(repo().join("tests/oracles/transformers_chat.py"))
+        .arg(repo().join("tests/oracles/transformers_oracle.py"))
+        .arg("chat")
         .arg(&dir)
         .arg(QUESTION)
         .arg(&out)
@@ -320,7 +321,7 @@ fn smollm2_chat_logits_and_greedy_answer_match_transformers() -> anyhow::Result<
         .output()?;
     assert!(
         output.status.success(),
-        "transformers_chat.py failed (run scripts/setup/setup.sh): {}",
+        "transformers_oracle.py chat failed (run scripts/setup/setup.sh): {}",
         String::from_utf8_lossy(&output.stderr)
     );
     let theirs: serde_json::Value = serde_json::from_slice(&output.stdout)?;

@@ -260,7 +260,7 @@ fn bf16_sharded_export_reads_back_and_stops_at_a_stop_id() -> anyhow::Result<()>
 
 /// A full fine-tune (projector and the whole untied LM, trained by FSDP for three steps at
 /// lr 1e-2) exported as llava-hf in shards: transformers loads it with no missing, unexpected or
-/// mismatched weight (`tests/oracles/transformers_greedy.py`, in `.deps/hfvenv` from setup.sh) and
+/// mismatched weight (`tests/oracles/transformers_oracle.py greedy`, in `.deps/hfvenv` from setup.sh) and
 /// generates greedily the tokens tessera's `Generator` generates from the same export.
 #[test]
 fn a_full_finetune_export_loads_in_transformers_and_generates_the_same_tokens() -> anyhow::Result<()>
@@ -360,14 +360,15 @@ fn a_full_finetune_export_loads_in_transformers_and_generates_the_same_tokens() 
     tessera_model::save_safetensors(&inputs, &tensors)?;
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
     let output = std::process::Command::new(root.join(".deps/hfvenv/bin/python"))
-        .arg(root.join("tests/oracles/transformers_greedy.py"))
+        .arg(root.join("tests/oracles/transformers_oracle.py"))
+        .arg("greedy")
         .arg(&out)
         .arg(&inputs)
         .arg(NEW.to_string())
         .output()?;
     assert!(
         output.status.success(),
-        "transformers_greedy.py failed (run scripts/setup/setup.sh for .deps/hfvenv): {}",
+        "transformers_oracle.py greedy failed (run scripts/setup/setup.sh for .deps/hfvenv): {}",
         String::from_utf8_lossy(&output.stderr)
     );
     let line: serde_json::Value = serde_json::from_slice(&output.stdout)?;
