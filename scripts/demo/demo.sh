@@ -13,13 +13,14 @@
 #   images, and the caption score before and after: the share of held-out images whose
 #   generated caption has the reference's (first) shape word and both its colour words.
 # Usage: bash scripts/demo/demo.sh [RUN_DIR]   (default runs/demo; the folder is recreated)
-# Knobs (environment): DEMO_SAMPLES (2000), DEMO_STAGE1_STEPS (120),
-# DEMO_STAGE2_STEPS (40), DEMO_SCORED (64 held-out images captioned for the score).
+# Knobs (environment): DEMO_SAMPLES (2000), DEMO_STAGE1_STEPS (200),
+# DEMO_STAGE2_STEPS (40), DEMO_SCORED (64 held-out images captioned for the score),
+# DEMO_FEATURE_LAYER (6), DEMO_STANDARDIZE (256 images; 0: off).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 RUN="${1:-runs/demo}"
 SAMPLES="${DEMO_SAMPLES:-2000}"
-STAGE1_STEPS="${DEMO_STAGE1_STEPS:-120}"
+STAGE1_STEPS="${DEMO_STAGE1_STEPS:-200}"
 STAGE2_STEPS="${DEMO_STAGE2_STEPS:-40}"
 SCORED="${DEMO_SCORED:-64}"
 # Scene seeds (TRAIN_SEED, VAL_SEED): see scripts/demo/demo_seeds.env.
@@ -27,10 +28,14 @@ SCORED="${DEMO_SCORED:-64}"
 PARTS=demo-models
 # The real DINOv2-small (scripts/setup/setup.sh), fed 112 px images (its 37 x 37 position grid
 # interpolated to 8 x 8: the 64 image tokens the demo LM reads), features from hidden state
-# FEATURE (LLaVA's -2, the layer before the last, unless DEMO_FEATURE_LAYER says otherwise).
+# FEATURE: 6, the middle of its 12 layers, standardised per channel over the first STANDARDIZE
+# training images (`--standardize-features`). LLaVA's -2 (the layer before the last, raw)
+# stalls stage 1 on DINOv2's features; a middle layer learns, and every seed does once its
+# few huge channels are standardised (docs/demo.md, docs/performance-notes.md "Demo").
 DINOV2=.deps/dinov2-small
 IMAGE=112
-FEATURE="${DEMO_FEATURE_LAYER:--2}"
+FEATURE="${DEMO_FEATURE_LAYER:-6}"
+STANDARDIZE="${DEMO_STANDARDIZE:-256}"
 T=target/release/tessera
 TOKENIZER=.deps/tokenizer/tokenizer.json
 PY=.deps/venv/bin/python
@@ -69,7 +74,7 @@ cp "$TOKENIZER" "$RUN/model/lm/tokenizer.json"
 
 common=(--shards "$RUN/shards" --vision "$RUN/model/vision" --lm "$RUN/model/lm" --nproc 2
   --token-budget 512 --seq-len 512 --loader-threads 1 --quiet --image-size "$IMAGE"
-  --vision-feature-layer "$FEATURE")
+  --vision-feature-layer "$FEATURE" --standardize-features "$STANDARDIZE")
 validation=(--val-shards "$RUN/val-shards" --val-samples 64)
 caption() { # RUN_DIR OUT.jsonl: captions of the first $SCORED held-out images
   "$T" generate --quiet --run "$1" --shards "$RUN/val-shards" --limit "$SCORED" \

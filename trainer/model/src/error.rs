@@ -81,6 +81,9 @@ pub enum ModelError {
     ImageFeatures(String),
     /// Generation met logits that are not numbers (NaN or infinite): the weights or the
     /// prompt's embeddings are not finite, and no token can be picked.
+    /// `--standardize-features`: statistics that do not fit the tower, or nothing to measure.
+    #[error("feature statistics: {0}")]
+    FeatureStats(String),
     #[error("generated token {step}: the logits are not finite (NaN or infinite weights?)")]
     NonFiniteLogits { step: usize },
     #[error("torch")]

@@ -31,6 +31,7 @@ mod decoder;
 mod dinov2;
 mod dtype;
 mod error;
+mod feature_stats;
 mod gemm;
 mod generator;
 mod hub_files;
@@ -66,6 +67,9 @@ pub use config::{LoraConfig, VisionArch, VisionConfig};
 pub use ctx::VlmCtx;
 pub use dtype::Dtype;
 pub use error::ModelError;
+pub use feature_stats::{
+    fold_into_projector, FeatureMeter, FeatureStats, FEATURE_MEAN, FEATURE_STD, FOLDED_KEYS,
+};
 pub use gemm::{CpuBf16Gemm, GemmTiming};
 pub use generator::{GenerateOptions, Generation, Generator};
 pub use hub_files::{write_hub_files, HUB_SHARD_BYTES};

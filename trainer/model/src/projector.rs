@@ -59,9 +59,11 @@ pub(super) fn param_specs(vision_hidden: i64, lm_hidden: i64, trainable: bool) -
 }
 
 /// `[.., vision_hidden]` -> `[.., lm_hidden]`.
+/// With `--standardize-features` the features are standardised first (see `feature_stats.rs`).
 pub(super) fn forward(params: &ParamMap, features: &Tensor) -> Result<Tensor, ShimError> {
+    let features = crate::feature_stats::standardize(params, features);
     let h = gemm::linear(
-        features,
+        &features,
         param(params, &format!("{FC1}.weight")),
         Some(param(params, &format!("{FC1}.bias"))),
     )?;

@@ -9,6 +9,7 @@
 use super::config::{LoraConfig, VisionConfig};
 use super::ctx::VlmCtx;
 use super::error::{ModelError, Result};
+use super::feature_stats::FeatureStats;
 use super::lm_config::LmConfig;
 use super::lm_dir::check_lm_tensors;
 use super::moe::ExpertGroup;
@@ -65,6 +66,9 @@ pub struct VlmOptions {
     /// `anyres_max_N` (a base view plus tiles, packed with the learned `image_newline`, as
     /// LLaVA-OneVision does).
     pub image_layout: shards::image_layout::ImageLayout,
+    /// `--standardize-features`: the per-channel statistics the projector standardises the
+    /// features with (frozen projector tensors; see `feature_stats.rs`).
+    pub feature_stats: Option<FeatureStats>,
 }
 
 impl Default for VlmOptions {
@@ -82,6 +86,7 @@ impl Default for VlmOptions {
             image_size: None,
             vision_feature_layer: None,
             image_layout: shards::image_layout::ImageLayout::Single,
+            feature_stats: None,
         }
     }
 }
@@ -113,6 +118,9 @@ impl Vlm {
             Some(layer) => vision.at_feature_layer(layer)?,
             None => vision,
         };
+        if let Some(stats) = &options.feature_stats {
+            stats.check(vision.hidden_size)?;
+        }
         if let Some(l) = &options.lora {
             l.validate()?;
             if options.train_lm {
@@ -150,7 +158,10 @@ impl Vlm {
             &vision,
             lm.hidden_size,
             options.train_projector,
-            options.image_layout != shards::image_layout::ImageLayout::Single,
+            (
+                options.image_layout != shards::image_layout::ImageLayout::Single,
+                options.feature_stats.is_some(),
+            ),
         )));
         let train_lm = options.train_lm;
         units.push(Box::new(EmbedUnit::new(
@@ -384,6 +395,11 @@ impl Vlm {
                 .and_then(|mut p| p.remove(projector::IMAGE_NEWLINE))
                 .unwrap_or_else(|| projector::init_newline(lm_hidden, seed));
             params.insert(projector::IMAGE_NEWLINE.to_string(), newline);
+        }
+        if let Some(stats) = &self.options.feature_stats {
+            for (name, tensor) in stats.tensors() {
+                params.insert(name.to_string(), tensor);
+            }
         }
         Ok(params)
     }

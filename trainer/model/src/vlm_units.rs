@@ -157,15 +157,20 @@ pub(super) struct ProjectorUnit {
 
 impl ProjectorUnit {
     /// `newline`: the images are `anyres_max_N` grids, packed with a learned `image_newline`.
+    /// `standardized`: the features are standardised by frozen statistics first
+    /// (`--standardize-features`).
     pub(super) fn new(
         vision: &VisionConfig,
         lm_hidden: i64,
         trainable: bool,
-        newline: bool,
+        (newline, standardized): (bool, bool),
     ) -> ChainUnit<Self> {
         let mut specs = projector::param_specs(vision.hidden_size, lm_hidden, trainable);
         if newline {
             specs.push(projector::newline_spec(lm_hidden, trainable));
+        }
+        if standardized {
+            specs.extend(crate::feature_stats::specs(vision.hidden_size));
         }
         ChainUnit {
             name: "projector".into(),

@@ -283,6 +283,13 @@ knobs! {
     // Recorded only when not single, so runs from before the knob existed still resume.
     #[resume(when = |c| c.image_layout != ImageLayout::Single)]
     image_layout: ImageLayout = default(ImageLayout::Single),
+    /// Standardise the tower's features per channel before the projector, with their mean and
+    /// standard deviation over the first N image samples of --shards (0, the default: off, as
+    /// LLaVA). Measured once on the frozen tower before the first step and recorded in the
+    /// run's vlm.json; a run started from a stage-1 run's projector (--init-projector RUN)
+    /// takes that run's statistics instead. Exports fold them into the projector's first layer.
+    #[resume(when = |c| c.standardize_features != 0)]
+    standardize_features: usize = default(0),
     /// Longest packed row in tokens (default 2048).
     #[resume]
     seq_len: usize = default(2048),

@@ -5,7 +5,7 @@ use crate::export::error::ExportError;
 use serde::{Deserialize, Serialize};
 use shards::image_layout::ImageLayout;
 use std::path::{Path, PathBuf};
-use tessera_model::{LoraConfig, Vlm, VlmOptions};
+use tessera_model::{FeatureStats, LoraConfig, Vlm, VlmOptions};
 
 /// The VLM a run trains, as exported in `config.json` (LLaVA's key names where it has them).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -52,6 +52,10 @@ pub(crate) struct VlmDescription {
     /// tiles with `image_newline`).
     #[serde(default)]
     pub image_layout: ImageLayout,
+    /// `--standardize-features`: the per-channel statistics the projector standardises the
+    /// tower's features with (absent: none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub feature_stats: Option<FeatureStats>,
 }
 
 impl VlmDescription {
@@ -87,6 +91,7 @@ impl VlmDescription {
             special_tokens: Some(tokens),
             added_tokens: vlm.options.added_tokens,
             image_layout: vlm.options.image_layout.clone(),
+            feature_stats: vlm.options.feature_stats.clone(),
         }
     }
 
@@ -97,6 +102,7 @@ impl VlmDescription {
             image_size: Some(self.image_size),
             vision_feature_layer: Some(self.mm_vision_select_layer),
             image_layout: self.image_layout.clone(),
+            feature_stats: self.feature_stats.clone(),
             ..Default::default()
         }
     }

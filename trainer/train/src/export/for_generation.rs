@@ -82,6 +82,9 @@ pub fn load_run_model(run: &Path, dtype: Option<Dtype>) -> Result<GenerationMode
             loss_chunk: None,
             added_tokens: description.added_tokens,
             expert_parallel: None,
+            // A --standardize-features run's statistics are folded into the projector as its
+            // weights are read (below): the model generating is LLaVA's plain projector.
+            feature_stats: None,
             ..description.tower_options()
         },
     )?;
@@ -109,7 +112,10 @@ pub fn load_run_model(run: &Path, dtype: Option<Dtype>) -> Result<GenerationMode
         &description.mm_vision_tower,
         &description.language_model,
         &trained,
-        initial.as_ref().map(|(p, _)| p),
+        (
+            initial.as_ref().map(|(p, _)| p),
+            description.feature_stats.as_ref(),
+        ),
     )?;
     let kind = match dtype {
         Some(dtype) => dtype.kind(),

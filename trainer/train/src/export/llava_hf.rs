@@ -36,7 +36,7 @@ use tch::Kind;
 use tessera_fsdp::{ParamMap, ParamSpec};
 use tessera_model::{
     adapter_keys, added_rows_of, export_specs, llava_config_json, llava_key, merge_weight,
-    write_hub_files, LoraConfig, ModelError, Vlm, VlmOptions, LLAVA_ADAPTER_DIR,
+    write_hub_files, FeatureStats, LoraConfig, ModelError, Vlm, VlmOptions, LLAVA_ADAPTER_DIR,
 };
 
 /// How to write the export.
@@ -88,6 +88,8 @@ pub struct LlavaSources<'a> {
     /// The projector of a run that did not train one: the one it started from
     /// ([`TrainedTensors`] hold none then).
     pub initial_projector: Option<&'a ParamMap>,
+    /// A `--standardize-features` run's statistics, folded into the projector's first layer.
+    pub feature_stats: Option<&'a FeatureStats>,
     pub lora: Option<LoraConfig>,
     /// The special tokens the run's shards were tokenized with (the image token's id is the
     /// export's `image_token_index`).
@@ -183,6 +185,7 @@ pub fn export_llava_hf(
         lm_dir: &description.language_model,
         trainable: &trainable,
         initial_projector: initial.as_ref().map(|(p, _)| p),
+        feature_stats: description.feature_stats.as_ref(),
         lora,
         tokens: &tokens,
         added_tokens: description.added_tokens,
@@ -239,7 +242,7 @@ pub fn write_llava_hf(
         sources.vision_dir,
         sources.lm_dir,
         sources.trainable,
-        sources.initial_projector,
+        (sources.initial_projector, sources.feature_stats),
     )?;
     let merge = match &sources.lora {
         Some(lora) if options.merge => Some(lora),

@@ -120,6 +120,12 @@ pub fn export_as(run: &Path, out: &Path, dtype: Dtype) -> Result<ExportReport, E
             None,
         ),
     };
+    // A --standardize-features run's statistics go into the first layer: the file is LLaVA's
+    // plain mlp2x_gelu projector.
+    let mut projector = projector;
+    if let Some(stats) = &vlm.feature_stats {
+        tessera_model::fold_into_projector(&mut projector, stats)?;
+    }
     // An anyres_max_N run's image_newline trains beside the projector and ships with it.
     let expected = if model.has_image_newline() { 5 } else { 4 };
     if projector.len() != expected {

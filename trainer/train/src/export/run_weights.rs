@@ -16,7 +16,9 @@ use crate::export::run_checkpoint::newest_complete;
 use std::path::Path;
 use tch::{Kind, Tensor};
 use tessera_fsdp::ParamMap;
-use tessera_model::{HfCheckpoint, ModelError, Vlm};
+use tessera_model::{
+    fold_into_projector, FeatureStats, HfCheckpoint, ModelError, Vlm, FOLDED_KEYS,
+};
 
 /// Key prefix a `SiglipModel` checkpoint carries and a transformers 5 `SiglipVisionModel`
 /// checkpoint omits.
@@ -29,6 +31,9 @@ pub(crate) struct RunWeights<'a> {
     lm: HfCheckpoint,
     trained: &'a TrainedTensors,
     initial_projector: Option<&'a ParamMap>,
+    /// A `--standardize-features` run's statistics, folded into the projector's first layer
+    /// as it is read (the model asking is LLaVA's plain projector).
+    feature_stats: Option<&'a FeatureStats>,
 }
 
 impl<'a> RunWeights<'a> {
@@ -37,13 +42,14 @@ impl<'a> RunWeights<'a> {
         vision_dir: &Path,
         lm_dir: &Path,
         trained: &'a TrainedTensors,
-        initial_projector: Option<&'a ParamMap>,
+        (initial_projector, feature_stats): (Option<&'a ParamMap>, Option<&'a FeatureStats>),
     ) -> Result<Self, ExportError> {
         Ok(RunWeights {
             vision: HfCheckpoint::open(vision_dir)?,
             lm: HfCheckpoint::open(lm_dir)?,
             trained,
             initial_projector,
+            feature_stats,
         })
     }
 
@@ -61,6 +67,43 @@ impl<'a> RunWeights<'a> {
     /// Parameter `name` of shape `shape`, in `kind` (or, with `None`, as trained (f32) or as
     /// stored), on the CPU.
     pub(crate) fn tensor(
+        &self,
+        name: &str,
+        shape: &[i64],
+        kind: Option<Kind>,
+    ) -> Result<Tensor, ExportError> {
+        if let Some(stats) = self.feature_stats.filter(|_| FOLDED_KEYS.contains(&name)) {
+            return self.folded(name, shape, stats, kind);
+        }
+        self.as_trained(name, shape, kind)
+    }
+
+    /// `name` (of `shape`), one of the projector's first layer's, with `stats` folded in.
+    fn folded(
+        &self,
+        name: &str,
+        shape: &[i64],
+        stats: &FeatureStats,
+        kind: Option<Kind>,
+    ) -> Result<Tensor, ExportError> {
+        let [weight, bias] = FOLDED_KEYS;
+        let lm_hidden = shape.first().copied().unwrap_or_default();
+        let hidden = stats.std.len() as i64;
+        let w = self.as_trained(weight, &[lm_hidden, hidden], Some(Kind::Float))?;
+        let b = self.as_trained(bias, &[lm_hidden], Some(Kind::Float))?;
+        let mut layer = ParamMap::from([(weight.to_string(), w), (bias.to_string(), b)]);
+        fold_into_projector(&mut layer, stats)?;
+        let t = layer.remove(name).ok_or_else(|| {
+            ExportError::Model(ModelError::InvalidConfig(format!("no `{name}` to fold")))
+        })?;
+        Ok(match kind {
+            Some(kind) => t.to_kind(kind),
+            None => t,
+        })
+    }
+
+    /// [`Self::tensor`] as the run holds it (no folding).
+    fn as_trained(
         &self,
         name: &str,
         shape: &[i64],

@@ -5,6 +5,7 @@
 //! 1 / (supervised tokens of the whole step across ranks), all-reduce, clip, AdamW, log the
 //! step (`metrics.jsonl`) and its samples (`plan.jsonl`), validate (`validate.rs`), checkpoint.
 pub(crate) mod cpu_gemm;
+mod feature_stats;
 mod memory_estimate;
 pub(crate) mod rank_plan;
 mod recompute_choice;
@@ -125,7 +126,7 @@ fn train_rank(
     let cfg = cfg.clone();
     setup::check_shared_run_dir(&cfg.out, &pg)?;
     // The sharded model reads from the checkpoints only the slices its shards keep.
-    let (s, init) = setup::build(&cfg, pg, mesh, experts)?;
+    let (s, init) = setup::build(&cfg, start.resume, pg, mesh, experts)?;
     let run = RunDir::new(&cfg.out);
     if s.rank == 0 {
         let vlm_desc = VlmDescription::new(&cfg, &s.vlm, s.data.manifest());

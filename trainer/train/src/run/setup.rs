@@ -356,8 +356,10 @@ fn dataset_location(
 
 /// The rank, and the source its shards are read from (opened checkpoints: drop it once the
 /// sharded model exists).
+/// `resume`: the run continues the one in `--out` (whose records it keeps).
 pub(crate) fn build(
     cfg: &TrainConfig,
+    resume: bool,
     pg: ProcessGroup,
     mesh: Option<Mesh>,
     experts: Option<ExpertMesh>,
@@ -405,8 +407,21 @@ pub(crate) fn build(
         image_size: cfg.image_size.map(|size| size as i64),
         vision_feature_layer: Some(cfg.vision_feature_layer),
         image_layout: cfg.image_layout.clone(),
+        feature_stats: None,
     };
-    let vlm = Vlm::from_dirs(&cfg.vision, &cfg.lm, options)?;
+    let vlm = Vlm::from_dirs(&cfg.vision, &cfg.lm, options.clone())?;
+    // The statistics are measured on the tower the model reads, so the model is built twice.
+    let vlm = match super::feature_stats::resolve(cfg, resume, &data, &samples, &vlm)? {
+        Some(stats) => Vlm::from_dirs(
+            &cfg.vision,
+            &cfg.lm,
+            VlmOptions {
+                feature_stats: Some(stats),
+                ..options
+            },
+        )?,
+        None => vlm,
+    };
     let scratch = cfg
         .out
         .join(format!(".init-projector-rank{rank}.safetensors"));
