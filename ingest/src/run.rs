@@ -10,7 +10,8 @@ use crate::report::{Summary, REPORT_FILE};
 use crate::resume::{
     check_finished, remove_leftovers, Journal, Settings, JOURNAL_FILE, REJECTED_FILE,
 };
-use crate::template::{Encoder, Template};
+use text::chat::Template;
+use text::Encoder;
 use crate::workers::{Job, Outcome, Worker};
 use crossbeam_channel::bounded;
 use indicatif::{ProgressBar, ProgressStyle};

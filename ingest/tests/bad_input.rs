@@ -3,7 +3,7 @@
 mod common;
 
 use common::*;
-use ingest::Template;
+use text::chat::Template;
 use serde_json::json;
 use shards::Dataset;
 use std::collections::HashMap;

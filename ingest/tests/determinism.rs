@@ -4,7 +4,7 @@
 mod common;
 
 use common::*;
-use ingest::Template;
+use text::chat::Template;
 use std::io::Write;
 
 fn zip_folder(root: &std::path::Path, zip_path: &std::path::Path) -> anyhow::Result<()> {

@@ -3,8 +3,8 @@
 mod common;
 
 use common::*;
-use ingest::Template;
-use shards::chat::Role;
+use text::chat::Template;
+use text::chat::Role;
 use shards::{Dataset, Kind, RowGroupLimits, Sample};
 use std::collections::HashMap;
 

@@ -4,7 +4,7 @@ use crate::atomic::write_atomically;
 use crate::error::ShardError;
 use crate::location::DatasetLocation;
 use crate::schema::{FORMAT_VERSION, OLDEST_READABLE_VERSION};
-use crate::special_tokens::SpecialTokens;
+use text::SpecialTokens;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

@@ -2,7 +2,8 @@
 //! parquet with embedded images (the_cauldron, FineVision, TRL `messages`), local or in object
 //! storage -> verified parquet shards.
 use anyhow::Context;
-use ingest::{Format, IngestConfig, Template};
+use ingest::{Format, IngestConfig};
+use text::chat::Template;
 use std::path::PathBuf;
 
 /// Arguments of `tessera ingest`.

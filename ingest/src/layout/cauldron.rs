@@ -13,7 +13,7 @@ use crate::reason::Reason;
 use crate::record::Record;
 use arrow_array::cast::AsArray;
 use arrow_array::{Array, RecordBatch};
-use shards::chat::IMAGE_TAG;
+use text::chat::IMAGE_TAG;
 use shards::Turn;
 
 /// The columns a cauldron row needs.

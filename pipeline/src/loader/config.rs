@@ -2,7 +2,7 @@
 //! Built through `LoaderConfig::builder()`, whose `build()` rejects unusable values.
 use super::LoaderError;
 use shards::image_layout::{ImageLayout, ImageTokens, Tower};
-use shards::SpecialTokens;
+use text::SpecialTokens;
 use tessera_switches::Switches;
 
 /// How an image becomes `size x size`. Named `squash` / `pad` in TOML, JSON and (with the
