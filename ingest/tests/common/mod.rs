@@ -2,7 +2,8 @@
 //! and helpers to run an ingest and read back what it wrote.
 #![allow(dead_code)]
 use image::{ImageEncoder, RgbImage};
-use ingest::{IngestConfig, Template};
+use ingest::IngestConfig;
+use text::chat::Template;
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
 
