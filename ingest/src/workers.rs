@@ -10,10 +10,10 @@ use crate::probe::{probe, verify_decode, ImageInfo};
 use crate::reason::{Reason, Rejection};
 use crate::record::{ImageRef, Record};
 use crate::template::{encode, render};
-use text::Encoder;
 use shards::{Image, Kind, Sample, Turn};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
+use text::Encoder;
 
 /// A record handed to a worker, numbered in input order.
 pub(crate) struct Job {

@@ -3,8 +3,8 @@
 //! storage -> verified parquet shards.
 use anyhow::Context;
 use ingest::{Format, IngestConfig};
-use text::chat::Template;
 use std::path::PathBuf;
+use text::chat::Template;
 
 /// Arguments of `tessera ingest`.
 #[derive(clap::Args)]

@@ -5,9 +5,9 @@
 //! helpers transformers defines. The template comes from the model folder's
 //! `chat_template.jinja` (transformers 5 writes it) or its tokenizer_config.json's
 //! `chat_template` (a string, or a list of named templates whose `default` is used).
+use crate::chat::Role;
 use crate::error::TextError;
 use minijinja::{context, Environment, Error, ErrorKind};
-use crate::chat::Role;
 use std::path::{Path, PathBuf};
 
 /// Name of the template inside the environment.

@@ -3,10 +3,10 @@
 //! the config's `chat_template`) and `generation_config.json` (the ids generation stops at).
 //! What `tessera generate --lm DIR` chats with, and what `train` compares the shards'
 //! tokenizer against.
+use crate::chat::Role;
 use crate::chat_template::ChatTemplate;
 use crate::error::TextError;
 use crate::resolve_tokens::{config_token, tokenizer_config};
-use crate::chat::Role;
 use std::path::{Path, PathBuf};
 use tokenizers::Tokenizer;
 
@@ -34,11 +34,10 @@ impl ModelTokenizer {
                     .into(),
             });
         }
-        let tokenizer =
-            Tokenizer::from_file(&path).map_err(|source| TextError::LoadTokenizer {
-                path: path.clone(),
-                source,
-            })?;
+        let tokenizer = Tokenizer::from_file(&path).map_err(|source| TextError::LoadTokenizer {
+            path: path.clone(),
+            source,
+        })?;
         let config = tokenizer_config(&path)?;
         let chat_template = ChatTemplate::from_dir(dir, config.as_ref())?;
         let mut stop_ids: Vec<u32> = config_token(config.as_ref(), "eos_token")

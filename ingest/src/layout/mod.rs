@@ -44,9 +44,7 @@ impl Format {
     pub fn default_template(self) -> text::chat::Template {
         match self {
             Format::Llava => text::chat::Template::Plain,
-            Format::Onevision | Format::Cauldron | Format::Messages => {
-                text::chat::Template::Chatml
-            }
+            Format::Onevision | Format::Cauldron | Format::Messages => text::chat::Template::Chatml,
         }
     }
 

@@ -3,9 +3,9 @@
 #![allow(dead_code)]
 use image::{ImageEncoder, RgbImage};
 use ingest::IngestConfig;
-use text::chat::Template;
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
+use text::chat::Template;
 
 /// The Qwen tokenizer under the workspace's `.deps/` (these fixtures serve both the `ingest`
 /// crate's tests and the workspace root's).

@@ -6,13 +6,13 @@
 //! end of sequence (or, for `chatml`, `<|im_end|>`) or `max_new_tokens`.
 use pipeline::loader::{BadImagePolicy, Loader, LoaderConfig, LoaderError, ResizePolicy};
 use pipeline::{MicroBatch, MicroBatchPlan};
-use text::chat::{Role, Template, IMAGE_TAG, IM_END};
 use shards::image_layout::ImageLayout;
 use shards::{Image, Kind, Sample};
-use text::SpecialTokens;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use tessera_model::{GenerateOptions, Generator, ModelError};
+use text::chat::{Role, Template, IMAGE_TAG, IM_END};
+use text::SpecialTokens;
 
 /// The instruction of a `chatml` prompt when none is given.
 pub const DEFAULT_INSTRUCTION: &str = "Describe the image.";

@@ -27,9 +27,7 @@ use crate::export::run_checkpoint::{newest_complete_trained, stored_config};
 use crate::export::run_weights::{initial_projector, RunWeights};
 use crate::run_dir::RunDir;
 use crate::vlm_description::VlmDescription;
-use text::chat::{Template, IM_END};
 use shards::image_layout::ImageLayout;
-use text::SpecialTokens;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use tch::Kind;
@@ -38,6 +36,8 @@ use tessera_model::{
     adapter_keys, added_rows_of, export_specs, llava_config_json, llava_key, merge_weight,
     write_hub_files, LoraConfig, ModelError, Vlm, VlmOptions, LLAVA_ADAPTER_DIR,
 };
+use text::chat::{Template, IM_END};
+use text::SpecialTokens;
 
 /// How to write the export.
 #[derive(Clone, Debug)]
