@@ -150,7 +150,7 @@ fn three_layouts_ingest_to_the_same_samples_rejections_and_shard_bytes() -> Resu
         let placeholders = sample
             .input_ids
             .iter()
-            .filter(|&&t| t == shards::SpecialTokens::qwen_before_recorded().image.id)
+            .filter(|&&t| t == text::SpecialTokens::qwen_before_recorded().image.id)
             .count();
         assert_eq!(
             placeholders,
@@ -287,7 +287,7 @@ fn three_layouts_ingest_to_the_same_samples_rejections_and_shard_bytes() -> Resu
 /// user turns, the image, the role headers or the newlines between turns.
 fn three_turns_supervise_exactly_the_assistant_answers(sample: &shards::Sample) -> Result<()> {
     use pipeline::loader::{Loader, LoaderConfig};
-    let encoder = ingest::Encoder::load(&tokenizer(), ingest::Template::Chatml)?;
+    let encoder = text::Encoder::load(&tokenizer(), text::chat::Template::Chatml)?;
     let special = |token: &str| -> Result<i64> {
         let id = encoder.tokenizer().token_to_id(token);
         Ok(i64::from(

@@ -227,7 +227,7 @@ fn tessera_tokens(
     let prompt = captioner.prompt_ids(None, images.len())?;
     let placeholders = prompt
         .iter()
-        .filter(|&&t| t == shards::SpecialTokens::qwen_before_recorded().image.id)
+        .filter(|&&t| t == text::SpecialTokens::qwen_before_recorded().image.id)
         .count();
     assert_eq!(
         (prompt.len(), placeholders),

@@ -31,12 +31,29 @@ pub fn with_causes(error: &(dyn Error + 'static)) -> String {
 
 /// Whether `error` is one of the library errors whose message holds their source's message:
 /// parquet's `External`, arrow's `ExternalError`, object_store's errors (`Generic`,
-/// `NotFound`, ...) and image's decoding and I/O errors.
+/// `NotFound`, ...) and image's decoding and I/O errors. Each is looked for when its feature
+/// is on, which the crate wrapping that library turns on.
 pub fn embeds_its_source(error: &(dyn Error + 'static)) -> bool {
-    error.is::<parquet::errors::ParquetError>()
-        || error.is::<arrow_schema::ArrowError>()
-        || error.is::<object_store::Error>()
-        || error.is::<image::ImageError>()
+    // Not reassigned when no feature is on: a crate that wraps none of these libraries.
+    #[allow(unused_mut)]
+    let mut embeds = false;
+    #[cfg(feature = "parquet")]
+    {
+        embeds |= error.is::<parquet::errors::ParquetError>();
+    }
+    #[cfg(feature = "arrow")]
+    {
+        embeds |= error.is::<arrow_schema::ArrowError>();
+    }
+    #[cfg(feature = "object_store")]
+    {
+        embeds |= error.is::<object_store::Error>();
+    }
+    #[cfg(feature = "image")]
+    {
+        embeds |= error.is::<image::ImageError>();
+    }
+    embeds
 }
 
 #[cfg(test)]

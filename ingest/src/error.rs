@@ -46,28 +46,12 @@ pub enum IngestError {
         path: PathBuf,
         source: zip::result::ZipError,
     },
-    #[error("{path}: cannot load tokenizer")]
-    LoadTokenizer {
-        path: PathBuf,
-        source: tokenizers::Error,
-    },
+    /// The tokenizer changed on disk during the ingest.
     #[error("{path}: cannot load tokenizer: {detail}")]
     Tokenizer { path: PathBuf, detail: String },
-    #[error("tokenizer {path} has no token {token}, which the {template} template needs")]
-    MissingToken {
-        path: PathBuf,
-        token: String,
-        template: String,
-    },
-    #[error("{path}: chat template: {detail}")]
-    ChatTemplate { path: PathBuf, detail: String },
-    #[error("{dir}: {detail}")]
-    ModelFolder { dir: PathBuf, detail: String },
-    #[error("record {id}: tokenizer failed")]
-    Tokenize {
-        id: String,
-        source: tokenizers::Error,
-    },
+    /// The tokenizer, its special tokens or the template's markers (`text`'s errors).
+    #[error(transparent)]
+    Text(#[from] text::TextError),
     #[error(transparent)]
     Shards(#[from] shards::ShardError),
     #[error("{dir}: {detail}")]

@@ -15,16 +15,14 @@
 //!    rejections (id + reason) to `rejected.jsonl`; after each shard a journal makes the run
 //!    resumable; the tokenizer is copied beside them (`tokenizer.json`, so the shards carry
 //!    it to `train`'s run folder) and `index.json` is written last, recording the special
-//!    tokens the ids were made with (the tokenizer's own, `special_tokens.rs`).
+//!    tokens the ids were made with (the tokenizer's own, resolved by [`text::Encoder`]).
 //!
-//! [`ModelTokenizer`] reads a language model folder's text side (tokenizer, its own chat
-//! template through [`ChatTemplate`], stop ids) for `tessera generate --lm`.
-mod chat_template;
+//! The templates, the special tokens and the tokenizer are the `text` crate's: ingest checks
+//! a record's turns and picks the reason it is rejected for (`template.rs`).
 mod error;
 mod images;
 mod jpeg_check;
 mod layout;
-mod model_tokenizer;
 mod ordered_writer;
 mod probe;
 mod reason;
@@ -32,15 +30,11 @@ mod record;
 mod report;
 mod resume;
 mod run;
-mod special_tokens;
 mod template;
 mod workers;
 
-pub use chat_template::ChatTemplate;
 pub use error::IngestError;
 pub use layout::Format;
-pub use model_tokenizer::ModelTokenizer;
 pub use reason::{Reason, Rejection};
 pub use report::Summary;
 pub use run::{run, IngestConfig};
-pub use template::{Encoder, Template};

@@ -10,7 +10,6 @@ use crate::report::{Summary, REPORT_FILE};
 use crate::resume::{
     check_finished, remove_leftovers, Journal, Settings, JOURNAL_FILE, REJECTED_FILE,
 };
-use crate::template::{Encoder, Template};
 use crate::workers::{Job, Outcome, Worker};
 use crossbeam_channel::bounded;
 use indicatif::{ProgressBar, ProgressStyle};
@@ -21,6 +20,8 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
+use text::chat::Template;
+use text::Encoder;
 
 /// Records per channel message between reader, workers and writer.
 const BATCH: usize = 16;

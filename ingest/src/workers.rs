@@ -9,10 +9,11 @@ use crate::layout::Format;
 use crate::probe::{probe, verify_decode, ImageInfo};
 use crate::reason::{Reason, Rejection};
 use crate::record::{ImageRef, Record};
-use crate::template::{render, Encoder};
+use crate::template::{encode, render};
 use shards::{Image, Kind, Sample, Turn};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
+use text::Encoder;
 
 /// A record handed to a worker, numbered in input order.
 pub(crate) struct Job {
@@ -88,9 +89,7 @@ impl Worker {
                 Err(refusal) => return rejected(refusal),
             }
         }
-        let encoded = self
-            .encoder
-            .encode_as(&id, &rendered, images.len(), self.format)?;
+        let encoded = encode(&self.encoder, &id, &rendered, images.len(), self.format)?;
         let tokens = match encoded {
             Ok(t) => t,
             Err(refusal) => return rejected(refusal),

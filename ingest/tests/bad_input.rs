@@ -3,10 +3,10 @@
 mod common;
 
 use common::*;
-use ingest::Template;
 use serde_json::json;
 use shards::Dataset;
 use std::collections::HashMap;
+use text::chat::Template;
 
 #[test]
 fn bad_records_are_rejected_with_their_reason_and_odd_images_are_kept() -> anyhow::Result<()> {

@@ -4,8 +4,8 @@
 mod common;
 
 use common::*;
-use ingest::Template;
 use std::io::Write;
+use text::chat::Template;
 
 fn zip_folder(root: &std::path::Path, zip_path: &std::path::Path) -> anyhow::Result<()> {
     let mut writer = zip::ZipWriter::new(std::fs::File::create(zip_path)?);

@@ -5,7 +5,7 @@
 mod common;
 
 use common::*;
-use ingest::Template;
+use text::chat::Template;
 
 /// Two good records and one whose image is missing: over a 1% threshold the run stops before
 /// index.json, leaving a journal to resume from.

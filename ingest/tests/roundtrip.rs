@@ -3,10 +3,10 @@
 mod common;
 
 use common::*;
-use ingest::Template;
-use shards::chat::Role;
 use shards::{Dataset, Kind, RowGroupLimits, Sample};
 use std::collections::HashMap;
+use text::chat::Role;
+use text::chat::Template;
 
 fn fixture(samples: usize) -> (Fixture, HashMap<String, Vec<u8>>) {
     let mut f = Fixture::new();

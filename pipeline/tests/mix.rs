@@ -18,7 +18,7 @@ fn shard_set(dir: &Path, n: u32, images: bool, tag: &str) -> anyhow::Result<()> 
         let mut ids = Vec::new();
         let mut imgs = Vec::new();
         if images {
-            ids.push(shards::SpecialTokens::qwen_before_recorded().image.id);
+            ids.push(text::SpecialTokens::qwen_before_recorded().image.id);
             imgs.push(Image {
                 bytes: vec![0xFF, 0xD8, 0xFF, i as u8],
                 format: "jpeg".into(),
@@ -45,8 +45,8 @@ fn shard_set(dir: &Path, n: u32, images: bool, tag: &str) -> anyhow::Result<()> 
         format_version: shards::FORMAT_VERSION,
         tokenizer_fingerprint: "t".into(),
         template: "chatml".into(),
-        image_placeholder_id: shards::SpecialTokens::qwen_before_recorded().image.id,
-        special_tokens: Some(shards::SpecialTokens::qwen_before_recorded()),
+        image_placeholder_id: text::SpecialTokens::qwen_before_recorded().image.id,
+        special_tokens: Some(text::SpecialTokens::qwen_before_recorded()),
         source_tokenizer_fingerprint: None,
         num_samples: u64::from(n),
         shards: vec![writer.finish()?],

@@ -11,13 +11,12 @@
 //!    [`Dataset::metadata`] scan reads only kind and token counts (the planner's input).
 //! 4. [`verify()`] and [`stats()`] back `tessera shards verify|stats`.
 //!
-//! [`chat`] defines the chat templates for every crate; [`SpecialTokens`] are the tokens they
-//! write, as the dataset's tokenizer spells and numbers them (recorded in index.json).
+//! index.json records the special tokens the ids were made with (`text::SpecialTokens`, as the
+//! dataset's tokenizer spells and numbers them); the chat templates are `text::chat`'s.
 //!
 //! Every file tessera writes whole (index.json, the ingest journal, synth's json and zip) goes
 //! through [`write_atomically`]: a temporary sibling, fsync, rename, fsync of the folder.
 mod atomic;
-pub mod chat;
 mod disk_space;
 mod error;
 pub mod image_layout;
@@ -28,7 +27,6 @@ mod remote_read;
 mod sample;
 mod schema;
 mod sink;
-mod special_tokens;
 mod stats;
 mod verify;
 mod writer;
@@ -47,7 +45,6 @@ pub use schema::{
     col, input_ids_crc32c, samples_to_batch, samples_to_batch_v2, schema_for, schema_v1, schema_v2,
     schema_v3, FORMAT_VERSION, OLDEST_READABLE_VERSION,
 };
-pub use special_tokens::{SpecialTokens, Token};
 pub use stats::{
     sample_images, stats, stats_under, DatasetStats, LayoutStats, Percentiles, SampleImages,
     EXTREME_ASPECT, TINY_SIDE,

@@ -4,10 +4,10 @@ use crate::atomic::write_atomically;
 use crate::error::ShardError;
 use crate::location::DatasetLocation;
 use crate::schema::{FORMAT_VERSION, OLDEST_READABLE_VERSION};
-use crate::special_tokens::SpecialTokens;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use text::SpecialTokens;
 
 /// File name of the manifest inside a shard directory.
 pub const INDEX_FILE: &str = "index.json";

@@ -106,7 +106,7 @@ fn load_captioner(
 /// `--lm`: one user turn through the model's own chat template, the answer printed.
 fn chat(dir: &Path, args: &Args) -> anyhow::Result<()> {
     let context = || format!("loading language model {}", dir.display());
-    let text = ingest::ModelTokenizer::from_dir(dir).with_context(context)?;
+    let text = text::ModelTokenizer::from_dir(dir).with_context(context)?;
     let prompt = args.prompt.as_deref().context("--lm needs --prompt")?;
     let ids: Vec<i64> = text
         .chat_prompt(prompt)?

@@ -2,8 +2,9 @@
 //! parquet with embedded images (the_cauldron, FineVision, TRL `messages`), local or in object
 //! storage -> verified parquet shards.
 use anyhow::Context;
-use ingest::{Format, IngestConfig, Template};
+use ingest::{Format, IngestConfig};
 use std::path::PathBuf;
+use text::chat::Template;
 
 /// Arguments of `tessera ingest`.
 #[derive(clap::Args)]

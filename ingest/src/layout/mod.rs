@@ -41,12 +41,10 @@ impl Format {
     /// The chat template a layout's records are rendered with when `--template` is not
     /// given: plain for LLaVA-Pretrain's json (an image and its caption), chatml for the chat
     /// layouts, whose records hold several turns.
-    pub fn default_template(self) -> crate::template::Template {
+    pub fn default_template(self) -> text::chat::Template {
         match self {
-            Format::Llava => crate::template::Template::Plain,
-            Format::Onevision | Format::Cauldron | Format::Messages => {
-                crate::template::Template::Chatml
-            }
+            Format::Llava => text::chat::Template::Plain,
+            Format::Onevision | Format::Cauldron | Format::Messages => text::chat::Template::Chatml,
         }
     }
 

@@ -2,8 +2,8 @@
 //! Built through `LoaderConfig::builder()`, whose `build()` rejects unusable values.
 use super::LoaderError;
 use shards::image_layout::{ImageLayout, ImageTokens, Tower};
-use shards::SpecialTokens;
 use tessera_switches::Switches;
+use text::SpecialTokens;
 
 /// How an image becomes `size x size`. Named `squash` / `pad` in TOML, JSON and (with the
 /// `clap` feature) on the command line.

@@ -101,6 +101,10 @@ pub enum ModelError {
     /// A collective inside a forward (expert parallelism's all-to-all).
     #[error(transparent)]
     Collective(#[from] tessera_fsdp::dist::DistError),
+    /// Writing a file through shards' atomic write (create, fsync, rename, fsync the folder;
+    /// a full disk named as such).
+    #[error(transparent)]
+    Write(#[from] shards::ShardError),
 }
 
 impl From<tessera_fsdp::ComputeError> for ModelError {

@@ -7,14 +7,16 @@
 //! [`write_hub_files`] streams: the shard plan and every file's header come from the tensors'
 //! names and shapes alone, then each tensor is asked for, written in 16 MiB pieces converted
 //! to the file's dtype, and dropped before the next one is asked for. Writing a model never
-//! holds more than one of its tensors (plus one piece). Each file is written as `NAME.tmp` and
-//! renamed once complete, so a crash leaves no truncated file under a final name; weight files
+//! holds more than one of its tensors (plus one piece). Each file is written through shards'
+//! atomic write ([`shards::write_atomically_with`]: a temporary sibling, fsync, rename, fsync of
+//! the folder), so a crash leaves no truncated file under a final name; weight files
 //! of an earlier export into the same folder that this one did not write are removed (a
 //! leftover `model.safetensors` beside a new index would be loaded instead of it).
 use super::error::{ModelError, Result};
 use super::weights::{INDEX_FILE, SINGLE_FILE};
 use std::collections::BTreeMap;
-use std::io::Write;
+use std::fs::File;
+use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 use tch::{Kind, Tensor};
 
@@ -95,7 +97,7 @@ pub fn write_hub_files<E: From<ModelError>>(
             path: path.clone(),
             source,
         })?;
-        write_renamed(&path, |out| out.write_all((text + "\n").as_bytes()))?;
+        shards::write_atomically(&path, (text + "\n").as_bytes()).map_err(ModelError::from)?;
         files.push(path);
     }
     remove_stale_weights(dir, &files)?;
@@ -127,37 +129,51 @@ fn write_file<E: From<ModelError>>(
     })?;
     // The data starts 8-byte aligned, padded with spaces as the safetensors writers do.
     header.resize(header.len().next_multiple_of(8), b' ');
-    let tmp = tmp_path(path);
-    let written = fill_file(&tmp, &header, entries, kind, tensor, path);
-    if written.is_err() {
-        // Best effort: the error that stopped the write is the one to report.
-        let _ = std::fs::remove_file(&tmp);
-    }
-    written?;
-    std::fs::rename(&tmp, path).map_err(io_err(path))?;
-    Ok(())
+    let written = shards::write_atomically_with(path, |out, tmp| {
+        fill_file(out, tmp, &header, entries, kind, tensor, path)
+    });
+    written.map_err(|failed| match failed {
+        Failed::Write(e) => E::from(e),
+        Failed::Tensor(e) => e,
+    })
 }
 
-/// Writes `tmp`: the header's length and `header`, then each entry's bytes (see
-/// [`write_file`]; `path` is the file's final name, which errors give).
-fn fill_file<E: From<ModelError>>(
+/// Why writing one file stopped: the write itself, or the caller's `tensor` (whose error is
+/// returned as it is).
+enum Failed<E> {
+    Write(ModelError),
+    Tensor(E),
+}
+
+impl<E> From<shards::ShardError> for Failed<E> {
+    fn from(e: shards::ShardError) -> Self {
+        Failed::Write(ModelError::from(e))
+    }
+}
+
+impl<E> From<ModelError> for Failed<E> {
+    fn from(e: ModelError) -> Self {
+        Failed::Write(e)
+    }
+}
+
+/// Writes into `out` (the temporary file `tmp`): the header's length and `header`, then each
+/// entry's bytes (see [`write_file`]; `path` is the file's final name, which errors give).
+fn fill_file<E>(
+    out: &mut BufWriter<File>,
     tmp: &Path,
     header: &[u8],
     entries: &[&(String, Vec<i64>)],
     kind: Kind,
     tensor: &mut impl FnMut(&str) -> std::result::Result<Tensor, E>,
     path: &Path,
-) -> std::result::Result<(), E> {
-    let file = std::fs::File::create(tmp).map_err(io_err(tmp))?;
-    let mut out = std::io::BufWriter::with_capacity(1 << 20, file);
-    let write = |out: &mut std::io::BufWriter<std::fs::File>, bytes: &[u8]| {
-        out.write_all(bytes).map_err(io_err(tmp))
-    };
-    write(&mut out, &(header.len() as u64).to_le_bytes())?;
-    write(&mut out, header)?;
+) -> std::result::Result<(), Failed<E>> {
+    let write = |out: &mut BufWriter<File>, bytes: &[u8]| out.write_all(bytes).map_err(io_err(tmp));
+    write(out, &(header.len() as u64).to_le_bytes())?;
+    write(out, header)?;
     let mut buf = Vec::new();
     for (name, shape) in entries {
-        let t = tensor(name)?;
+        let t = tensor(name).map_err(Failed::Tensor)?;
         if &t.size() != shape {
             return Err(ModelError::ShapeMismatch {
                 path: path.to_path_buf(),
@@ -182,35 +198,11 @@ fn fill_file<E: From<ModelError>>(
             piece
                 .f_copy_data_u8(&mut buf, take as usize)
                 .map_err(ModelError::from)?;
-            write(&mut out, &buf)?;
+            write(out, &buf)?;
             at += take;
         }
     }
-    let file = out.into_inner().map_err(|e| ModelError::Io {
-        path: tmp.to_path_buf(),
-        source: e.into_error(),
-    })?;
-    file.sync_all().map_err(io_err(tmp))?;
     Ok(())
-}
-
-fn tmp_path(path: &Path) -> PathBuf {
-    let mut name = path.file_name().unwrap_or_default().to_os_string();
-    name.push(".tmp");
-    path.with_file_name(name)
-}
-
-/// Writes `path` through `NAME.tmp`, renamed once `fill` has written all of it.
-fn write_renamed(
-    path: &Path,
-    fill: impl FnOnce(&mut std::fs::File) -> std::io::Result<()>,
-) -> Result<()> {
-    let tmp = tmp_path(path);
-    let mut file = std::fs::File::create(&tmp).map_err(io_err(&tmp))?;
-    fill(&mut file)
-        .and_then(|()| file.sync_all())
-        .map_err(io_err(&tmp))?;
-    std::fs::rename(&tmp, path).map_err(io_err(path))
 }
 
 /// Removes the weight files (`model.safetensors`, `model-*-of-*.safetensors`, the index) of

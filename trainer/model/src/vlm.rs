@@ -75,7 +75,7 @@ impl Default for VlmOptions {
     fn default() -> Self {
         Self {
             // Datasets from before index.json recorded their special tokens used Qwen's.
-            image_token_id: i64::from(shards::SpecialTokens::qwen_before_recorded().image.id),
+            image_token_id: i64::from(text::SpecialTokens::qwen_before_recorded().image.id),
             train_projector: true,
             lora: None,
             train_lm: false,

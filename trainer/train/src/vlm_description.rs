@@ -44,7 +44,7 @@ pub(crate) struct VlmDescription {
     /// The special tokens the shards were tokenized with (`None` in runs from before they
     /// were recorded, which used Qwen's: see [`VlmDescription::special_tokens`]).
     #[serde(default)]
-    pub special_tokens: Option<shards::SpecialTokens>,
+    pub special_tokens: Option<text::SpecialTokens>,
     /// Rows the LM appended for tokens ingest added (`<image>`), trained with the projector.
     #[serde(default)]
     pub added_tokens: i64,
@@ -108,10 +108,10 @@ impl VlmDescription {
     }
 
     /// The special tokens the run's shards were tokenized with.
-    pub(crate) fn special_tokens(&self) -> shards::SpecialTokens {
+    pub(crate) fn special_tokens(&self) -> text::SpecialTokens {
         self.special_tokens
             .clone()
-            .unwrap_or_else(shards::SpecialTokens::qwen_before_recorded)
+            .unwrap_or_else(text::SpecialTokens::qwen_before_recorded)
     }
 
     pub(crate) fn save(&self, path: &Path) -> Result<(), ExportError> {

@@ -327,7 +327,7 @@ fn smollm2_chat_logits_and_greedy_answer_match_transformers() -> anyhow::Result<
     let theirs: serde_json::Value = serde_json::from_slice(&output.stdout)?;
     assert_eq!(theirs["text"], ANSWER, "transformers' own answer");
 
-    let text = ingest::ModelTokenizer::from_dir(&dir)?;
+    let text = text::ModelTokenizer::from_dir(&dir)?;
     let prompt: Vec<i64> = text
         .chat_prompt(QUESTION)?
         .into_iter()

@@ -35,7 +35,7 @@ pub struct GenerationModel {
     pub tokenizer_fingerprint: Option<String>,
     /// The special tokens the run's shards were tokenized with (runs only; an export's
     /// tokenizer folder says them itself).
-    pub special_tokens: Option<shards::SpecialTokens>,
+    pub special_tokens: Option<text::SpecialTokens>,
     /// Checkpoint step (runs only).
     pub step: Option<u64>,
 }
@@ -149,7 +149,7 @@ pub fn load_export_model(dir: &Path, dtype: Option<Dtype>) -> Result<GenerationM
     let chat = std::fs::read_to_string(dir.join("chat_template.jinja")).unwrap_or_default();
     Ok(GenerationModel {
         generator: Generator::with_kind(&vlm, params, kind)?,
-        template: if chat.contains(shards::chat::IM_START) {
+        template: if chat.contains(text::chat::IM_START) {
             "chatml".into()
         } else {
             "plain".into()

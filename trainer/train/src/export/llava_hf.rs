@@ -16,7 +16,7 @@
 //! - with a tokenizer: `tokenizer.json` (the run's, `<image>` included when ingest added it),
 //!   `tokenizer_config.json` (the run's special tokens: end of sequence, padding; the LM's
 //!   own tokenizer class when its folder names one), `chat_template.jinja` (the run's
-//!   template, `plain` or `chatml`, as Jinja that renders what `shards::chat` renders for
+//!   template, `plain` or `chatml`, as Jinja that renders what `text::chat` renders for
 //!   ingest and `tessera generate`, with the same tokens), `processor_config.json` (the image
 //!   token, expanded to `image_seq_length` copies, as tessera's loader does),
 //!   `preprocessor_config.json` (SigLIP: bicubic resize to the tower's size, mean/std 0.5) and
@@ -27,9 +27,7 @@ use crate::export::run_checkpoint::{newest_complete_trained, stored_config};
 use crate::export::run_weights::{initial_projector, RunWeights};
 use crate::run_dir::RunDir;
 use crate::vlm_description::VlmDescription;
-use shards::chat::{Template, IM_END};
 use shards::image_layout::ImageLayout;
-use shards::SpecialTokens;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use tch::Kind;
@@ -38,6 +36,8 @@ use tessera_model::{
     adapter_keys, added_rows_of, export_specs, llava_config_json, llava_key, merge_weight,
     write_hub_files, FeatureStats, LoraConfig, ModelError, Vlm, VlmOptions, LLAVA_ADAPTER_DIR,
 };
+use text::chat::{Template, IM_END};
+use text::SpecialTokens;
 
 /// How to write the export.
 #[derive(Clone, Debug)]
@@ -573,11 +573,11 @@ fn chat_template(template: Template, tokens: &SpecialTokens) -> String {
         Template::Plain => PLAIN_TEMPLATE
             .replace("@IMAGE@", &tokens.image.text)
             .replace("@EOS@", &tokens.eos.text),
-        Template::Chatml => CHATML_TEMPLATE.replace("@IMAGE@", &shards::chat::framed_image(tokens)),
+        Template::Chatml => CHATML_TEMPLATE.replace("@IMAGE@", &text::chat::framed_image(tokens)),
     }
 }
 
-/// LLaVA's `plain` template as `shards::chat::Template::Plain` renders it (ingest, generate): a
+/// LLaVA's `plain` template as `text::chat::Template::Plain` renders it (ingest, generate): a
 /// user turn with an image becomes the image token (`@IMAGE@`) alone (its text dropped), other
 /// turns their text and `\n`; a finished conversation ends with the end of sequence (`@EOS@`).
 /// Jinja for transformers, so written out here; `tests::the_jinja_templates_render_what_shards_chat_renders`
@@ -591,7 +591,7 @@ const PLAIN_TEMPLATE: &str = r#"{%- for message in messages -%}
 {%- if not add_generation_prompt and messages and messages[-1]['role'] == 'assistant' -%}@EOS@{%- endif -%}
 "#;
 
-/// ChatML as `shards::chat::Template::Chatml` renders it: an image is the image token, framed
+/// ChatML as `text::chat::Template::Chatml` renders it: an image is the image token, framed
 /// when the tokenizer has Qwen's frame (`@IMAGE@`). See [`PLAIN_TEMPLATE`] on how it is checked.
 const CHATML_TEMPLATE: &str = r#"{%- for message in messages -%}
 {{- '<|im_start|>' + message['role'] + '\n' -}}
@@ -604,8 +604,8 @@ const CHATML_TEMPLATE: &str = r#"{%- for message in messages -%}
 #[cfg(test)]
 mod tests {
     use super::chat_template;
-    use shards::chat::{Role, Template};
-    use shards::{SpecialTokens, Token};
+    use text::chat::{Role, Template};
+    use text::{SpecialTokens, Token};
 
     /// SmolLM2-Instruct's tokenizer with `<image>` added by ingest (no frame, `<|im_end|>` ends).
     fn smollm2() -> SpecialTokens {
@@ -620,7 +620,7 @@ mod tests {
 
     /// Each exported Jinja template, rendered as transformers renders it (minijinja with
     /// `trim_blocks` and `lstrip_blocks`, through ingest's `ChatTemplate`), gives what
-    /// `shards::chat` renders for ingest and generation: the whole conversation and the prompt,
+    /// `text::chat` renders for ingest and generation: the whole conversation and the prompt,
     /// with Qwen's tokens and with SmolLM2's.
     #[test]
     fn the_jinja_templates_render_what_shards_chat_renders() -> anyhow::Result<()> {
@@ -633,7 +633,7 @@ mod tests {
         ]);
         for tokens in [SpecialTokens::qwen_before_recorded(), smollm2()] {
             for template in [Template::Plain, Template::Chatml] {
-                let jinja = ingest::ChatTemplate::new(
+                let jinja = text::ChatTemplate::new(
                     chat_template(template, &tokens),
                     None,
                     None,

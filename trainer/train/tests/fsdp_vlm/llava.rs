@@ -46,11 +46,11 @@ fn export(out: &Path, options: &LlavaHfOptions) -> anyhow::Result<()> {
 }
 
 /// The test vocabulary's special tokens (no tokenizer: the export writes no processor files).
-fn test_tokens() -> shards::SpecialTokens {
-    shards::SpecialTokens {
-        image: shards::Token::new("<image>", IMAGE_ID as u32),
+fn test_tokens() -> text::SpecialTokens {
+    text::SpecialTokens {
+        image: text::Token::new("<image>", IMAGE_ID as u32),
         image_frame: None,
-        eos: shards::Token::new("</s>", 0),
+        eos: text::Token::new("</s>", 0),
         pad_id: 0,
         added: Vec::new(),
     }

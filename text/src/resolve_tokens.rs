@@ -1,7 +1,7 @@
 //! A tokenizer's special tokens, from its own files: `tokenizer.json` (the vocabulary and its
 //! added tokens) and, beside it when there is one, `tokenizer_config.json` (`eos_token`,
 //! `pad_token`, as transformers reads them). What they resolve to is recorded in index.json
-//! ([`shards::SpecialTokens`]) and read from there by every later step.
+//! ([`crate::SpecialTokens`]) and read from there by every later step.
 //!
 //! * The image token: `<|image_pad|>` (Qwen's), else `<image>`; a tokenizer with neither gets
 //!   `<image>` added after its last id, as LLaVA adds its image tokens (the language model then
@@ -10,23 +10,23 @@
 //! * The end of sequence: `eos_token` of tokenizer_config.json, else the first of the usual
 //!   spellings the vocabulary holds (`<|endoftext|>`, `</s>`, `<|end_of_text|>`, `<eos>`).
 //! * The padding: `pad_token`, else the end of sequence.
-use crate::error::IngestError;
-use shards::{SpecialTokens, Token};
+use crate::error::TextError;
+use crate::special_tokens::{SpecialTokens, Token};
 use std::path::Path;
 use tokenizers::{AddedToken, Tokenizer};
 
 /// The tokenizer_config.json beside `tokenizer` (a tokenizer.json path), if any.
-pub(crate) fn tokenizer_config(tokenizer: &Path) -> Result<Option<serde_json::Value>, IngestError> {
+pub(crate) fn tokenizer_config(tokenizer: &Path) -> Result<Option<serde_json::Value>, TextError> {
     let Some(path) = tokenizer.parent().map(|d| d.join("tokenizer_config.json")) else {
         return Ok(None);
     };
     if !path.is_file() {
         return Ok(None);
     }
-    let text = std::fs::read_to_string(&path).map_err(|e| IngestError::io(&path, e))?;
+    let text = std::fs::read_to_string(&path).map_err(|e| TextError::io(&path, e))?;
     serde_json::from_str(&text)
         .map(Some)
-        .map_err(|e| IngestError::Tokenizer {
+        .map_err(|e| TextError::Tokenizer {
             path: path.clone(),
             detail: format!("tokenizer_config.json is not valid JSON: {e}"),
         })
@@ -50,7 +50,7 @@ pub(crate) fn resolve(
     tokenizer: &mut Tokenizer,
     config: Option<&serde_json::Value>,
     path: &Path,
-) -> Result<SpecialTokens, IngestError> {
+) -> Result<SpecialTokens, TextError> {
     let token = |tokenizer: &Tokenizer, text: &str| {
         tokenizer.token_to_id(text).map(|id| Token::new(text, id))
     };
@@ -60,7 +60,7 @@ pub(crate) fn resolve(
         None => {
             tokenizer.add_special_tokens(&[AddedToken::from("<image>", true)]);
             added.push("<image>".to_string());
-            token(tokenizer, "<image>").ok_or_else(|| IngestError::Tokenizer {
+            token(tokenizer, "<image>").ok_or_else(|| TextError::Tokenizer {
                 path: path.to_path_buf(),
                 detail: "adding <image> to it failed".into(),
             })?
@@ -68,14 +68,14 @@ pub(crate) fn resolve(
     };
     let image_frame = token(tokenizer, "<|vision_start|>").zip(token(tokenizer, "<|vision_end|>"));
     let eos = match config_token(config, "eos_token") {
-        Some(text) => token(tokenizer, &text).ok_or_else(|| IngestError::Tokenizer {
+        Some(text) => token(tokenizer, &text).ok_or_else(|| TextError::Tokenizer {
             path: path.to_path_buf(),
             detail: format!("tokenizer_config.json's eos_token {text:?} is not in its vocabulary"),
         })?,
         None => EOS_SPELLINGS
             .iter()
             .find_map(|t| token(tokenizer, t))
-            .ok_or_else(|| IngestError::Tokenizer {
+            .ok_or_else(|| TextError::Tokenizer {
                 path: path.to_path_buf(),
                 detail: format!(
                     "no end-of-sequence token: it has none of {EOS_SPELLINGS:?} and no \

@@ -1,6 +1,6 @@
 //! The special tokens a dataset's ids were made with, as its tokenizer spells and numbers them.
-//! Ingest resolves them from the tokenizer it is given (`ingest::special_tokens`) and records
-//! them in index.json; the templates ([`crate::chat`]), the loader's padding, training's
+//! Ingest resolves them from the tokenizer it is given ([`crate::Encoder::load`], with feature
+//! `tokenizer`) and records them in index.json; the templates ([`crate::chat`]), the loader's padding, training's
 //! placeholder, generation's stop ids and the llava-hf export all read them from there, so no
 //! crate assumes one model's vocabulary.
 use serde::{Deserialize, Serialize};

@@ -3,10 +3,10 @@
 //! the config's `chat_template`) and `generation_config.json` (the ids generation stops at).
 //! What `tessera generate --lm DIR` chats with, and what `train` compares the shards'
 //! tokenizer against.
+use crate::chat::Role;
 use crate::chat_template::ChatTemplate;
-use crate::error::IngestError;
-use crate::special_tokens::{config_token, tokenizer_config};
-use shards::chat::Role;
+use crate::error::TextError;
+use crate::resolve_tokens::{config_token, tokenizer_config};
 use std::path::{Path, PathBuf};
 use tokenizers::Tokenizer;
 
@@ -24,21 +24,20 @@ pub struct ModelTokenizer {
 
 impl ModelTokenizer {
     /// Reads the folder `dir` (its tokenizer.json is required).
-    pub fn from_dir(dir: &Path) -> Result<Self, IngestError> {
+    pub fn from_dir(dir: &Path) -> Result<Self, TextError> {
         let path = dir.join("tokenizer.json");
         if !path.is_file() {
-            return Err(IngestError::ModelFolder {
+            return Err(TextError::ModelFolder {
                 dir: dir.to_path_buf(),
                 detail: "no tokenizer.json (a language model folder as transformers saves it \
                          holds one)"
                     .into(),
             });
         }
-        let tokenizer =
-            Tokenizer::from_file(&path).map_err(|source| IngestError::LoadTokenizer {
-                path: path.clone(),
-                source,
-            })?;
+        let tokenizer = Tokenizer::from_file(&path).map_err(|source| TextError::LoadTokenizer {
+            path: path.clone(),
+            source,
+        })?;
         let config = tokenizer_config(&path)?;
         let chat_template = ChatTemplate::from_dir(dir, config.as_ref())?;
         let mut stop_ids: Vec<u32> = config_token(config.as_ref(), "eos_token")
@@ -61,11 +60,11 @@ impl ModelTokenizer {
     /// The ids of one user turn through the model's chat template, ready for the assistant's
     /// answer (`add_generation_prompt`), tokenized as transformers' `apply_chat_template`
     /// does (no special tokens added: the template writes them).
-    pub fn chat_prompt(&self, user: &str) -> Result<Vec<u32>, IngestError> {
+    pub fn chat_prompt(&self, user: &str) -> Result<Vec<u32>, TextError> {
         let template = self
             .chat_template
             .as_ref()
-            .ok_or_else(|| IngestError::ModelFolder {
+            .ok_or_else(|| TextError::ModelFolder {
                 dir: self.path.parent().unwrap_or(&self.path).to_path_buf(),
                 detail: "no chat template (chat_template.jinja, or tokenizer_config.json's \
                          chat_template): a base model has none to chat through"
@@ -75,7 +74,7 @@ impl ModelTokenizer {
         let encoding = self
             .tokenizer
             .encode(text.as_str(), false)
-            .map_err(|source| IngestError::Tokenize {
+            .map_err(|source| TextError::Tokenize {
                 id: "the chat prompt".into(),
                 source,
             })?;
@@ -84,14 +83,14 @@ impl ModelTokenizer {
 }
 
 /// The `eos_token_id` (one id or a list) of the folder's generation_config.json, if it has one.
-fn generation_eos_ids(dir: &Path) -> Result<Vec<u32>, IngestError> {
+fn generation_eos_ids(dir: &Path) -> Result<Vec<u32>, TextError> {
     let path = dir.join("generation_config.json");
     if !path.is_file() {
         return Ok(Vec::new());
     }
-    let text = std::fs::read_to_string(&path).map_err(|e| IngestError::io(&path, e))?;
+    let text = std::fs::read_to_string(&path).map_err(|e| TextError::io(&path, e))?;
     let value: serde_json::Value =
-        serde_json::from_str(&text).map_err(|e| IngestError::ModelFolder {
+        serde_json::from_str(&text).map_err(|e| TextError::ModelFolder {
             dir: dir.to_path_buf(),
             detail: format!("generation_config.json is not valid JSON: {e}"),
         })?;

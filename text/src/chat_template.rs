@@ -5,9 +5,9 @@
 //! helpers transformers defines. The template comes from the model folder's
 //! `chat_template.jinja` (transformers 5 writes it) or its tokenizer_config.json's
 //! `chat_template` (a string, or a list of named templates whose `default` is used).
-use crate::error::IngestError;
+use crate::chat::Role;
+use crate::error::TextError;
 use minijinja::{context, Environment, Error, ErrorKind};
-use shards::chat::Role;
 use std::path::{Path, PathBuf};
 
 /// Name of the template inside the environment.
@@ -29,7 +29,7 @@ impl ChatTemplate {
         bos_token: Option<String>,
         eos_token: Option<String>,
         origin: &Path,
-    ) -> Result<Self, IngestError> {
+    ) -> Result<Self, TextError> {
         let mut env = Environment::new();
         let syntax = minijinja::syntax::SyntaxConfig::builder()
             .trim_blocks(true)
@@ -66,10 +66,10 @@ impl ChatTemplate {
     pub fn from_dir(
         dir: &Path,
         config: Option<&serde_json::Value>,
-    ) -> Result<Option<Self>, IngestError> {
+    ) -> Result<Option<Self>, TextError> {
         let file = dir.join("chat_template.jinja");
         let (source, origin) = if file.is_file() {
-            let text = std::fs::read_to_string(&file).map_err(|e| IngestError::io(&file, e))?;
+            let text = std::fs::read_to_string(&file).map_err(|e| TextError::io(&file, e))?;
             (Some(text), file)
         } else {
             let source = config
@@ -80,7 +80,7 @@ impl ChatTemplate {
         let Some(source) = source else {
             return Ok(None);
         };
-        let token = |key| crate::special_tokens::config_token(config, key);
+        let token = |key| crate::resolve_tokens::config_token(config, key);
         Self::new(source, token("bos_token"), token("eos_token"), &origin).map(Some)
     }
 
@@ -90,7 +90,7 @@ impl ChatTemplate {
         &self,
         messages: &[(Role, &str)],
         add_generation_prompt: bool,
-    ) -> Result<String, IngestError> {
+    ) -> Result<String, TextError> {
         let messages: Vec<_> = messages
             .iter()
             .map(|(role, content)| serde_json::json!({"role": role.name(), "content": content}))
@@ -104,7 +104,7 @@ impl ChatTemplate {
         &self,
         messages: &serde_json::Value,
         add_generation_prompt: bool,
-    ) -> Result<String, IngestError> {
+    ) -> Result<String, TextError> {
         let messages = minijinja::Value::from(minijinja::value::Serde(messages));
         let template = self
             .env
@@ -132,8 +132,8 @@ fn named_default(value: &serde_json::Value) -> Option<String> {
     })
 }
 
-fn template_error(origin: &Path, e: Error) -> IngestError {
-    IngestError::ChatTemplate {
+fn template_error(origin: &Path, e: Error) -> TextError {
+    TextError::ChatTemplate {
         path: origin.to_path_buf(),
         detail: e.to_string(),
     }
