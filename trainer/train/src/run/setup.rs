@@ -391,7 +391,7 @@ pub(crate) fn build(
         None => (None, None),
     };
     let options = VlmOptions {
-        image_token_id: i64::from(manifest.special_tokens().image.id),
+        image_token_id: Some(i64::from(manifest.special_tokens().image.id)),
         train_projector: cfg.train.projector,
         lora,
         train_lm: cfg.train.lm,
