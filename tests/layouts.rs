@@ -343,6 +343,7 @@ fn three_turns_supervise_exactly_the_assistant_answers(sample: &shards::Sample) 
         .threads(1)
         .image_tokens(TOKENS)
         .image_size(16)
+        .tokens(&encoder.tokens)
         .build()?;
     let plan = pipeline::MicroBatchPlan {
         kind: shards::Kind::Image,

@@ -4,9 +4,7 @@
 //!   resumed at W=1 trains the same samples to the same loss as the uninterrupted W=2 run;
 //! - a run on 1- to 3-image samples exports as llava-hf, and transformers (its own processor
 //!   given both images and `text = image_token * 2`) generates greedily the tokens `tessera
-//!   generate --image A --image B` generates;
-//! - shards of format 2 (written before samples held image lists) still train, and their
-//!   micro-batches equal the format-3 shards' for the same plan.
+//!   generate --image A --image B` generates.
 #![cfg(feature = "train")]
 use anyhow::{ensure, Context, Result};
 use std::path::{Path, PathBuf};
@@ -359,83 +357,6 @@ fn a_dinov2_run_exports_as_llava_and_transformers_generates_what_tessera_generat
             images.len()
         );
     }
-    Ok(())
-}
-
-#[test]
-fn shards_of_format_2_still_train_and_load_as_format_3() -> Result<()> {
-    use pipeline::loader::{Loader, LoaderConfig, SampleSource};
-    use shards::{Dataset, Manifest, RowGroupLimits, ShardWriter};
-    use std::sync::Arc;
-    let l = layouts(&[])?;
-    let shards = l.root.join("shards");
-    ingest(&l, "plain", &shards)?;
-    // The one-image samples rewritten as format 2 wrote them (before image lists).
-    let v3 = Dataset::open(&shards)?;
-    let keep: Vec<u64> = v3
-        .metadata()?
-        .iter()
-        .enumerate()
-        .filter(|(_, m)| m.num_images <= 1)
-        .map(|(i, _)| i as u64)
-        .collect();
-    let samples = v3.read(&keep)?;
-    let old = l.root.join("format2");
-    std::fs::create_dir_all(&old)?;
-    let mut writer = ShardWriter::create_format(&old, 0, RowGroupLimits::default(), 2)?;
-    for s in &samples {
-        writer.append(s.clone())?;
-    }
-    let mut manifest = Manifest::load(&shards)?;
-    manifest.format_version = 2;
-    manifest.num_samples = samples.len() as u64;
-    manifest.shards = vec![writer.finish()?];
-    manifest.ingest_settings = None;
-    manifest.save(&old)?;
-    std::fs::copy(shards.join("tokenizer.json"), old.join("tokenizer.json"))?;
-
-    let v2 = Dataset::open(&old)?;
-    assert_eq!(v2.manifest().format_version, 2);
-    let metas = v2.metadata()?;
-    assert_eq!(
-        metas.iter().map(|m| m.num_images).collect::<Vec<_>>(),
-        [1, 0]
-    );
-    let read = v2.read(&[0, 1])?;
-    assert_eq!(
-        read, samples,
-        "format 2 reads as the samples it was written from"
-    );
-    let config = || {
-        LoaderConfig::builder()
-            .threads(1)
-            .image_tokens(64)
-            .image_size(64)
-            .build()
-    };
-    let plan = pipeline::MicroBatchPlan {
-        kind: shards::Kind::Image,
-        rows: vec![vec![0]],
-        zero_loss: false,
-    };
-    let from_v2: Arc<dyn SampleSource> = Arc::new(v2);
-    let from_v3: Arc<dyn SampleSource> = Arc::new(samples.clone());
-    let a = Loader::new(from_v2, vec![plan.clone()], config()?)
-        .next()
-        .context("a batch")??;
-    let b = Loader::new(from_v3, vec![plan], config()?)
-        .next()
-        .context("a batch")??;
-    assert_eq!(a, b, "the same micro-batch from format 2 and format 3");
-
-    let model = tiny_model()?;
-    let run = l.root.join("run");
-    run_ok(&mut train(&old, &model, &run, &["--steps", "2"]))?;
-    let trained = losses(&run)?;
-    ensure!(
-        trained.len() == 2 && trained.iter().all(|l| l.is_finite()),
-        "{trained:?}"
-    );
     Ok(())
 }
 

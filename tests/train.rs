@@ -77,6 +77,7 @@ fn image_batch(f: &Fixture, vlm: &Vlm, n: usize) -> Result<pipeline::MicroBatch>
         .image_size(vlm.vision.image_size as usize)
         .image_tokens(vlm.vision.num_patches() as usize)
         .threads(1)
+        .tokens(&dataset.manifest().special_tokens())
         .build()?;
     let source: Arc<dyn SampleSource> = Arc::new(dataset);
     Loader::new(source, vec![plan], config)

@@ -3,9 +3,8 @@
 //! - a full fine-tune (projector + LM + vision tower) checkpointed at W=2 in sharded form
 //!   (format 4: each rank its own shards, no gather) and resumed at W=1 and at W=3 trains every
 //!   step on the same samples as an uninterrupted W=2 run (from each run's `plan.jsonl`) and
-//!   ends at the same loss (1e-3 relative: the reductions run in another order); so does the
-//!   same checkpoint rewritten as format 3 (the full tensors on rank 0, as tessera wrote them
-//!   before format 4); a damaged shard file is named;
+//!   ends at the same loss (1e-3 relative: the reductions run in another order); a damaged
+//!   shard file is named;
 //! - a run killed with SIGKILL inside a checkpoint write resumes from the previous complete
 //!   checkpoint and says which one it skipped and why;
 //! - `--val-shards` writes `val_loss` every N steps, equal on every rank, into metrics.jsonl,
@@ -58,22 +57,6 @@ fn wait_for(path: &Path, child: &mut std::process::Child) -> Result<()> {
 
 fn copy_dir(from: &Path, to: &Path) -> Result<()> {
     run_ok(Command::new("cp").arg("-r").arg(from).arg(to))?;
-    Ok(())
-}
-
-/// Rewrites checkpoint `dir` (format 4) as format 3 (`tests/support/checkpoint_to_format3.py`,
-/// with .deps/venv's numpy and safetensors) and checks its meta says so.
-fn as_format3(dir: &Path) -> Result<()> {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    run_ok(
-        Command::new(root.join(".deps/venv/bin/python"))
-            .arg(root.join("tests/support/checkpoint_to_format3.py"))
-            .arg(dir),
-    )?;
-    let meta: serde_json::Value = serde_json::from_slice(&std::fs::read(dir.join("meta.json"))?)?;
-    assert_eq!(meta["format_version"], 3);
-    ensure!(dir.join("rank-00000/trainable.safetensors").is_file());
-    ensure!(!dir.join("rank-00001/shards.safetensors").exists());
     Ok(())
 }
 
@@ -139,14 +122,9 @@ fn a_sharded_w2_full_finetune_checkpoint_resumes_at_w1_and_w3_on_the_same_sample
     copy_dir(&straight, &half)?;
     std::fs::remove_dir_all(half.join("checkpoints/step-00000016"))?;
 
-    // Format 4 at W=1 and W=3; then the same checkpoint as tessera wrote format 3 before
-    // format 4 (every trained tensor in full on rank 0), which must still resume.
-    for (nproc, format) in [("1", 4), ("3", 4), ("1", 3)] {
-        let run = f.root.join(format!("resumed-w{nproc}-format{format}"));
+    for nproc in ["1", "3"] {
+        let run = f.root.join(format!("resumed-w{nproc}"));
         copy_dir(&half, &run)?;
-        if format == 3 {
-            as_format3(&run.join("checkpoints/step-00000008"))?;
-        }
         run_ok(full_finetune(&f, &run, &steps).args(["--nproc", nproc, "--resume"]))?;
         let got = planned(&run)?;
         assert_eq!(

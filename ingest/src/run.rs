@@ -332,7 +332,7 @@ fn finalize(
             source_tokenizer_fingerprint: added.then(|| encoder.fingerprint.clone()),
             template: encoder.template.name().to_string(),
             image_placeholder_id: encoder.tokens.image.id,
-            special_tokens: Some(encoder.tokens.clone()),
+            special_tokens: encoder.tokens.clone(),
             num_samples: state.shards.iter().map(|s| s.rows).sum(),
             shards: state.shards,
             ingest: state.report,

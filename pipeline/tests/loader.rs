@@ -55,6 +55,8 @@ fn jpeg(w: u32, h: u32, seed: u32) -> Result<Vec<u8>> {
 
 fn config(threads: usize, image_tokens: usize, size: usize) -> Result<LoaderConfig> {
     Ok(LoaderConfig::builder()
+        .placeholder_id(PH)
+        .pad_id(PAD as u32)
         .threads(threads)
         .image_tokens(image_tokens)
         .image_size(size)
@@ -205,6 +207,8 @@ fn a_sample_of_three_images_expands_each_placeholder_with_its_own_image_in_order
     );
     assert_eq!(stats.skipped, 1);
     let fail = LoaderConfig::builder()
+        .placeholder_id(PH)
+        .pad_id(PAD as u32)
         .threads(1)
         .image_tokens(2)
         .image_size(8)
@@ -305,6 +309,8 @@ fn one_and_four_threads_give_identical_micro_batches() -> Result<()> {
 fn small_prefetch_still_delivers_everything_in_order() -> Result<()> {
     let (samples, plans) = mixed_dataset()?;
     let cfg = LoaderConfig::builder()
+        .placeholder_id(PH)
+        .pad_id(PAD as u32)
         .threads(3)
         .prefetch(1)
         .image_tokens(16)
@@ -356,6 +362,8 @@ fn bad_image_stops_the_run_with_its_id_under_fail_policy() -> Result<()> {
             plan(Kind::Image, vec![vec![2]]),
         ];
         let cfg = LoaderConfig::builder()
+            .placeholder_id(PH)
+            .pad_id(PAD as u32)
             .threads(threads)
             .image_tokens(3)
             .image_size(8)
@@ -398,6 +406,8 @@ fn sample_whose_tokens_disagree_with_its_kind_is_reported() -> Result<()> {
     let bad = image_sample("two-ph", &[PH, PH, 5], &[false, false, true], bytes, 40, 30);
     let source: Arc<dyn SampleSource> = Arc::new(vec![bad]);
     let cfg = LoaderConfig::builder()
+        .placeholder_id(PH)
+        .pad_id(PAD as u32)
         .threads(1)
         .on_bad_image(BadImagePolicy::Fail)
         .build()?;
@@ -437,6 +447,8 @@ fn a_checksum_mismatch_fails_under_fail_naming_the_sample_and_column() -> Result
     for (index, id, column) in [(1, "flipped-img", "image"), (2, "flipped-ids", "input_ids")] {
         let source: Arc<dyn SampleSource> = Arc::new(with_corrupt_samples()?);
         let cfg = LoaderConfig::builder()
+            .placeholder_id(PH)
+            .pad_id(PAD as u32)
             .threads(1)
             .image_tokens(3)
             .image_size(8)
@@ -467,6 +479,8 @@ fn checksum_mismatches_are_dropped_under_skip_and_unchecked_when_turned_off() ->
     assert_eq!(batches[0].sample_ids, vec!["good-0"]);
     assert_eq!(stats.skipped, 2);
     let off = LoaderConfig::builder()
+        .placeholder_id(PH)
+        .pad_id(PAD as u32)
         .threads(1)
         .image_tokens(3)
         .image_size(8)

@@ -46,7 +46,7 @@ fn shard_set(dir: &Path, n: u32, images: bool, tag: &str) -> anyhow::Result<()> 
         tokenizer_fingerprint: "t".into(),
         template: "chatml".into(),
         image_placeholder_id: text::SpecialTokens::qwen_before_recorded().image.id,
-        special_tokens: Some(text::SpecialTokens::qwen_before_recorded()),
+        special_tokens: text::SpecialTokens::qwen_before_recorded(),
         source_tokenizer_fingerprint: None,
         num_samples: u64::from(n),
         shards: vec![writer.finish()?],

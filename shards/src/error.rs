@@ -30,8 +30,8 @@ pub enum ShardError {
         source: serde_json::Error,
     },
     #[error(
-        "{path}: index.json has format version {found}, this build reads versions 1 to \
-         {expected}; read it with the tessera that wrote it, or re-ingest the source json"
+        "{path}: shard format {found}, but this tessera reads shard format {expected} only: \
+         re-ingest the source with this version"
     )]
     FormatVersion {
         path: PathBuf,

@@ -41,10 +41,7 @@ pub use manifest::{
 };
 pub use reader::{fingerprint_of, Dataset};
 pub use sample::{ChecksumMismatch, Image, Kind, Sample, SampleMeta, Turn};
-pub use schema::{
-    col, input_ids_crc32c, samples_to_batch, samples_to_batch_v2, schema_for, schema_v1, schema_v2,
-    schema_v3, FORMAT_VERSION, OLDEST_READABLE_VERSION,
-};
+pub use schema::{col, input_ids_crc32c, samples_to_batch, schema_v3, FORMAT_VERSION};
 pub use stats::{
     sample_images, stats, stats_under, DatasetStats, LayoutStats, Percentiles, SampleImages,
     EXTREME_ASPECT, TINY_SIDE,

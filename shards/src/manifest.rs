@@ -3,7 +3,7 @@
 use crate::atomic::write_atomically;
 use crate::error::ShardError;
 use crate::location::DatasetLocation;
-use crate::schema::{FORMAT_VERSION, OLDEST_READABLE_VERSION};
+use crate::schema::FORMAT_VERSION;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -118,10 +118,8 @@ pub struct Manifest {
     pub template: String,
     /// The image token's id standing for one image in `input_ids` (`special_tokens.image`).
     pub image_placeholder_id: u32,
-    /// The special tokens the ids were made with; `None` in index.json written before they
-    /// were recorded (see [`Manifest::special_tokens`]).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub special_tokens: Option<SpecialTokens>,
+    /// The special tokens the ids were made with.
+    pub special_tokens: SpecialTokens,
     /// sha256 of the tokenizer.json ingest was given, when ingest added tokens to it (then the
     /// copy beside index.json, whose sha256 is `tokenizer_fingerprint`, is that tokenizer
     /// with the tokens added).
@@ -155,29 +153,32 @@ impl Manifest {
         }
     }
 
-    /// Parses and checks index.json's text; `path` (a file or URL) names it in errors.
+    /// Parses and checks index.json's text; `path` (a file or URL) names it in errors. The
+    /// format version is read first: an index.json of another format is refused by its number,
+    /// whatever else it holds.
     pub fn parse(text: &[u8], path: PathBuf) -> Result<Manifest, ShardError> {
-        let manifest: Manifest =
-            serde_json::from_slice(text).map_err(|source| ShardError::Manifest {
-                path: path.clone(),
-                source,
-            })?;
-        if !(OLDEST_READABLE_VERSION..=FORMAT_VERSION).contains(&manifest.format_version) {
+        #[derive(Deserialize)]
+        struct FormatOnly {
+            format_version: u32,
+        }
+        let invalid = |source| ShardError::Manifest {
+            path: path.clone(),
+            source,
+        };
+        let FormatOnly { format_version } = serde_json::from_slice(text).map_err(invalid)?;
+        if format_version != FORMAT_VERSION {
             return Err(ShardError::FormatVersion {
                 path,
-                found: manifest.format_version,
+                found: format_version,
                 expected: FORMAT_VERSION,
             });
         }
-        Ok(manifest)
+        serde_json::from_slice(text).map_err(invalid)
     }
 
-    /// The special tokens the ids were made with: those recorded, or for an index.json from
-    /// before they were, the Qwen tokens ingest then required.
+    /// The special tokens the ids were made with.
     pub fn special_tokens(&self) -> SpecialTokens {
-        self.special_tokens
-            .clone()
-            .unwrap_or_else(SpecialTokens::qwen_before_recorded)
+        self.special_tokens.clone()
     }
 
     /// sha256 of the tokenizer.json ingest was given (the language model's own, for a check
@@ -208,7 +209,7 @@ mod tests {
             tokenizer_fingerprint: "t".into(),
             template: "plain".into(),
             image_placeholder_id: 7,
-            special_tokens: None,
+            special_tokens: SpecialTokens::qwen_before_recorded(),
             source_tokenizer_fingerprint: None,
             num_samples: 0,
             shards: Vec::new(),
@@ -218,16 +219,27 @@ mod tests {
     }
 
     #[test]
-    fn index_json_without_ingest_settings_still_reads() -> anyhow::Result<()> {
-        // An index.json as written before `ingest_settings` existed.
-        let old = br#"{"format_version": 2, "tokenizer_fingerprint": "t", "template": "plain",
+    fn index_json_without_special_tokens_is_refused_naming_them() {
+        // An index.json as written before the special tokens were recorded (format 3 then).
+        let old = br#"{"format_version": 3, "tokenizer_fingerprint": "t", "template": "plain",
             "image_placeholder_id": 7, "num_samples": 0, "shards": [],
             "ingest": {"records_read": 0, "samples_written": 0, "rejected": {}, "notes": {},
                        "image_formats": {}, "images_verified": true}}"#;
-        let parsed = Manifest::parse(old, "index.json".into())?;
-        assert_eq!(parsed.ingest_settings, None);
-        assert_eq!(parsed.format_version, 2);
-        Ok(())
+        let err = Manifest::parse(old, "index.json".into()).err();
+        let cause = err
+            .as_ref()
+            .and_then(std::error::Error::source)
+            .map(ToString::to_string);
+        assert_eq!(
+            err.map(|e| e.to_string()).as_deref(),
+            Some("index.json: index.json is not valid")
+        );
+        assert!(
+            cause
+                .as_deref()
+                .is_some_and(|c| c.contains("missing field `special_tokens`")),
+            "{cause:?}"
+        );
     }
 
     #[test]

@@ -6,7 +6,7 @@ use crate::location::{DatasetLocation, FetchedRanges, RemoteFiles, FOOTER_PREFET
 use crate::manifest::Manifest;
 use crate::manifest::ShardInfo;
 use crate::sample::{Sample, SampleMeta};
-use crate::schema::{batch_to_meta, batch_to_samples, meta_columns, RowOrigin};
+use crate::schema::{batch_to_meta, batch_to_samples, RowOrigin, META_COLUMNS};
 use bytes::Bytes;
 use parquet::arrow::arrow_reader::{
     ArrowReaderMetadata, ArrowReaderOptions, ParquetRecordBatchReader,
@@ -368,10 +368,9 @@ impl Dataset {
     /// those columns.
     pub fn metadata(&self) -> Result<Vec<SampleMeta>, ShardError> {
         let mut out = Vec::with_capacity(self.len());
-        let columns = meta_columns(self.manifest.format_version);
         for shard in &self.shards {
             let mut first_row = 0;
-            for batch in shard.read_columns(columns)? {
+            for batch in shard.read_columns(&META_COLUMNS)? {
                 let origin = RowOrigin {
                     shard: &shard.name,
                     first_row,

@@ -7,7 +7,7 @@ use crate::reader::Dataset;
 use crate::schema::col;
 use arrow_array::cast::AsArray;
 use arrow_array::types::{UInt32Type, UInt8Type};
-use arrow_array::{Array, ArrayRef, StringArray, UInt32Array};
+use arrow_array::{Array, ArrayRef};
 use serde::Serialize;
 use std::collections::BTreeMap;
 
@@ -162,15 +162,13 @@ fn scan(
         ..Default::default()
     };
     let (mut tokens, mut widths, mut heights) = (Vec::new(), Vec::new(), Vec::new());
-    let listed = dataset.manifest().format_version >= 3;
-    let image_leaves = [
+    let columns = [
+        col::KIND,
+        col::NUM_TEXT_TOKENS,
         "images.list.item.format",
         "images.list.item.width",
         "images.list.item.height",
     ];
-    let flat = [col::IMAGE_FORMAT, col::WIDTH, col::HEIGHT];
-    let mut columns = vec![col::KIND, col::NUM_TEXT_TOKENS];
-    columns.extend(if listed { image_leaves } else { flat });
     for shard in dataset.shards() {
         for batch in shard.read_columns(&columns)? {
             let bad = || ShardError::Schema {
@@ -186,38 +184,16 @@ fn scan(
                 .ok_or_else(bad)?;
             let u32s = |a: &ArrayRef| a.as_primitive_opt::<UInt32Type>().cloned().ok_or_else(bad);
             // (formats, widths, heights) of all images, and each row's range of them.
-            let (formats, w, h, ranges): (StringArray, UInt32Array, UInt32Array, Vec<_>) = if listed
-            {
-                let images = get(col::IMAGES)?.as_list_opt::<i32>().ok_or_else(bad)?;
-                let entries = images.values().as_struct_opt().ok_or_else(bad)?;
-                let field = |name: &str| entries.column_by_name(name).ok_or_else(bad);
-                let formats = field("format")?.as_string_opt::<i32>().ok_or_else(bad)?;
-                let offsets = images.value_offsets();
-                let ranges = offsets
-                    .windows(2)
-                    .map(|o| o[0] as usize..o[1] as usize)
-                    .collect();
-                (
-                    formats.clone(),
-                    u32s(field("width")?)?,
-                    u32s(field("height")?)?,
-                    ranges,
-                )
-            } else {
-                let formats = get(col::IMAGE_FORMAT)?
-                    .as_string_opt::<i32>()
-                    .ok_or_else(bad)?;
-                let ranges = (0..batch.num_rows())
-                    .map(|row| row..row + usize::from(kinds.value(row) == 1))
-                    .collect();
-                (
-                    formats.clone(),
-                    u32s(get(col::WIDTH)?)?,
-                    u32s(get(col::HEIGHT)?)?,
-                    ranges,
-                )
-            };
-            for (row, range) in ranges.into_iter().enumerate() {
+            let images = get(col::IMAGES)?.as_list_opt::<i32>().ok_or_else(bad)?;
+            let entries = images.values().as_struct_opt().ok_or_else(bad)?;
+            let field = |name: &str| entries.column_by_name(name).ok_or_else(bad);
+            let formats = field("format")?.as_string_opt::<i32>().ok_or_else(bad)?;
+            let (w, h) = (u32s(field("width")?)?, u32s(field("height")?)?);
+            let ranges = images
+                .value_offsets()
+                .windows(2)
+                .map(|o| o[0] as usize..o[1] as usize);
+            for (row, range) in ranges.enumerate() {
                 out.samples += 1;
                 tokens.push(t.value(row));
                 if let Some(costs) = costs.as_mut() {

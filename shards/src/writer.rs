@@ -8,9 +8,7 @@ use crate::disk_space::{caused_by_full_disk, NoSpace};
 use crate::error::ShardError;
 use crate::manifest::{shard_file_name, RowGroupInfo, ShardInfo};
 use crate::sample::{Kind, Sample};
-use crate::schema::{
-    image_bytes_leaf, samples_to_batch, samples_to_batch_v2, schema_v2, schema_v3, FORMAT_VERSION,
-};
+use crate::schema::{image_bytes_leaf, samples_to_batch, schema_v3};
 use crate::sink::ShardSink;
 use parquet::arrow::ArrowWriter;
 use parquet::basic::Compression;
@@ -56,12 +54,8 @@ const PAGE_ROWS: usize = 8;
 
 /// Properties shared by every shard (set once): images are stored as-is (they are already
 /// compressed), everything else is snappy-compressed; pages of [`PAGE_ROWS`] rows.
-fn writer_properties(limits: RowGroupLimits, format_version: u32) -> WriterProperties {
-    let image = if format_version >= 3 {
-        ColumnPath::new(image_bytes_leaf())
-    } else {
-        ColumnPath::from(crate::schema::col::IMAGE)
-    };
+fn writer_properties(limits: RowGroupLimits) -> WriterProperties {
+    let image = ColumnPath::new(image_bytes_leaf());
     WriterProperties::builder()
         .set_compression(Compression::SNAPPY)
         .set_write_batch_size(PAGE_ROWS)
@@ -80,7 +74,6 @@ pub struct ShardWriter {
     tmp_path: PathBuf,
     writer: ArrowWriter<ShardSink>,
     limits: RowGroupLimits,
-    format_version: u32,
     pending: Vec<Sample>,
     pending_bytes: u64,
     estimated_bytes: u64,
@@ -96,37 +89,16 @@ pub struct ShardWriter {
 }
 
 impl ShardWriter {
-    /// Starts shard number `index` in `dir` (under its temporary name), in the current format.
+    /// Starts shard number `index` in `dir` (under its temporary name).
     pub fn create(dir: &Path, index: usize, limits: RowGroupLimits) -> Result<Self, ShardError> {
-        Self::create_format(dir, index, limits, FORMAT_VERSION)
-    }
-
-    /// [`Self::create`] in format `format_version`: 3 (the current one), or 2 (one image at
-    /// most per sample) for readers older than format 3.
-    pub fn create_format(
-        dir: &Path,
-        index: usize,
-        limits: RowGroupLimits,
-        format_version: u32,
-    ) -> Result<Self, ShardError> {
         let name = shard_file_name(index);
-        let schema = match format_version {
-            2 => schema_v2(),
-            3 => schema_v3(),
-            other => {
-                return Err(ShardError::Mismatch {
-                    shard: name,
-                    detail: format!("this build writes formats 2 and 3, not {other}"),
-                })
-            }
-        };
         let final_path = dir.join(&name);
         let tmp_path = dir.join(format!(".{name}.tmp"));
         let file = File::create(&tmp_path).map_err(|e| ShardError::io(&tmp_path, e))?;
         let sink =
             ShardSink::new(file, tmp_path.clone()).map_err(|e| ShardError::io(&tmp_path, e))?;
-        let props = writer_properties(limits, format_version);
-        let writer = ArrowWriter::try_new(sink, schema, Some(props))
+        let props = writer_properties(limits);
+        let writer = ArrowWriter::try_new(sink, schema_v3(), Some(props))
             .map_err(|e| ShardError::parquet(&name, e))?;
         Ok(ShardWriter {
             name,
@@ -134,7 +106,6 @@ impl ShardWriter {
             tmp_path,
             writer,
             limits,
-            format_version,
             pending: Vec::new(),
             pending_bytes: 0,
             estimated_bytes: 0,
@@ -199,11 +170,7 @@ impl ShardWriter {
         if self.pending.is_empty() {
             return Ok(());
         }
-        let batch = if self.format_version >= 3 {
-            samples_to_batch(&self.pending)?
-        } else {
-            samples_to_batch_v2(&self.pending)?
-        };
+        let batch = samples_to_batch(&self.pending)?;
         self.writer
             .write(&batch)
             .map_err(|e| ShardError::parquet(&self.name, e))?;

@@ -21,47 +21,32 @@ fn sample(i: u32) -> Sample {
 /// Writes `n` samples as shards of `per_shard` rows with row groups of 7 rows.
 fn write_dataset(dir: &Path, n: u32, per_shard: u32) -> anyhow::Result<Vec<Sample>> {
     let samples: Vec<Sample> = (0..n).map(sample).collect();
-    write_samples(dir, &samples, per_shard, FORMAT_VERSION)
-}
-
-/// Writes `samples` in format `version` as shards of `per_shard` rows (row groups of 7).
-fn write_samples(
-    dir: &Path,
-    samples: &[Sample],
-    per_shard: u32,
-    version: u32,
-) -> anyhow::Result<Vec<Sample>> {
-    let n = samples.len();
     let mut infos = Vec::new();
     for (s, chunk) in samples.chunks(per_shard as usize).enumerate() {
-        let mut writer = ShardWriter::create_format(
-            dir,
-            s,
-            RowGroupLimits {
-                max_rows: 7,
-                max_bytes: 1 << 20,
-            },
-            version,
-        )?;
+        let limits = RowGroupLimits {
+            max_rows: 7,
+            max_bytes: 1 << 20,
+        };
+        let mut writer = ShardWriter::create(dir, s, limits)?;
         for x in chunk {
             writer.append(x.clone())?;
         }
         infos.push(writer.finish()?);
     }
     Manifest {
-        format_version: version,
+        format_version: FORMAT_VERSION,
         tokenizer_fingerprint: "t".repeat(64),
         template: "plain".into(),
         image_placeholder_id: 151_655,
-        special_tokens: None,
+        special_tokens: text::SpecialTokens::qwen_before_recorded(),
         source_tokenizer_fingerprint: None,
-        num_samples: n as u64,
+        num_samples: u64::from(n),
         shards: infos,
         ingest: IngestReport::default(),
         ingest_settings: None,
     }
     .save(dir)?;
-    Ok(samples.to_vec())
+    Ok(samples)
 }
 
 #[test]
@@ -182,94 +167,26 @@ fn stats_percentiles_and_kinds() -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Rewrites every shard of `dir` (format 2) as format v1 wrote it (no `input_ids_crc32c`
-/// column, same row groups) and index.json with version 1: a dataset ingested before the
-/// column existed.
-fn downgrade_to_v1(dir: &Path) -> anyhow::Result<()> {
-    use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
-    use parquet::arrow::ArrowWriter;
-    let mut manifest = Manifest::load(dir)?;
-    for info in &mut manifest.shards {
-        let path = dir.join(&info.file);
-        let bytes = bytes::Bytes::from(std::fs::read(&path)?);
-        let groups = ParquetRecordBatchReaderBuilder::try_new(bytes.clone())?
-            .metadata()
-            .num_row_groups();
-        let mut writer =
-            ArrowWriter::try_new(std::fs::File::create(&path)?, shards::schema_v1(), None)?;
-        for g in 0..groups {
-            let reader = ParquetRecordBatchReaderBuilder::try_new(bytes.clone())?
-                .with_row_groups(vec![g])
-                .build()?;
-            for batch in reader {
-                let batch = batch?;
-                let keep: Vec<usize> = (0..batch.num_columns() - 1).collect();
-                writer.write(&batch.project(&keep)?.with_schema(shards::schema_v1())?)?;
-            }
-            writer.flush()?;
-        }
-        writer.close()?;
-        let (sha256, len) = shards::sha256_file(&path)?;
-        (info.sha256, info.bytes) = (sha256, len);
-    }
-    manifest.format_version = 1;
-    manifest.save(dir)?;
-    Ok(())
-}
-
-/// Samples of at most one image (what formats 1 and 2 hold).
-fn one_image_samples(n: u32) -> Vec<Sample> {
-    (0..n).map(|i| sample_with(i, |_| 1)).collect()
-}
-
 #[test]
-fn shards_written_before_the_image_list_still_read_verify_and_scan() -> anyhow::Result<()> {
+fn a_dataset_of_an_older_format_is_refused_naming_its_index_and_the_remedy() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
-    let samples = write_samples(dir.path(), &one_image_samples(30), 15, 2)?;
-    let dataset = Dataset::open(dir.path())?;
-    assert_eq!(dataset.manifest().format_version, 2);
-    let read = dataset.read(&(0..30).collect::<Vec<u64>>())?;
-    assert_eq!(
-        read, samples,
-        "a format-2 shard reads as samples of 0 or 1 image"
+    write_dataset(dir.path(), 10, 10)?;
+    // What a format-2 index.json holds where it matters: its version.
+    let index = dir.path().join(shards::INDEX_FILE);
+    let mut value: serde_json::Value = serde_json::from_slice(&std::fs::read(&index)?)?;
+    value["format_version"] = 2.into();
+    std::fs::write(&index, serde_json::to_vec(&value)?)?;
+    let Err(err) = Dataset::open(dir.path()) else {
+        anyhow::bail!("a format-2 dataset opened");
+    };
+    let msg = err.to_string();
+    assert!(
+        msg.contains(&index.display().to_string())
+            && msg.contains("shard format 2")
+            && msg.contains("reads shard format 3 only")
+            && msg.contains("re-ingest"),
+        "{msg}"
     );
-    let meta = dataset.metadata()?;
-    for (m, s) in meta.iter().zip(&samples) {
-        assert_eq!(m.num_images, s.images.len() as u32, "{}", s.id);
-    }
-    let report = shards::verify(dir.path())?;
-    assert!(report.is_ok(), "{:?}", report.problems);
-    let stats = shards::stats(&dataset)?;
-    assert_eq!((stats.images, stats.image_width.max), (20, 10 + 29));
-    // Format 2 holds one image per sample: a sample of two is refused, naming it.
-    let two = sample(4);
-    let refused = write_samples(tempfile::tempdir()?.path(), &[two], 1, 2);
-    let message = format!("{:#}", refused.expect_err("two images in format 2"));
-    assert!(message.contains("sample-0004 holds 2 images"), "{message}");
-    Ok(())
-}
-
-#[test]
-fn shards_written_before_the_token_checksum_still_read_and_verify() -> anyhow::Result<()> {
-    let dir = tempfile::tempdir()?;
-    let samples = write_samples(dir.path(), &one_image_samples(30), 15, 2)?;
-    downgrade_to_v1(dir.path())?;
-    let dataset = Dataset::open(dir.path())?;
-    assert_eq!(dataset.manifest().format_version, 1);
-    let read = dataset.read(&(0..30).collect::<Vec<u64>>())?;
-    for (got, want) in read.iter().zip(&samples) {
-        assert_eq!(got.input_ids_crc32c, None, "v1 has no token checksum");
-        let crcs = |s: &Sample| s.images.iter().map(|i| i.crc32c).collect::<Vec<_>>();
-        assert_eq!(crcs(got), crcs(want), "the image checksum is still there");
-        let same = Sample {
-            input_ids_crc32c: want.input_ids_crc32c,
-            ..got.clone()
-        };
-        assert_eq!(&same, want);
-    }
-    let report = shards::verify(dir.path())?;
-    assert!(report.is_ok(), "{:?}", report.problems);
-    assert_eq!(report.samples_checked, 30);
     Ok(())
 }
 

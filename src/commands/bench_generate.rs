@@ -53,8 +53,12 @@ pub(crate) fn run(args: Args) -> anyhow::Result<()> {
     write_preset(&dir, preset, LmFamily::Qwen2, 0)
         .with_context(|| format!("writing {}", dir.display()))?;
     let (vision_dir, lm_dir) = (dir.join("vision"), dir.join("lm"));
-    let options = VlmOptions::default();
-    let image_token = options.image_token_id;
+    // The preset's LM is a Qwen2: its image token is Qwen's `<|image_pad|>`.
+    let image_token = i64::from(text::SpecialTokens::qwen_before_recorded().image.id);
+    let options = VlmOptions {
+        image_token_id: Some(image_token),
+        ..Default::default()
+    };
     let vlm = Vlm::from_dirs(&vision_dir, &lm_dir, options)?;
     let params = vlm.load_params(&vision_dir, &lm_dir, None, 0)?;
     std::fs::remove_dir_all(&dir).with_context(|| format!("removing {}", dir.display()))?;

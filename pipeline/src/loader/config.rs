@@ -204,6 +204,21 @@ impl LoaderConfigBuilder {
         if threads == 0 {
             return Err(LoaderError::Config("0 worker threads".into()));
         }
+        // The dataset's ids, never a guess: a wrong placeholder id trains on no image.
+        let placeholder_id = self.placeholder_id.ok_or_else(|| {
+            LoaderError::Config(
+                "no image placeholder id: set the dataset's special tokens (its index.json's \
+                 special_tokens, through `tokens`)"
+                    .into(),
+            )
+        })?;
+        let pad_id = self.pad_id.ok_or_else(|| {
+            LoaderError::Config(
+                "no padding id: set the dataset's special tokens (its index.json's \
+                 special_tokens, through `tokens`)"
+                    .into(),
+            )
+        })?;
         let prefetch = self.prefetch.unwrap_or(2 * threads);
         if prefetch == 0 {
             return Err(LoaderError::Config("prefetch 0 would never load".into()));
@@ -213,13 +228,8 @@ impl LoaderConfigBuilder {
             image_tokens,
             image_layout: self.image_layout,
             patch_size,
-            // Without ids set, those of datasets from before index.json recorded them.
-            placeholder_id: self
-                .placeholder_id
-                .unwrap_or_else(|| SpecialTokens::qwen_before_recorded().image.id),
-            pad_id: self
-                .pad_id
-                .unwrap_or_else(|| SpecialTokens::qwen_before_recorded().pad_id),
+            placeholder_id,
+            pad_id,
             resize: self.resize,
             pad_rgb: self.pad_rgb.unwrap_or([127, 127, 127]),
             on_bad_image: self.on_bad_image,

@@ -23,7 +23,7 @@
 //! };
 //! let source: Arc<dyn SampleSource> = Arc::new(vec![sample]);
 //! let plan = MicroBatchPlan { kind: Kind::Text, rows: vec![vec![0]], zero_loss: false };
-//! let config = LoaderConfig::builder().threads(1).build().unwrap();
+//! let config = LoaderConfig::builder().threads(1).placeholder_id(9).pad_id(0).build().unwrap();
 //! let batch = Loader::new(source, vec![plan], config).next().unwrap().unwrap();
 //! assert_eq!(batch.input_ids, vec![10, 11, 12]);
 //! assert_eq!(batch.labels, vec![11, 12, -100]);

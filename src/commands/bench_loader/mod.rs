@@ -91,6 +91,7 @@ pub(crate) fn run(args: Args) -> anyhow::Result<()> {
     let dataset = shards::Dataset::open(Path::new(&args.shards))
         .with_context(|| format!("opening shards in {}", args.shards))?;
     let kinds: Vec<_> = dataset.metadata()?.iter().map(|m| m.kind).collect();
+    let tokens = dataset.manifest().special_tokens();
     let source: Arc<dyn SampleSource> = Arc::new(dataset);
     let work = workload(&kinds, args.limit, args.packing[0], args.packing[1]);
     anyhow::ensure!(
@@ -108,6 +109,7 @@ pub(crate) fn run(args: Args) -> anyhow::Result<()> {
         .image_tokens(side * side)
         .image_layout(layout.clone(), args.patch_size)
         .resize(policy)
+        .tokens(&tokens)
         .build()?;
     let anyres = layout != shards::image_layout::ImageLayout::Single;
     let threads = config.threads;

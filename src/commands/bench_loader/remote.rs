@@ -49,6 +49,7 @@ pub(super) fn run(args: &Args) -> anyhow::Result<()> {
         .threads(args.threads)
         .image_size(args.image_size)
         .resize(args.policy)
+        .tokens(&Dataset::open(&local_dir)?.manifest().special_tokens())
         .build()?;
     let cache = remote::CacheConfig {
         dir: cache_dir,

@@ -24,7 +24,6 @@ pub mod dist;
 mod engine;
 mod flat_param;
 mod forward_only;
-mod full_state;
 mod fused_adamw;
 mod gather;
 mod optim;
@@ -34,7 +33,6 @@ mod state;
 mod unit;
 
 pub use engine::{Fsdp, FsdpConfig, MemoryReport, StepStats};
-pub use full_state::OPTIMIZER_STEP_KEY;
 pub use optim::{AdamWConfig, ParamGroup};
 pub use state::{BufferLayout, ParamSlice, ShardView};
 pub use unit::{ComputeError, ParamMap, ParamSource, ParamSpec, SourceError, Unit};
@@ -198,6 +196,4 @@ pub enum FsdpError {
         running: Vec<usize>,
         skipping: Vec<usize>,
     },
-    #[error("shard state `{key}`: {message}")]
-    State { key: String, message: String },
 }

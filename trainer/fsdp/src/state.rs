@@ -1,10 +1,9 @@
 //! What FSDP holds and hands out: per-rank memory accounting, full parameters for export, and
-//! each rank's shards + optimizer state for checkpoints.
+//! the layout of each rank's shards + optimizer state for checkpoints.
 use super::engine::{Fsdp, MemoryReport};
 use super::optim::tensor_bytes;
 use super::FsdpError;
 use crate::unit::ParamMap;
-use std::collections::BTreeMap;
 use tch::Tensor;
 
 impl<C> Fsdp<'_, C> {
@@ -73,67 +72,6 @@ impl<C> Fsdp<'_, C> {
             }
         }
         Ok(out)
-    }
-
-    /// This rank's trainable shards and optimizer state as named tensors
-    /// ("projector.trainable.param", ".exp_avg", ".exp_avg_sq", "optimizer.step"). Frozen
-    /// buffers are left out: they never change, so the model directories they were loaded from
-    /// (whose fingerprints a checkpoint records) hold them already.
-    pub fn shard_state(&self) -> BTreeMap<String, Tensor> {
-        let mut out = BTreeMap::new();
-        for b in self.flat.buffers.iter().filter(|b| b.trainable) {
-            out.insert(format!("{}.param", b.key()), b.shard.copy());
-        }
-        for s in &self.optim.states {
-            let key = self.flat.buffers[s.buffer].key();
-            out.insert(format!("{key}.exp_avg"), s.exp_avg.copy());
-            out.insert(format!("{key}.exp_avg_sq"), s.exp_avg_sq.copy());
-        }
-        out.insert("optimizer.step".into(), Tensor::from(self.optim.step));
-        out
-    }
-
-    /// Restores what `shard_state` returned (same units, world size, rank and strategy); frozen
-    /// buffers keep what they were built from.
-    pub fn load_shard_state(&mut self, state: &BTreeMap<String, Tensor>) -> Result<(), FsdpError> {
-        let get = |key: String, like: &Tensor| -> Result<Tensor, FsdpError> {
-            let t = state.get(&key).ok_or_else(|| FsdpError::State {
-                key: key.clone(),
-                message: "missing".into(),
-            })?;
-            if t.size() != like.size() {
-                return Err(FsdpError::State {
-                    key,
-                    message: format!(
-                        "shape {:?} but this rank's shard is {:?} (different world size?)",
-                        t.size(),
-                        like.size()
-                    ),
-                });
-            }
-            Ok(t.shallow_clone())
-        };
-        for b in self.flat.buffers.iter().filter(|b| b.trainable) {
-            let t = get(format!("{}.param", b.key()), &b.shard)?;
-            tch::no_grad(|| b.shard.shallow_clone().copy_(&t));
-        }
-        for s in &mut self.optim.states {
-            let key = self.flat.buffers[s.buffer].key();
-            let m = get(format!("{key}.exp_avg"), &s.exp_avg)?;
-            let v = get(format!("{key}.exp_avg_sq"), &s.exp_avg_sq)?;
-            tch::no_grad(|| {
-                s.exp_avg.copy_(&m);
-                s.exp_avg_sq.copy_(&v);
-            });
-        }
-        let step = state
-            .get("optimizer.step")
-            .ok_or_else(|| FsdpError::State {
-                key: "optimizer.step".into(),
-                message: "missing".into(),
-            })?;
-        self.optim.step = step.int64_value(&[]);
-        Ok(())
     }
 }
 

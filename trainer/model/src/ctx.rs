@@ -87,7 +87,16 @@ impl VlmCtx {
     /// [`Self::ready`] before the first unit runs on it. Same as `new` on the CPU.
     pub fn prepare(mb: &MicroBatch, vlm: &Vlm, device: Device) -> Result<Self> {
         let (vision, lm) = (&vlm.vision, &vlm.lm);
-        let image_token_id = vlm.options.image_token_id;
+        let image_token_id = match vlm.options.image_token_id {
+            Some(id) => id,
+            // No image to place: no token id (all checked to be >= 0 below) equals it.
+            None if mb.num_images == 0 => -1,
+            None => {
+                return Err(ModelError::NoImageToken {
+                    what: format!("micro-batch of samples {:?}", mb.sample_ids),
+                })
+            }
+        };
         let bad = |reason: String| ModelError::BadBatch {
             samples: mb.sample_ids.clone(),
             reason,

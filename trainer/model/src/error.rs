@@ -5,6 +5,12 @@ use std::path::PathBuf;
 /// and tensor involved.
 #[derive(Debug, thiserror::Error)]
 pub enum ModelError {
+    /// Images to place, but no id says where ([`crate::VlmOptions::image_token_id`]).
+    #[error(
+        "{what}: the model has no image token id (set it from the shards' index.json \
+         special_tokens.image, or the export's image_token_index)"
+    )]
+    NoImageToken { what: String },
     #[error("{path}")]
     Io {
         path: PathBuf,

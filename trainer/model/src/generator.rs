@@ -97,7 +97,8 @@ impl Generator {
             tied: vlm.tied,
             vocab: vlm.lm.vocab_size + vlm.options.added_tokens,
             lora: vlm.options.lora.clone(),
-            image_token_id: vlm.options.image_token_id,
+            // Unset: no id equals it, so a prompt's image finds no placeholder and is refused.
+            image_token_id: vlm.options.image_token_id.unwrap_or(-1),
             params,
         })
     }

@@ -93,13 +93,20 @@ pub fn added_rows_of(vlm: &Vlm, key: &str) -> Option<&'static str> {
 }
 
 /// `config.json` of the export: `vision_source` / `lm_source` are the source checkpoints'
-/// configs (their extra fields are kept), completed from the parsed configs.
+/// configs (their extra fields are kept), completed from the parsed configs. `vlm` must have
+/// its image token id set.
 pub fn llava_config_json(
     vlm: &Vlm,
     vision_source: &serde_json::Value,
     lm_source: &serde_json::Value,
     dtype: &str,
-) -> serde_json::Value {
+) -> Result<serde_json::Value> {
+    let image_token_id = vlm
+        .options
+        .image_token_id
+        .ok_or_else(|| ModelError::NoImageToken {
+            what: "the llava-hf config.json".into(),
+        })?;
     let mut vision = vision_config_json(&vlm.vision);
     let source = vision_source.get("vision_config").unwrap_or(vision_source);
     overlay(&mut vision, source);
@@ -128,10 +135,10 @@ pub fn llava_config_json(
             }
         }
     }
-    serde_json::json!({
+    Ok(serde_json::json!({
         "architectures": ["LlavaForConditionalGeneration"],
         "model_type": "llava",
-        "image_token_index": vlm.options.image_token_id,
+        "image_token_index": image_token_id,
         "image_seq_length": vlm.vision.num_patches(),
         "projector_hidden_act": "gelu",
         "vision_feature_layer": vlm.vision.feature_layer,
@@ -141,7 +148,7 @@ pub fn llava_config_json(
         "dtype": dtype,
         "vision_config": vision,
         "text_config": text,
-    })
+    }))
 }
 
 fn overlay(base: &mut serde_json::Value, source: &serde_json::Value) {
@@ -207,7 +214,7 @@ pub fn load_llava_dir_as(dir: &Path, kind: Option<Kind>) -> Result<(Vlm, ParamMa
         };
     let vision_feature_layer = config.get("vision_feature_layer").and_then(|v| v.as_i64());
     let options = VlmOptions {
-        image_token_id,
+        image_token_id: Some(image_token_id),
         lora,
         image_size,
         vision_feature_layer,

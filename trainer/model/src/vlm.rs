@@ -38,7 +38,10 @@ pub enum VisionTraining {
 /// Choices that are not in the checkpoints: what trains, the placeholder id, the loss chunk.
 #[derive(Clone, Debug)]
 pub struct VlmOptions {
-    pub image_token_id: i64,
+    /// The id standing for one image in the token ids: the shards' `special_tokens.image`, or
+    /// an export's `image_token_index`. Unset (the default), a micro-batch with images and an
+    /// export are refused ([`crate::ModelError::NoImageToken`]).
+    pub image_token_id: Option<i64>,
     /// Stage 1 and 2 train the projector.
     pub train_projector: bool,
     /// Stage 2: LoRA adapters on the LM (trainable); the LM's base weights stay frozen.
@@ -74,8 +77,7 @@ pub struct VlmOptions {
 impl Default for VlmOptions {
     fn default() -> Self {
         Self {
-            // Datasets from before index.json recorded their special tokens used Qwen's.
-            image_token_id: i64::from(text::SpecialTokens::qwen_before_recorded().image.id),
+            image_token_id: None,
             train_projector: true,
             lora: None,
             train_lm: false,

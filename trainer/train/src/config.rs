@@ -178,8 +178,7 @@ knobs! {
     /// The parts that learn, comma-separated: projector, lora, lm (the whole LM), vision (the
     /// whole tower) or vision:K (its last K layers). Default: stage 1 `projector`, stage 2
     /// `projector,lora`; LLaVA-1.5's full stage 2 is `projector,lm`.
-    // Recorded only past the stage's parts, so runs from before `--train` still resume.
-    #[resume(when = |c| c.train != c.stage.default_parts())]
+    #[resume]
     train: TrainParts = default(stage.default_parts()),
     /// Run directory: metrics.jsonl, checkpoints/, loss.png, summary.json.
     out: PathBuf = required("the run directory to write"),
@@ -270,7 +269,7 @@ knobs! {
     /// The tower's hidden state the image features are (LLaVA's mm_vision_select_layer,
     /// transformers' vision_feature_layer): k the output of layer k, negative from the end;
     /// -2 (default): the layer before the last. The tower runs only the layers up to it.
-    #[resume(when = |c| c.vision_feature_layer != -2)]
+    #[resume]
     #[arg(allow_negative_numbers = true)]
     vision_feature_layer: i64 = default(-2),
     /// How images become square: squash (SigLIP) or pad (LLaVA expand2square).
@@ -280,8 +279,7 @@ knobs! {
     /// anyres_max_N (LLaVA-OneVision: a base view plus the best pinpoint's grid of tiles of
     /// the tower's size, 1..6 tiles a side, pooled to about N tiles' worth, with a learned
     /// image_newline that stage 1 trains beside the projector; anyres_max_9 is OneVision's).
-    // Recorded only when not single, so runs from before the knob existed still resume.
-    #[resume(when = |c| c.image_layout != ImageLayout::Single)]
+    #[resume]
     image_layout: ImageLayout = default(ImageLayout::Single),
     /// Standardise the tower's features per channel before the projector, with their mean and
     /// standard deviation over the first N image samples of --shards (0, the default: off, as
@@ -322,8 +320,7 @@ knobs! {
     cache_limit: String = default("50GB".to_string()),
     /// Compute dtype: bf16 (mixed precision: f32 master weights, gradients and AdamW moments;
     /// bf16 gathered weights and compute) or f32 (default: bf16 on cuda, f32 on cpu).
-    // Recorded only when not f32, so runs from before the knob existed still resume.
-    #[resume(when = |c| c.precision != Dtype::F32)]
+    #[resume]
     precision: Dtype = default(match device {
         Device::Cuda => Dtype::Bf16,
         Device::Cpu => Dtype::F32,

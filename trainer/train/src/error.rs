@@ -45,12 +45,6 @@ pub enum TrainError {
         path: PathBuf,
         source: std::io::Error,
     },
-    /// A tensor file of this rank's checkpoint could not be written or read.
-    #[error("{path}")]
-    Tensors {
-        path: PathBuf,
-        source: tch::TchError,
-    },
     #[error("torch")]
     Torch(#[from] tch::TchError),
     /// JSON the run writes (summary.json, a checkpoint's planner position and config) or reads

@@ -157,14 +157,6 @@ fn train_errors_print_their_cause_once() {
             CAUSE.into(),
             "thing.json",
         ),
-        (
-            TrainError::Tensors {
-                path: PathBuf::from("/run/rank-00001/fsdp_shard.safetensors"),
-                source: torch_cause(),
-            },
-            CAUSE.into(),
-            "fsdp_shard.safetensors",
-        ),
         (TrainError::Torch(torch_cause()), CAUSE.into(), "torch"),
         (TrainError::Fsdp(fsdp_torch()), CAUSE.into(), "layers.3"),
         (TrainError::Dist(dist_timeout()), CAUSE.into(), "vision"),

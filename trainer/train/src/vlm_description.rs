@@ -41,10 +41,8 @@ pub(crate) struct VlmDescription {
     pub projector_file: Option<String>,
     #[serde(default)]
     pub adapter_dir: Option<String>,
-    /// The special tokens the shards were tokenized with (`None` in runs from before they
-    /// were recorded, which used Qwen's: see [`VlmDescription::special_tokens`]).
-    #[serde(default)]
-    pub special_tokens: Option<text::SpecialTokens>,
+    /// The special tokens the shards were tokenized with.
+    pub special_tokens: text::SpecialTokens,
     /// Rows the LM appended for tokens ingest added (`<image>`), trained with the projector.
     #[serde(default)]
     pub added_tokens: i64,
@@ -88,7 +86,7 @@ impl VlmDescription {
             step: None,
             projector_file: None,
             adapter_dir: None,
-            special_tokens: Some(tokens),
+            special_tokens: tokens,
             added_tokens: vlm.options.added_tokens,
             image_layout: vlm.options.image_layout.clone(),
             feature_stats: vlm.options.feature_stats.clone(),
@@ -109,9 +107,7 @@ impl VlmDescription {
 
     /// The special tokens the run's shards were tokenized with.
     pub(crate) fn special_tokens(&self) -> text::SpecialTokens {
-        self.special_tokens
-            .clone()
-            .unwrap_or_else(text::SpecialTokens::qwen_before_recorded)
+        self.special_tokens.clone()
     }
 
     pub(crate) fn save(&self, path: &Path) -> Result<(), ExportError> {

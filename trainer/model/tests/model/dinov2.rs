@@ -49,7 +49,7 @@ fn features(
     key: &str,
 ) -> anyhow::Result<(tch::Tensor, tch::Tensor)> {
     let options = VlmOptions {
-        image_token_id: IMAGE_ID,
+        image_token_id: Some(IMAGE_ID),
         image_size: Some(side),
         vision_feature_layer: layer,
         ..Default::default()

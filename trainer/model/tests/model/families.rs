@@ -29,7 +29,7 @@ fn lm_parity(family: &str, expect: LmFamily, expect_tied: bool) -> anyhow::Resul
     let lm = dir.join("model");
     // A placeholder id outside the vocabulary: the sequences are text only.
     let options = VlmOptions {
-        image_token_id: 1 << 40,
+        image_token_id: Some(1 << 40),
         ..Default::default()
     };
     let vlm = Vlm::from_dirs(&golden_vision(), &lm, options)?;
@@ -135,7 +135,7 @@ fn a_siglip2_fixed_resolution_checkpoint_reads_as_siglip() -> anyhow::Result<()>
     let vision = dir.join("model");
     let lm = transformers_models().join("qwen3/model");
     let options = VlmOptions {
-        image_token_id: IMAGE_ID,
+        image_token_id: Some(IMAGE_ID),
         ..Default::default()
     };
     let vlm = Vlm::from_dirs(&vision, &lm, options)?;
@@ -373,7 +373,7 @@ fn added_token_rows_extend_the_embedding_and_the_head() -> anyhow::Result<()> {
     use tessera_model::{ADDED_EMBED, ADDED_HEAD};
     for (family, tied) in [(LmFamily::Qwen3, true), (LmFamily::Llama, false)] {
         let options = || VlmOptions {
-            image_token_id: IMAGE_ID,
+            image_token_id: Some(IMAGE_ID),
             ..Default::default()
         };
         let lm = tiny_lm_of(family);

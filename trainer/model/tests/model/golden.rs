@@ -28,7 +28,7 @@ fn get<'a>(map: &'a ParamMap, key: &str) -> &'a tch::Tensor {
 fn vision_features_and_projector_match_transformers() -> anyhow::Result<()> {
     let dir = golden();
     let options = VlmOptions {
-        image_token_id: IMAGE_ID,
+        image_token_id: Some(IMAGE_ID),
         ..Default::default()
     };
     let vlm = Vlm::from_dirs(&dir.join("vision"), &dir.join("lm_tied"), options)?;
@@ -85,7 +85,7 @@ fn lm_parity(name: &str, expect_tied: bool) -> anyhow::Result<()> {
     let dir = golden();
     // A placeholder id outside the vocabulary: the golden sequences are text only.
     let options = VlmOptions {
-        image_token_id: 1 << 40,
+        image_token_id: Some(1 << 40),
         ..Default::default()
     };
     let vlm = Vlm::from_dirs(&dir.join("vision"), &dir.join(name), options)?;

@@ -66,7 +66,7 @@ fn adapter_round_trip_and_merge() -> anyhow::Result<()> {
         ..lora_cfg()
     };
     let options = tessera_model::VlmOptions {
-        image_token_id: IMAGE_ID,
+        image_token_id: Some(IMAGE_ID),
         lora: Some(cfg.clone()),
         ..Default::default()
     };

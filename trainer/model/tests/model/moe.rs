@@ -29,7 +29,7 @@ fn load(variant: &str) -> anyhow::Result<(Vlm, ParamMap, ParamMap, pipeline::Mic
     let dir = oracle().join(variant);
     let lm = dir.join("model");
     let options = VlmOptions {
-        image_token_id: 1 << 40,
+        image_token_id: Some(1 << 40),
         train_lm: true,
         ..Default::default()
     };

@@ -60,7 +60,7 @@ pub(crate) fn tiny_lm_of(family: LmFamily) -> LmConfig {
 /// Tiny VLM (tied head) and random parameters (std 0.1, so every weight matters).
 pub(crate) fn tiny_vlm(lora: Option<LoraConfig>) -> (Vlm, ParamMap) {
     let options = VlmOptions {
-        image_token_id: IMAGE_ID,
+        image_token_id: Some(IMAGE_ID),
         lora,
         loss_chunk: Some(5),
         ..Default::default()

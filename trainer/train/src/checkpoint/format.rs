@@ -8,21 +8,18 @@
 //!   rank-0000R/manifest.json          sha256 of every file rank R wrote
 //!   rank-0000R/state.json             next step, planner position, RNG seed
 //!   rank-0000R/shards.safetensors     rank R's flat shards of the trained buffers and their
-//!                                     AdamW moments (format 4; rank 0 alone under NO_SHARD)
-//!   rank-00000/layout.json            format 4: parameter -> slice of a flat buffer, shard size
-//!   rank-00000/trainable.safetensors  format 3 only: every trainable parameter, full
-//!   rank-00000/optimizer.safetensors  format 3 only: their AdamW moments, full
-//!   rank-0000R/fsdp_shard.safetensors format 2 only: rank R's flat shards and moments
+//!                                     AdamW moments (rank 0 alone under NO_SHARD)
+//!   rank-00000/layout.json            parameter -> slice of a flat buffer, shard size
 //! ```
-//! Format 4 stores the trained state as FSDP holds it: each rank writes its own 1/W in
-//! parallel, nothing is gathered, so a full fine-tune of any size checkpoints in the memory it
-//! trains in (`sharded_state.rs`). `layout.json` lets a run at any W' re-slice it: each rank
-//! reads only the byte ranges of the writers' files that fall in its own shards, and export
-//! reads one parameter at a time. Format 3 (the trained state gathered to rank 0, full tensors)
-//! and format 2 (per-rank shards without a layout: the same W only) still resume. The data plan
-//! keeps the world size it was laid out for (`plan_world_size`): a resumed run executes that
-//! plan's per-rank micro-batches on its own ranks, so every step trains on the same samples
-//! as the uninterrupted run (see `layout::RankLayout`).
+//! The format (4, the only one this tessera reads) stores the trained state as FSDP holds it:
+//! each rank writes its own 1/W in parallel, nothing is gathered, so a full fine-tune of any
+//! size checkpoints in the memory it trains in (`sharded_state.rs`). `layout.json` lets a run at
+//! any W' re-slice it: each rank reads only the byte ranges of the writers' files that fall in
+//! its own shards, and export reads one parameter at a time. A checkpoint of another format
+//! (1-3, written before 1.0) is refused naming its format ([`CheckpointError::Format`]).
+//! The data plan keeps the world size it was laid out for (`plan_world_size`): a resumed run
+//! executes that plan's per-rank micro-batches on its own ranks, so every step trains on the
+//! same samples as the uninterrupted run (see `layout::RankLayout`).
 //! Frozen parameters are not stored: the model directories hold them, and `meta.json` names
 //! those directories by fingerprint (configs and weight files), checked on resume with the
 //! rest of the run record (everything that changes the math: the knobs marked `#[resume]` in
@@ -38,13 +35,9 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use tessera_fsdp::Strategy;
 
-/// v4: per-rank flat shards plus a layout (any world size resumes it, nothing gathered). v3:
-/// trainable state per parameter on rank 0 (any world size). v2: per-rank flat shards
-/// (resumes at its own world size only). v1 checkpoints still open (export,
-/// `--init-projector`) but cannot be resumed.
+/// Per-rank flat shards plus a layout (any world size resumes it, nothing gathered): the one
+/// format this tessera writes and reads.
 pub(crate) const FORMAT_VERSION: u32 = 4;
-/// The oldest format a run can resume from.
-const RESUMABLE_FORMAT: u32 = 2;
 const META: &str = "meta.json";
 const MANIFEST: &str = "manifest.json";
 const STATE: &str = "state.json";
@@ -72,16 +65,6 @@ pub enum CheckpointError {
         file: PathBuf,
         source: Box<dyn std::error::Error + Send + Sync>,
     },
-    #[error(
-        "checkpoint {dir} was written by {found} ranks but this run has {expected}; \
-         resume with --nproc {found} (format 2 stores per-rank shards without a layout; formats 3 \
-         and 4 resume at any world size)"
-    )]
-    WorldSize {
-        dir: PathBuf,
-        found: usize,
-        expected: usize,
-    },
     #[error("checkpoint {dir} belongs to another model: {what} differs from this run's")]
     Model { dir: PathBuf, what: &'static str },
     #[error(
@@ -97,12 +80,13 @@ pub enum CheckpointError {
     },
     #[error("--resume-changing {key}: no such run-record key (keys: {known})")]
     UnknownKey { key: String, known: String },
+    /// A checkpoint of another format than [`FORMAT_VERSION`] (an older tessera's).
     #[error(
-        "checkpoint {dir} has format version {found} (it stores frozen weights and no run \
-         record); this tessera resumes formats {RESUMABLE_FORMAT} to {FORMAT_VERSION} only: \
-         start the run again (export and --init-projector still read it)"
+        "checkpoint {dir} has checkpoint format {found}; this tessera reads format \
+         {FORMAT_VERSION} only: train the run again with this version (or resume and export it \
+         with the tessera that wrote it)"
     )]
-    TooOld { dir: PathBuf, found: u32 },
+    Format { dir: PathBuf, found: u32 },
     /// Hashing or atomically writing one of its files failed (the message names the file).
     #[error(transparent)]
     File(#[from] shards::ShardError),
@@ -128,11 +112,9 @@ pub struct ModelFingerprint {
     /// sha256 of every unit's parameter names, shapes and trainable flags (LoRA included).
     pub params: String,
     /// Fingerprint of the vision directory's weight files (names, sizes, crc32c of the bytes):
-    /// the frozen tower a checkpoint leaves out. Empty in format-v1 checkpoints.
-    #[serde(default)]
+    /// the frozen tower a checkpoint leaves out.
     pub vision_weights: String,
     /// The same for the LM directory.
-    #[serde(default)]
     pub lm_weights: String,
 }
 
@@ -143,9 +125,7 @@ pub struct CheckpointMeta {
     /// Optimizer steps completed: a resumed run starts at this step.
     pub step: u64,
     pub world_size: usize,
-    /// Written by its serde name (`full_shard`); checkpoints written before that hold the
-    /// Rust name (`FullShard`), read as well.
-    #[serde(deserialize_with = "strategy_either_spelling")]
+    /// By its serde name (`full_shard`), as the config spells it.
     pub strategy: Strategy,
     pub stage: u8,
     pub model: ModelFingerprint,
@@ -154,34 +134,15 @@ pub struct CheckpointMeta {
     pub config: serde_json::Value,
     /// What a resume must match, by key (`lr`, `seed`, `lm_weights`, ...): the knobs marked
     /// `#[resume]` in `config.rs` and the fingerprints `TrainLoop::run_record` (`run.rs`) adds.
-    /// Empty in format-v1 checkpoints.
-    #[serde(default)]
     pub run: BTreeMap<String, String>,
-    /// The world size the data plan is laid out for (the first run's); absent before format 3,
-    /// where it equals `world_size`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub plan_world_size: Option<usize>,
+    /// The world size the data plan is laid out for (the first run's).
+    pub plan_world_size: usize,
 }
 
-/// `full_shard` (serde's name, as the config spells it) or `FullShard` (the Rust name that
-/// checkpoints before the run record came from the knob list hold).
-fn strategy_either_spelling<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Strategy, D::Error> {
-    let name = String::deserialize(d)?;
-    let mut snake = String::new();
-    for (i, c) in name.chars().enumerate() {
-        if c.is_ascii_uppercase() && i > 0 {
-            snake.push('_');
-        }
-        snake.push(c.to_ascii_lowercase());
-    }
-    serde_json::from_value(serde_json::Value::String(snake)).map_err(serde::de::Error::custom)
-}
-
-impl CheckpointMeta {
-    /// The world size the run's data plan is laid out for.
-    pub fn plan_world_size(&self) -> usize {
-        self.plan_world_size.unwrap_or(self.world_size)
-    }
+/// The one field every format's `meta.json` holds, read before the rest.
+#[derive(Deserialize)]
+struct FormatOnly {
+    format_version: u32,
 }
 
 /// One rank's position (`state.json`): enough to continue exactly where it stopped.
@@ -321,7 +282,6 @@ impl CheckpointWriter {
 
 /// What a run expects of the checkpoint it resumes from.
 pub struct Expected<'a> {
-    pub world_size: usize,
     pub model: &'a ModelFingerprint,
     /// This run's record (same keys as [`CheckpointMeta::run`]).
     pub run: &'a BTreeMap<String, String>,
@@ -354,19 +314,19 @@ pub struct Checkpoint {
 }
 
 impl Checkpoint {
-    /// Reads `meta.json` of a committed checkpoint folder (formats 1 to 4); its files are
-    /// checked as each rank's folder is read, or all at once by [`Checkpoint::verify`].
+    /// Reads `meta.json` of a committed checkpoint folder, refusing any format but
+    /// [`FORMAT_VERSION`]; its files are checked as each rank's folder is read, or all at once
+    /// by [`Checkpoint::verify`].
     pub fn open(dir: &Path) -> Result<Checkpoint, CheckpointError> {
-        let meta: CheckpointMeta = read_json(dir, &dir.join(META))?;
-        if !(1..=FORMAT_VERSION).contains(&meta.format_version) {
-            return Err(CheckpointError::Corrupt {
+        let path = dir.join(META);
+        let FormatOnly { format_version } = read_json(dir, &path)?;
+        if format_version != FORMAT_VERSION {
+            return Err(CheckpointError::Format {
                 dir: dir.to_path_buf(),
-                reason: format!(
-                    "format version {} (this tessera reads formats 1 to {FORMAT_VERSION})",
-                    meta.format_version
-                ),
+                found: format_version,
             });
         }
+        let meta: CheckpointMeta = read_json(dir, &path)?;
         Ok(Checkpoint {
             dir: dir.to_path_buf(),
             meta,
@@ -383,26 +343,12 @@ impl Checkpoint {
         Ok(())
     }
 
-    /// Refuses a checkpoint of an old format (or format 2 at another world size), another
-    /// parameter set, or whose run record differs from this run's in a key not allowed to
+    /// Refuses a checkpoint of another parameter set, or whose run record differs from this run's in a key not allowed to
     /// change; the refusal names every difference (`key: old -> new`, `(none)` for a key one
     /// record lacks). A `--resume-changing` key must be a run-record key.
     pub fn check_matches(&self, want: &Expected<'_>) -> Result<(), CheckpointError> {
         let dir = self.dir.clone();
         let m = &self.meta;
-        if m.format_version < RESUMABLE_FORMAT {
-            return Err(CheckpointError::TooOld {
-                dir,
-                found: m.format_version,
-            });
-        }
-        if m.format_version < 3 && m.world_size != want.world_size {
-            return Err(CheckpointError::WorldSize {
-                dir,
-                found: m.world_size,
-                expected: want.world_size,
-            });
-        }
         if m.model.params != want.model.params {
             return Err(CheckpointError::Model {
                 dir,

@@ -3,7 +3,8 @@
 //! committed (the run stopped inside it); a committed one whose `meta.json` is unreadable, or
 //! whose files do not hash as their rank's manifest says, is damaged. Both are passed over,
 //! newest first, and each one skipped is reported (the log, and for a resume `resumes.jsonl`
-//! in the run folder: one line per resume).
+//! in the run folder: one line per resume). A checkpoint of another format stops the search
+//! with its refusal.
 use crate::checkpoint::format::{rank_dir_name, Checkpoint, CheckpointError};
 use crate::run_dir::RunDir;
 use serde::{Deserialize, Serialize};
@@ -71,6 +72,9 @@ impl RunDir {
                         skipped,
                     })
                 }
+                // Another format is not damage: every older checkpoint of the run is older
+                // still, so say so now instead of listing them all.
+                Err(e @ CheckpointError::Format { .. }) => return Err(e),
                 Err(e) => skipped.push(Skipped {
                     checkpoint,
                     reason: tessera_errors::with_causes(&e),

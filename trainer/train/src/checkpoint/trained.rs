@@ -1,16 +1,12 @@
-//! What a checkpoint trained, as tensors: [`TRAINABLE_FILE`] (format 3's one file of full
-//! tensors in rank 0's folder) or format 4's shards, read one parameter at a time.
+//! What a checkpoint trained, as tensors: its shards, read one parameter at a time, or (for a
+//! caller that holds them already, e.g. a model gathered in memory) a map of full tensors.
 use super::format::{Checkpoint, CheckpointError};
 use super::sharded_state::ShardedState;
 use tch::{Kind, Tensor};
 use tessera_fsdp::ParamMap;
-use tessera_model::load_safetensors;
 
-/// File (in rank 0's checkpoint folder) holding the full trainable tensors, by HF key.
-pub(crate) const TRAINABLE_FILE: &str = "trainable.safetensors";
-
-/// The trained tensors of a checkpoint: format 3's one file of full tensors, or format 4's
-/// shards, read one parameter at a time (a full fine-tune is never whole in memory here).
+/// The trained tensors to export or take parts from: a checkpoint's shards, read one parameter
+/// at a time (a full fine-tune is never whole in memory here), or full tensors in memory.
 pub enum TrainedTensors {
     Full(ParamMap),
     Sharded(ShardedState),
@@ -19,17 +15,7 @@ pub enum TrainedTensors {
 impl TrainedTensors {
     /// Opens what `ckpt` trained (verified against its manifests).
     pub fn open(ckpt: &Checkpoint) -> Result<Self, CheckpointError> {
-        if ckpt.meta.format_version >= 4 {
-            return Ok(TrainedTensors::Sharded(ShardedState::open(ckpt)?));
-        }
-        let dir = ckpt.rank_dir(0)?;
-        let file = dir.join(TRAINABLE_FILE);
-        let tensors = load_safetensors(&file).map_err(|e| CheckpointError::Unreadable {
-            dir: ckpt.dir.clone(),
-            file,
-            source: Box::new(e),
-        })?;
-        Ok(TrainedTensors::Full(tensors))
+        Ok(TrainedTensors::Sharded(ShardedState::open(ckpt)?))
     }
 
     /// Names of every trained parameter.
@@ -45,7 +31,7 @@ impl TrainedTensors {
         self.get_as(name, Kind::Float)
     }
 
-    /// [`Self::get`] in `kind` (format 4 converts while reading, so no f32 copy is made).
+    /// [`Self::get`] in `kind` (shards convert while reading, so no f32 copy is made).
     pub fn get_as(&self, name: &str, kind: Kind) -> Result<Option<Tensor>, CheckpointError> {
         match self {
             TrainedTensors::Full(map) => Ok(map.get(name).map(|t| t.to_kind(kind))),

@@ -20,8 +20,7 @@
 //!   (they change the math, so a resumed run must have the checkpoint's values) by name and
 //!   value as serde spells them (`"squash"`, `"bf16"`, `0.001`). `#[resume(when = |c| ...)]`
 //!   records the knob only when the closure says so for the resolved config: a knob that does
-//!   not apply (LoRA's rank without LoRA), or one added after runs existed, recorded only away
-//!   from the value those runs had, so their checkpoints still resume.
+//!   not apply (LoRA's rank without LoRA, the reduce dtype of an f32 run).
 //!
 //! A `bool` knob takes a value on the command line (`--name true`); an on/off switch that only
 //! makes sense for one invocation (`--resume`) is a plain field of the CLI's `train::Args`.

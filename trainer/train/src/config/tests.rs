@@ -427,10 +427,10 @@ fn precision_defaults_to_bf16_on_cuda_and_f32_on_cpu_and_is_stored_resolved() ->
     Ok(())
 }
 
-/// The record as `run.rs` wrote it by hand before it came from the knob list: the same config
-/// must give the same keys and the same spellings, or older checkpoints would not resume.
+/// The record every checkpoint holds: each `#[resume]` knob that applies, by serde's spelling
+/// (a resume compares these strings).
 #[test]
-fn the_resume_record_spells_values_as_older_checkpoints_hold_them() -> anyhow::Result<()> {
+fn the_resume_record_holds_every_knob_that_applies_spelled_as_serde_does() -> anyhow::Result<()> {
     let pairs = |p: &[(&str, &str)]| -> std::collections::BTreeMap<String, String> {
         p.iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
@@ -445,6 +445,8 @@ fn the_resume_record_spells_values_as_older_checkpoints_hold_them() -> anyhow::R
         ("seq_len", "2048"),
         ("micro_steps", "1"),
         ("seed", "42"),
+        ("vision_feature_layer", "-2"),
+        ("image_layout", "single"),
     ];
     let mut want = pairs(&common);
     want.extend(pairs(&[
@@ -452,6 +454,8 @@ fn the_resume_record_spells_values_as_older_checkpoints_hold_them() -> anyhow::R
         ("lr", "0.001"),
         ("projector_lr", "0.001"),
         ("resize", "squash"),
+        ("train", "projector"),
+        ("precision", "f32"),
     ]));
     assert_eq!(stage1.resume_record(), want);
 
@@ -482,7 +486,7 @@ fn the_resume_record_spells_values_as_older_checkpoints_hold_them() -> anyhow::R
     ]));
     assert_eq!(stage2.resume_record(), want);
 
-    // Stage 2's own parts (projector + LoRA) record LoRA's shape, not `train`.
+    // Stage 2's own parts (projector + LoRA) record LoRA's shape too.
     let lora = ConfigLayer {
         stage: Some(Stage::Finetune),
         ..base()
@@ -495,7 +499,11 @@ fn the_resume_record_spells_values_as_older_checkpoints_hold_them() -> anyhow::R
             record.get("lora_alpha"),
             record.get("train")
         ),
-        (Some(&"128".to_string()), Some(&"256".to_string()), None)
+        (
+            Some(&"128".to_string()),
+            Some(&"256".to_string()),
+            Some(&"projector,lora".to_string())
+        )
     );
     let knobs: Vec<&str> = TrainConfig::resume_knobs().collect();
     assert!(

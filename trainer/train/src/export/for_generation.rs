@@ -74,7 +74,7 @@ pub fn load_run_model(run: &Path, dtype: Option<Dtype>) -> Result<GenerationMode
         &description.mm_vision_tower,
         &description.language_model,
         VlmOptions {
-            image_token_id: i64::from(description.image_token_id),
+            image_token_id: Some(i64::from(description.image_token_id)),
             train_projector: cfg.train.projector,
             lora,
             train_lm: cfg.train.lm,

@@ -212,7 +212,7 @@ pub fn write_llava_hf(
         sources.vision_dir,
         sources.lm_dir,
         VlmOptions {
-            image_token_id: i64::from(sources.tokens.image.id),
+            image_token_id: Some(i64::from(sources.tokens.image.id)),
             lora: sources.lora.clone(),
             added_tokens: sources.added_tokens,
             image_size: sources.image_size,
@@ -318,7 +318,7 @@ pub fn write_llava_hf(
         &read(sources.vision_dir)?,
         &read(sources.lm_dir)?,
         dtype,
-    );
+    )?;
     if let ImageLayout::AnyRes { .. } = &sources.image_layout {
         as_onevision_config(&mut config, &vlm, &sources.image_layout);
     }

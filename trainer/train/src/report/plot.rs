@@ -39,9 +39,6 @@ pub(crate) struct Losses {
     pub(crate) image: Vec<(u64, f64)>,
     /// The same over text-only micro-batches.
     pub(crate) text_only: Vec<(u64, f64)>,
-    /// Steps logged without a loss by type (a run resumed from an older tessera's log):
-    /// drawn as one `train` series in the image colours.
-    pub(crate) untyped: Vec<(u64, f64)>,
     pub(crate) validation: Vec<(u64, f64)>,
 }
 
@@ -50,9 +47,6 @@ impl Losses {
     pub(crate) fn from_steps(steps: &[crate::report::metrics::StepMetrics]) -> Losses {
         let mut out = Losses::default();
         for m in steps {
-            if m.loss_image.is_none() && m.loss_text.is_none() {
-                out.untyped.push((m.step, m.loss));
-            }
             if let Some(l) = m.loss_image {
                 out.image.push((m.step, l));
             }
@@ -71,7 +65,6 @@ impl Losses {
         [
             ("image", &self.image, IMAGE_COLOURS),
             ("text-only", &self.text_only, TEXT_COLOURS),
-            ("train", &self.untyped, IMAGE_COLOURS),
         ]
         .into_iter()
         .map(|(name, points, (raw, average))| Series {
@@ -444,10 +437,10 @@ fn text(img: &mut RgbImage, s: &str, x: i64, y: i64, color: Rgb<u8>) {
 mod tests {
     use super::*;
 
-    /// Losses of one untyped training series and the validation points.
-    fn untyped(train: &[(u64, f64)], validation: &[(u64, f64)]) -> Losses {
+    /// Losses of the image series and the validation points.
+    fn image_losses(train: &[(u64, f64)], validation: &[(u64, f64)]) -> Losses {
         Losses {
-            untyped: train.to_vec(),
+            image: train.to_vec(),
             validation: validation.to_vec(),
             ..Losses::default()
         }
@@ -574,7 +567,7 @@ mod tests {
     #[test]
     fn a_falling_loss_is_drawn_high_on_the_left_and_low_on_the_right() {
         let losses: Vec<(u64, f64)> = (0..100).map(|i| (i, 5.0 - 0.04 * i as f64)).collect();
-        let img = draw(&untyped(&losses, &[])).expect("finite losses");
+        let img = draw(&image_losses(&losses, &[])).expect("finite losses");
         let curve_rows = |x: u32| -> Vec<u32> {
             (0..HEIGHT)
                 .filter(|&y| img.get_pixel(x, y) == &IMAGE_COLOURS.1)
@@ -596,10 +589,11 @@ mod tests {
     fn writes_a_png_that_decodes_and_refuses_an_all_nan_curve() -> anyhow::Result<()> {
         let dir = tempfile::tempdir()?;
         let path = dir.path().join("loss.png");
-        plot_loss(&untyped(&[(0, 3.0), (1, 2.5), (2, 2.4)], &[]), &path)?;
+        plot_loss(&image_losses(&[(0, 3.0), (1, 2.5), (2, 2.4)], &[]), &path)?;
         let back = image::open(&path)?;
         assert_eq!((back.width(), back.height()), (WIDTH, HEIGHT));
-        let err = plot_loss(&untyped(&[(0, f64::NAN)], &[(0, 1.0)]), &path).expect_err("nan only");
+        let err =
+            plot_loss(&image_losses(&[(0, f64::NAN)], &[(0, 1.0)]), &path).expect_err("nan only");
         assert!(err.to_string().contains("no finite loss"), "{err}");
         Ok(())
     }
@@ -609,8 +603,8 @@ mod tests {
         let losses: Vec<(u64, f64)> = (0..40).map(|i| (i, 5.0 - 0.05 * i as f64)).collect();
         let val = [(9, 4.8), (19, 4.4), (29, 4.1), (39, 3.9)];
         let count = |img: &RgbImage, c: Rgb<u8>| img.pixels().filter(|p| **p == c).count();
-        let with = draw(&untyped(&losses, &val)).expect("finite losses");
-        let without = draw(&untyped(&losses, &[])).expect("finite losses");
+        let with = draw(&image_losses(&losses, &val)).expect("finite losses");
+        let without = draw(&image_losses(&losses, &[])).expect("finite losses");
         assert!(
             count(&with, VALIDATION) > 4 * 25,
             "a dot per evaluation and the line"
@@ -690,12 +684,10 @@ mod tests {
             step(0, Some(3.0), None, None),
             step(1, None, Some(1.0), Some(2.5)),
             step(2, Some(2.8), Some(0.9), None),
-            step(3, None, None, None),
         ];
         let l = Losses::from_steps(&steps);
         assert_eq!(l.image, [(0, 3.0), (2, 2.8)]);
         assert_eq!(l.text_only, [(1, 1.0), (2, 0.9)]);
         assert_eq!(l.validation, [(1, 2.5)]);
-        assert_eq!(l.untyped, [(3, 9.0)]);
     }
 }

@@ -168,7 +168,7 @@ fn train_rank(
         None
     };
     let resumed = pick.as_ref().and_then(|p| p.checkpoint.as_ref());
-    let plan_world_size = resumed.map_or(s.world_size, |c| c.meta.plan_world_size());
+    let plan_world_size = resumed.map_or(s.world_size, |c| c.meta.plan_world_size);
     let settled = Settled {
         cpu_gemm: cpu_gemm::settle(&cfg, &s, resumed)?,
         recompute: recompute_choice::settle(&cfg, &s, &mut model, resumed)?,
@@ -708,7 +708,7 @@ impl<'a> TrainLoop<'a> {
                 data_fingerprint: s.data.fingerprint().to_string(),
                 config: serde_json::to_value(cfg).map_err(json("config"))?,
                 run: self.run_record(),
-                plan_world_size: Some(self.layout.plan_world_size),
+                plan_world_size: self.layout.plan_world_size,
             })
         } else {
             None

@@ -139,7 +139,6 @@ impl TrainLoop<'_> {
             return Ok(fresh);
         };
         ckpt.check_matches(&Expected {
-            world_size: self.s.world_size,
             model: &self.s.model_fingerprint,
             run: &self.run_record(),
             allow_changing: &start.resume_changing,
@@ -155,13 +154,7 @@ impl TrainLoop<'_> {
                 ),
                 source,
             })?;
-        if ckpt.meta.format_version >= 4 {
-            model.load_sharded(&ShardedState::open(&ckpt)?)?;
-        } else if ckpt.meta.format_version == 3 {
-            model.load_full(&ckpt.rank_dir(0)?)?;
-        } else {
-            model.load(&ckpt.rank_dir(rank)?)?;
-        }
+        model.load_sharded(&ShardedState::open(&ckpt)?)?;
         let m = &ckpt.meta;
         if rank == 0 {
             tracing::info!(
@@ -170,7 +163,7 @@ impl TrainLoop<'_> {
                 m.step,
                 m.world_size,
                 self.s.world_size,
-                m.plan_world_size()
+                m.plan_world_size
             );
             append_resume_record(
                 &self.run,
@@ -179,7 +172,7 @@ impl TrainLoop<'_> {
                     checkpoint: self.run.shown(&ckpt.dir),
                     checkpoint_world_size: m.world_size,
                     world_size: self.s.world_size,
-                    plan_world_size: m.plan_world_size(),
+                    plan_world_size: m.plan_world_size,
                     skipped,
                 },
             )?;

@@ -3,7 +3,7 @@
 //! checked against, and the per-parameter peak learning rates.
 use crate::checkpoint::format::ModelFingerprint;
 use crate::checkpoint::save::WriterRanks;
-use crate::checkpoint::trained::{TrainedTensors, TRAINABLE_FILE};
+use crate::checkpoint::trained::TrainedTensors;
 use crate::config::{ConfigError, Device, TrainConfig};
 use crate::data::TrainData;
 use crate::error::{io, TrainError};
@@ -300,9 +300,6 @@ fn init_projector_file(path: &Path, scratch: &Path) -> Result<PathBuf, TrainErro
             path.display()
         ),
     })?;
-    if ckpt.meta.format_version < 4 {
-        return Ok(ckpt.rank_dir(0)?.join(TRAINABLE_FILE));
-    }
     // The projector, and the added tokens' rows (trained beside it) when the run had any.
     let projector = TrainedTensors::open(&ckpt)?.collect(|k| {
         k.starts_with("mm_projector.")
@@ -396,7 +393,7 @@ pub(crate) fn build(
         None => (None, None),
     };
     let options = VlmOptions {
-        image_token_id: i64::from(manifest.special_tokens().image.id),
+        image_token_id: Some(i64::from(manifest.special_tokens().image.id)),
         train_projector: cfg.train.projector,
         lora,
         train_lm: cfg.train.lm,

@@ -4,22 +4,14 @@
 //! saves / restores the trainable parameters and optimizer moments per parameter (any world
 //! size), and evaluates a micro-batch forward only.
 use crate::checkpoint::sharded_state::{self, ShardedState};
-use crate::checkpoint::trained::TRAINABLE_FILE;
 use crate::config::{RecomputeSetting, Stage, TrainConfig};
 use crate::error::TrainError;
 use pipeline::MicroBatch;
 use std::collections::BTreeMap;
-use std::path::Path;
-use tch::Tensor;
 use tessera_fsdp::dist::{Mesh, ProcessGroup};
 use tessera_fsdp::ParamSource;
 use tessera_fsdp::{AdamWConfig, Fsdp, FsdpConfig, ParamGroup};
 use tessera_model::{Vlm, VlmCtx};
-
-/// A format-2 checkpoint's per-rank file: that rank's parameter shards and optimizer moments.
-pub(crate) const SHARD_FILE: &str = "fsdp_shard.safetensors";
-/// Rank 0's file in a format-3 checkpoint: every trainable parameter's AdamW moments, full.
-pub(crate) const OPTIMIZER_FILE: &str = "optimizer.safetensors";
 
 /// Seconds spent per part of the step: `Fsdp::take_times`' components plus "optimizer".
 pub(crate) type UnitTimes = BTreeMap<String, f64>;
@@ -164,7 +156,7 @@ impl<'a> ShardedVlm<'a> {
         Ok(self.fsdp.step(lr_factor)?)
     }
 
-    /// This rank's part of a format-4 checkpoint (its shards and moments, on rank 0 the
+    /// This rank's part of a checkpoint (its shards and moments, on rank 0 the
     /// layout): no gather, every rank writes its own. `copy`: see [`sharded_state::snapshot`].
     pub(crate) fn snapshot_sharded(
         &self,
@@ -181,7 +173,7 @@ impl<'a> ShardedVlm<'a> {
         sharded_state::checkpoint_bytes(&self.fsdp)
     }
 
-    /// Restores a format-4 checkpoint at this run's world size (each rank reads its slices).
+    /// Restores a checkpoint at this run's world size (each rank reads its slices).
     pub(crate) fn load_sharded(&mut self, state: &ShardedState) -> Result<(), TrainError> {
         Ok(sharded_state::load(&mut self.fsdp, state)?)
     }
@@ -192,23 +184,6 @@ impl<'a> ShardedVlm<'a> {
         self.fsdp.memory()
     }
 
-    /// Restores a format-3 checkpoint (rank 0's folder: `trainable.safetensors` with every
-    /// trainable parameter in full, `optimizer.safetensors` with their AdamW moments and step,
-    /// as tessera wrote them before format 4), re-sliced into this rank's shards at this run's
-    /// world size.
-    pub(crate) fn load_full(&mut self, dir: &Path) -> Result<(), TrainError> {
-        let mut state = BTreeMap::new();
-        for file in [TRAINABLE_FILE, OPTIMIZER_FILE] {
-            let path = dir.join(file);
-            match Tensor::read_safetensors(&path) {
-                Ok(tensors) => state.extend(tensors),
-                Err(source) => return Err(TrainError::Tensors { path, source }),
-            }
-        }
-        self.fsdp.load_full_state(&state)?;
-        Ok(())
-    }
-
     /// The summed token loss of one micro-batch, forward only (no autograd, no gradients):
     /// validation. Every rank calls it with a micro-batch of the same kind.
     pub(crate) fn eval_loss(&mut self, mb: &MicroBatch) -> Result<f64, TrainError> {
@@ -216,18 +191,6 @@ impl<'a> ShardedVlm<'a> {
         let loss = self.fsdp.forward_loss(&ctx, &ctx.first_input())?;
         self.fsdp.take_times();
         Ok(loss)
-    }
-
-    /// Restores a format-2 checkpoint's `fsdp_shard.safetensors` (this rank's flat shards and
-    /// moments; same world size only).
-    pub(crate) fn load(&mut self, dir: &Path) -> Result<(), TrainError> {
-        let path = dir.join(SHARD_FILE);
-        let state = match Tensor::read_safetensors(&path) {
-            Ok(tensors) => tensors.into_iter().collect(),
-            Err(source) => return Err(TrainError::Tensors { path, source }),
-        };
-        self.fsdp.load_shard_state(&state)?;
-        Ok(())
     }
 }
 

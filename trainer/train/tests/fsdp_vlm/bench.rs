@@ -63,7 +63,7 @@ fn fsdp_step_time_and_bytes_tiny_preset() -> anyhow::Result<()> {
         ..LoraConfig::default()
     };
     let options = VlmOptions {
-        image_token_id: 299,
+        image_token_id: Some(299),
         lora: Some(lora),
         ..VlmOptions::default()
     };

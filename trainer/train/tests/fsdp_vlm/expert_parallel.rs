@@ -50,7 +50,7 @@ fn batch(step: usize, i: usize) -> pipeline::MicroBatch {
 
 fn vlm(experts: Option<ExpertGroup>) -> anyhow::Result<Vlm> {
     let options = VlmOptions {
-        image_token_id: IMAGE_ID,
+        image_token_id: Some(IMAGE_ID),
         train_lm: true,
         train_vision: VisionTraining::Frozen,
         loss_chunk: Some(5),
@@ -299,7 +299,7 @@ fn bench_vlm(experts: Option<ExpertGroup>) -> anyhow::Result<Vlm> {
     });
     let lm = tessera_model::LmConfig::from_json(lm, std::path::Path::new("bench_moe"))?;
     let options = VlmOptions {
-        image_token_id: IMAGE_ID,
+        image_token_id: Some(IMAGE_ID),
         train_lm: true,
         expert_parallel: experts,
         ..Default::default()

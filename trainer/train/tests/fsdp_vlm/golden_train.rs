@@ -123,7 +123,7 @@ fn full_training_matches(lm: &str, variant: &str, expect_tied: bool) -> anyhow::
     let hyper = hyper()?;
     let fixture = load_safetensors(&dir.join("train_full.safetensors"))?;
     let options = VlmOptions {
-        image_token_id: hyper.image_token_id,
+        image_token_id: Some(hyper.image_token_id),
         train_lm: true,
         ..Default::default()
     };

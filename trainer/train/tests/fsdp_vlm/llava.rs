@@ -274,7 +274,7 @@ fn a_full_finetune_export_loads_in_transformers_and_generates_the_same_tokens() 
     let golden = fixtures().join("golden");
     let (vision, lm) = (golden.join("vision"), golden.join("lm_untied"));
     let options = VlmOptions {
-        image_token_id: IMAGE_ID,
+        image_token_id: Some(IMAGE_ID),
         train_lm: true,
         ..Default::default()
     };

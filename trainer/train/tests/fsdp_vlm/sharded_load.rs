@@ -48,7 +48,7 @@ fn each_rank_reads_only_its_slices_of_a_bf16_checkpoint() -> anyhow::Result<()> 
     to_bf16(&vision_dir)?;
     to_bf16(&lm_dir)?;
     let options = VlmOptions {
-        image_token_id: IMAGE_ID,
+        image_token_id: Some(IMAGE_ID),
         lora: Some(LoraConfig {
             r: 4,
             lora_alpha: 8.0,

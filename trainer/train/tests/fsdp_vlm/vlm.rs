@@ -124,7 +124,7 @@ fn compare(vlm: &Vlm, init: &ParamMap, strategy: Strategy, steps: usize) -> anyh
 /// and `added` rows for tokens past its vocabulary (an `<image>` ingest added).
 fn full_finetune_vlm(family: LmFamily, tied: bool, added: i64) -> anyhow::Result<(Vlm, ParamMap)> {
     let options = VlmOptions {
-        image_token_id: IMAGE_ID,
+        image_token_id: Some(IMAGE_ID),
         train_lm: true,
         train_vision: VisionTraining::All,
         loss_chunk: Some(5),
