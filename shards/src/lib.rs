@@ -27,6 +27,7 @@ mod reader;
 mod remote_read;
 mod sample;
 mod schema;
+mod shard_info;
 mod sink;
 mod special_tokens;
 mod stats;
@@ -38,8 +39,7 @@ pub use disk_space::{caused_by_full_disk, free_bytes, is_out_of_space, shown_byt
 pub use error::ShardError;
 pub use location::{DatasetLocation, FetchedRanges, RemoteFiles};
 pub use manifest::{
-    shard_file_name, IngestReport, IngestSettings, Manifest, RowGroupInfo, ShardInfo, INDEX_FILE,
-    TOKENIZER_FILE,
+    shard_file_name, IngestReport, IngestSettings, Manifest, INDEX_FILE, TOKENIZER_FILE,
 };
 pub use reader::{fingerprint_of, Dataset};
 pub use sample::{ChecksumMismatch, Image, Kind, Sample, SampleMeta, Turn};
@@ -47,6 +47,7 @@ pub use schema::{
     col, input_ids_crc32c, samples_to_batch, samples_to_batch_v2, schema_for, schema_v1, schema_v2,
     schema_v3, FORMAT_VERSION, OLDEST_READABLE_VERSION,
 };
+pub use shard_info::{RowGroupInfo, ShardInfo};
 pub use special_tokens::{SpecialTokens, Token};
 pub use stats::{
     sample_images, stats, stats_under, DatasetStats, LayoutStats, Percentiles, SampleImages,
