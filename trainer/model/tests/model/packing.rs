@@ -317,7 +317,7 @@ fn varlen_sequences_equal_dense_mask_attention() -> anyhow::Result<()> {
 fn rotary_tables_are_cast_once_per_micro_batch() -> anyhow::Result<()> {
     let mb = micro_batch(&[vec![text_sample(8, 1), text_sample(5, 3)]], 0, 0);
     let (vlm, _) = tiny_vlm(None);
-    let ctx = VlmCtx::new(&mb, &vlm, Device::Cpu)?;
+    let ctx = VlmCtx::new(&mb, &vlm.batch_spec(), Device::Cpu)?;
     let (cos, sin) = ctx.rotary_as(Kind::BFloat16);
     assert_eq!(cos.kind(), Kind::BFloat16);
     assert!(cos.equal(&ctx.cos.to_kind(Kind::BFloat16)));
