@@ -1,10 +1,11 @@
 //! Planner (token budget, packing, type-aligned rank distribution), loader (decode, resize) and
 //! weighted mixtures of shard sets (`mix`).
-//! `batch` is the contract: the planner emits `MicroBatchPlan`s, the loader turns each into a
-//! `MicroBatch` for the trainer.
-mod batch;
+//! The planner emits `MicroBatchPlan`s, the loader turns each into a `MicroBatch` (the `batch`
+//! crate's, the contract with the trainer and the model).
 pub mod loader;
+mod micro_batch_plan;
 pub mod mix;
 pub mod plan;
 
-pub use batch::{MicroBatch, MicroBatchPlan, IGNORE_INDEX};
+pub use batch::{MicroBatch, IGNORE_INDEX};
+pub use micro_batch_plan::MicroBatchPlan;

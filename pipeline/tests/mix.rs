@@ -4,6 +4,7 @@
 //! 10,000 samples and over the whole epoch), the plan is the same for the same seed and
 //! another for another, and a plan resumed at another world size continues with exactly the
 //! remaining items.
+use anyhow::Context;
 use pipeline::loader::SampleSource;
 use pipeline::mix::{MixSpec, Mixture};
 use pipeline::plan::{Plan, Planner};
@@ -231,5 +232,48 @@ fn repeats_draw_whole_passes_and_sources_must_share_a_tokenizer() -> anyhow::Res
         err.contains("mixture source b") && err.contains("tokenizer"),
         "{err}"
     );
+    Ok(())
+}
+
+#[test]
+fn the_loader_carries_each_samples_source_into_the_micro_batch() -> anyhow::Result<()> {
+    let root = tempfile::tempdir()?;
+    shard_set(&root.path().join("a"), 3, false, "a")?;
+    shard_set(&root.path().join("b"), 4, false, "b")?;
+    let path = root.path().join("mix.toml");
+    std::fs::write(
+        &path,
+        "[[source]]\nshards = \"a\"\n[[source]]\nshards = \"b\"\n",
+    )?;
+    let spec = MixSpec::load(&path)?;
+    let datasets = spec
+        .sources
+        .iter()
+        .map(|s| Dataset::open(Path::new(&s.shards)))
+        .collect::<Result<Vec<_>, _>>()?;
+    let mix = std::sync::Arc::new(Mixture::new(spec, datasets)?);
+    // Global indices 0..3 are a's, 3..7 b's: a row of a-0 and b-0, a row of b-1 and a-1.
+    let plan = pipeline::MicroBatchPlan {
+        kind: Kind::Text,
+        rows: vec![vec![0, 3], vec![4, 1]],
+        zero_loss: false,
+    };
+    let config = pipeline::loader::LoaderConfig::builder()
+        .threads(1)
+        .build()?;
+    let mb = pipeline::loader::Loader::new(mix, vec![plan], config)
+        .next()
+        .context("one micro-batch")??;
+    assert_eq!(mb.sample_ids, ["a-0", "b-0", "b-1", "a-1"]);
+    assert_eq!(mb.sample_sources, [0, 1, 1, 0]);
+    // Each sample's supervised tokens (all but its first: i-th has 4 + i tokens), by source.
+    let sources = mb.supervised_sources();
+    let supervised = |n: usize, source: usize| std::iter::repeat_n(source, n);
+    let expected: Vec<usize> = supervised(3, 0)
+        .chain(supervised(3, 1))
+        .chain(supervised(4, 1))
+        .chain(supervised(4, 0))
+        .collect();
+    assert_eq!(sources, expected);
     Ok(())
 }

@@ -26,6 +26,7 @@ mod reader;
 mod remote_read;
 mod sample;
 mod schema;
+mod shard_info;
 mod sink;
 mod stats;
 mod verify;
@@ -36,12 +37,12 @@ pub use disk_space::{caused_by_full_disk, free_bytes, is_out_of_space, shown_byt
 pub use error::ShardError;
 pub use location::{DatasetLocation, FetchedRanges, RemoteFiles};
 pub use manifest::{
-    shard_file_name, IngestReport, IngestSettings, Manifest, RowGroupInfo, ShardInfo, INDEX_FILE,
-    TOKENIZER_FILE,
+    shard_file_name, IngestReport, IngestSettings, Manifest, INDEX_FILE, TOKENIZER_FILE,
 };
 pub use reader::{fingerprint_of, Dataset};
 pub use sample::{ChecksumMismatch, Image, Kind, Sample, SampleMeta, Turn};
 pub use schema::{col, input_ids_crc32c, samples_to_batch, schema_v3, FORMAT_VERSION};
+pub use shard_info::{RowGroupInfo, ShardInfo};
 pub use stats::{
     sample_images, stats, stats_under, DatasetStats, LayoutStats, Percentiles, SampleImages,
     EXTREME_ASPECT, TINY_SIDE,

@@ -5,7 +5,7 @@
 //! the row selection touches (parquet's offset index says where they are), fetched in one
 //! batch and handed to parquet's ordinary reader through [`FetchedRanges`].
 use crate::error::ShardError;
-use crate::manifest::ShardInfo;
+use crate::shard_info::ShardInfo;
 use bytes::Bytes;
 use parquet::file::reader::{ChunkReader, Length};
 use std::collections::BTreeMap;

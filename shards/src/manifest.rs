@@ -4,6 +4,7 @@ use crate::atomic::write_atomically;
 use crate::error::ShardError;
 use crate::location::DatasetLocation;
 use crate::schema::FORMAT_VERSION;
+use crate::shard_info::ShardInfo;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -20,32 +21,6 @@ pub const TOKENIZER_FILE: &str = "tokenizer.json";
 /// Name of shard `n`: `shard-00000.parquet`, ...
 pub fn shard_file_name(n: usize) -> String {
     format!("shard-{n:05}.parquet")
-}
-
-/// One row group of a shard, as parquet's footer records it.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct RowGroupInfo {
-    /// Byte offset of the row group's first column chunk in the file.
-    pub offset: u64,
-    /// Compressed bytes of the row group's column chunks.
-    pub bytes: u64,
-    pub rows: u64,
-    /// Row index (within the shard) of the group's first row.
-    pub first_row: u64,
-}
-
-/// One shard file.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ShardInfo {
-    pub file: String,
-    pub rows: u64,
-    pub bytes: u64,
-    /// Hex sha256 of the whole file.
-    pub sha256: String,
-    pub num_text_tokens: u64,
-    pub num_supervised_tokens: u64,
-    pub num_image_samples: u64,
-    pub row_groups: Vec<RowGroupInfo>,
 }
 
 /// What ingest did: records read, samples written, rejections and notes by reason.

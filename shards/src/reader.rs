@@ -4,9 +4,9 @@
 use crate::error::ShardError;
 use crate::location::{DatasetLocation, FetchedRanges, RemoteFiles, FOOTER_PREFETCH};
 use crate::manifest::Manifest;
-use crate::manifest::ShardInfo;
 use crate::sample::{Sample, SampleMeta};
 use crate::schema::{batch_to_meta, batch_to_samples, RowOrigin, META_COLUMNS};
+use crate::shard_info::ShardInfo;
 use bytes::Bytes;
 use parquet::arrow::arrow_reader::{
     ArrowReaderMetadata, ArrowReaderOptions, ParquetRecordBatchReader,

@@ -5,10 +5,11 @@
 //! that no `shard-*.parquet` lies in the directory without being listed.
 use crate::error::ShardError;
 use crate::location::DatasetLocation;
-use crate::manifest::{Manifest, ShardInfo};
+use crate::manifest::Manifest;
 use crate::reader::OpenShard;
 use crate::sample::{Kind, Sample};
 use crate::schema::{schema_v3, FORMAT_VERSION};
+use crate::shard_info::ShardInfo;
 use sha2::{Digest, Sha256};
 use std::io::Read;
 use std::path::Path;

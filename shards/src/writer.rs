@@ -6,9 +6,10 @@
 //! that finds the disk full says so ([`crate::NoSpace`]).
 use crate::disk_space::{caused_by_full_disk, NoSpace};
 use crate::error::ShardError;
-use crate::manifest::{shard_file_name, RowGroupInfo, ShardInfo};
+use crate::manifest::shard_file_name;
 use crate::sample::{Kind, Sample};
 use crate::schema::{image_bytes_leaf, samples_to_batch, schema_v3};
+use crate::shard_info::{RowGroupInfo, ShardInfo};
 use crate::sink::ShardSink;
 use parquet::arrow::ArrowWriter;
 use parquet::basic::Compression;

@@ -15,8 +15,8 @@ use shards::{Kind, Sample};
 /// One sample as it enters a row.
 pub(super) struct RowSample {
     pub sample: Sample,
-    /// Its global index, as the plan names it.
-    pub index: u64,
+    /// Under a mixture, the source it comes from (see `SampleSource::mixture_source`).
+    pub source: Option<usize>,
     /// All labels `IGNORE_INDEX` (a zero-loss plan, or a stand-in for a failed image).
     pub ignore_labels: bool,
     /// Under `anyres_max_N`: each of its images' views and tokens, in placeholder order
@@ -108,7 +108,7 @@ pub(super) fn assemble(
     let mut positions = Vec::with_capacity(total);
     let mut segment_ids = Vec::with_capacity(total);
     let mut sample_ids = Vec::new();
-    let mut sample_indices = Vec::new();
+    let mut sample_sources = Vec::new();
     let mut num_images = 0;
     let mut image_geometry = Vec::new();
     // Scratch for one expanded sample: (id, is target).
@@ -118,7 +118,7 @@ pub(super) fn assemble(
         for (segment, rs) in row.iter().enumerate() {
             let s = &rs.sample;
             sample_ids.push(s.id.clone());
-            sample_indices.push(rs.index);
+            sample_sources.extend(rs.source);
             tokens.clear();
             image_geometry.extend_from_slice(&rs.geometry);
             let mut image = 0;
@@ -164,7 +164,7 @@ pub(super) fn assemble(
         image_tokens: config.image_tokens,
         image_geometry,
         sample_ids,
-        sample_indices,
+        sample_sources,
         real_tokens,
         pad_tokens: total - real_tokens,
         supervised_tokens,

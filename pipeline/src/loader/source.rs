@@ -8,6 +8,12 @@ pub trait SampleSource: Send + Sync {
     /// The samples at `indices`, in that order.
     fn read(&self, indices: &[u64]) -> Result<Vec<Sample>, LoaderError>;
 
+    /// Under a mixture, the source that holds sample `index` (its place among the mixture's
+    /// sources); `None` when the samples come from one shard set.
+    fn mixture_source(&self, _index: u64) -> Option<usize> {
+        None
+    }
+
     /// Where sample `index` is stored, for error messages (shards: file and row).
     fn locate(&self, index: u64) -> String {
         format!("sample index {index}")

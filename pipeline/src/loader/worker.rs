@@ -88,7 +88,7 @@ impl Worker {
                 match added {
                     Ok(geometry) => row.push(RowSample {
                         sample,
-                        index,
+                        source: self.source.mixture_source(index),
                         ignore_labels: plan.zero_loss,
                         geometry,
                     }),
@@ -142,7 +142,7 @@ impl Worker {
                 }
                 rows.push(vec![RowSample {
                     sample,
-                    index,
+                    source: self.source.mixture_source(index),
                     ignore_labels: true,
                     geometry,
                 }]);

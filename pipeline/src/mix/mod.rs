@@ -274,6 +274,10 @@ impl SampleSource for Mixture {
             .collect()
     }
 
+    fn mixture_source(&self, index: u64) -> Option<usize> {
+        Some(self.source_of(index))
+    }
+
     fn locate(&self, index: u64) -> String {
         let source = &self.sources[self.source_of(index)];
         format!(

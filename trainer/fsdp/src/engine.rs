@@ -4,7 +4,7 @@ use super::gather::{BufferGroups, Gathered};
 use super::optim::{AdamWConfig, ShardedAdamW};
 use super::{FsdpError, Recompute, Strategy};
 use crate::dist::{ProcessGroup, Work};
-use crate::unit::{ComputeError, ParamMap, ParamSource, Unit};
+use crate::unit::{ChainLoss, ComputeError, ParamMap, ParamSource, Unit};
 use std::collections::{BTreeMap, HashMap};
 use std::time::Instant;
 use tch::{Device, Kind, Tensor};
@@ -333,17 +333,17 @@ impl<'a, C> Fsdp<'a, C> {
     /// Forward and backward of one micro-batch; gradients accumulate into the shards. `input` is
     /// the first unit's input; `loss_scale` multiplies the chain's scalar output (the summed token
     /// loss) before back-propagation: 1 / supervised tokens of the whole step over all ranks.
-    /// Returns this rank's loss sum for the micro-batch.
+    /// Returns this rank's loss sum for the micro-batch, and the parts of it the model reports.
     pub fn forward_backward(
         &mut self,
         ctx: &C,
         input: &Tensor,
         loss_scale: f64,
-    ) -> Result<f64, FsdpError> {
+    ) -> Result<ChainLoss, FsdpError> {
         self.loss_scale = loss_scale;
         let running = self.running_units(ctx)?;
         let Some(&last) = running.last() else {
-            return Ok(0.0);
+            return Ok(ChainLoss::default());
         };
         let trains = |i: usize| {
             self.flat.unit_buffers[i]
@@ -376,7 +376,7 @@ impl<'a, C> Fsdp<'a, C> {
         let mut x = input.shallow_clone();
         let mut upstream: Option<Tensor> = None;
         let mut pending: Vec<PendingGrad> = Vec::new();
-        let mut loss = 0.0;
+        let mut loss = ChainLoss::default();
         for p in 0..schedule.len() {
             let pass = schedule[p];
             let u = pass.unit();
@@ -410,7 +410,7 @@ impl<'a, C> Fsdp<'a, C> {
                     kept.insert(u, graph);
                 }
                 if u == last {
-                    loss = self.scalar(u, &x)?;
+                    loss = self.chain_loss(u, &x)?;
                 }
             } else {
                 let graph = match kept.remove(&u) {
@@ -445,7 +445,7 @@ impl<'a, C> Fsdp<'a, C> {
         let t = Instant::now();
         self.finish(pending)?;
         self.book("reduce_wait", t);
-        self.loss_sum += loss;
+        self.loss_sum += loss.sum;
         Ok(loss)
     }
 
@@ -461,17 +461,25 @@ impl<'a, C> Fsdp<'a, C> {
         Ok(running)
     }
 
-    pub(super) fn scalar(&self, unit: usize, y: &Tensor) -> Result<f64, FsdpError> {
-        if y.numel() != 1 {
-            return Err(FsdpError::NotScalarLoss {
-                rank: self.world.rank(),
-                unit: self.units[unit].name().to_string(),
-                shape: y.size(),
-            });
+    /// The last unit's output `y` read as the chain's loss (see [`Unit::forward`]): a scalar,
+    /// or a vector of the loss and its parts.
+    pub(super) fn chain_loss(&self, unit: usize, y: &Tensor) -> Result<ChainLoss, FsdpError> {
+        let not_a_loss = || FsdpError::NotScalarLoss {
+            rank: self.world.rank(),
+            unit: self.units[unit].name().to_string(),
+            shape: y.size(),
+        };
+        if y.dim() > 1 {
+            return Err(not_a_loss());
         }
-        y.reshape([-1])
-            .f_double_value(&[0])
-            .map_err(self.compute_err(unit))
+        let flat = y.detach().reshape([-1]).to_kind(Kind::Double);
+        let values =
+            Vec::<f64>::try_from(flat.to_device(Device::Cpu)).map_err(self.compute_err(unit))?;
+        let (&sum, parts) = values.split_first().ok_or_else(not_a_loss)?;
+        Ok(ChainLoss {
+            sum,
+            parts: parts.to_vec(),
+        })
     }
 
     /// Runs unit `u` on `input` with autograd on: trainable buffers become leaves, the input a
@@ -532,8 +540,8 @@ impl<'a, C> Fsdp<'a, C> {
         let need_input_grad = x.requires_grad();
         let root = match &upstream {
             None => {
-                self.scalar(u, &y)?;
-                y.sum(y.kind()) * self.loss_scale
+                self.chain_loss(u, &y)?;
+                y.reshape([-1]).get(0) * self.loss_scale
             }
             Some(g) => (&y * g).sum(y.kind()),
         };

@@ -28,6 +28,6 @@ impl<C> Fsdp<'_, C> {
             let keep = next.map_or_else(Vec::new, |n| self.flat.unit_buffers[n].clone());
             self.gathered.release(&self.flat, u, &keep, groups);
         }
-        self.scalar(last, &x)
+        Ok(self.chain_loss(last, &x)?.sum)
     }
 }

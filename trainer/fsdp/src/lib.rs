@@ -35,7 +35,7 @@ mod unit;
 pub use engine::{Fsdp, FsdpConfig, MemoryReport, StepStats};
 pub use optim::{AdamWConfig, ParamGroup};
 pub use state::{BufferLayout, ParamSlice, ShardView};
-pub use unit::{ComputeError, ParamMap, ParamSource, ParamSpec, SourceError, Unit};
+pub use unit::{ChainLoss, ComputeError, ParamMap, ParamSource, ParamSpec, SourceError, Unit};
 
 use crate::dist::DistError;
 
@@ -180,7 +180,7 @@ pub enum FsdpError {
         unit: String,
         source: ComputeError,
     },
-    #[error("rank {rank}: unit '{unit}' ends the chain but its output has shape {shape:?}, not a scalar loss")]
+    #[error("rank {rank}: unit '{unit}' ends the chain but its output has shape {shape:?}, not a loss (a scalar, or a vector of the loss and its parts)")]
     NotScalarLoss {
         rank: usize,
         unit: String,

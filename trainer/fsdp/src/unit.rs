@@ -39,7 +39,11 @@ pub trait Unit<C>: Send + Sync {
     /// Whether the unit runs for this micro-batch (vision and projector skip text-only ones).
     fn runs_on(&self, ctx: &C) -> bool;
     /// Output of the unit. For "embed" the input is the projected image tokens (or an empty
-    /// tensor); for "head" the output is the scalar sum of token losses over supervised labels.
+    /// tensor); for "head" (the chain's last unit) the output is the sum of token losses over
+    /// supervised labels: a scalar, or a 1-D tensor whose first element is that sum and whose
+    /// others are parts of it the model reports apart (the loss by source of a mixture),
+    /// detached: FSDP back-propagates from the first element only and hands the parts back in
+    /// [`ChainLoss`].
     /// A failing shim (a C++ kernel tessera binds itself) is an error, which FSDP reports with
     /// the unit's name and the rank.
     fn forward(&self, params: &ParamMap, input: &Tensor, ctx: &C) -> Result<Tensor, ComputeError>;
@@ -50,6 +54,14 @@ pub trait Unit<C>: Send + Sync {
     fn side_loss(&self, _ctx: &C) -> Option<Tensor> {
         None
     }
+}
+
+/// What the chain's last unit gave for one micro-batch (see [`Unit::forward`]): the summed
+/// loss, and the parts the model reports apart (empty when its output is a scalar).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ChainLoss {
+    pub sum: f64,
+    pub parts: Vec<f64>,
 }
 
 /// What a unit's forward or the optimizer's update fails with: a libtorch op that reported

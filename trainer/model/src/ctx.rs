@@ -4,17 +4,37 @@
 //! [`VlmCtx::prepare`] uploads them on a side stream (see `side_stream.rs`) and
 //! [`VlmCtx::ready`] joins them to the compute stream, so the trainer prepares micro-batch k+1
 //! while k computes; [`VlmCtx::new`] does both at once.
+//!
+//! Under a mixture the context also holds each supervised position's source (from the
+//! micro-batch's `sample_sources`): the head then returns the loss summed by source next to
+//! the loss itself (see `HeadUnit`), a plain output of the forward.
 use super::attention::{block_causal_mask, row_spans, Span};
+use super::config::VisionConfig;
 use super::error::{ModelError, Result};
+use super::lm_config::LmConfig;
 use super::moe::RouterLog;
 use super::rope::rotary_tables;
 use super::side_stream::{upload, SideUpload};
 use super::varlen::{use_varlen, Varlen};
 use super::vision;
-use super::vlm::Vlm;
-use pipeline::{MicroBatch, IGNORE_INDEX};
+use batch::{MicroBatch, IGNORE_INDEX};
+use shards::image_layout::ImageLayout;
 use std::sync::Mutex;
 use tch::{Device, Kind, Tensor};
+
+/// The model's side of the micro-batch contract: what [`VlmCtx::prepare`] checks a micro-batch
+/// against and shapes it by (`Vlm::batch_spec` gives a model's).
+pub struct BatchSpec<'a> {
+    pub vision: &'a VisionConfig,
+    pub lm: &'a LmConfig,
+    /// The placeholder id the image tokens are written at (`None`: the model has none, and a
+    /// micro-batch with images is refused).
+    pub image_token_id: Option<i64>,
+    /// Tokens the dataset's tokenizer has past the checkpoint's vocabulary.
+    pub added_tokens: i64,
+    /// How images become features: `anyres_max_N` micro-batches carry image geometries.
+    pub image_layout: &'a ImageLayout,
+}
 
 pub struct VlmCtx {
     pub rows: i64,
@@ -53,11 +73,10 @@ pub struct VlmCtx {
     /// their inputs and run again in backward. Off by default.
     pub recompute_cheap_ops: bool,
     pub sample_ids: Vec<String>,
-    /// Set by [`Self::set_loss_groups`] (a mixture's sources): each supervised position's group
-    /// `[supervised]` i64 and the number of groups. The head then sums the token loss per
-    /// group into [`Self::take_group_loss`].
-    pub loss_groups: Option<(Tensor, i64)>,
-    group_loss: std::sync::Mutex<Option<Tensor>>,
+    /// Under a mixture (the micro-batch has `sample_sources`): each supervised position's source
+    /// `[supervised]` i64, and how many sources the head sums the loss into (the highest
+    /// source of the micro-batch, plus one).
+    pub supervised_sources: Option<(Tensor, i64)>,
     /// Flat indices of the real tokens (segment id ≥ 0) when the micro-batch has padding:
     /// what a sparse layer routes.
     pub real_index: Option<Tensor>,
@@ -75,19 +94,19 @@ pub struct VlmCtx {
 }
 
 impl VlmCtx {
-    /// Validates `mb` against `vlm`'s configs and placeholder id (lengths, token ids, image
-    /// size, placeholder count) and builds the context on `device`, ready to use.
-    pub fn new(mb: &MicroBatch, vlm: &Vlm, device: Device) -> Result<Self> {
-        let mut ctx = Self::prepare(mb, vlm, device)?;
+    /// Validates `mb` against the model's `spec` (lengths, token ids, image size, placeholder
+    /// count, sources) and builds the context on `device`, ready to use.
+    pub fn new(mb: &MicroBatch, spec: &BatchSpec, device: Device) -> Result<Self> {
+        let mut ctx = Self::prepare(mb, spec, device)?;
         ctx.ready()?;
         Ok(ctx)
     }
 
     /// [`Self::new`] with the uploads left in flight on a CUDA side stream: call
     /// [`Self::ready`] before the first unit runs on it. Same as `new` on the CPU.
-    pub fn prepare(mb: &MicroBatch, vlm: &Vlm, device: Device) -> Result<Self> {
-        let (vision, lm) = (&vlm.vision, &vlm.lm);
-        let image_token_id = match vlm.options.image_token_id {
+    pub fn prepare(mb: &MicroBatch, spec: &BatchSpec, device: Device) -> Result<Self> {
+        let (vision, lm) = (spec.vision, spec.lm);
+        let image_token_id = match spec.image_token_id {
             Some(id) => id,
             // No image to place: no token id (all checked to be >= 0 below) equals it.
             None if mb.num_images == 0 => -1,
@@ -115,7 +134,7 @@ impl VlmCtx {
             }
         }
         // The checkpoint's vocabulary and the tokens ingest added past it.
-        let vocab = lm.vocab_size + vlm.options.added_tokens;
+        let vocab = lm.vocab_size + spec.added_tokens;
         if let Some(id) = mb.input_ids.iter().find(|&&id| id < 0 || id >= vocab) {
             return Err(bad(format!(
                 "token id {id} is outside the vocabulary of {vocab}"
@@ -138,11 +157,11 @@ impl VlmCtx {
         let placeholders: Vec<i64> = (0..n as i64)
             .filter(|&i| mb.input_ids[i as usize] == image_token_id)
             .collect();
-        let anyres = vlm.has_image_newline();
+        let anyres = *spec.image_layout != ImageLayout::Single;
         if mb.num_images > 0 && anyres == mb.image_geometry.is_empty() {
             return Err(bad(format!(
                 "the model's image layout is {} but the micro-batch's images {}",
-                vlm.options.image_layout,
+                spec.image_layout,
                 if anyres {
                     "are single tiles"
                 } else {
@@ -155,6 +174,13 @@ impl VlmCtx {
                 "{} image geometries for {} images",
                 mb.image_geometry.len(),
                 mb.num_images
+            )));
+        }
+        if !mb.sample_sources.is_empty() && mb.sample_sources.len() != mb.sample_ids.len() {
+            return Err(bad(format!(
+                "{} sample sources for {} samples",
+                mb.sample_sources.len(),
+                mb.sample_ids.len()
             )));
         }
         let expected = mb.image_token_count();
@@ -231,6 +257,18 @@ impl VlmCtx {
         };
         let supervised_index = upload(Tensor::from_slice(&supervised), device)?;
         let targets = upload(Tensor::from_slice(&targets), device)?;
+        let supervised_sources = match mb.sample_sources.iter().max() {
+            Some(&last) => {
+                let sources: Vec<i64> = mb
+                    .supervised_sources()
+                    .into_iter()
+                    .map(|s| s as i64)
+                    .collect();
+                let sources = upload(Tensor::from_slice(&sources), device)?;
+                Some((sources, last as i64 + 1))
+            }
+            None => None,
+        };
         if let Some(u) = uploads.as_mut() {
             u.end()?;
         }
@@ -253,8 +291,7 @@ impl VlmCtx {
             dropout_seed: None,
             recompute_cheap_ops: false,
             sample_ids: mb.sample_ids.clone(),
-            loss_groups: None,
-            group_loss: std::sync::Mutex::new(None),
+            supervised_sources,
             real_index,
             router_log: RouterLog::default(),
             balance_weight: lm.router_aux_loss_coef(),
@@ -282,6 +319,7 @@ impl VlmCtx {
         tensors.extend(self.real_index.iter());
         tensors.extend(self.pixel_values.iter());
         tensors.extend(self.varlen.iter().map(|v| &v.cu_seqlens));
+        tensors.extend(self.supervised_sources.iter().map(|(s, _)| s));
         uploads.wait(&tensors)
     }
 
@@ -303,38 +341,6 @@ impl VlmCtx {
                 (cos, sin)
             }
         }
-    }
-
-    /// Asks the head to sum the token loss per group: `groups[k]` is the group of the k-th
-    /// supervised position (row-major, as `supervised_index`), in `0..count`.
-    pub fn set_loss_groups(&mut self, groups: &[i64], count: i64) -> Result<()> {
-        if groups.len() as i64 != self.supervised || groups.iter().any(|&g| g < 0 || g >= count) {
-            return Err(ModelError::BadBatch {
-                samples: self.sample_ids.clone(),
-                reason: format!(
-                    "{} loss groups (each in 0..{count}) for {} supervised positions",
-                    groups.len(),
-                    self.supervised
-                ),
-            });
-        }
-        let device = self.input_ids.device();
-        self.loss_groups = Some((upload(Tensor::from_slice(groups), device)?, count));
-        Ok(())
-    }
-
-    /// The head's per-group loss sums (see [`Self::set_loss_groups`]).
-    pub(crate) fn put_group_loss(&self, sums: Tensor) {
-        if let Ok(mut slot) = self.group_loss.lock() {
-            *slot = Some(sums);
-        }
-    }
-
-    /// The summed token loss of each loss group of the last forward (`None` without groups,
-    /// or when no supervised token ran through the head).
-    pub fn take_group_loss(&self) -> Option<Vec<f64>> {
-        let sums = self.group_loss.lock().ok()?.take()?;
-        Vec::<f64>::try_from(sums.to_kind(Kind::Double).to_device(Device::Cpu)).ok()
     }
 
     /// The balance loss of a step of `micro_batches` micro-batches (over every rank): each

@@ -64,7 +64,7 @@ mod weights;
 pub use anyres::pack_image_features;
 pub use config::read_json as read_config_json;
 pub use config::{LoraConfig, VisionArch, VisionConfig};
-pub use ctx::VlmCtx;
+pub use ctx::{BatchSpec, VlmCtx};
 pub use dtype::Dtype;
 pub use error::ModelError;
 pub use feature_stats::{

@@ -8,7 +8,7 @@ use super::error::Result;
 use super::init::{random_params, Preset, INIT_STD};
 use super::{LmFamily, Vlm, VlmOptions};
 use crate::Dtype;
-use pipeline::{MicroBatch, IGNORE_INDEX};
+use batch::{MicroBatch, IGNORE_INDEX};
 use std::time::Instant;
 use tch::{Device, Kind, Tensor};
 
@@ -43,7 +43,7 @@ fn packed_text_batch(rows: usize, row_len: usize, vocab: i64) -> MicroBatch {
         image_tokens: 0,
         image_geometry: Vec::new(),
         sample_ids: Vec::new(),
-        sample_indices: Vec::new(),
+        sample_sources: Vec::new(),
         real_tokens: rows * row_len,
         pad_tokens: 0,
         supervised_tokens: 0,
@@ -60,7 +60,6 @@ fn packed_text_batch(rows: usize, row_len: usize, vocab: i64) -> MicroBatch {
             mb.positions.extend(0..len as i64);
             mb.segment_ids.extend(std::iter::repeat_n(seg, len));
             mb.sample_ids.push(format!("bench-{r}-{seg}"));
-            mb.sample_indices.push(mb.sample_indices.len() as u64);
         }
     }
     mb.supervised_tokens = mb.labels.iter().filter(|&&l| l != IGNORE_INDEX).count();

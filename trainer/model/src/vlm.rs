@@ -7,7 +7,7 @@
 //! then for every unit that `runs_on(ctx)`: `x = unit.forward(params, &x, ctx)`. Vision and
 //! projector units skip text-only micro-batches, so `embed` then receives the empty tensor.
 use super::config::{LoraConfig, VisionConfig};
-use super::ctx::VlmCtx;
+use super::ctx::{BatchSpec, VlmCtx};
 use super::error::{ModelError, Result};
 use super::feature_stats::FeatureStats;
 use super::lm_config::LmConfig;
@@ -420,22 +420,32 @@ impl Vlm {
         }
     }
 
+    /// What a micro-batch must match to run on this model (see [`VlmCtx::prepare`]).
+    pub fn batch_spec(&self) -> BatchSpec<'_> {
+        BatchSpec {
+            vision: &self.vision,
+            lm: &self.lm,
+            image_token_id: self.options.image_token_id,
+            added_tokens: self.options.added_tokens,
+            image_layout: &self.options.image_layout,
+        }
+    }
+
     /// The context of `mb` on the device the parameters live on.
-    pub fn ctx(&self, params: &ParamMap, mb: &pipeline::MicroBatch) -> Result<VlmCtx> {
+    pub fn ctx(&self, params: &ParamMap, mb: &batch::MicroBatch) -> Result<VlmCtx> {
         let device = params
             .values()
             .next()
             .map(|t| t.device())
             .unwrap_or(Device::Cpu);
-        VlmCtx::new(mb, self, device)
+        VlmCtx::new(mb, &self.batch_spec(), device)
     }
 
     /// Runs the whole chain in one process (the W=1 reference): the summed token loss over
     /// supervised labels and their count. `params` holds every parameter the micro-batch needs.
-    pub fn loss(&self, params: &ParamMap, mb: &pipeline::MicroBatch) -> Result<(Tensor, i64)> {
-        let ctx = self.ctx(params, mb)?;
-        let loss = run_chain(&self.units, params, &ctx)?;
-        Ok((loss, ctx.supervised))
+    pub fn loss(&self, params: &ParamMap, mb: &batch::MicroBatch) -> Result<(Tensor, i64)> {
+        let (loss, supervised, _) = self.loss_and_balance(params, mb)?;
+        Ok((loss, supervised))
     }
 
     /// [`Self::loss`] plus, for an MoE LM, the router balance loss of the same forward
@@ -444,23 +454,21 @@ impl Vlm {
     pub fn loss_and_balance(
         &self,
         params: &ParamMap,
-        mb: &pipeline::MicroBatch,
+        mb: &batch::MicroBatch,
     ) -> Result<(Tensor, i64, Option<Tensor>)> {
         let ctx = self.ctx(params, mb)?;
-        let loss = run_chain(&self.units, params, &ctx)?;
+        let loss = summed_loss(run_chain(&self.units, params, &ctx)?);
         Ok((loss, ctx.supervised, ctx.router_log.aux_loss()))
     }
 
     /// Full logits `[rows, len, vocab]` (evaluation and tests; never used for training).
-    pub fn logits(&self, params: &ParamMap, mb: &pipeline::MicroBatch) -> Result<Tensor> {
+    pub fn logits(&self, params: &ParamMap, mb: &batch::MicroBatch) -> Result<Tensor> {
         let ctx = self.ctx(params, mb)?;
         let hidden = run_chain(&self.units[..self.units.len() - 1], params, &ctx)?;
         Ok(vocab::logits(&self.lm, params, self.tied, &hidden))
     }
 }
 
-/// The output of `units` (those that run on `ctx`, in order) from the micro-batch's first
-/// input; a failing unit is named.
 /// `--expert-parallel N` needs a sparse LM whose expert count N divides.
 fn check_expert_parallel(lm: &LmConfig, n: usize) -> Result<()> {
     let experts = lm.num_experts();
@@ -480,6 +488,18 @@ fn check_expert_parallel(lm: &LmConfig, n: usize) -> Result<()> {
     Ok(())
 }
 
+/// The summed token loss of the head's output: the output itself, or its first element when
+/// the loss by source follows it (a mixture's micro-batch; see `HeadUnit`).
+fn summed_loss(head: Tensor) -> Tensor {
+    if head.dim() == 0 {
+        head
+    } else {
+        head.get(0)
+    }
+}
+
+/// The output of `units` (those that run on `ctx`, in order) from the micro-batch's first
+/// input; a failing unit is named.
 fn run_chain(units: &[Box<dyn Unit<VlmCtx>>], params: &ParamMap, ctx: &VlmCtx) -> Result<Tensor> {
     let mut x = ctx.first_input();
     for unit in units.iter().filter(|u| u.runs_on(ctx)) {

@@ -318,9 +318,11 @@ impl UnitKind for LayerUnit {
     }
 }
 
-/// Final norm + output projection -> scalar sum of token cross-entropy over supervised
-/// labels, chunked (see [`loss`]). With tied embeddings it reads `model.embed_tokens.weight`,
-/// which the `embed` unit also reads (see `Vlm::shared_params`).
+/// Final norm + output projection -> sum of token cross-entropy over supervised labels,
+/// chunked (see [`loss`]): a scalar, or under a mixture `[1 + sources]` f32 with that sum first
+/// and then each source's part of it (detached: reported, not back-propagated; see
+/// [`Unit::forward`]). With tied embeddings it reads `model.embed_tokens.weight`, which the
+/// `embed` unit also reads (see `Vlm::shared_params`).
 pub(super) struct HeadUnit {
     cfg: LmConfig,
     tied: bool,
@@ -369,13 +371,16 @@ impl UnitKind for HeadUnit {
         };
         let h = cheap.rms_norm(&h, param(params, vocab::NORM), self.cfg.rms_norm_eps)?;
         let w = vocab::output_matrix(params, self.tied);
-        let groups = ctx.loss_groups.as_ref();
+        let sources = ctx.supervised_sources.as_ref();
         let (sum, tokens) =
-            loss::chunked_cross_entropy(&h, &w, &ctx.targets, self.chunk, groups.is_some());
-        if let (Some((group, count)), Some(tokens)) = (groups, tokens) {
-            let sums = Tensor::zeros([*count], (Kind::Float, tokens.device()));
-            ctx.put_group_loss(sums.index_add(0, group, &tokens.to_kind(Kind::Float)));
+            loss::chunked_cross_entropy(&h, &w, &ctx.targets, self.chunk, sources.is_some());
+        match (sources, tokens) {
+            (Some((source, count)), Some(tokens)) => {
+                let zeros = Tensor::zeros([*count], (Kind::Float, tokens.device()));
+                let by_source = zeros.index_add(0, source, &tokens.to_kind(Kind::Float));
+                Ok(Tensor::cat(&[sum.reshape([1]), by_source.detach()], 0))
+            }
+            _ => Ok(sum),
         }
-        Ok(sum)
     }
 }

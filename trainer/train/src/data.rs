@@ -107,14 +107,6 @@ impl TrainData {
         }
     }
 
-    /// The source of global sample `index` (0 for a shard set).
-    pub(crate) fn source_of(&self, index: u64) -> usize {
-        match self {
-            TrainData::Shards(_) => 0,
-            TrainData::Mixture(m) => m.source_of(index),
-        }
-    }
-
     /// One log line per mixture source: samples, drawn per epoch, share.
     pub(crate) fn log_mixture(&self) {
         let TrainData::Mixture(m) = self else {

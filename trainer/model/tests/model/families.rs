@@ -406,7 +406,7 @@ fn added_token_rows_extend_the_embedding_and_the_head() -> anyhow::Result<()> {
         let new_id = VOCAB;
         let ids = vec![5, new_id, 7, new_id, 9, 11];
         let mut labels: Vec<i64> = ids[1..].to_vec();
-        labels.push(pipeline::IGNORE_INDEX);
+        labels.push(batch::IGNORE_INDEX);
         let mb = raw_text_batch(1, 6, ids, labels, (0..6).collect());
         let what = format!("{family:?} tied {tied}");
         assert_close(

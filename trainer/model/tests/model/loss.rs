@@ -2,7 +2,7 @@
 //! whatever the chunk length, and a zero-loss micro-batch still back-propagates.
 
 use crate::support::*;
-use pipeline::IGNORE_INDEX;
+use batch::IGNORE_INDEX;
 use tch::{Kind, Tensor};
 use tessera_model::testing::{chunked_cross_entropy_sum, full_cross_entropy_sum};
 

@@ -25,7 +25,7 @@ fn oracle() -> &'static Path {
 
 /// A variant's model, its parameters (every LM weight trainable), the oracle's outputs and
 /// its micro-batch.
-fn load(variant: &str) -> anyhow::Result<(Vlm, ParamMap, ParamMap, pipeline::MicroBatch)> {
+fn load(variant: &str) -> anyhow::Result<(Vlm, ParamMap, ParamMap, batch::MicroBatch)> {
     let dir = oracle().join(variant);
     let lm = dir.join("model");
     let options = VlmOptions {
@@ -138,8 +138,9 @@ fn fsdp_adds_each_sparse_layers_share_of_the_balance_loss_in_backward() -> anyho
             let mut ctx = vlm.ctx(&ParamMap::new(), &mb)?;
             ctx.share_balance_loss(vlm.lm.router_aux_loss_coef(), 1);
             ctx.set_recompute_cheap_ops(recompute.recomputes_cheap_ops());
-            let sum =
-                fsdp.forward_backward(&ctx, &ctx.first_input(), 1.0 / ctx.supervised as f64)?;
+            let sum = fsdp
+                .forward_backward(&ctx, &ctx.first_input(), 1.0 / ctx.supervised as f64)?
+                .sum;
             let want = scalar(&get(&out, "ce_loss").reshape([])) * ctx.supervised as f64;
             assert!(
                 (sum - want).abs() <= TOL * want,

@@ -3,7 +3,7 @@
 //! tokens must land at the placeholder positions.
 
 use crate::support::*;
-use pipeline::IGNORE_INDEX;
+use batch::IGNORE_INDEX;
 use tch::{Device, Kind, Tensor};
 use tessera_model::testing::{
     attend, attend_spans, attend_varlen, block_causal_mask, row_spans, Varlen,
@@ -66,6 +66,34 @@ fn packed_text_row_equals_each_sample_alone() -> anyhow::Result<()> {
         "{} vs {expected}",
         scalar(&packed_loss)
     );
+    Ok(())
+}
+
+#[test]
+fn the_head_splits_a_packed_loss_by_each_samples_source() -> anyhow::Result<()> {
+    let (vlm, params) = tiny_vlm(None);
+    let (a, b, c) = (text_sample(7, 1), text_sample(5, 2), text_sample(6, 3));
+    // Row 0 packs a (source 2) then b (source 0); row 1 holds c (source 2), padded.
+    let mut packed = micro_batch(&[vec![a.clone(), b.clone()], vec![c.clone()]], 0, 0);
+    packed.sample_sources = vec![2, 0, 2];
+    let ctx = vlm.ctx(&params, &packed)?;
+    let head = run_units(&vlm, &params, &ctx, ("embed", ctx.first_input()), "head")?;
+    let out: Vec<f64> = Vec::try_from(head.to_kind(Kind::Double))?;
+    let alone = |s: &TestSample| -> anyhow::Result<f64> {
+        Ok(scalar(
+            &vlm.loss(&params, &micro_batch(&[vec![s.clone()]], 0, 0))?.0,
+        ))
+    };
+    let (la, lb, lc) = (alone(&a)?, alone(&b)?, alone(&c)?);
+    // The summed loss first, then sources 0, 1 (no sample) and 2.
+    let expected = [la + lb + lc, lb, 0.0, la + lc];
+    assert_eq!(out.len(), expected.len(), "{out:?}");
+    for (got, want) in out.iter().zip(expected) {
+        assert!((got - want).abs() < 1e-4, "{out:?} vs {expected:?}");
+    }
+    // The summed loss is the head's first element whatever the sources.
+    let (sum, _) = vlm.loss(&params, &packed)?;
+    assert!((scalar(&sum) - expected[0]).abs() < 1e-4);
     Ok(())
 }
 
@@ -289,7 +317,7 @@ fn varlen_sequences_equal_dense_mask_attention() -> anyhow::Result<()> {
 fn rotary_tables_are_cast_once_per_micro_batch() -> anyhow::Result<()> {
     let mb = micro_batch(&[vec![text_sample(8, 1), text_sample(5, 3)]], 0, 0);
     let (vlm, _) = tiny_vlm(None);
-    let ctx = VlmCtx::new(&mb, &vlm, Device::Cpu)?;
+    let ctx = VlmCtx::new(&mb, &vlm.batch_spec(), Device::Cpu)?;
     let (cos, sin) = ctx.rotary_as(Kind::BFloat16);
     assert_eq!(cos.kind(), Kind::BFloat16);
     assert!(cos.equal(&ctx.cos.to_kind(Kind::BFloat16)));

@@ -1,7 +1,7 @@
 //! Shared helpers of the model and FSDP tests: tiny configs, random parameters, micro-batches built by
 //! hand (the loader is not involved), and a float comparison with an explicit tolerance.
 #![allow(dead_code)]
-use pipeline::{MicroBatch, IGNORE_INDEX};
+use batch::{MicroBatch, IGNORE_INDEX};
 use shards::Kind as SampleKind;
 use tch::Tensor;
 use tessera_fsdp::ParamMap;
@@ -143,7 +143,7 @@ pub(crate) fn micro_batch(
         image_tokens,
         image_geometry: Vec::new(),
         sample_ids: vec![],
-        sample_indices: vec![],
+        sample_sources: vec![],
         real_tokens: 0,
         pad_tokens: 0,
         supervised_tokens: 0,
@@ -162,7 +162,6 @@ pub(crate) fn micro_batch(
                 mb.num_images += 1;
                 mb.kind = SampleKind::Image;
             }
-            mb.sample_indices.push(mb.sample_ids.len() as u64);
             mb.sample_ids.push(format!("s{}", mb.sample_ids.len()));
             used += s.ids.len();
         }
@@ -269,7 +268,7 @@ pub(crate) fn raw_text_batch(
         image_tokens: 0,
         image_geometry: Vec::new(),
         sample_ids: (0..rows).map(|r| format!("row{r}")).collect(),
-        sample_indices: (0..rows as u64).collect(),
+        sample_sources: vec![],
         real_tokens: rows * row_len,
         pad_tokens: 0,
         supervised_tokens: supervised,

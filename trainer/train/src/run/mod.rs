@@ -28,7 +28,7 @@ use crate::report::profile::Profiler;
 use crate::report::tensorboard;
 use crate::run::rank_plan::{step_samples, RankLayout};
 use crate::run::schedule::CosineSchedule;
-use crate::run::sharded_vlm::{loss_groups, Groups, ShardedVlm, StepTotals, UnitTimes};
+use crate::run::sharded_vlm::{Groups, ShardedVlm, StepTotals, UnitTimes};
 use crate::run::validate::Validation;
 use crate::run_dir::RunDir;
 use crate::vlm_description::VlmDescription;
@@ -572,16 +572,16 @@ impl<'a> TrainLoop<'a> {
             if i + 1 < micro_batches {
                 next = Some(fetch(model, &mut wait)?);
             }
-            if !sources.is_empty() {
-                let groups = loss_groups(&mb, &|index| s.data.source_of(index));
-                for &g in &groups {
-                    by_source[sources.len() + g as usize] += 1.0;
+            // The micro-batch carries each sample's source: count its supervised tokens here,
+            // the model sums their loss.
+            for source in mb.supervised_sources() {
+                if let Some(count) = by_source.get_mut(sources.len() + source) {
+                    *count += 1.0;
                 }
-                ctx.set_loss_groups(&groups, sources.len() as i64)?;
             }
             ctx.share_balance_loss(coef, all_micro_batches);
             let out = model.forward_backward(ctx, 1.0 / divisor, &mut times)?;
-            for (sum, part) in by_source.iter_mut().zip(out.by_group.unwrap_or_default()) {
+            for (sum, part) in by_source.iter_mut().zip(out.by_source) {
                 *sum += part;
             }
             if let Some(router) = out.router {

@@ -20,8 +20,9 @@ pub(crate) type UnitTimes = BTreeMap<String, f64>;
 pub(crate) struct MicroBatchLoss {
     /// The summed token loss (unscaled).
     pub(crate) loss_sum: f64,
-    /// That sum by loss group (a mixture's sources).
-    pub(crate) by_group: Option<Vec<f64>>,
+    /// That sum by source (a mixture's, in source order, up to the highest source of the
+    /// micro-batch; empty for one shard set).
+    pub(crate) by_source: Vec<f64>,
     /// An MoE LM's balance loss and expert loads.
     pub(crate) router: Option<tessera_model::RouterStats>,
 }
@@ -108,13 +109,13 @@ impl<'a> ShardedVlm<'a> {
     /// until [`Self::forward_backward`] uses the context, so the trainer prepares micro-batch
     /// k+1 before it runs k and the copies overlap k's compute.
     pub(crate) fn prepare(&self, mb: &MicroBatch) -> Result<VlmCtx, TrainError> {
-        Ok(VlmCtx::prepare(mb, self.vlm, self.device)?)
+        Ok(VlmCtx::prepare(mb, &self.vlm.batch_spec(), self.device)?)
     }
 
     /// Forward and backward of one prepared micro-batch; gradients of `loss_sum * loss_scale`
     /// (plus, for an MoE LM, the context's share of the balance loss) accumulate. Returns the
-    /// micro-batch's summed token loss (unscaled), that sum split by group when the context
-    /// has loss groups (a mixture's sources), and an MoE LM's routing.
+    /// micro-batch's summed token loss (unscaled), that sum split by source when the
+    /// micro-batch comes from a mixture, and an MoE LM's routing.
     pub(crate) fn forward_backward(
         &mut self,
         mut ctx: VlmCtx,
@@ -123,15 +124,15 @@ impl<'a> ShardedVlm<'a> {
     ) -> Result<MicroBatchLoss, TrainError> {
         ctx.ready()?;
         ctx.set_recompute_cheap_ops(self.fsdp.recompute().recomputes_cheap_ops());
-        let loss_sum = self
+        let loss = self
             .fsdp
             .forward_backward(&ctx, &ctx.first_input(), loss_scale)?;
         for (component, secs) in self.fsdp.take_times() {
             *times.entry(component).or_default() += secs;
         }
         Ok(MicroBatchLoss {
-            loss_sum,
-            by_group: ctx.take_group_loss(),
+            loss_sum: loss.sum,
+            by_source: loss.parts,
             router: ctx.router_log.stats(),
         })
     }
@@ -187,39 +188,11 @@ impl<'a> ShardedVlm<'a> {
     /// The summed token loss of one micro-batch, forward only (no autograd, no gradients):
     /// validation. Every rank calls it with a micro-batch of the same kind.
     pub(crate) fn eval_loss(&mut self, mb: &MicroBatch) -> Result<f64, TrainError> {
-        let ctx = VlmCtx::new(mb, self.vlm, self.device)?;
+        let ctx = VlmCtx::new(mb, &self.vlm.batch_spec(), self.device)?;
         let loss = self.fsdp.forward_loss(&ctx, &ctx.first_input())?;
         self.fsdp.take_times();
         Ok(loss)
     }
-}
-
-/// The supervised positions of `mb`, in row-major order (as the model's loss reads them), each
-/// given the group of its sample: `group_of(global sample index)`.
-pub(crate) fn loss_groups(mb: &MicroBatch, group_of: &dyn Fn(u64) -> usize) -> Vec<i64> {
-    let mut out = Vec::with_capacity(mb.supervised_tokens);
-    let mut sample = 0usize;
-    for row in 0..mb.rows {
-        let segments = &mb.segment_ids[row * mb.row_len..(row + 1) * mb.row_len];
-        let labels = &mb.labels[row * mb.row_len..(row + 1) * mb.row_len];
-        let first = sample;
-        let mut last_segment = -1;
-        for (&segment, &label) in segments.iter().zip(labels) {
-            if segment < 0 {
-                continue;
-            }
-            if segment != last_segment {
-                sample = first + segment as usize;
-                last_segment = segment;
-            }
-            if label != pipeline::IGNORE_INDEX {
-                let index = mb.sample_indices.get(sample).copied().unwrap_or(0);
-                out.push(group_of(index) as i64);
-            }
-        }
-        sample = first + (last_segment + 1).max(0) as usize;
-    }
-    out
 }
 
 /// What one step's micro-batches add up to on a rank (then, all-reduced, over all ranks).

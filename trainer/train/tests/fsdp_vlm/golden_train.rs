@@ -105,7 +105,7 @@ fn step_batch(fixture: &ParamMap, step: i64, image_tokens: usize) -> MicroBatch 
         image_tokens,
         image_geometry: Vec::new(),
         sample_ids: (0..rows).map(|r| format!("step{step}.row{r}")).collect(),
-        sample_indices: (0..rows as u64).collect(),
+        sample_sources: Vec::new(),
         real_tokens,
         pad_tokens: rows * row_len - real_tokens,
         zero_loss: false,
