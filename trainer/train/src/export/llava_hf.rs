@@ -207,12 +207,7 @@ pub fn write_llava_hf(
 ) -> Result<LlavaHfReport, ExportError> {
     let vlm = exported_vlm(sources)?;
     std::fs::create_dir_all(out).map_err(io(out))?;
-    // Every tensor the export holds (the whole tower, the projector, the LM's base weights),
-    // by its llava-hf key, in key order (as `save_pretrained` sorts them).
-    let specs: BTreeMap<String, ParamSpec> = export_specs(&vlm)
-        .into_iter()
-        .map(|s| (llava_key(&s.name), s))
-        .collect();
+    let specs = keyed_specs(&vlm);
     check_trained_are_held(sources.trainable, &specs)?;
     let merge = match &sources.lora {
         Some(lora) if options.merge => Some(lora),
@@ -226,13 +221,14 @@ pub fn write_llava_hf(
         .iter()
         .map(|(key, s)| (key.clone(), s.shape.clone()))
         .collect();
+    let weights = RunWeights::open(
+        sources.vision_dir,
+        sources.lm_dir,
+        sources.trainable,
+        sources.initial_projector,
+    )?;
     let tensors = ExportTensors {
-        weights: RunWeights::open(
-            sources.vision_dir,
-            sources.lm_dir,
-            sources.trainable,
-            sources.initial_projector,
-        )?,
+        weights,
         specs: &specs,
         vlm: &vlm,
         sources,
@@ -273,6 +269,15 @@ fn exported_vlm(sources: &LlavaSources) -> Result<Vlm, ExportError> {
             ..Default::default()
         },
     )?)
+}
+
+/// Every tensor the export holds (the whole tower, the projector, the LM's base weights), by
+/// its llava-hf key, in key order (as `save_pretrained` sorts them).
+fn keyed_specs(vlm: &Vlm) -> BTreeMap<String, ParamSpec> {
+    export_specs(vlm)
+        .into_iter()
+        .map(|s| (llava_key(&s.name), s))
+        .collect()
 }
 
 /// Refuses a checkpoint that trained a tensor the export does not hold (a full fine-tune's LM
