@@ -6,9 +6,17 @@
 //!
 //! 1. A program calls [`Switches::load`] first: a value a switch cannot take stops it with an
 //!    error naming the variable and the value, before any work.
-//! 2. Library code reads [`Switches::get`], which after that cannot fail (in a program that
-//!    skipped step 1 it panics with the same message).
+//! 2. Library code reads [`Switches::get`], which cannot fail: it returns the typed switches
+//!    parsed once, in which a variable set to a value it cannot take holds its default. In a
+//!    program that cannot happen (step 1 stopped it); where no program checked (a crate's own
+//!    tests, a bench), `get` says once on stderr which variable it ignored.
 //! 3. Tests build the struct from any lookup with [`Switches::from_lookup`].
+//!
+//! Why `get` is infallible rather than a `Result`: the switches are read deep in code with no
+//! error of its own (each bf16 product asks `TESSERA_CPU_BF16_GEMM`, the loader's thread
+//! default, the retry policy), and the only error `get` could return is one a program has
+//! already reported at its start, so a `Result` would give ten error enums a variant that
+//! never fires.
 //!
 //! ```
 //! use tessera_switches::Switches;
@@ -25,9 +33,10 @@
 //!     r#"TESSERA_LOADER_THREADS="two": expected a thread count of at least 1"#
 //! );
 //! ```
+use std::cell::RefCell;
 use std::ffi::OsString;
 use std::path::PathBuf;
-use std::sync::OnceLock;
+use std::sync::{Once, OnceLock};
 use std::time::Duration;
 
 /// How bf16 matrix products run on the CPU, when `TESSERA_CPU_BF16_GEMM` chooses.
@@ -120,61 +129,91 @@ impl std::fmt::Display for SwitchError {
 
 impl std::error::Error for SwitchError {}
 
-static SWITCHES: OnceLock<Result<Switches, SwitchError>> = OnceLock::new();
+/// The process's switches, read once: every variable set to a value it can take, the others at
+/// their default, and the first variable that was not (which [`Switches::load`] reports).
+struct Read {
+    switches: Switches,
+    error: Option<SwitchError>,
+}
+
+static READ: OnceLock<Read> = OnceLock::new();
+
+fn read() -> &'static Read {
+    READ.get_or_init(|| {
+        let (switches, error) = Switches::lenient(|name| std::env::var_os(name));
+        Read { switches, error }
+    })
+}
 
 impl Switches {
     /// The process's switches, read from its environment on the first call; every later call
     /// returns the same answer. Programs call it first and stop on the error.
     pub fn load() -> Result<&'static Switches, SwitchError> {
-        SWITCHES
-            .get_or_init(|| Self::from_lookup(|name| std::env::var_os(name)))
-            .as_ref()
-            .map_err(SwitchError::clone)
+        let read = read();
+        match &read.error {
+            Some(e) => Err(e.clone()),
+            None => Ok(&read.switches),
+        }
     }
 
-    /// [`Self::load`] for code with no error path of its own. Programs have called `load`
-    /// already, so here a bad value cannot appear; where one did not, this panics with the
-    /// error.
+    /// The process's switches for code with no error path of its own; it cannot fail. After
+    /// [`Self::load`] succeeded (every program) they are the environment's. Where no program
+    /// checked, a variable set to a value it cannot take holds its default, and the first
+    /// call says so on stderr, naming the variable and the value.
     pub fn get() -> &'static Switches {
-        match Self::load() {
-            Ok(switches) => switches,
-            Err(e) => panic!("{e} (a program reports this at start by calling Switches::load)"),
+        static WARNED: Once = Once::new();
+        let read = read();
+        if let Some(e) = &read.error {
+            WARNED.call_once(|| eprintln!("warning: {e}; the switch keeps its default"));
         }
+        &read.switches
     }
 
     /// The switches as `lookup` (a variable's name to its value, `None` when unset) sets them.
     pub fn from_lookup(lookup: impl Fn(&str) -> Option<OsString>) -> Result<Switches, SwitchError> {
-        let env = Env(lookup);
-        Ok(Switches {
+        match Self::lenient(lookup) {
+            (switches, None) => Ok(switches),
+            (_, Some(e)) => Err(e),
+        }
+    }
+
+    /// The switches as `lookup` sets them, a variable set to a value it cannot take at its
+    /// default, and the first such variable.
+    fn lenient(lookup: impl Fn(&str) -> Option<OsString>) -> (Switches, Option<SwitchError>) {
+        let env = Env {
+            lookup,
+            first_error: RefCell::new(None),
+        };
+        let switches = Switches {
             side_stream: env
-                .parse("TESSERA_SIDE_STREAM", "0 or 1", flag)?
+                .parse("TESSERA_SIDE_STREAM", "0 or 1", flag)
                 .unwrap_or(true),
             cpu_bf16_gemm: env.parse("TESSERA_CPU_BF16_GEMM", "native or f32", |v| match v {
                 "native" => Some(Bf16Gemm::Native),
                 "f32" => Some(Bf16Gemm::F32),
                 _ => None,
-            })?,
+            }),
             dense_attention: env
-                .parse("TESSERA_DENSE_ATTENTION", "0 or 1", flag)?
+                .parse("TESSERA_DENSE_ATTENTION", "0 or 1", flag)
                 .unwrap_or(false),
             loader_threads: env.parse(
                 "TESSERA_LOADER_THREADS",
                 "a thread count of at least 1",
                 count,
-            )?,
+            ),
             gloo_host: env.parse("TESSERA_GLOO_HOST", "a host name or address", |v| {
                 (!v.is_empty()).then(|| v.to_string())
-            })?,
-            cache_dir: env.path("TESSERA_CACHE")?,
+            }),
+            cache_dir: env.path("TESSERA_CACHE"),
             remote_retry: Duration::from_secs(
-                env.parse("TESSERA_REMOTE_RETRY_S", "whole seconds", number)?
+                env.parse("TESSERA_REMOTE_RETRY_S", "whole seconds", number)
                     .unwrap_or(120),
             ),
             remote_retries: env
-                .parse("TESSERA_REMOTE_RETRIES", "a number of retries", number)?
+                .parse("TESSERA_REMOTE_RETRIES", "a number of retries", number)
                 .unwrap_or(10),
             remote_backoff: Duration::from_millis(
-                env.parse("TESSERA_REMOTE_BACKOFF_MS", "whole milliseconds", number)?
+                env.parse("TESSERA_REMOTE_BACKOFF_MS", "whole milliseconds", number)
                     .unwrap_or(100),
             ),
             remote_timeout: Duration::from_secs(
@@ -182,27 +221,28 @@ impl Switches {
                     "TESSERA_REMOTE_TIMEOUT_S",
                     "whole seconds of at least 1",
                     |v| number(v).filter(|&n: &u64| n > 0),
-                )?
+                )
                 .unwrap_or(60),
             ),
-            reference_loader: env.path("TESSERA_REFERENCE_LOADER")?,
-            python: env.path("TESSERA_PYTHON")?,
+            reference_loader: env.path("TESSERA_REFERENCE_LOADER"),
+            python: env.path("TESSERA_PYTHON"),
             bench_threads: env.parse(
                 "TESSERA_BENCH_THREADS",
                 "a thread count of at least 1",
                 count,
-            )?,
-            no_progress: env.0("NO_PROGRESS").is_some(),
+            ),
+            no_progress: (env.lookup)("NO_PROGRESS").is_some(),
             checkpoint_pause_at: env.parse(
                 "TESSERA_CHECKPOINT_PAUSE_AT",
                 "a step number",
                 number,
-            )?,
+            ),
             remote_latency: Duration::from_millis(
-                env.parse("TESSERA_REMOTE_LATENCY_MS", "whole milliseconds", number)?
+                env.parse("TESSERA_REMOTE_LATENCY_MS", "whole milliseconds", number)
                     .unwrap_or(0),
             ),
-        })
+        };
+        (switches, env.first_error.into_inner())
     }
 }
 
@@ -223,45 +263,50 @@ fn count(v: &str) -> Option<usize> {
     number(v).filter(|&n| n > 0)
 }
 
-/// The lookup the switches are read through.
-struct Env<F>(F);
+/// The lookup the switches are read through, and the first value it refused.
+struct Env<F> {
+    lookup: F,
+    first_error: RefCell<Option<SwitchError>>,
+}
 
 impl<F: Fn(&str) -> Option<OsString>> Env<F> {
-    /// `var`'s value through `parse` (given it trimmed); an error when it is set to something
-    /// `parse` refuses or that is not UTF-8.
+    /// `var`'s value through `parse` (given it trimmed); `None` when it is unset, or set to
+    /// something `parse` refuses or that is not UTF-8 (then remembered as the error).
     fn parse<T>(
         &self,
         var: &'static str,
         expected: &'static str,
         parse: impl Fn(&str) -> Option<T>,
-    ) -> Result<Option<T>, SwitchError> {
-        let Some(raw) = (self.0)(var) else {
-            return Ok(None);
+    ) -> Option<T> {
+        let raw = (self.lookup)(var)?;
+        let text = match raw.into_string() {
+            Ok(text) => text,
+            Err(raw) => return self.refuse(var, raw.to_string_lossy().into_owned(), expected),
         };
-        let error = |value: String| SwitchError {
-            var,
-            value,
-            expected,
-        };
-        let text = raw
-            .into_string()
-            .map_err(|raw| error(raw.to_string_lossy().into_owned()))?;
         match parse(text.trim()) {
-            Some(value) => Ok(Some(value)),
-            None => Err(error(text)),
+            Some(value) => Some(value),
+            None => self.refuse(var, text, expected),
         }
     }
 
     /// `var` as a path (any bytes but none at all).
-    fn path(&self, var: &'static str) -> Result<Option<PathBuf>, SwitchError> {
-        match (self.0)(var) {
-            Some(raw) if raw.is_empty() => Err(SwitchError {
-                var,
-                value: String::new(),
-                expected: "a path",
-            }),
-            raw => Ok(raw.map(PathBuf::from)),
+    fn path(&self, var: &'static str) -> Option<PathBuf> {
+        match (self.lookup)(var) {
+            Some(raw) if raw.is_empty() => self.refuse(var, String::new(), "a path"),
+            raw => raw.map(PathBuf::from),
         }
+    }
+
+    /// Remembers `var`'s refused value (the first one only) and gives the default's `None`.
+    fn refuse<T>(&self, var: &'static str, value: String, expected: &'static str) -> Option<T> {
+        self.first_error
+            .borrow_mut()
+            .get_or_insert(SwitchError {
+                var,
+                value,
+                expected,
+            });
+        None
     }
 }
 
@@ -370,6 +415,22 @@ mod tests {
                 "{shown}"
             );
         }
+    }
+
+    #[test]
+    fn get_keeps_the_default_of_a_refused_variable_and_the_values_of_the_others() {
+        let env = |name: &str| match name {
+            "TESSERA_LOADER_THREADS" => Some(OsString::from("two")),
+            "TESSERA_REMOTE_RETRIES" => Some(OsString::from("3")),
+            "TESSERA_BENCH_THREADS" => Some(OsString::from("all")),
+            _ => None,
+        };
+        let (s, error) = Switches::lenient(env);
+        assert_eq!(s.loader_threads, None);
+        assert_eq!(s.bench_threads, None);
+        assert_eq!(s.remote_retries, 3);
+        let error = error.map(|e| (e.var, e.value));
+        assert_eq!(error, Some(("TESSERA_LOADER_THREADS", "two".to_string())));
     }
 
     #[cfg(unix)]

@@ -7,13 +7,16 @@
 //! Human-readable lines first, then one JSON line.
 mod measure;
 mod remote;
+mod rounds;
+mod summary;
 
 use anyhow::Context;
-use measure::{export_llava, read_images, run_decode_only, run_loader, workload};
-use pipeline::loader::{LoaderConfig, ResizePolicy, SampleSource};
+use measure::export_llava;
+use pipeline::loader::ResizePolicy;
+use rounds::Bench;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::Arc;
+use summary::{checksum_share, json_line, print_stage_times, Medians, Setting};
 use tessera_switches::Switches;
 
 /// Arguments of `tessera bench loader`.
@@ -61,175 +64,44 @@ pub(crate) struct Args {
     checksum_cost: bool,
 }
 
-/// One round: the loader, then decode-only, back to back.
-struct Round {
-    images_per_s: f64,
-    /// Tower views: images/s under `single`, base views and tiles under `anyres_max_N`.
-    views_per_s: f64,
-    samples_per_s: f64,
-    decode_only: f64,
-    loader_cpu_ms: Option<f64>,
-    decode_cpu_ms: Option<f64>,
-    /// Images/s with the checksum check off (`--checksum-cost`).
-    unchecked: Option<f64>,
-}
-
-fn median(mut values: Vec<f64>) -> f64 {
-    values.sort_by(f64::total_cmp);
-    let n = values.len();
-    match n {
-        0 => f64::NAN,
-        _ if n % 2 == 1 => values[n / 2],
-        _ => (values[n / 2 - 1] + values[n / 2]) / 2.0,
-    }
-}
-
 pub(crate) fn run(args: Args) -> anyhow::Result<()> {
     if ::remote::is_remote(&args.shards) {
         return remote::run(&args);
     }
-    let dataset = shards::Dataset::open(Path::new(&args.shards))
-        .with_context(|| format!("opening shards in {}", args.shards))?;
-    let kinds: Vec<_> = dataset.metadata()?.iter().map(|m| m.kind).collect();
-    let tokens = dataset.manifest().special_tokens();
-    let source: Arc<dyn SampleSource> = Arc::new(dataset);
-    let work = workload(&kinds, args.limit, args.packing[0], args.packing[1]);
-    anyhow::ensure!(
-        !work.image_indices.is_empty(),
-        "no image samples in {}",
-        args.shards
-    );
-    let images = read_images(source.as_ref(), &work.image_indices)?; // also warms the page cache
-    let policy = args.policy;
-    let layout = args.image_layout.clone().unwrap_or_default();
-    let side = args.image_size / args.patch_size.max(1) as usize;
-    let config = LoaderConfig::builder()
-        .threads(args.threads)
-        .image_size(args.image_size)
-        .image_tokens(side * side)
-        .image_layout(layout.clone(), args.patch_size)
-        .resize(policy)
-        .tokens(&tokens)
-        .build()?;
-    let anyres = layout != shards::image_layout::ImageLayout::Single;
-    let threads = config.threads;
-
-    let bytes: Vec<Vec<u8>> = images.iter().map(|(_, b)| b.clone()).collect();
-    let mut rounds = Vec::new();
-    let mut total = pipeline::loader::LoaderStats::default();
-    for round in 1..=args.rounds.max(1) {
-        // With --checksum-cost, odd rounds run the unchecked loader first (order effects:
-        // a warmer cache for the second run) and even rounds after.
-        let unchecked_first = args.checksum_cost && round % 2 == 1;
-        let unchecked_rate = |first: bool| -> anyhow::Result<Option<f64>> {
-            if !args.checksum_cost || first != unchecked_first {
-                return Ok(None);
-            }
-            let off = pipeline::loader::LoaderConfig {
-                verify_checksums: false,
-                ..config.clone()
-            };
-            let (stats, took) = run_loader(source.clone(), work.plans.clone(), off)?;
-            let rate = stats.images as f64 / took.as_secs_f64();
-            println!("round {round}: tessera without the crc32c check: {rate:.1} images/s");
-            Ok(Some(rate))
-        };
-        let unchecked_before = unchecked_rate(true)?;
-        let cpu_before = process_cpu_seconds();
-        let (stats, took) = run_loader(source.clone(), work.plans.clone(), config.clone())?;
-        let loader_cpu = cpu_since(cpu_before);
-        let secs = took.as_secs_f64();
-        let images_per_s = stats.images as f64 / secs;
-        println!(
-            "round {round}: tessera {} images ({} views), {} samples, {} skipped in {secs:.3}s \
-             with {threads} threads: {images_per_s:.1} images/s, {:.1} views/s, consumer wait \
-             {:.3}s",
-            stats.images,
-            stats.views,
-            stats.samples,
-            stats.skipped,
-            stats.views as f64 / secs,
-            stats.wait.as_secs_f64()
-        );
-        let unchecked = unchecked_before.or(unchecked_rate(false)?);
-        if let Some(rate) = unchecked {
-            println!(
-                "round {round}: with / without the check {:.4}",
-                images_per_s / rate
-            );
-        }
-        let cpu_before = process_cpu_seconds();
-        let (took, failed) = run_decode_only(&bytes, threads);
-        let decode_cpu = cpu_since(cpu_before);
-        let decoded = bytes.len() - failed;
-        let decode_only = decoded as f64 / took.as_secs_f64();
-        println!(
-            "round {round}: decode only (image crate, full decode, {threads} threads): {decoded} \
-             images in {:.3}s: {decode_only:.1} images/s; tessera / decode-only {:.3}",
-            took.as_secs_f64(),
-            images_per_s / decode_only
-        );
-        // CPU seconds per image move less than wall time when other processes share the
-        // cores (preemption drops out; cache contention stays): the same ratio, less noisy.
-        let cpu_ms = |cpu: Option<f64>, n: u64| cpu.map(|c| c * 1e3 / n.max(1) as f64);
-        rounds.push(Round {
-            views_per_s: stats.views as f64 / secs,
-            images_per_s,
-            samples_per_s: stats.samples as f64 / secs,
-            decode_only,
-            loader_cpu_ms: cpu_ms(loader_cpu, stats.images),
-            decode_cpu_ms: cpu_ms(decode_cpu, decoded as u64),
-            unchecked,
-        });
-        total.add(&stats);
-    }
-    let per_image = |d: std::time::Duration| d.as_secs_f64() * 1e3 / total.images.max(1) as f64;
-    println!(
-        "  stage time per image (thread-ms): read {:.3} (of it crc32c {:.4}), decode {:.3}, \
-         resize {:.3}, assemble {:.3}",
-        per_image(total.read),
-        per_image(total.checksum),
-        per_image(total.decode),
-        per_image(total.resize),
-        per_image(total.assemble)
-    );
-    let of = |f: fn(&Round) -> f64| median(rounds.iter().map(f).collect());
-    let images_per_s = of(|r| r.images_per_s);
-    let views_per_s = of(|r| r.views_per_s);
-    let samples_per_s = of(|r| r.samples_per_s);
-    let decode_only = of(|r| r.decode_only);
-    let ratio_vs_decode_only = of(|r| r.images_per_s / r.decode_only);
-    let cpu_of = |f: fn(&Round) -> Option<f64>| {
-        let values: Option<Vec<f64>> = rounds.iter().map(f).collect();
-        values.map(median)
+    let bench = Bench::prepare(&args)?;
+    let (rounds, total) = bench.rounds(args.rounds)?;
+    print_stage_times(&total);
+    let medians = Medians::of(&rounds);
+    medians.print_checksum_cost();
+    let checksum_share = checksum_share(&total);
+    let reference = compare_with_reference(&bench, &args, &medians)?;
+    medians.print_vs_decode_only();
+    let setting = Setting {
+        layout: &bench.layout,
+        threads: bench.config.threads,
+        image_size: args.image_size,
+        policy: args.policy,
     };
-    let loader_cpu_ms = cpu_of(|r| r.loader_cpu_ms);
-    let decode_cpu_ms = cpu_of(|r| r.decode_cpu_ms);
-    let cpu_ratio = cpu_of(|r| Some(r.decode_cpu_ms? / r.loader_cpu_ms?));
-    // 1 - (with check / without), median over paired rounds: the share of throughput the
-    // check costs (negative = within noise).
-    let checksum_cost = cpu_of(|r| Some(1.0 - r.images_per_s / r.unchecked?));
-    if let Some(cost) = checksum_cost {
-        println!(
-            "crc32c check cost, median of {} paired rounds: {:.2}% of loader throughput",
-            rounds.len(),
-            100.0 * cost
-        );
-    }
-    // The check's own thread time over all stages' (noise-free next to paired wall times).
-    let stages = total.read + total.decode + total.resize + total.assemble;
-    let checksum_share = total.checksum.as_secs_f64() / stages.as_secs_f64().max(1e-12);
-    println!(
-        "crc32c check: {:.3}% of the loader's thread time",
-        100.0 * checksum_share
-    );
+    let line = json_line(&medians, &total, &setting, reference, checksum_share);
+    println!("{line}");
+    Ok(())
+}
 
-    let n = rounds.len();
-    let (reference, ratio_vs_reference) = if anyres {
+/// The reference's rate on the same images and workers (PIL's images/s, or under
+/// `anyres_max_N` transformers' views/s) and tessera's median over it, printed; `None`s with
+/// `--no-reference` or where the reference cannot run.
+fn compare_with_reference(
+    bench: &Bench,
+    args: &Args,
+    medians: &Medians,
+) -> anyhow::Result<(Option<f64>, Option<f64>)> {
+    let (threads, n) = (bench.config.threads, medians.rounds);
+    if bench.anyres() {
         let reference = match args.no_reference {
             true => None,
-            false => run_views_reference(&images, &args, threads)?,
+            false => run_views_reference(&bench.images, args, threads)?,
         };
+        let views_per_s = medians.views_per_s;
         let ratio = reference.map(|r| views_per_s / r);
         match (reference, ratio) {
             (Some(r), Some(ratio)) => println!(
@@ -240,74 +112,22 @@ pub(crate) fn run(args: Args) -> anyhow::Result<()> {
                 "LlavaOnevisionImageProcessor: not run (needs .deps/hfvenv, 384 px, patch 14)"
             ),
         }
-        (reference, ratio)
-    } else {
-        let reference = match args.no_reference {
-            true => None,
-            false => run_reference(&images, args.image_size, threads)?,
-        };
-        let ratio = reference.map(|r| images_per_s / r);
-        match (reference, ratio) {
-            (Some(r), Some(ratio)) => println!(
-                "PIL reference ({threads} workers): {r:.1} images/s; tessera (median of {n}) \
-                 {images_per_s:.1} images/s is {ratio:.2}x"
-            ),
-            _ => println!("PIL reference: not run (needs python3 with pillow and numpy)"),
-        }
-        (reference, ratio)
-    };
-    println!("tessera / decode-only, median of {n} paired rounds: {ratio_vs_decode_only:.3}");
-    if let (Some(l), Some(d), Some(r)) = (loader_cpu_ms, decode_cpu_ms, cpu_ratio) {
-        println!(
-            "process CPU per image (medians): tessera {l:.3} ms, decode-only {d:.3} ms; \
-             decode-only / tessera {r:.3}"
-        );
+        return Ok((reference, ratio));
     }
-    let line = serde_json::json!({
-        "images_per_s": images_per_s,
-        "views_per_s": views_per_s,
-        "image_layout": layout.to_string(),
-        "samples_per_s": samples_per_s,
-        "decode_only_images_per_s": decode_only,
-        "reference_images_per_s": reference,
-        "ratio_vs_reference": ratio_vs_reference,
-        "ratio_vs_decode_only": ratio_vs_decode_only,
-        "threads": threads,
-        "cpu_ms_per_image": loader_cpu_ms,
-        "decode_only_cpu_ms_per_image": decode_cpu_ms,
-        "cpu_ratio_vs_decode_only": cpu_ratio,
-        "image_size": args.image_size,
-        "checksum_cost": checksum_cost,
-        "checksum_thread_time_fraction": checksum_share,
-        "policy": policy, // serialises as "squash" / "pad"
-        "images": total.images / n as u64,
-        "rounds": n,
-        "stage_seconds": {
-            "read": total.read.as_secs_f64() / n as f64,
-            "checksum": total.checksum.as_secs_f64() / n as f64,
-            "decode": total.decode.as_secs_f64() / n as f64,
-            "resize": total.resize.as_secs_f64() / n as f64,
-            "assemble": total.assemble.as_secs_f64() / n as f64,
-        },
-    });
-    println!("{line}");
-    Ok(())
-}
-
-/// User + system CPU seconds of this whole process so far (Linux: /proc/self/stat, 10 ms ticks);
-/// `None` where that file is missing or unreadable.
-fn process_cpu_seconds() -> Option<f64> {
-    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
-    // Fields after the parenthesised command name; utime and stime are fields 14 and 15.
-    let rest = &stat[stat.rfind(')')? + 1..];
-    let mut fields = rest.split_whitespace().skip(11);
-    let utime: f64 = fields.next()?.parse().ok()?;
-    let stime: f64 = fields.next()?.parse().ok()?;
-    Some((utime + stime) / 100.0)
-}
-
-fn cpu_since(before: Option<f64>) -> Option<f64> {
-    Some(process_cpu_seconds()? - before?)
+    let reference = match args.no_reference {
+        true => None,
+        false => run_reference(&bench.images, args.image_size, threads)?,
+    };
+    let images_per_s = medians.images_per_s;
+    let ratio = reference.map(|r| images_per_s / r);
+    match (reference, ratio) {
+        (Some(r), Some(ratio)) => println!(
+            "PIL reference ({threads} workers): {r:.1} images/s; tessera (median of {n}) \
+             {images_per_s:.1} images/s is {ratio:.2}x"
+        ),
+        _ => println!("PIL reference: not run (needs python3 with pillow and numpy)"),
+    }
+    Ok((reference, ratio))
 }
 
 /// Runs the PIL reference on `images` exported as LLaVA json + folder; `None` when python3,

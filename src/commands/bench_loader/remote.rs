@@ -3,7 +3,8 @@
 //! whole-shard cache would fetch), then the loader runs on the local copy, on the URL with an
 //! empty cache (cold: ranged reads of just the pages used) and again with that cache (warm).
 use super::measure::{run_loader, workload};
-use super::{median, Args};
+use super::summary::median;
+use super::Args;
 use anyhow::Context;
 use pipeline::loader::{LoaderConfig, SampleSource};
 use shards::{Dataset, DatasetLocation, RemoteFiles, INDEX_FILE};

@@ -116,6 +116,58 @@ impl Pass {
     }
 }
 
+/// A micro-batch's passes, and which units train and recompute.
+struct Plan {
+    /// Every running unit forward in chain order, then the backward units in reverse.
+    schedule: Vec<Pass>,
+    /// The running units from the first trained one on.
+    backward_units: Vec<usize>,
+    /// The backward units that recompute their forward in backward.
+    recomputed: Vec<usize>,
+    /// The last running unit, whose output is the loss.
+    last: usize,
+}
+
+impl Plan {
+    /// Whether `pass` reads gathered parameters. Without recompute a backward pass runs through
+    /// the graph its forward kept, which holds the parameters it read: nothing to gather.
+    fn needs_params(&self, pass: Pass) -> bool {
+        match pass {
+            Pass::Forward(_) => true,
+            Pass::Backward(u) => self.recomputed.contains(&u),
+        }
+    }
+}
+
+/// What one micro-batch carries from pass to pass.
+struct MicroStep {
+    /// The inputs of the units that recompute, saved by their forward.
+    saved: HashMap<usize, Tensor>,
+    /// The graphs kept by the forwards of the units that do not.
+    kept: HashMap<usize, Graph>,
+    /// The last forward's output.
+    x: Tensor,
+    /// The gradient of the last backward's input.
+    upstream: Option<Tensor>,
+    /// Gradient reductions issued and not yet finished.
+    pending: Vec<PendingGrad>,
+    /// The last unit's output read as the loss and its parts.
+    loss: ChainLoss,
+}
+
+impl MicroStep {
+    fn new(input: &Tensor) -> Self {
+        MicroStep {
+            saved: HashMap::new(),
+            kept: HashMap::new(),
+            x: input.shallow_clone(),
+            upstream: None,
+            pending: Vec::new(),
+            loss: ChainLoss::default(),
+        }
+    }
+}
+
 /// FSDP over a unit chain on one rank.
 pub struct Fsdp<'a, C> {
     pub(super) units: &'a [Box<dyn Unit<C>>],
@@ -342,9 +394,37 @@ impl<'a, C> Fsdp<'a, C> {
     ) -> Result<ChainLoss, FsdpError> {
         self.loss_scale = loss_scale;
         let running = self.running_units(ctx)?;
-        let Some(&last) = running.last() else {
+        let Some(plan) = self.plan(&running) else {
             return Ok(ChainLoss::default());
         };
+        let mut state = MicroStep::new(input);
+        for p in 0..plan.schedule.len() {
+            let pass = plan.schedule[p];
+            let u = pass.unit();
+            self.gather_for(&plan, p)?;
+            let t = Instant::now();
+            let issued_before = state.pending.len();
+            match pass {
+                Pass::Forward(_) => self.forward_pass(&plan, u, ctx, &mut state)?,
+                Pass::Backward(_) => self.backward_pass(&plan, u, ctx, &mut state)?,
+            }
+            self.book(self.units[u].component(), t);
+            let t = Instant::now();
+            let done: Vec<PendingGrad> = state.pending.drain(..issued_before).collect();
+            self.finish(done)?;
+            self.release_after(&plan, p);
+            self.book("reduce_wait", t);
+        }
+        let t = Instant::now();
+        self.finish(state.pending)?;
+        self.book("reduce_wait", t);
+        self.loss_sum += state.loss.sum;
+        Ok(state.loss)
+    }
+
+    /// The passes of a micro-batch over the `running` units; `None` when no unit runs.
+    fn plan(&self, running: &[usize]) -> Option<Plan> {
+        let &last = running.last()?;
         let trains = |i: usize| {
             self.flat.unit_buffers[i]
                 .iter()
@@ -364,89 +444,103 @@ impl<'a, C> Fsdp<'a, C> {
             .filter(|&(i, _)| policy.recomputes(i))
             .map(|(_, &u)| u)
             .collect();
-        // Without recompute a backward step runs through the graph its forward kept, which
-        // holds the parameters it read: nothing to gather.
-        let needs_params = |pass: &Pass| match pass {
-            Pass::Forward(_) => true,
-            Pass::Backward(u) => recomputed.contains(u),
-        };
+        Some(Plan {
+            schedule,
+            backward_units,
+            recomputed,
+            last,
+        })
+    }
+
+    /// Waits for the parameters pass `p` reads and, with prefetch, issues the all-gather of the
+    /// next pass's.
+    fn gather_for(&mut self, plan: &Plan, p: usize) -> Result<(), FsdpError> {
         let groups = self.groups();
-        let mut saved: HashMap<usize, Tensor> = HashMap::new();
-        let mut kept: HashMap<usize, Graph> = HashMap::new();
-        let mut x = input.shallow_clone();
-        let mut upstream: Option<Tensor> = None;
-        let mut pending: Vec<PendingGrad> = Vec::new();
-        let mut loss = ChainLoss::default();
-        for p in 0..schedule.len() {
-            let pass = schedule[p];
-            let u = pass.unit();
-            let name = self.units[u].name();
-            let t = Instant::now();
-            if needs_params(&schedule[p]) {
-                self.gathered.ready(&self.flat, u, name, groups)?;
-            }
-            if self.config.prefetch {
-                if let Some(next) = schedule.get(p + 1).filter(|s| needs_params(s)) {
-                    let next = next.unit();
-                    self.gathered
-                        .issue(&self.flat, next, self.units[next].name(), groups)?;
-                }
-            }
-            self.book("gather_wait", t);
-            let t = Instant::now();
-            let issued_before = pending.len();
-            if let Pass::Forward(_) = pass {
-                let first_trained = backward_units.first() == Some(&u);
-                if !backward_units.contains(&u) {
-                    let params = self.flat.param_map(u, &self.gathered.full);
-                    x = tch::no_grad(|| self.run_unit(u, &params, &x, ctx))?;
-                } else if recomputed.contains(&u) {
-                    saved.insert(u, x.shallow_clone());
-                    let params = self.flat.param_map(u, &self.gathered.full);
-                    x = tch::no_grad(|| self.run_unit(u, &params, &x, ctx))?;
-                } else {
-                    let graph = self.graph(u, ctx, &x, !first_trained)?;
-                    x = graph.output.detach();
-                    kept.insert(u, graph);
-                }
-                if u == last {
-                    loss = self.chain_loss(u, &x)?;
-                }
-            } else {
-                let graph = match kept.remove(&u) {
-                    Some(graph) => graph,
-                    None => {
-                        let input = saved.remove(&u).unwrap_or_else(|| x.shallow_clone());
-                        let first = backward_units.first() == Some(&u);
-                        self.graph(u, ctx, &input, !first)?
-                    }
-                };
-                upstream = self.backward_unit(u, ctx, graph, upstream.take(), &mut pending)?;
-            }
-            self.book(self.units[u].component(), t);
-            let t = Instant::now();
-            let done: Vec<PendingGrad> = pending.drain(..issued_before).collect();
-            self.finish(done)?;
-            let keep: Vec<usize> = match self.config.strategy {
-                strategy if strategy.frees_after_use() => schedule
-                    .get(p + 1)
-                    .filter(|s| needs_params(s))
-                    .map(|next| self.flat.unit_buffers[next.unit()].clone())
-                    .unwrap_or_default(),
-                _ => schedule[p + 1..]
-                    .iter()
-                    .filter(|s| needs_params(s))
-                    .flat_map(|next| self.flat.unit_buffers[next.unit()].clone())
-                    .collect(),
-            };
-            self.gathered.release(&self.flat, u, &keep, groups);
-            self.book("reduce_wait", t);
-        }
         let t = Instant::now();
-        self.finish(pending)?;
-        self.book("reduce_wait", t);
-        self.loss_sum += loss.sum;
-        Ok(loss)
+        let u = plan.schedule[p].unit();
+        if plan.needs_params(plan.schedule[p]) {
+            self.gathered.ready(&self.flat, u, self.units[u].name(), groups)?;
+        }
+        if self.config.prefetch {
+            if let Some(&next) = plan.schedule.get(p + 1).filter(|&&s| plan.needs_params(s)) {
+                let next = next.unit();
+                self.gathered
+                    .issue(&self.flat, next, self.units[next].name(), groups)?;
+            }
+        }
+        self.book("gather_wait", t);
+        Ok(())
+    }
+
+    /// Unit `u` forward: without autograd where it trains nothing or recomputes in backward
+    /// (then its input is saved), else keeping its graph for the backward; the last unit's
+    /// output is the loss.
+    fn forward_pass(
+        &self,
+        plan: &Plan,
+        u: usize,
+        ctx: &C,
+        state: &mut MicroStep,
+    ) -> Result<(), FsdpError> {
+        let recomputes = plan.recomputed.contains(&u);
+        if plan.backward_units.contains(&u) && !recomputes {
+            let first_trained = plan.backward_units.first() == Some(&u);
+            let graph = self.graph(u, ctx, &state.x, !first_trained)?;
+            state.x = graph.output.detach();
+            state.kept.insert(u, graph);
+        } else {
+            if recomputes {
+                state.saved.insert(u, state.x.shallow_clone());
+            }
+            let params = self.flat.param_map(u, &self.gathered.full);
+            state.x = tch::no_grad(|| self.run_unit(u, &params, &state.x, ctx))?;
+        }
+        if u == plan.last {
+            state.loss = self.chain_loss(u, &state.x)?;
+        }
+        Ok(())
+    }
+
+    /// Unit `u` backward: through the graph its forward kept, or one recomputed from its saved
+    /// input; the upstream gradient becomes its input's.
+    fn backward_pass(
+        &self,
+        plan: &Plan,
+        u: usize,
+        ctx: &C,
+        state: &mut MicroStep,
+    ) -> Result<(), FsdpError> {
+        let graph = match state.kept.remove(&u) {
+            Some(graph) => graph,
+            None => {
+                let input = state
+                    .saved
+                    .remove(&u)
+                    .unwrap_or_else(|| state.x.shallow_clone());
+                let first = plan.backward_units.first() == Some(&u);
+                self.graph(u, ctx, &input, !first)?
+            }
+        };
+        let upstream = state.upstream.take();
+        state.upstream = self.backward_unit(u, ctx, graph, upstream, &mut state.pending)?;
+        Ok(())
+    }
+
+    /// Frees the parameters of pass `p`'s unit, keeping the buffers the passes after it still
+    /// read: the next one's under strategies that free after use, all of them otherwise.
+    fn release_after(&mut self, plan: &Plan, p: usize) {
+        let next = &plan.schedule[p + 1..];
+        let next = match self.config.strategy {
+            strategy if strategy.frees_after_use() => &next[..next.len().min(1)],
+            _ => next,
+        };
+        let keep: Vec<usize> = next
+            .iter()
+            .filter(|&&s| plan.needs_params(s))
+            .flat_map(|s| self.flat.unit_buffers[s.unit()].clone())
+            .collect();
+        let (u, groups) = (plan.schedule[p].unit(), self.groups());
+        self.gathered.release(&self.flat, u, &keep, groups);
     }
 
     /// The units that run on `ctx`, in chain order; with several ranks (and the check on),

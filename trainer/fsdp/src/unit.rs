@@ -75,6 +75,9 @@ pub enum ComputeError {
     /// A collective inside the forward (expert parallelism's all-to-all).
     #[error(transparent)]
     Collective(#[from] crate::dist::DistError),
+    /// A unit read a parameter it was not given (it names a key its unit does not hold).
+    #[error("parameter `{key}` was not passed to the unit that reads it")]
+    MissingParam { key: String },
 }
 
 /// Where FSDP reads each rank's initial shards from, one slice of one parameter at a time, so

@@ -22,7 +22,6 @@ use super::selective::CheapOps;
 use super::varlen::{attend_varlen, Varlen};
 use tch::{Kind, Tensor};
 use tessera_fsdp::{ComputeError, ParamMap, ParamSpec};
-use tessera_sys::ShimError;
 
 fn frozen(name: String, shape: Vec<i64>) -> ParamSpec {
     ParamSpec {
@@ -178,7 +177,7 @@ impl DecoderLayer {
 
         let cheap = inputs.cheap;
         let residual = x;
-        let h = cheap.rms_norm(x, param(params, &self.input_layernorm), cfg.rms_norm_eps)?;
+        let h = cheap.rms_norm(x, param(params, &self.input_layernorm)?, cfg.rms_norm_eps)?;
         let (q, k, v) = self.qkv(cfg, &lin, &h, salt, cheap)?;
         let q = apply_rotary(&q, inputs.cos, inputs.sin);
         let k = apply_rotary(&k, inputs.cos, inputs.sin);
@@ -193,7 +192,7 @@ impl DecoderLayer {
         let residual = &h;
         let m = cheap.rms_norm(
             &h,
-            param(params, &self.post_attention_layernorm),
+            param(params, &self.post_attention_layernorm)?,
             cfg.rms_norm_eps,
         )?;
         let mlp = match &self.mlp {
@@ -235,7 +234,7 @@ impl DecoderLayer {
         };
         let gate = lin.apply(m, gate_proj, salt(4))?;
         let up = lin.apply(m, up_proj, salt(5))?;
-        Ok(lin.apply(&cheap.swiglu(&gate, &up)?, down_proj, salt(6))?)
+        lin.apply(&cheap.swiglu(&gate, &up)?, down_proj, salt(6))
     }
 }
 
@@ -261,8 +260,8 @@ impl DecoderLayer {
         let (q, k) = match &self.qk_norm {
             Some((q_norm, k_norm)) => {
                 let eps = cfg.rms_norm_eps;
-                let q = cheap.rms_norm(&q, param(lin.params, q_norm), eps)?;
-                (q, cheap.rms_norm(&k, param(lin.params, k_norm), eps)?)
+                let q = cheap.rms_norm(&q, param(lin.params, q_norm)?, eps)?;
+                (q, cheap.rms_norm(&k, param(lin.params, k_norm)?, eps)?)
             }
             None => (q, k),
         };
@@ -292,7 +291,7 @@ impl DecoderLayer {
             dropout_seed: None,
         };
         let residual = x;
-        let h = rms_norm(x, param(params, &self.input_layernorm), cfg.rms_norm_eps);
+        let h = rms_norm(x, param(params, &self.input_layernorm)?, cfg.rms_norm_eps);
         let (q, k, v) = self.qkv(cfg, &lin, &h, |_| 0, CheapOps::default())?;
         let q = apply_rotary(&q, cos, sin);
         let k = apply_rotary(&k, cos, sin);
@@ -311,7 +310,7 @@ impl DecoderLayer {
         let residual = &h;
         let m = rms_norm(
             &h,
-            param(params, &self.post_attention_layernorm),
+            param(params, &self.post_attention_layernorm)?,
             cfg.rms_norm_eps,
         );
         let mlp = match &self.mlp {
@@ -397,9 +396,9 @@ struct Linear<'a> {
 }
 
 impl Linear<'_> {
-    fn apply(&self, x: &Tensor, keys: &LinearKeys, salt: u64) -> Result<Tensor, ShimError> {
-        let w = param(self.params, &keys.weight);
-        let b = keys.bias.as_deref().map(|b| param(self.params, b));
+    fn apply(&self, x: &Tensor, keys: &LinearKeys, salt: u64) -> Result<Tensor, ComputeError> {
+        let w = param(self.params, &keys.weight)?;
+        let b = keys.bias.as_deref().map(|b| param(self.params, b)).transpose()?;
         let base = gemm::linear(x, w, b)?;
         Ok(match self.lora {
             Some(cfg) if lora::targets(cfg, &keys.path) => {

@@ -51,11 +51,16 @@ impl Embeddings {
     /// The position embeddings for a `side`² patch grid, `[1, 1 + side², D]`: the stored ones
     /// when the grid matches, else the CLS position plus the grid resampled bicubically (in f32,
     /// corners not aligned), exactly as transformers' `interpolate_pos_encoding`.
-    fn positions(&self, cfg: &VisionConfig, params: &ParamMap, side: i64) -> Tensor {
-        let pos = param(params, &self.position);
+    fn positions(
+        &self,
+        cfg: &VisionConfig,
+        params: &ParamMap,
+        side: i64,
+    ) -> Result<Tensor, ComputeError> {
+        let pos = param(params, &self.position)?;
         let (g, d) = (position_grid(cfg), cfg.hidden_size);
         if side == g {
-            return pos.shallow_clone();
+            return Ok(pos.shallow_clone());
         }
         let cls = pos.narrow(1, 0, 1);
         let grid = pos
@@ -67,7 +72,7 @@ impl Embeddings {
             .to_kind(pos.kind())
             .permute([0, 2, 3, 1])
             .reshape([1, side * side, d]);
-        Tensor::cat(&[cls, grid], 1)
+        Ok(Tensor::cat(&[cls, grid], 1))
     }
 
     /// Normalised pixels `[n, 3, s, s]` -> `[n, 1 + (s/p)², D]` (CLS first).
@@ -80,10 +85,10 @@ impl Embeddings {
         // Square images (the loader's): one side gives the patch grid.
         let (n, _, side, _) = pixels.size4()?;
         let keys = (self.patch_weight.as_str(), self.patch_bias.as_str());
-        let patches = patch_embeddings(cfg, params, keys, pixels);
-        let cls = param(params, &self.cls).expand([n, 1, cfg.hidden_size], false);
+        let patches = patch_embeddings(cfg, params, keys, pixels)?;
+        let cls = param(params, &self.cls)?.expand([n, 1, cfg.hidden_size], false);
         let tokens = Tensor::cat(&[cls, patches], 1);
-        Ok(tokens + self.positions(cfg, params, side / cfg.patch_size))
+        Ok(tokens + self.positions(cfg, params, side / cfg.patch_size)?)
     }
 }
 
@@ -139,12 +144,12 @@ impl Layer {
         params: &ParamMap,
         x: &Tensor,
     ) -> Result<Tensor, ComputeError> {
-        let h = self.norm1.forward(cfg, params, x);
-        let h = x + self.attention.forward(cfg, params, &h)? * param(params, &self.scale1);
+        let h = self.norm1.forward(cfg, params, x)?;
+        let h = x + self.attention.forward(cfg, params, &h)? * param(params, &self.scale1)?;
 
-        let m = self.norm2.forward(cfg, params, &h);
+        let m = self.norm2.forward(cfg, params, &h)?;
         let m = linear(params, &m, &self.fc1)?.gelu("none");
-        let m = linear(params, &m, &self.fc2)? * param(params, &self.scale2);
+        let m = linear(params, &m, &self.fc2)? * param(params, &self.scale2)?;
         Ok(h + m)
     }
 }

@@ -92,6 +92,9 @@ pub enum ModelError {
     FeatureStats(String),
     #[error("generated token {step}: the logits are not finite (NaN or infinite weights?)")]
     NonFiniteLogits { step: usize },
+    /// Code of the model read a parameter its unit was not given.
+    #[error("parameter `{key}` was not passed to the unit that reads it")]
+    MissingParam { key: String },
     #[error("torch")]
     Torch(#[from] tch::TchError),
     /// A unit of the chain failed computing its output (run whole, outside FSDP).
@@ -119,6 +122,7 @@ impl From<tessera_fsdp::ComputeError> for ModelError {
             tessera_fsdp::ComputeError::Torch(e) => ModelError::Torch(e),
             tessera_fsdp::ComputeError::Shim(e) => ModelError::Shim(e),
             tessera_fsdp::ComputeError::Collective(e) => ModelError::Collective(e),
+            tessera_fsdp::ComputeError::MissingParam { key } => ModelError::MissingParam { key },
         }
     }
 }

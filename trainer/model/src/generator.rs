@@ -215,7 +215,7 @@ impl Generator {
                 let input = Tensor::from_slice(ids)
                     .view([1, -1])
                     .to_device(self.device());
-                return Ok(vocab::embed(&self.params, &input));
+                return Ok(vocab::embed(&self.params, &input)?);
             }
             return Err(ModelError::InvalidConfig(
                 "a language model alone takes no images".into(),
@@ -242,7 +242,7 @@ impl Generator {
         }
         let device = self.device();
         let input = Tensor::from_slice(ids).view([1, -1]).to_device(device);
-        let embeds = vocab::embed(&self.params, &input);
+        let embeds = vocab::embed(&self.params, &input)?;
         if images == 0 {
             return Ok(embeds);
         }
@@ -300,7 +300,7 @@ impl Generator {
         tch::no_grad(|| {
             let x = self.prompt_embeds(ids, pixels, geometry)?;
             let h = self.decode(&x, &mut self.fresh_cache())?;
-            Ok(vocab::logits(&self.lm, &self.params, self.tied, &h)
+            Ok(vocab::logits(&self.lm, &self.params, self.tied, &h)?
                 .squeeze_dim(0)
                 .to_kind(Kind::Float))
         })
@@ -349,7 +349,7 @@ impl Generator {
                 self.decode(&sequence, &mut self.fresh_cache())?
             };
             let last = h.narrow(1, h.size()[1] - 1, 1).squeeze_dim(0);
-            let step = vocab::logits(&self.lm, &self.params, self.tied, &last)
+            let step = vocab::logits(&self.lm, &self.params, self.tied, &last)?
                 .squeeze_dim(0)
                 .to_kind(Kind::Float)
                 .to_device(Device::Cpu);
@@ -366,7 +366,7 @@ impl Generator {
             let input = Tensor::from_slice(&[token])
                 .view([1, 1])
                 .to_device(self.device());
-            next_input = vocab::embed(&self.params, &input);
+            next_input = vocab::embed(&self.params, &input)?;
             if !options.kv_cache {
                 sequence = Tensor::cat(&[&sequence, &next_input], 1);
             }

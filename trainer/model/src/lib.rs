@@ -106,11 +106,15 @@ pub mod testing {
     pub use super::varlen::{attend_varlen, emulate_varlen, Varlen};
 }
 
-/// Reads a parameter a unit needs; a missing key is a bug in the caller (FSDP gathered the
-/// wrong unit), so it panics naming the key.
-pub(crate) fn param<'a>(params: &'a tessera_fsdp::ParamMap, key: &str) -> &'a tch::Tensor {
-    match params.get(key) {
-        Some(t) => t,
-        None => panic!("parameter `{key}` was not passed to the unit that reads it"),
-    }
+/// Reads a parameter a unit needs; a missing key (the unit names a key it was not given) is
+/// an error naming the key.
+pub(crate) fn param<'a>(
+    params: &'a tessera_fsdp::ParamMap,
+    key: &str,
+) -> Result<&'a tch::Tensor, tessera_fsdp::ComputeError> {
+    params
+        .get(key)
+        .ok_or_else(|| tessera_fsdp::ComputeError::MissingParam {
+            key: key.to_string(),
+        })
 }

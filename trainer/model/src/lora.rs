@@ -13,8 +13,7 @@ use rand_chacha::ChaCha8Rng;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 use tch::Tensor;
-use tessera_fsdp::{ParamMap, ParamSpec};
-use tessera_sys::ShimError;
+use tessera_fsdp::{ComputeError, ParamMap, ParamSpec};
 
 pub const ADAPTER_WEIGHTS: &str = "adapter_model.safetensors";
 pub const ADAPTER_CONFIG: &str = "adapter_config.json";
@@ -67,9 +66,9 @@ pub(crate) fn delta(
     module: &KeyPath,
     x: &Tensor,
     dropout_seed: Option<u64>,
-) -> Result<Tensor, ShimError> {
-    let a = param(params, &module.key(LORA_A));
-    let b = param(params, &module.key(LORA_B));
+) -> Result<Tensor, ComputeError> {
+    let a = param(params, &module.key(LORA_A))?;
+    let b = param(params, &module.key(LORA_B))?;
     let x = match dropout_seed {
         Some(seed) if cfg.lora_dropout > 0.0 => {
             tch::manual_seed((seed >> 1) as i64);

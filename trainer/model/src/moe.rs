@@ -149,7 +149,7 @@ impl SparseMlp {
     }
 
     fn route(&self, params: &ParamMap, x: &Tensor) -> Result<Routing, ComputeError> {
-        let logits = gemm::linear(x, param(params, &self.router), None)?;
+        let logits = gemm::linear(x, param(params, &self.router)?, None)?;
         let probs = logits.softmax(-1, Kind::Float);
         let (top, experts) = probs.topk(self.top_k, -1, true, true);
         let top = if self.norm_topk_prob {
@@ -317,11 +317,11 @@ impl SparseMlp {
             }
             let expert = &self.experts[first + j];
             let rows = xs.narrow(0, start, count);
-            let gate = gemm::linear(&rows, param(params, &expert.gate_proj.weight), None)?;
-            let up = gemm::linear(&rows, param(params, &expert.up_proj.weight), None)?;
+            let gate = gemm::linear(&rows, param(params, &expert.gate_proj.weight)?, None)?;
+            let up = gemm::linear(&rows, param(params, &expert.up_proj.weight)?, None)?;
             outputs.push(gemm::linear(
                 &cheap.swiglu(&gate, &up)?,
-                param(params, &expert.down_proj.weight),
+                param(params, &expert.down_proj.weight)?,
                 None,
             )?);
             start += count;

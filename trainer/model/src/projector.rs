@@ -7,8 +7,7 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use std::collections::BTreeMap;
 use tch::Tensor;
-use tessera_fsdp::{ParamMap, ParamSpec};
-use tessera_sys::ShimError;
+use tessera_fsdp::{ComputeError, ParamMap, ParamSpec};
 
 pub(super) const FC1: &str = "mm_projector.0";
 pub(super) const FC2: &str = "mm_projector.2";
@@ -60,19 +59,19 @@ pub(super) fn param_specs(vision_hidden: i64, lm_hidden: i64, trainable: bool) -
 
 /// `[.., vision_hidden]` -> `[.., lm_hidden]`.
 /// With `--standardize-features` the features are standardised first (see `feature_stats.rs`).
-pub(super) fn forward(params: &ParamMap, features: &Tensor) -> Result<Tensor, ShimError> {
+pub(super) fn forward(params: &ParamMap, features: &Tensor) -> Result<Tensor, ComputeError> {
     let features = crate::feature_stats::standardize(params, features);
     let h = gemm::linear(
         &features,
-        param(params, &format!("{FC1}.weight")),
-        Some(param(params, &format!("{FC1}.bias"))),
+        param(params, &format!("{FC1}.weight"))?,
+        Some(param(params, &format!("{FC1}.bias"))?),
     )?;
     let h = h.gelu("none");
-    gemm::linear(
+    Ok(gemm::linear(
         &h,
-        param(params, &format!("{FC2}.weight")),
-        Some(param(params, &format!("{FC2}.bias"))),
-    )
+        param(params, &format!("{FC2}.weight"))?,
+        Some(param(params, &format!("{FC2}.bias"))?),
+    )?)
 }
 
 /// Tensor of `shape` with values uniform in [-bound, bound), from a seeded stream.

@@ -45,9 +45,15 @@ impl Embeddings {
     }
 
     /// Normalised pixels `[n, 3, s, s]` -> `[n, (s/p)^2, D]`.
-    pub(super) fn forward(&self, cfg: &VisionConfig, params: &ParamMap, pixels: &Tensor) -> Tensor {
+    pub(super) fn forward(
+        &self,
+        cfg: &VisionConfig,
+        params: &ParamMap,
+        pixels: &Tensor,
+    ) -> Result<Tensor, ComputeError> {
         let keys = (self.patch_weight.as_str(), self.patch_bias.as_str());
-        patch_embeddings(cfg, params, keys, pixels) + param(params, &self.position).unsqueeze(0)
+        let patches = patch_embeddings(cfg, params, keys, pixels)?;
+        Ok(patches + param(params, &self.position)?.unsqueeze(0))
     }
 }
 
@@ -97,11 +103,11 @@ impl EncoderLayer {
         params: &ParamMap,
         x: &Tensor,
     ) -> Result<Tensor, ComputeError> {
-        let h = self.layer_norm1.forward(cfg, params, x);
+        let h = self.layer_norm1.forward(cfg, params, x)?;
         let h = x + self.attention.forward(cfg, params, &h)?;
 
         let residual = &h;
-        let m = self.layer_norm2.forward(cfg, params, &h);
+        let m = self.layer_norm2.forward(cfg, params, &h)?;
         let m = activation(cfg, &linear(params, &m, &self.fc1)?);
         Ok(residual + linear(params, &m, &self.fc2)?)
     }

@@ -10,6 +10,7 @@ use super::attention::Span;
 use super::error::Result;
 use super::side_stream::upload;
 use tch::{Device, Tensor};
+use tessera_fsdp::ComputeError;
 use tessera_switches::Switches;
 use tessera_sys::kernels::tc_varlen_causal_attention;
 use tessera_sys::{C_tensor, ShimError};
@@ -57,8 +58,8 @@ pub fn attend_varlen(
     k: &Tensor,
     v: &Tensor,
     varlen: &Varlen,
-) -> Result<Tensor, ShimError> {
-    let (rows, heads, len, hd) = q.size4().expect("q is [rows, heads, len, head_dim]");
+) -> Result<Tensor, ComputeError> {
+    let (rows, heads, len, hd) = q.size4()?;
     let flat = |t: &Tensor| t.transpose(1, 2).reshape([rows * len, t.size()[1], hd]);
     let (qf, kf, vf) = (flat(q), flat(k), flat(v));
     let scale = (hd as f64).powf(-0.5);

@@ -11,7 +11,6 @@ use super::keys::{KeyPath, LinearKeys};
 use super::{dinov2, param, siglip};
 use tch::Tensor;
 use tessera_fsdp::{ComputeError, ParamMap, ParamSpec};
-use tessera_sys::ShimError;
 
 /// Root of every tower parameter's tessera key (`vision_model.embeddings...`). A checkpoint
 /// may store the keys without it (`SiglipVisionModel` in transformers 5, `Dinov2Model`).
@@ -48,14 +47,19 @@ impl NormKeys {
         ]
     }
 
-    pub(super) fn forward(&self, cfg: &VisionConfig, params: &ParamMap, x: &Tensor) -> Tensor {
-        x.layer_norm(
+    pub(super) fn forward(
+        &self,
+        cfg: &VisionConfig,
+        params: &ParamMap,
+        x: &Tensor,
+    ) -> Result<Tensor, ComputeError> {
+        Ok(x.layer_norm(
             [cfg.hidden_size],
-            Some(param(params, &self.weight)),
-            Some(param(params, &self.bias)),
+            Some(param(params, &self.weight)?),
+            Some(param(params, &self.bias)?),
             cfg.layer_norm_eps,
             false,
-        )
+        ))
     }
 }
 
@@ -63,12 +67,12 @@ pub(super) fn linear(
     params: &ParamMap,
     x: &Tensor,
     keys: &LinearKeys,
-) -> Result<Tensor, ShimError> {
-    gemm::linear(
+) -> Result<Tensor, ComputeError> {
+    Ok(gemm::linear(
         x,
-        param(params, &keys.weight),
-        keys.bias.as_deref().map(|b| param(params, b)),
-    )
+        param(params, &keys.weight)?,
+        keys.bias.as_deref().map(|b| param(params, b)).transpose()?,
+    )?)
 }
 
 /// Conv2d patch embedding (stride = patch) of normalised pixels `[n, 3, s, s]`, computed in the
@@ -78,14 +82,14 @@ pub(super) fn patch_embeddings(
     params: &ParamMap,
     (weight, bias): (&str, &str),
     pixels: &Tensor,
-) -> Tensor {
-    let w = param(params, weight);
+) -> Result<Tensor, ComputeError> {
+    let w = param(params, weight)?;
     let pixels = pixels.to_kind(w.kind());
     // [n, D, g, g] -> [n, g*g, D]
-    CpuBf16Gemm::current()
-        .patch_conv(&pixels, w, param(params, bias), cfg.patch_size)
+    Ok(CpuBf16Gemm::current()
+        .patch_conv(&pixels, w, param(params, bias)?, cfg.patch_size)
         .flatten(2, -1)
-        .transpose(1, 2)
+        .transpose(1, 2))
 }
 
 /// A tower layer's bidirectional multi-head self-attention (scale hd^-0.5): its four
@@ -123,7 +127,7 @@ impl AttentionKeys {
         let attn = attend(&q, &k, &v, None)
             .transpose(1, 2)
             .reshape([n, len, d]);
-        Ok(linear(params, &attn, &self.out)?)
+        linear(params, &attn, &self.out)
     }
 }
 
@@ -155,7 +159,7 @@ impl TowerEmbeddings {
         pixels: &Tensor,
     ) -> Result<Tensor, ComputeError> {
         match self {
-            Self::Siglip(e) => Ok(e.forward(cfg, params, pixels)),
+            Self::Siglip(e) => e.forward(cfg, params, pixels),
             Self::Dinov2(e) => e.forward(cfg, params, pixels),
         }
     }

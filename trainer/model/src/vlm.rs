@@ -465,7 +465,7 @@ impl Vlm {
     pub fn logits(&self, params: &ParamMap, mb: &batch::MicroBatch) -> Result<Tensor> {
         let ctx = self.ctx(params, mb)?;
         let hidden = run_chain(&self.units[..self.units.len() - 1], params, &ctx)?;
-        Ok(vocab::logits(&self.lm, params, self.tied, &hidden))
+        Ok(vocab::logits(&self.lm, params, self.tied, &hidden)?)
     }
 }
 

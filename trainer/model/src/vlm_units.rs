@@ -199,7 +199,7 @@ impl UnitKind for ProjectorUnit {
             return Ok(projected.reshape([-1, self.lm_hidden]));
         }
         // anyres_max_N: each image's views (base first, then its tiles) packed into its tokens.
-        let newline = param(params, projector::IMAGE_NEWLINE);
+        let newline = param(params, projector::IMAGE_NEWLINE)?;
         let mut packed = Vec::with_capacity(ctx.image_geometry.len());
         let mut view = 0;
         for geometry in &ctx.image_geometry {
@@ -237,7 +237,7 @@ impl UnitKind for EmbedUnit {
         input: &Tensor,
         ctx: &VlmCtx,
     ) -> Result<Tensor, ComputeError> {
-        let embeds = vocab::embed(params, &ctx.input_ids);
+        let embeds = vocab::embed(params, &ctx.input_ids)?;
         if input.numel() == 0 {
             return Ok(embeds);
         }
@@ -369,8 +369,8 @@ impl UnitKind for HeadUnit {
         let cheap = CheapOps {
             recomputed: ctx.recompute_cheap_ops,
         };
-        let h = cheap.rms_norm(&h, param(params, vocab::NORM), self.cfg.rms_norm_eps)?;
-        let w = vocab::output_matrix(params, self.tied);
+        let h = cheap.rms_norm(&h, param(params, vocab::NORM)?, self.cfg.rms_norm_eps)?;
+        let w = vocab::output_matrix(params, self.tied)?;
         let sources = ctx.supervised_sources.as_ref();
         let (sum, tokens) =
             loss::chunked_cross_entropy(&h, &w, &ctx.targets, self.chunk, sources.is_some());

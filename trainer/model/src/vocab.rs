@@ -14,7 +14,7 @@ use super::gemm;
 use super::lm_config::LmConfig;
 use super::param;
 use tch::{Kind, Tensor};
-use tessera_fsdp::{ParamMap, ParamSpec};
+use tessera_fsdp::{ComputeError, ParamMap, ParamSpec};
 
 pub(super) const EMBED: &str = "model.embed_tokens.weight";
 pub(super) const NORM: &str = "model.norm.weight";
@@ -77,20 +77,20 @@ pub(super) fn added_output(tied: bool) -> &'static str {
 
 /// The output projection over the whole vocabulary, `[vocab + added, D]`: the checkpoint's rows,
 /// then the added tokens' (a concatenation only when there are added rows).
-pub(super) fn output_matrix(params: &ParamMap, tied: bool) -> Tensor {
-    let w = param(params, output_weight(tied));
-    match params.get(added_output(tied)) {
+pub(super) fn output_matrix(params: &ParamMap, tied: bool) -> Result<Tensor, ComputeError> {
+    let w = param(params, output_weight(tied))?;
+    Ok(match params.get(added_output(tied)) {
         Some(added) => Tensor::cat(&[w, &added.to_kind(w.kind())], 0),
         None => w.shallow_clone(),
-    }
+    })
 }
 
 /// Token embeddings `[rows, len, D]` for `input_ids` `[rows, len]`; ids past the checkpoint's
 /// rows read the added rows.
-pub(super) fn embed(params: &ParamMap, input_ids: &Tensor) -> Tensor {
-    let w = param(params, EMBED);
+pub(super) fn embed(params: &ParamMap, input_ids: &Tensor) -> Result<Tensor, ComputeError> {
+    let w = param(params, EMBED)?;
     let Some(added) = params.get(ADDED_EMBED) else {
-        return Tensor::embedding(w, input_ids, -1, false, false);
+        return Ok(Tensor::embedding(w, input_ids, -1, false, false));
     };
     let vocab = w.size()[0];
     let is_added = input_ids.ge(vocab);
@@ -102,14 +102,19 @@ pub(super) fn embed(params: &ParamMap, input_ids: &Tensor) -> Tensor {
         false,
         false,
     );
-    extra.where_self(&is_added.unsqueeze(-1), &base)
+    Ok(extra.where_self(&is_added.unsqueeze(-1), &base))
 }
 
 /// Full logits `[.., vocab + added]` of final hidden states (for evaluation, generation and
 /// tests; training uses the chunked loss in [`super::loss`]).
-pub(super) fn logits(cfg: &LmConfig, params: &ParamMap, tied: bool, hidden: &Tensor) -> Tensor {
-    let h = rms_norm(hidden, param(params, NORM), cfg.rms_norm_eps);
-    gemm::matmul(&h, &output_matrix(params, tied).tr())
+pub(super) fn logits(
+    cfg: &LmConfig,
+    params: &ParamMap,
+    tied: bool,
+    hidden: &Tensor,
+) -> Result<Tensor, ComputeError> {
+    let h = rms_norm(hidden, param(params, NORM)?, cfg.rms_norm_eps);
+    Ok(gemm::matmul(&h, &output_matrix(params, tied)?.tr()))
 }
 
 /// Initial rows for `added` new tokens: each the mean of `matrix`'s rows (LLaVA's

@@ -208,7 +208,58 @@ pub fn write_llava_hf(
     out: &Path,
     options: &LlavaHfOptions,
 ) -> Result<LlavaHfReport, ExportError> {
-    let vlm = Vlm::from_dirs(
+    let vlm = exported_vlm(sources)?;
+    std::fs::create_dir_all(out).map_err(io(out))?;
+    let specs = keyed_specs(&vlm);
+    check_trained_are_held(sources.trainable, &specs)?;
+    let merge = match &sources.lora {
+        Some(lora) if options.merge => Some(lora),
+        _ => None,
+    };
+    let adapter = match (&sources.lora, merge) {
+        (Some(lora), None) => Some(write_unmerged_adapter(out, lora, sources.trainable)?),
+        _ => None,
+    };
+    let entries: Vec<(String, Vec<i64>)> = specs
+        .iter()
+        .map(|(key, s)| (key.clone(), s.shape.clone()))
+        .collect();
+    let weights = RunWeights::open(
+        sources.vision_dir,
+        sources.lm_dir,
+        sources.trainable,
+        (sources.initial_projector, sources.feature_stats),
+    )?;
+    let tensors = ExportTensors {
+        weights,
+        specs: &specs,
+        vlm: &vlm,
+        sources,
+        merge,
+        dtype: options.dtype,
+    };
+    let weight_files = write_hub_files(
+        out,
+        &entries,
+        options.dtype,
+        options.max_shard_bytes,
+        |key| tensors.tensor(key),
+    )?;
+    write_config(out, &vlm, sources, options.dtype)?;
+    if let Some(tokenizer) = &options.tokenizer {
+        write_processor(out, tokenizer, &vlm, sources)?;
+    }
+    Ok(LlavaHfReport {
+        weight_files,
+        adapter,
+        tensors: entries.len(),
+        projector_from: None,
+    })
+}
+
+/// The model `sources` describe, with the run's image token, adapters, added rows and layout.
+fn exported_vlm(sources: &LlavaSources) -> Result<Vlm, ExportError> {
+    Ok(Vlm::from_dirs(
         sources.vision_dir,
         sources.lm_dir,
         VlmOptions {
@@ -220,17 +271,26 @@ pub fn write_llava_hf(
             image_layout: sources.image_layout.clone(),
             ..Default::default()
         },
-    )?;
-    std::fs::create_dir_all(out).map_err(io(out))?;
-    // Every tensor the export holds (the whole tower, the projector, the LM's base weights),
-    // by its llava-hf key, in key order (as `save_pretrained` sorts them).
-    let specs: BTreeMap<String, ParamSpec> = export_specs(&vlm)
+    )?)
+}
+
+/// Every tensor the export holds (the whole tower, the projector, the LM's base weights), by
+/// its llava-hf key, in key order (as `save_pretrained` sorts them).
+fn keyed_specs(vlm: &Vlm) -> BTreeMap<String, ParamSpec> {
+    export_specs(vlm)
         .into_iter()
         .map(|s| (llava_key(&s.name), s))
-        .collect();
-    // A full fine-tune's LM and vision layers replace the directories' weights.
+        .collect()
+}
+
+/// Refuses a checkpoint that trained a tensor the export does not hold (a full fine-tune's LM
+/// and vision layers replace the directories' weights; adapters and added rows go elsewhere).
+fn check_trained_are_held(
+    trainable: &TrainedTensors,
+    specs: &BTreeMap<String, ParamSpec>,
+) -> Result<(), ExportError> {
     let held: std::collections::HashSet<&str> = specs.values().map(|s| s.name.as_str()).collect();
-    for name in sources.trainable.names() {
+    for name in trainable.names() {
         let appended = name.starts_with("added_tokens.");
         if !name.contains(".lora_") && !appended && !held.contains(name.as_str()) {
             return Err(ExportError::Model(ModelError::InvalidConfig(format!(
@@ -238,100 +298,122 @@ pub fn write_llava_hf(
             ))));
         }
     }
-    let weights = RunWeights::open(
-        sources.vision_dir,
-        sources.lm_dir,
-        sources.trainable,
-        (sources.initial_projector, sources.feature_stats),
-    )?;
-    let merge = match &sources.lora {
-        Some(lora) if options.merge => Some(lora),
-        _ => None,
-    };
-    let mut adapter = None;
-    if let (Some(lora), None) = (&sources.lora, merge) {
-        let adapters = sources.trainable.collect(|k| k.contains(".lora_"))?;
-        let dir = out.join(LLAVA_ADAPTER_DIR);
-        write_adapter(&dir, lora, &adapters)?;
-        adapter = Some(dir);
-    }
-    let entries: Vec<(String, Vec<i64>)> = specs
-        .iter()
-        .map(|(key, s)| (key.clone(), s.shape.clone()))
-        .collect();
-    let weight_files = write_hub_files(
-        out,
-        &entries,
-        options.dtype,
-        options.max_shard_bytes,
-        |key| {
-            let spec = &specs[key];
-            let module = spec.name.strip_suffix(".weight");
-            let adapted = match (merge, module) {
-                (Some(lora), Some(module)) => {
-                    let [a, b] = adapter_keys(module);
-                    match (sources.trainable.get(&a)?, sources.trainable.get(&b)?) {
-                        (Some(a), Some(b)) => Some((lora, a, b)),
-                        (None, None) => None,
-                        (Some(_), None) | (None, Some(_)) => {
-                            return Err(ExportError::Model(ModelError::InvalidConfig(format!(
-                                "cannot merge `{module}`: the checkpoint holds only one of {a} \
-                                 and {b}"
-                            ))))
-                        }
-                    }
-                }
-                _ => None,
-            };
-            if let Some(rows) = added_rows_of(&vlm, &spec.name) {
-                // The checkpoint's rows, then the added tokens' (trained beside the projector).
-                let mut base = spec.shape.clone();
-                base[0] -= sources.added_tokens;
-                let w = weights.tensor(&spec.name, &base, Some(options.dtype))?;
-                let added = sources
-                    .trainable
-                    .get_as(rows, options.dtype)?
-                    .ok_or_else(|| {
-                        ExportError::Model(ModelError::InvalidConfig(format!(
-                            "the checkpoint holds no `{rows}`, the rows of the tokens ingest added"
-                        )))
-                    })?;
-                return Ok(tch::Tensor::cat(&[w, added], 0));
-            }
-            match adapted {
-                Some((lora, a, b)) => {
-                    let w = weights.tensor(&spec.name, &spec.shape, None)?;
-                    Ok(merge_weight(lora, &w, &a, &b))
-                }
-                None => weights.tensor(&spec.name, &spec.shape, Some(options.dtype)),
-            }
-        },
-    )?;
+    Ok(())
+}
+
+/// The LoRA adapters left unmerged, written as a PEFT adapter in `out/adapter`.
+fn write_unmerged_adapter(
+    out: &Path,
+    lora: &LoraConfig,
+    trainable: &TrainedTensors,
+) -> Result<PathBuf, ExportError> {
+    let adapters = trainable.collect(|k| k.contains(".lora_"))?;
+    let dir = out.join(LLAVA_ADAPTER_DIR);
+    write_adapter(&dir, lora, &adapters)?;
+    Ok(dir)
+}
+
+/// `config.json`: the LLaVA config of `vlm` over its two directories' configs, as a
+/// LLaVA-OneVision one under `anyres_max_N`.
+fn write_config(
+    out: &Path,
+    vlm: &Vlm,
+    sources: &LlavaSources,
+    kind: Kind,
+) -> Result<(), ExportError> {
     let read = |dir: &Path| tessera_model::read_config_json(&dir.join("config.json"));
-    let dtype = match options.dtype {
+    let dtype = match kind {
         Kind::BFloat16 => "bfloat16",
         Kind::Half => "float16",
         _ => "float32",
     };
     let mut config = llava_config_json(
-        &vlm,
+        vlm,
         &read(sources.vision_dir)?,
         &read(sources.lm_dir)?,
         dtype,
     )?;
     if let ImageLayout::AnyRes { .. } = &sources.image_layout {
-        as_onevision_config(&mut config, &vlm, &sources.image_layout);
+        as_onevision_config(&mut config, vlm, &sources.image_layout);
     }
-    write_json(&out.join("config.json"), &config)?;
-    if let Some(tokenizer) = &options.tokenizer {
-        write_processor(out, tokenizer, &vlm, sources)?;
+    write_json(&out.join("config.json"), &config)
+}
+
+/// Where each exported tensor comes from, read one at a time.
+struct ExportTensors<'a> {
+    weights: RunWeights<'a>,
+    /// The export's tensors by llava-hf key.
+    specs: &'a BTreeMap<String, ParamSpec>,
+    vlm: &'a Vlm,
+    sources: &'a LlavaSources<'a>,
+    /// The adapters to merge into the LM's weights, when they are merged.
+    merge: Option<&'a LoraConfig>,
+    dtype: Kind,
+}
+
+impl ExportTensors<'_> {
+    /// The tensor of llava-hf key `key`: an embedding (or untied head) with the added tokens'
+    /// rows after its own, a weight with its adapter merged, or the weight as stored.
+    fn tensor(&self, key: &str) -> Result<tch::Tensor, ExportError> {
+        let spec = self.specs.get(key).ok_or_else(|| {
+            ExportError::Model(ModelError::InvalidConfig(format!(
+                "`{key}` is not a tensor of the export"
+            )))
+        })?;
+        let adapter = self.adapter_of(spec)?;
+        if let Some(rows) = added_rows_of(self.vlm, &spec.name) {
+            return self.with_added_rows(spec, rows);
+        }
+        match adapter {
+            Some((lora, a, b)) => {
+                let w = self.weights.tensor(&spec.name, &spec.shape, None)?;
+                Ok(merge_weight(lora, &w, &a, &b))
+            }
+            None => self
+                .weights
+                .tensor(&spec.name, &spec.shape, Some(self.dtype)),
+        }
     }
-    Ok(LlavaHfReport {
-        weight_files,
-        adapter,
-        tensors: entries.len(),
-        projector_from: None,
-    })
+
+    /// The checkpoint's rows of `spec`, then the added tokens' (`rows`, trained beside the
+    /// projector).
+    fn with_added_rows(&self, spec: &ParamSpec, rows: &str) -> Result<tch::Tensor, ExportError> {
+        let mut base = spec.shape.clone();
+        base[0] -= self.sources.added_tokens;
+        let w = self.weights.tensor(&spec.name, &base, Some(self.dtype))?;
+        let added = self
+            .sources
+            .trainable
+            .get_as(rows, self.dtype)?
+            .ok_or_else(|| {
+                ExportError::Model(ModelError::InvalidConfig(format!(
+                    "the checkpoint holds no `{rows}`, the rows of the tokens ingest added"
+                )))
+            })?;
+        Ok(tch::Tensor::cat(&[w, added], 0))
+    }
+
+    /// The adapter pair (A, B) to merge into weight `spec`, when adapters are merged and the
+    /// checkpoint trained one for its module; an error when it holds only one of the two.
+    fn adapter_of(
+        &self,
+        spec: &ParamSpec,
+    ) -> Result<Option<(&LoraConfig, tch::Tensor, tch::Tensor)>, ExportError> {
+        let (Some(lora), Some(module)) = (self.merge, spec.name.strip_suffix(".weight")) else {
+            return Ok(None);
+        };
+        let [a, b] = adapter_keys(module);
+        let trained = self.sources.trainable;
+        match (trained.get(&a)?, trained.get(&b)?) {
+            (Some(a), Some(b)) => Ok(Some((lora, a, b))),
+            (None, None) => Ok(None),
+            (Some(_), None) | (None, Some(_)) => {
+                Err(ExportError::Model(ModelError::InvalidConfig(format!(
+                    "cannot merge `{module}`: the checkpoint holds only one of {a} and {b}"
+                ))))
+            }
+        }
+    }
 }
 
 fn refused(run: &Path, what: String) -> ExportError {

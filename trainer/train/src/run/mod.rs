@@ -109,7 +109,7 @@ fn is_collective_failure(e: &TrainError) -> bool {
         TrainError::Fsdp(FsdpError::Compute { source, .. }) => match source {
             ComputeError::Collective(_) => true,
             ComputeError::Torch(t) => t.to_string().contains("all-to-all"),
-            ComputeError::Shim(_) => false,
+            ComputeError::Shim(_) | ComputeError::MissingParam { .. } => false,
         },
         _ => false,
     }
