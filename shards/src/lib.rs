@@ -33,22 +33,22 @@ mod verify;
 mod writer;
 
 pub use atomic::{temp_path, write_atomically, write_atomically_with};
-pub use disk_space::{caused_by_full_disk, free_bytes, is_out_of_space, shown_bytes, NoSpace};
+pub use disk_space::{free_bytes, shown_bytes, NoSpace};
 pub use error::ShardError;
 pub use location::{DatasetLocation, FetchedRanges, RemoteFiles};
 pub use manifest::{
     shard_file_name, IngestReport, IngestSettings, Manifest, INDEX_FILE, TOKENIZER_FILE,
 };
-pub use reader::{fingerprint_of, Dataset};
+pub use reader::Dataset;
 pub use sample::{ChecksumMismatch, Image, Kind, Sample, SampleMeta, Turn};
-pub use schema::{col, input_ids_crc32c, samples_to_batch, schema_v3, FORMAT_VERSION};
+pub use schema::{col, input_ids_crc32c, FORMAT_VERSION};
 pub use shard_info::{RowGroupInfo, ShardInfo};
 pub use stats::{
     sample_images, stats, stats_under, DatasetStats, LayoutStats, Percentiles, SampleImages,
     EXTREME_ASPECT, TINY_SIDE,
 };
 pub use verify::{sha256_file, verify, verify_at, VerifyReport};
-pub use writer::{estimated_sample_bytes, RowGroupLimits, ShardWriter};
+pub use writer::{RowGroupLimits, ShardWriter};
 
 /// Sanity check that a dataset is usable from many threads (the loader relies on it).
 #[allow(dead_code)]

@@ -232,11 +232,7 @@ impl Switches {
                 count,
             ),
             no_progress: (env.lookup)("NO_PROGRESS").is_some(),
-            checkpoint_pause_at: env.parse(
-                "TESSERA_CHECKPOINT_PAUSE_AT",
-                "a step number",
-                number,
-            ),
+            checkpoint_pause_at: env.parse("TESSERA_CHECKPOINT_PAUSE_AT", "a step number", number),
             remote_latency: Duration::from_millis(
                 env.parse("TESSERA_REMOTE_LATENCY_MS", "whole milliseconds", number)
                     .unwrap_or(0),
@@ -299,13 +295,11 @@ impl<F: Fn(&str) -> Option<OsString>> Env<F> {
 
     /// Remembers `var`'s refused value (the first one only) and gives the default's `None`.
     fn refuse<T>(&self, var: &'static str, value: String, expected: &'static str) -> Option<T> {
-        self.first_error
-            .borrow_mut()
-            .get_or_insert(SwitchError {
-                var,
-                value,
-                expected,
-            });
+        self.first_error.borrow_mut().get_or_insert(SwitchError {
+            var,
+            value,
+            expected,
+        });
         None
     }
 }

@@ -6,7 +6,7 @@
 //! the streams stand, so a plan resumed from a position repeats the original exactly.
 //! `fixed` takes the next `W * c` samples of the shuffled order, kinds mixed.
 use super::assign::{assign_buckets, assign_rows, balance_costs};
-use super::config::{Mode, Planner};
+use super::planner::{Mode, Planner};
 use super::rows::pack_rows;
 use shards::Kind;
 

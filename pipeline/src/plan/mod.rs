@@ -40,16 +40,16 @@
 //! ```
 mod assign;
 mod chunk;
-mod config;
 mod error;
 mod order;
+mod planner;
 mod rows;
 mod schedule;
 mod stats;
 mod synthetic;
 mod types;
 
-pub use config::{CostModel, Mode, OverLong, Planner, PlannerBuilder, SkippedSample};
 pub use error::PlanError;
+pub use planner::{CostModel, Mode, OverLong, Planner, PlannerBuilder, SkippedSample};
 pub use synthetic::synthetic_llava;
 pub use types::{MicroStep, Plan, PlanStats, Position, Step};

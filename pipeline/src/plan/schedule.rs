@@ -5,8 +5,8 @@
 //! leftovers simply wait for a later micro-step. A kind's last micro-step of the epoch gives
 //! ranks it cannot fill zero-loss copies of real samples. The epoch's last step may hold fewer
 //! than G micro-steps (the loss divisor is per step, so nothing needs padding).
-use super::config::{Mode, Planner};
 use super::error::PlanError;
+use super::planner::{Mode, Planner};
 use super::stats::StatsAccumulator;
 use super::types::{MicroStep, Plan, Position, Step};
 use crate::MicroBatchPlan;

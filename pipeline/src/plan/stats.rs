@@ -1,6 +1,6 @@
 //! Accumulates `PlanStats` over a plan's micro-steps: padding, rank imbalance by the cost
 //! model, type alignment.
-use super::config::Planner;
+use super::planner::Planner;
 use super::types::{MicroStep, PlanStats};
 
 #[derive(Default)]

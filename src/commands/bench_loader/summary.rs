@@ -61,7 +61,8 @@ impl Medians {
             "tessera / decode-only, median of {n} paired rounds: {:.3}",
             self.ratio_vs_decode_only
         );
-        if let (Some(l), Some(d), Some(r)) = (self.loader_cpu_ms, self.decode_cpu_ms, self.cpu_ratio)
+        if let (Some(l), Some(d), Some(r)) =
+            (self.loader_cpu_ms, self.decode_cpu_ms, self.cpu_ratio)
         {
             println!(
                 "process CPU per image (medians): tessera {l:.3} ms, decode-only {d:.3} ms; \
@@ -100,7 +101,10 @@ pub(super) fn print_stage_times(total: &LoaderStats) {
 pub(super) fn checksum_share(total: &LoaderStats) -> f64 {
     let stages = total.read + total.decode + total.resize + total.assemble;
     let share = total.checksum.as_secs_f64() / stages.as_secs_f64().max(1e-12);
-    println!("crc32c check: {:.3}% of the loader's thread time", 100.0 * share);
+    println!(
+        "crc32c check: {:.3}% of the loader's thread time",
+        100.0 * share
+    );
     share
 }
 

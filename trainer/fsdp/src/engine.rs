@@ -459,7 +459,8 @@ impl<'a, C> Fsdp<'a, C> {
         let t = Instant::now();
         let u = plan.schedule[p].unit();
         if plan.needs_params(plan.schedule[p]) {
-            self.gathered.ready(&self.flat, u, self.units[u].name(), groups)?;
+            self.gathered
+                .ready(&self.flat, u, self.units[u].name(), groups)?;
         }
         if self.config.prefetch {
             if let Some(&next) = plan.schedule.get(p + 1).filter(|&&s| plan.needs_params(s)) {

@@ -398,7 +398,11 @@ struct Linear<'a> {
 impl Linear<'_> {
     fn apply(&self, x: &Tensor, keys: &LinearKeys, salt: u64) -> Result<Tensor, ComputeError> {
         let w = param(self.params, &keys.weight)?;
-        let b = keys.bias.as_deref().map(|b| param(self.params, b)).transpose()?;
+        let b = keys
+            .bias
+            .as_deref()
+            .map(|b| param(self.params, b))
+            .transpose()?;
         let base = gemm::linear(x, w, b)?;
         Ok(match self.lora {
             Some(cfg) if lora::targets(cfg, &keys.path) => {

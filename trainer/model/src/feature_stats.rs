@@ -240,7 +240,10 @@ mod tests {
         for (name, tensor) in stats.tensors() {
             standardising.insert(name.to_string(), tensor);
         }
-        let mut plain = standardising.clone();
+        let mut plain: ParamMap = standardising
+            .iter()
+            .map(|(k, t)| (k.clone(), t.copy()))
+            .collect();
         fold_into_projector(&mut plain, &stats)?;
         assert!(!plain.contains_key(FEATURE_MEAN) && !plain.contains_key(FEATURE_STD));
         let features = Tensor::from_slice(&[

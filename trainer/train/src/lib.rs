@@ -24,8 +24,8 @@ mod report;
 mod run;
 mod run_dir;
 mod run_tokenizer;
+mod shard_tokenizer;
 mod vlm_description;
-mod vocabulary;
 
 // The CLI's and the tests' entry points, and the types their signatures name.
 pub use checkpoint::format::{Checkpoint, CheckpointError};

@@ -8,7 +8,7 @@ use crate::config::{ConfigError, Device, TrainConfig};
 use crate::data::TrainData;
 use crate::error::{io, TrainError};
 use crate::run_dir::RunDir;
-use crate::vocabulary;
+use crate::shard_tokenizer;
 use sha2::{Digest, Sha256};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -383,7 +383,7 @@ pub(crate) fn build(
         ..LoraConfig::default()
     });
     let manifest = data.manifest();
-    vocabulary::check_tokenizer(manifest, &cfg.shards, &cfg.lm, rank)?;
+    shard_tokenizer::check_tokenizer(manifest, &cfg.shards, &cfg.lm, rank)?;
     let lm = LmConfig::from_dir(&cfg.lm)?;
     let (expert_group, expert_replicas) = match experts {
         Some(m) => (
@@ -399,7 +399,7 @@ pub(crate) fn build(
         train_lm: cfg.train.lm,
         train_vision: cfg.train.vision,
         loss_chunk: None,
-        added_tokens: vocabulary::added_rows(manifest, &cfg.shards, &lm)?,
+        added_tokens: shard_tokenizer::added_rows(manifest, &cfg.shards, &lm)?,
         expert_parallel: expert_group,
         image_size: cfg.image_size.map(|size| size as i64),
         vision_feature_layer: Some(cfg.vision_feature_layer),
