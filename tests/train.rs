@@ -182,8 +182,12 @@ fn two_ranks_interrupted_and_resumed_match_an_uninterrupted_run_and_export_round
     let (lora_cfg, adapter) = load_adapter(&export.join("adapter"))?;
     assert_eq!((lora_cfg.r, lora_cfg.lora_alpha), (4, 8.0));
 
+    let tokens = shards::Dataset::open(&f.shards)?
+        .manifest()
+        .special_tokens();
     let options = VlmOptions {
         lora: Some(lora_cfg),
+        image_token_id: Some(i64::from(tokens.image.id)),
         ..VlmOptions::default()
     };
     let vlm = Vlm::from_dirs(&f.vision, &f.lm, options)?;

@@ -260,6 +260,7 @@ fn the_loader_carries_each_samples_source_into_the_micro_batch() -> anyhow::Resu
     };
     let config = pipeline::loader::LoaderConfig::builder()
         .threads(1)
+        .tokens(&text::SpecialTokens::qwen_before_recorded())
         .build()?;
     let mb = pipeline::loader::Loader::new(mix, vec![plan], config)
         .next()

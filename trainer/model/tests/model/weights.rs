@@ -257,6 +257,9 @@ fn save_as(path: &std::path::Path, tensors: &BTreeMap<String, Tensor>) -> anyhow
     Ok(())
 }
 
+/// Qwen's `<|image_pad|>`, the image token of the tokenizer the tiny preset is made for.
+const QWEN_IMAGE_PAD: i64 = 151_655;
+
 #[test]
 fn tiny_preset_writes_checkpoints_the_model_loads() -> anyhow::Result<()> {
     let out = tempfile::tempdir()?;
@@ -264,7 +267,10 @@ fn tiny_preset_writes_checkpoints_the_model_loads() -> anyhow::Result<()> {
     let vlm = Vlm::from_dirs(
         &out.path().join("vision"),
         &out.path().join("lm"),
-        VlmOptions::default(),
+        VlmOptions {
+            image_token_id: Some(QWEN_IMAGE_PAD),
+            ..VlmOptions::default()
+        },
     )?;
     assert!(vlm.tied);
     assert_eq!((vlm.lm.vocab_size, vlm.vision.num_patches()), (151_936, 64));
@@ -280,7 +286,7 @@ fn tiny_preset_writes_checkpoints_the_model_loads() -> anyhow::Result<()> {
     s.ids
         .iter_mut()
         .filter(|id| **id == IMAGE_ID)
-        .for_each(|id| *id = 151_655); // Qwen's <|image_pad|>
+        .for_each(|id| *id = QWEN_IMAGE_PAD);
     s.ids[0] = 151_644; // <|im_start|>
     let mb = micro_batch(&[vec![s]], side, 64);
     let (loss, n) = vlm.loss(&params, &mb)?;

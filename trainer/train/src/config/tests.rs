@@ -280,6 +280,11 @@ fn every_flag_and_its_toml_key_set_the_same_knob() -> anyhow::Result<()> {
             "anyres_max_9",
             "image_layout = \"anyres_max_9\"",
         ),
+        (
+            "--standardize-features",
+            "256",
+            "standardize_features = 256",
+        ),
         ("--seq-len", "1024", "seq_len = 1024"),
         ("--loader-threads", "3", "loader_threads = 3"),
         ("--collective-timeout", "60", "collective_timeout_s = 60"),
