@@ -42,7 +42,7 @@ impl NoSpace {
 }
 
 /// Whether `error` says the disk (or the user's quota) is full.
-pub fn is_out_of_space(error: &io::Error) -> bool {
+pub(crate) fn is_out_of_space(error: &io::Error) -> bool {
     matches!(
         error.raw_os_error(),
         Some(libc::ENOSPC) | Some(libc::EDQUOT)
@@ -52,7 +52,7 @@ pub fn is_out_of_space(error: &io::Error) -> bool {
 
 /// Whether `error` or any of its causes is an [`io::Error`] that says the disk is full
 /// (parquet and the shard sink wrap the writer's error a few levels down).
-pub fn caused_by_full_disk(error: &(dyn std::error::Error + 'static)) -> bool {
+pub(crate) fn caused_by_full_disk(error: &(dyn std::error::Error + 'static)) -> bool {
     let mut cause = Some(error);
     while let Some(e) = cause {
         if e.downcast_ref::<io::Error>().is_some_and(is_out_of_space) {

@@ -493,7 +493,7 @@ fn consecutive_ranges(sorted: &[usize]) -> Vec<std::ops::Range<usize>> {
 }
 
 /// See [`Dataset::fingerprint`].
-pub fn fingerprint_of(manifest: &Manifest) -> String {
+pub(crate) fn fingerprint_of(manifest: &Manifest) -> String {
     let mut hasher = Sha256::new();
     for shard in &manifest.shards {
         hasher.update(shard.sha256.as_bytes());

@@ -114,7 +114,7 @@ fn token_fields() -> [Field; 4] {
 
 /// The schema of a shard (format 3): `id`, `kind`, `images`, `num_images`, `conversation`,
 /// the token columns, `input_ids_crc32c`.
-pub fn schema_v3() -> SchemaRef {
+pub(crate) fn schema_v3() -> SchemaRef {
     static SCHEMA: OnceLock<SchemaRef> = OnceLock::new();
     SCHEMA
         .get_or_init(|| {
@@ -198,7 +198,7 @@ fn shared_columns(samples: &[Sample]) -> SharedColumns {
 /// Builds one record batch (schema v3) from samples, in order. Every image's `crc32c` and the
 /// `input_ids_crc32c` are computed here from the bytes and ids (a sample's own checksums are
 /// what a reader found, not an input).
-pub fn samples_to_batch(samples: &[Sample]) -> Result<RecordBatch, ShardError> {
+pub(crate) fn samples_to_batch(samples: &[Sample]) -> Result<RecordBatch, ShardError> {
     let ids = StringArray::from_iter_values(samples.iter().map(|s| s.id.as_str()));
     let kinds = UInt8Array::from_iter_values(samples.iter().map(|s| s.kind as u8));
     let all: Vec<&Image> = samples.iter().flat_map(|s| s.images.iter()).collect();

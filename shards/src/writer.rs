@@ -37,7 +37,7 @@ impl Default for RowGroupLimits {
 
 /// Approximate bytes a sample takes in a shard (image bytes + 4 per token + text). Shard and
 /// row-group boundaries use this estimate, so they depend only on the samples themselves.
-pub fn estimated_sample_bytes(sample: &Sample) -> u64 {
+pub(crate) fn estimated_sample_bytes(sample: &Sample) -> u64 {
     let image: usize = sample.images.iter().map(|i| i.bytes.len() + 24).sum();
     let text: usize = sample
         .conversation
