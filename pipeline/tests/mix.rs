@@ -133,6 +133,20 @@ fn a_weighted_mixture_plans_its_shares_deterministically_and_resumes_at_any_w() 
     let (whole, _) = plan(&m, 3, 0, 4)?;
     let samples = planned(&whole);
     assert_eq!(samples.len(), 20_000, "every drawn item planned once");
+    // Each step's loss divisor is the supervised tokens of the samples it names (samples of
+    // several lengths: counting by draw position instead would give other sums).
+    let metas = m.metadata()?;
+    for step in &whole.steps {
+        let want: u64 = step
+            .micro_steps
+            .iter()
+            .flat_map(|m| &m.ranks)
+            .filter(|mb| !mb.zero_loss)
+            .flat_map(|mb| mb.rows.iter().flatten())
+            .map(|&s| u64::from(metas[s as usize].num_supervised_tokens))
+            .sum();
+        assert_eq!(step.supervised_tokens, want, "step {}", step.index);
+    }
     for (n, &(share, weight)) in [shares(&m, &samples), shares(&m, &samples[..10_000])]
         .iter()
         .flat_map(|s| s.iter().zip(&weights))

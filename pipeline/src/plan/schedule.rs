@@ -79,9 +79,11 @@ impl Planner {
                 let Some(micro_step) = self.next_micro_step(&mut cursor) else {
                     break;
                 };
+                // The per-item vectors (lengths, costs, supervised tokens) are indexed by
+                // planning item, which for a mixture's draw is not the sample index.
                 stats.add(self, &micro_step);
                 supervised_tokens += self.supervised_tokens(&micro_step);
-                micro_steps.push(micro_step);
+                micro_steps.push(self.with_sample_indices(micro_step));
             }
             if micro_steps.is_empty() {
                 break;
@@ -103,7 +105,28 @@ impl Planner {
         }
     }
 
-    /// The next micro-step, advancing `cursor`; `None` at the epoch's end.
+    /// `micro_step` (rows of planning items) with each item replaced by its sample index.
+    fn with_sample_indices(&self, micro_step: MicroStep) -> MicroStep {
+        if self.drawn.is_none() {
+            return micro_step;
+        }
+        let ranks = micro_step
+            .ranks
+            .into_iter()
+            .map(|mb| MicroBatchPlan {
+                rows: mb
+                    .rows
+                    .iter()
+                    .map(|row| row.iter().map(|&i| self.sample_of(i as u32)).collect())
+                    .collect(),
+                ..mb
+            })
+            .collect();
+        MicroStep { ranks }
+    }
+
+    /// The next micro-step (rows of planning items), advancing `cursor`; `None` at the
+    /// epoch's end.
     fn next_micro_step(&self, cursor: &mut [usize; 2]) -> Option<MicroStep> {
         let (ranks, kind) = if self.mode == Mode::Fixed {
             let pos = cursor[0] + cursor[1];
@@ -135,7 +158,7 @@ impl Planner {
                 rows: r
                     .rows
                     .iter()
-                    .map(|row| row.iter().map(|&s| self.sample_of(s)).collect())
+                    .map(|row| row.iter().map(|&i| u64::from(i)).collect())
                     .collect(),
                 zero_loss: r.zero_loss,
             })
