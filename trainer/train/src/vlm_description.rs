@@ -115,9 +115,11 @@ impl VlmDescription {
             path: path.to_path_buf(),
             source: std::io::Error::other(e),
         })?;
-        std::fs::write(path, text).map_err(|source| ExportError::Io {
+        // Atomically: on a resume, the other ranks read it (the recorded feature statistics)
+        // while rank 0 writes it again.
+        shards::write_atomically(path, text.as_bytes()).map_err(|e| ExportError::Io {
             path: path.to_path_buf(),
-            source,
+            source: std::io::Error::other(e),
         })
     }
 
