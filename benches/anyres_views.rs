@@ -8,13 +8,13 @@
 //! file, decode (DCT-scaled where the fitted pinpoint is much smaller than the photo), the
 //! base view and the tiles as u8, on THREADS threads; the processor's views are normalised
 //! floats (ours are normalised on the device). Last line: JSON.
-use pipeline::loader::anyres_views::{anyres_views, fitted_box};
-use pipeline::loader::decode::decode_rgb;
-use pipeline::loader::resize::ChwResizer;
-use shards::image_layout::{ImageLayout, Tower};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Instant;
+use tessera_pipeline::loader::anyres_views::{anyres_views, fitted_box};
+use tessera_pipeline::loader::decode::decode_rgb;
+use tessera_pipeline::loader::resize::ChwResizer;
+use tessera_shards::image_layout::{ImageLayout, Tower};
 
 #[path = "support/photos.rs"]
 mod photos;

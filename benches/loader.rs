@@ -3,12 +3,14 @@
 //!
 //! `cargo bench --bench loader [-- DIR]`: DIR holds JPEGs (default /usr/share/backgrounds/mate,
 //! cropped to LLaVA sizes: shorter side 336). Last line: JSON of milliseconds per image.
-use pipeline::loader::decode::{decode_jpeg_scaled, decode_rgb, decode_rgb_reusing, RgbImage};
-use pipeline::loader::resize::{ChwResizer, ResizeBackend};
-use pipeline::loader::ResizePolicy;
 use std::hint::black_box;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
+use tessera_pipeline::loader::decode::{
+    decode_jpeg_scaled, decode_rgb, decode_rgb_reusing, RgbImage,
+};
+use tessera_pipeline::loader::resize::{ChwResizer, ResizeBackend};
+use tessera_pipeline::loader::ResizePolicy;
 
 #[path = "support/photos.rs"]
 mod photos;

@@ -15,9 +15,9 @@
 //!   (`tests/oracles/onevision_greedy.py`).
 #![cfg(feature = "train")]
 use anyhow::{ensure, Context, Result};
-use shards::image_layout::{ImageLayout, Tower};
 use std::path::Path;
 use std::process::Command;
+use tessera_shards::image_layout::{ImageLayout, Tower};
 
 mod support;
 use support::metrics::read_metrics;
@@ -87,10 +87,10 @@ fn anyres_runs_train_the_planned_tokens_and_image_newline_and_resume_at_another_
     run_ok(stage1(&f, &straight, &layout_flag).args(["--nproc", "2"]))?;
 
     // Each step's real tokens are the sum of its samples' lengths under the layout.
-    let dataset = shards::Dataset::open(&f.shards)?;
+    let dataset = tessera_shards::Dataset::open(&f.shards)?;
     let metas = dataset.metadata()?;
     let layout: ImageLayout = LAYOUT.parse().map_err(anyhow::Error::msg)?;
-    let images = shards::sample_images(&dataset, &layout, TOWER)?;
+    let images = tessera_shards::sample_images(&dataset, &layout, TOWER)?;
     let length = |i: u64| {
         let (m, im) = (&metas[i as usize], &images[i as usize]);
         u64::from(m.num_text_tokens) - u64::from(m.num_images) + im.tokens

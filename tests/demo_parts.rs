@@ -25,7 +25,7 @@ fn manifest() -> Result<serde_json::Value> {
 }
 
 fn sha256_hex(path: &Path) -> Result<String> {
-    Ok(shards::sha256_file(path)?.0)
+    Ok(tessera_shards::sha256_file(path)?.0)
 }
 
 /// `NAME=value` of scripts/demo/demo_seeds.env (the seeds scripts/demo/demo.sh sources), as a number.

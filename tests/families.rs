@@ -103,11 +103,11 @@ struct Greedy {
 fn greedy_both(f: &Fixture, export: &Path, tokens: usize) -> Result<Greedy> {
     let model = tessera_train::load_export_model(export, Some(tessera_model::Dtype::F32))?;
     let captioner = model.into_captioner(&export.join("tokenizer.json"))?;
-    let dataset = shards::Dataset::open(&f.shards)?;
+    let dataset = tessera_shards::Dataset::open(&f.shards)?;
     let first = dataset
         .metadata()?
         .iter()
-        .position(|m| m.kind == shards::Kind::Image)
+        .position(|m| m.kind == tessera_shards::Kind::Image)
         .context("an image sample")?;
     let sample = dataset.read(&[first as u64])?.remove(0);
     let image = sample

@@ -357,8 +357,8 @@ fn export_takes_the_newest_complete_checkpoint_and_the_run_keeps_its_tokenizer()
 
     // Another tokenizer is refused, naming the file and both fingerprints.
     let other = other_tokenizer(&f.root.join("other"))?;
-    let (want, _) = shards::sha256_file(&tokenizer())?;
-    let (found, _) = shards::sha256_file(&other)?;
+    let (want, _) = tessera_shards::sha256_file(&tokenizer())?;
+    let (found, _) = tessera_shards::sha256_file(&other)?;
     let export = |out: &str| {
         let mut cmd = tessera_elsewhere();
         cmd.args(["export", "--run"])

@@ -92,7 +92,7 @@ fn kill_9_midway_then_resume_gives_the_same_shards() -> anyhow::Result<()> {
             .args(ingest_args(&f, &out, &extra))
             .stderr(Stdio::null())
             .spawn()?;
-        let marker = out.join(shards::shard_file_name(kill_after_shard));
+        let marker = out.join(tessera_shards::shard_file_name(kill_after_shard));
         let deadline = Instant::now() + Duration::from_secs(60);
         while !marker.exists() && Instant::now() < deadline && child.try_wait()?.is_none() {
             std::thread::sleep(Duration::from_millis(2));

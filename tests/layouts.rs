@@ -122,7 +122,7 @@ fn three_layouts_ingest_to_the_same_samples_rejections_and_shard_bytes() -> Resu
     // placeholder order, the turns with the images before the first user turn, roles by
     // their canonical names.
     let photo = |name: &str| std::fs::read(l.onevision_images().join(name));
-    let dataset = shards::Dataset::open(&outs[0].1)?;
+    let dataset = tessera_shards::Dataset::open(&outs[0].1)?;
     let samples = dataset.read(&(0..dataset.len() as u64).collect::<Vec<_>>())?;
     let ids: Vec<&str> = samples.iter().map(|s| s.id.as_str()).collect();
     assert_eq!(
@@ -150,7 +150,7 @@ fn three_layouts_ingest_to_the_same_samples_rejections_and_shard_bytes() -> Resu
         let placeholders = sample
             .input_ids
             .iter()
-            .filter(|&&t| t == text::SpecialTokens::qwen_before_recorded().image.id)
+            .filter(|&&t| t == tessera_text::SpecialTokens::qwen_before_recorded().image.id)
             .count();
         assert_eq!(
             placeholders,
@@ -285,9 +285,11 @@ fn three_layouts_ingest_to_the_same_samples_rejections_and_shard_bytes() -> Resu
 /// placeholder expanded to 4 tokens), and the positions that carry loss are exactly those whose
 /// next token belongs to an assistant answer or the `<|im_end|>` closing it: not the system or
 /// user turns, the image, the role headers or the newlines between turns.
-fn three_turns_supervise_exactly_the_assistant_answers(sample: &shards::Sample) -> Result<()> {
-    use pipeline::loader::{Loader, LoaderConfig};
-    let encoder = text::Encoder::load(&tokenizer(), text::chat::Template::Chatml)?;
+fn three_turns_supervise_exactly_the_assistant_answers(
+    sample: &tessera_shards::Sample,
+) -> Result<()> {
+    use tessera_pipeline::loader::{Loader, LoaderConfig};
+    let encoder = tessera_text::Encoder::load(&tokenizer(), tessera_text::chat::Template::Chatml)?;
     let special = |token: &str| -> Result<i64> {
         let id = encoder.tokenizer().token_to_id(token);
         Ok(i64::from(
@@ -345,19 +347,19 @@ fn three_turns_supervise_exactly_the_assistant_answers(sample: &shards::Sample) 
         .image_size(16)
         .tokens(&encoder.tokens)
         .build()?;
-    let plan = pipeline::MicroBatchPlan {
-        kind: shards::Kind::Image,
+    let plan = tessera_pipeline::MicroBatchPlan {
+        kind: tessera_shards::Kind::Image,
         rows: vec![vec![0]],
         zero_loss: false,
     };
-    let source: std::sync::Arc<dyn pipeline::loader::SampleSource> =
+    let source: std::sync::Arc<dyn tessera_pipeline::loader::SampleSource> =
         std::sync::Arc::new(vec![sample.clone()]);
     let mb = Loader::new(source, vec![plan], config)
         .next()
         .context("one micro-batch")??;
     assert_eq!(mb.input_ids, ids, "the ids of the three-turn chatml text");
     let got: Vec<usize> = (0..mb.labels.len())
-        .filter(|&t| mb.labels[t] != pipeline::IGNORE_INDEX)
+        .filter(|&t| mb.labels[t] != tessera_pipeline::IGNORE_INDEX)
         .collect();
     assert_eq!(got, want, "positions carrying loss");
     for &t in &got {
@@ -388,7 +390,7 @@ fn a_parquet_ingest_killed_midway_resumes_to_the_same_shards() -> Result<()> {
         let mut child = ingest(&input, &out, &[&flags[..], resume].concat())
             .stderr(Stdio::null())
             .spawn()?;
-        let marker = out.join(shards::shard_file_name(kill_after_shard));
+        let marker = out.join(tessera_shards::shard_file_name(kill_after_shard));
         let deadline = Instant::now() + Duration::from_secs(60);
         while !marker.exists() && Instant::now() < deadline && child.try_wait()?.is_none() {
             std::thread::sleep(Duration::from_millis(2));

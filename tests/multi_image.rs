@@ -225,7 +225,7 @@ fn tessera_tokens(
     let prompt = captioner.prompt_ids(None, images.len())?;
     let placeholders = prompt
         .iter()
-        .filter(|&&t| t == text::SpecialTokens::qwen_before_recorded().image.id)
+        .filter(|&&t| t == tessera_text::SpecialTokens::qwen_before_recorded().image.id)
         .count();
     assert_eq!(
         (prompt.len(), placeholders),
@@ -250,7 +250,7 @@ fn a_multi_image_run_exports_and_transformers_generates_what_tessera_generates_f
     // `plain`: the images' placeholders, then the caption (multi-turn rows are refused).
     let shards = l.root.join("shards");
     ingest(&l, "plain", &shards)?;
-    let dataset = shards::Dataset::open(&shards)?;
+    let dataset = tessera_shards::Dataset::open(&shards)?;
     let counts: Vec<u32> = dataset.metadata()?.iter().map(|m| m.num_images).collect();
     assert_eq!(
         counts,

@@ -143,7 +143,7 @@ fn a_parquet_input_in_s3_ingests_to_the_shards_of_the_local_file() -> Result<()>
     ] {
         let out = l.root.join(name);
         run_ok(&mut ingest(url, &out))?;
-        let shard = shards::shard_file_name(0);
+        let shard = tessera_shards::shard_file_name(0);
         ensure!(
             std::fs::read(out.join(&shard))? == std::fs::read(local.join(&shard))?,
             "{name}: shards from {url} differ from the local file's"

@@ -8,8 +8,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use synth::{generate, SynthConfig, JSON_FILE_NAME, MAX_FOLDER};
-use synth::{SizeStats, BRIEF_PROMPTS, MAX_SIDE, SHAPES};
+use tessera_synth::{generate, SynthConfig, JSON_FILE_NAME, MAX_FOLDER};
+use tessera_synth::{SizeStats, BRIEF_PROMPTS, MAX_SIDE, SHAPES};
 
 const SAMPLES: usize = 400;
 const TEXT_ONLY_FRACTION: f64 = 0.25;

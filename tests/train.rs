@@ -6,13 +6,13 @@
 //! refusals (config, mismatched or corrupt checkpoint).
 #![cfg(feature = "train")]
 use anyhow::{ensure, Context, Result};
-use pipeline::loader::{Loader, LoaderConfig, SampleSource};
-use pipeline::MicroBatchPlan;
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tessera_model::{load_adapter, load_safetensors, Vlm, VlmOptions};
+use tessera_pipeline::loader::{Loader, LoaderConfig, SampleSource};
+use tessera_pipeline::MicroBatchPlan;
 
 mod support;
 use support::metrics::{check_tensorboard_events, losses};
@@ -58,18 +58,18 @@ fn interrupt_after_checkpoint(mut cmd: Command, run: &Path, step: u64) -> Result
 }
 
 /// A micro-batch of the first `n` image samples, as the loader builds it for the tiny model.
-fn image_batch(f: &Fixture, vlm: &Vlm, n: usize) -> Result<pipeline::MicroBatch> {
-    let dataset = shards::Dataset::open(&f.shards)?;
+fn image_batch(f: &Fixture, vlm: &Vlm, n: usize) -> Result<tessera_pipeline::MicroBatch> {
+    let dataset = tessera_shards::Dataset::open(&f.shards)?;
     let rows: Vec<Vec<u64>> = dataset
         .metadata()?
         .iter()
         .enumerate()
-        .filter(|(_, m)| m.kind == shards::Kind::Image)
+        .filter(|(_, m)| m.kind == tessera_shards::Kind::Image)
         .take(n)
         .map(|(i, _)| vec![i as u64])
         .collect();
     let plan = MicroBatchPlan {
-        kind: shards::Kind::Image,
+        kind: tessera_shards::Kind::Image,
         rows,
         zero_loss: false,
     };
@@ -182,7 +182,7 @@ fn two_ranks_interrupted_and_resumed_match_an_uninterrupted_run_and_export_round
     let (lora_cfg, adapter) = load_adapter(&export.join("adapter"))?;
     assert_eq!((lora_cfg.r, lora_cfg.lora_alpha), (4, 8.0));
 
-    let tokens = shards::Dataset::open(&f.shards)?
+    let tokens = tessera_shards::Dataset::open(&f.shards)?
         .manifest()
         .special_tokens();
     let options = VlmOptions {

@@ -47,7 +47,7 @@ fn bytes_under(dir: &Path) -> Result<u64> {
 fn a_flipped_image_bit_in_a_shard_stops_training_naming_shard_row_and_sample() -> Result<()> {
     let f = fixture(24, 0.0)?;
     let (shard, row, id, image) = {
-        let dataset = shards::Dataset::open(&f.shards)?;
+        let dataset = tessera_shards::Dataset::open(&f.shards)?;
         let sample = dataset.read(&[13])?.remove(0);
         let (shard, row) = dataset.location(13).context("sample 13's place")?;
         (

@@ -6,9 +6,9 @@
 //! A crate of its own, below `pipeline`: the model needs this type and nothing of the planner,
 //! the loader or their image decoders. It is not part of `shards` either, whose subject is the
 //! format on disk; it only borrows from it what a micro-batch holds: the sample kind and each
-//! image's tokens under a layout (`shards::image_layout::ImageTokens`).
-use shards::image_layout::ImageTokens;
-use shards::Kind;
+//! image's tokens under a layout (`tessera_shards::image_layout::ImageTokens`).
+use tessera_shards::image_layout::ImageTokens;
+use tessera_shards::Kind;
 
 /// Label value for tokens that are not targets (PyTorch's cross-entropy ignore index).
 pub const IGNORE_INDEX: i64 = -100;

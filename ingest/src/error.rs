@@ -49,11 +49,11 @@ pub enum IngestError {
     /// The tokenizer changed on disk during the ingest.
     #[error("{path}: cannot load tokenizer: {detail}")]
     Tokenizer { path: PathBuf, detail: String },
-    /// The tokenizer, its special tokens or the template's markers (`text`'s errors).
+    /// The tokenizer, its special tokens or the template's markers (`tessera-text`'s errors).
     #[error(transparent)]
-    Text(#[from] text::TextError),
+    Text(#[from] tessera_text::TextError),
     #[error(transparent)]
-    Shards(#[from] shards::ShardError),
+    Shards(#[from] tessera_shards::ShardError),
     #[error("{dir}: {detail}")]
     OutDir { dir: PathBuf, detail: String },
     #[error("cannot resume in {dir}: {detail}")]
@@ -98,11 +98,11 @@ mod tests {
             source: zip::result::ZipError::InvalidArchive("no central directory".into()),
         };
         assert_cause_printed_once(zip, "no central directory");
-        let shard = shards::ShardError::OutOfRange { index: 9, len: 3 };
+        let shard = tessera_shards::ShardError::OutOfRange { index: 9, len: 3 };
         let cause = shard.to_string();
         assert_cause_printed_once(IngestError::Shards(shard), &cause);
         let io = std::io::Error::other("read-only file system");
-        let nested = shards::ShardError::Io {
+        let nested = tessera_shards::ShardError::Io {
             path: "out/index.json".into(),
             source: io,
         };

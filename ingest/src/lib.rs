@@ -15,9 +15,9 @@
 //!    rejections (id + reason) to `rejected.jsonl`; after each shard a journal makes the run
 //!    resumable; the tokenizer is copied beside them (`tokenizer.json`, so the shards carry
 //!    it to `train`'s run folder) and `index.json` is written last, recording the special
-//!    tokens the ids were made with (the tokenizer's own, resolved by [`text::Encoder`]).
+//!    tokens the ids were made with (the tokenizer's own, resolved by [`tessera_text::Encoder`]).
 //!
-//! The templates, the special tokens and the tokenizer are the `text` crate's: ingest checks
+//! The templates, the special tokens and the tokenizer are `tessera-text`'s: ingest checks
 //! a record's turns and picks the reason it is rejected for (`template.rs`).
 mod error;
 mod images;

@@ -8,11 +8,11 @@ use crate::reason::Rejection;
 use crate::resume::{FileStamp, Journal, REJECTED_FILE};
 use crate::workers::Outcome;
 use indicatif::ProgressBar;
-use shards::{RowGroupLimits, ShardWriter};
 use std::collections::BTreeMap;
 use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::path::PathBuf;
+use tessera_shards::{RowGroupLimits, ShardWriter};
 
 pub(crate) struct OrderedWriter {
     dir: PathBuf,

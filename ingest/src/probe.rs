@@ -129,10 +129,10 @@ pub(crate) fn probe(bytes: &[u8], path: &str, max_pixels: u64) -> Result<ImageIn
         notes.push("misnamed_image");
     }
     let (short, long) = (width.min(height), width.max(height));
-    if short < shards::TINY_SIDE {
+    if short < tessera_shards::TINY_SIDE {
         notes.push("tiny_image");
     }
-    if long as f64 / short as f64 >= shards::EXTREME_ASPECT {
+    if long as f64 / short as f64 >= tessera_shards::EXTREME_ASPECT {
         notes.push("extreme_aspect");
     }
     Ok(ImageInfo {

@@ -2,7 +2,7 @@
 //! bytes embedded in the input) and its turns, with an `<image>` tag where each image goes.
 //! Everything after the layout (template, image checks, tokenizing, shards) works on this.
 use crate::reason::Reason;
-use shards::Turn;
+use tessera_shards::Turn;
 
 /// One image of a record, before it is fetched and checked.
 #[derive(Clone, Debug, PartialEq)]

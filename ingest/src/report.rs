@@ -1,8 +1,8 @@
 //! The end-of-run summary: counts by reason, notes, throughput, and the rejected-fraction
 //! verdict. Also written as `DIR/ingest_report.json` whether or not the run passed.
 use serde::Serialize;
-use shards::{IngestReport, ShardInfo};
 use std::fmt::Write;
+use tessera_shards::{IngestReport, ShardInfo};
 
 pub(crate) const REPORT_FILE: &str = "ingest_report.json";
 

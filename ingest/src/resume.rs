@@ -16,15 +16,15 @@
 //! ([`check_finished`]).
 use crate::error::IngestError;
 use serde::{Deserialize, Serialize};
-use shards::{IngestReport, ShardInfo};
 use std::path::Path;
+use tessera_shards::{IngestReport, ShardInfo};
 
 pub(crate) const JOURNAL_FILE: &str = "ingest.journal.json";
 pub(crate) const REJECTED_FILE: &str = "rejected.jsonl";
 
 /// Everything that changes the output bytes; a resume must use the same. Recorded in the
 /// journal while the run goes on and in index.json once it finished.
-pub(crate) use shards::IngestSettings as Settings;
+pub(crate) use tessera_shards::IngestSettings as Settings;
 
 /// State after the last completed shard.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -149,7 +149,7 @@ fn refuse_changes(
 /// unchecked before.
 pub(crate) fn check_finished(
     dir: &Path,
-    manifest: &shards::Manifest,
+    manifest: &tessera_shards::Manifest,
     now: &Settings,
 ) -> Result<(), IngestError> {
     if let Some(recorded) = &manifest.ingest_settings {
@@ -168,7 +168,7 @@ pub(crate) fn check_finished(
          --shard-size and --max-pixels cannot be checked against it (tokenizer, template and \
          record count match)",
         dir.display(),
-        shards::INDEX_FILE
+        tessera_shards::INDEX_FILE
     );
     Ok(())
 }
@@ -180,7 +180,10 @@ impl Journal {
             file: JOURNAL_FILE,
             source,
         })?;
-        Ok(shards::write_atomically(&dir.join(JOURNAL_FILE), &text)?)
+        Ok(tessera_shards::write_atomically(
+            &dir.join(JOURNAL_FILE),
+            &text,
+        )?)
     }
 
     /// Loads the journal, or `None` when there is none.
@@ -219,7 +222,7 @@ impl Journal {
             {
                 continue;
             }
-            let (sha, _) = shards::sha256_file(&path)?;
+            let (sha, _) = tessera_shards::sha256_file(&path)?;
             if sha != shard.sha256 {
                 return Err(fail(format!(
                     "{} changed since it was written (sha256 {sha}, journal {})",
@@ -264,9 +267,9 @@ mod tests {
     use super::*;
 
     fn journal_for(dir: &Path, content: &[u8]) -> anyhow::Result<(Journal, Settings)> {
-        let file = shards::shard_file_name(0);
+        let file = tessera_shards::shard_file_name(0);
         std::fs::write(dir.join(&file), content)?;
-        let (sha256, bytes) = shards::sha256_file(&dir.join(&file))?;
+        let (sha256, bytes) = tessera_shards::sha256_file(&dir.join(&file))?;
         let settings = Settings {
             format: "llava".into(),
             json_bytes: 1,

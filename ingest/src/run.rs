@@ -14,14 +14,16 @@ use crate::workers::{Job, Outcome, Worker};
 use crossbeam_channel::bounded;
 use indicatif::{ProgressBar, ProgressStyle};
 use sha2::{Digest, Sha256};
-use shards::{IngestReport, Manifest, RowGroupLimits, FORMAT_VERSION, INDEX_FILE, TOKENIZER_FILE};
 use std::collections::HashSet;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
-use text::chat::Template;
-use text::Encoder;
+use tessera_shards::{
+    IngestReport, Manifest, RowGroupLimits, FORMAT_VERSION, INDEX_FILE, TOKENIZER_FILE,
+};
+use tessera_text::chat::Template;
+use tessera_text::Encoder;
 
 /// Records per channel message between reader, workers and writer.
 const BATCH: usize = 16;
@@ -322,7 +324,7 @@ fn finalize(
             path: dir.join(REPORT_FILE),
             source,
         })?;
-    shards::write_atomically(&dir.join(REPORT_FILE), &report_json)?;
+    tessera_shards::write_atomically(&dir.join(REPORT_FILE), &report_json)?;
     if summary.complete {
         let kept = keep_tokenizer(config, encoder)?;
         let added = !encoder.tokens.added.is_empty();
@@ -364,7 +366,7 @@ fn keep_tokenizer(config: &IngestConfig, encoder: &Encoder) -> Result<String, In
         });
     }
     let bytes = encoder.tokenizer_json(bytes)?;
-    shards::write_atomically(&config.out.join(TOKENIZER_FILE), &bytes)?;
+    tessera_shards::write_atomically(&config.out.join(TOKENIZER_FILE), &bytes)?;
     Ok(hex::encode(Sha256::digest(&bytes)))
 }
 

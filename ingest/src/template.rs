@@ -1,7 +1,7 @@
 //! A record through its chat template: its turns are checked (known roles, a non-empty
-//! assistant turn, one `<image>` per image), rendered by [`text::chat::Template::render`]
+//! assistant turn, one `<image>` per image), rendered by [`tessera_text::chat::Template::render`]
 //! (the one definition of the templates and their special tokens) into one string with special
-//! tokens plus the byte ranges that are supervised; [`text::Encoder`] tokenizes the string
+//! tokens plus the byte ranges that are supervised; [`tessera_text::Encoder`] tokenizes the string
 //! once and counts its image tokens, and [`encode`] rejects a record whose count differs.
 //!
 //! A record holds one `<image>` (in a user or system turn) per image, taken by the images in
@@ -9,13 +9,13 @@
 //! differs is rejected as `image_placeholder_mismatch`; the `llava` layout keeps the names its
 //! one-image records were always rejected under (`missing_image_placeholder`,
 //! `multiple_image_placeholders`, `placeholder_without_image`). The special tokens are the
-//! tokenizer's own (`text`'s `resolve_tokens.rs`).
+//! tokenizer's own (`tessera-text`'s `resolve_tokens.rs`).
 use crate::error::IngestError;
 use crate::layout::Format;
 use crate::reason::Reason;
 use crate::record::Record;
-use text::chat::{Rendered, Role, Template, IMAGE_TAG};
-use text::{Encoder, SpecialTokens, Tokenized};
+use tessera_text::chat::{Rendered, Role, Template, IMAGE_TAG};
+use tessera_text::{Encoder, SpecialTokens, Tokenized};
 
 /// A rejected record's reason and detail.
 pub(crate) type TemplateError = (Reason, String);

@@ -10,10 +10,10 @@ use crate::probe::{probe, verify_decode, ImageInfo};
 use crate::reason::{Reason, Rejection};
 use crate::record::{ImageRef, Record};
 use crate::template::{encode, render};
-use shards::{Image, Kind, Sample, Turn};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
-use text::Encoder;
+use tessera_shards::{Image, Kind, Sample, Turn};
+use tessera_text::Encoder;
 
 /// A record handed to a worker, numbered in input order.
 pub(crate) struct Job {
@@ -129,7 +129,7 @@ impl Worker {
             conversation,
             num_text_tokens: tokens.input_ids.len() as u32,
             num_supervised_tokens: supervised,
-            input_ids_crc32c: Some(shards::input_ids_crc32c(&tokens.input_ids)),
+            input_ids_crc32c: Some(tessera_shards::input_ids_crc32c(&tokens.input_ids)),
             input_ids: tokens.input_ids,
             label_mask: tokens.label_mask,
         };

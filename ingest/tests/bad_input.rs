@@ -4,9 +4,9 @@ mod common;
 
 use common::*;
 use serde_json::json;
-use shards::Dataset;
 use std::collections::HashMap;
-use text::chat::Template;
+use tessera_shards::Dataset;
+use tessera_text::chat::Template;
 
 #[test]
 fn bad_records_are_rejected_with_their_reason_and_odd_images_are_kept() -> anyhow::Result<()> {
@@ -54,7 +54,7 @@ fn bad_records_are_rejected_with_their_reason_and_odd_images_are_kept() -> anyho
         &[("human", "What is 2+2?"), ("gpt", "4")],
     ));
 
-    let summary = ingest::run(&f.config(Template::Plain))?;
+    let summary = tessera_ingest::run(&f.config(Template::Plain))?;
     let expected: HashMap<&str, &str> = HashMap::from([
         ("000000002", "missing_image"),
         ("000000003", "corrupt_image"),
@@ -101,7 +101,7 @@ fn bad_records_are_rejected_with_their_reason_and_odd_images_are_kept() -> anyho
     let dataset = Dataset::open(&f.out())?;
     let all: Vec<u64> = (0..dataset.len() as u64).collect();
     let samples = dataset.read(&all)?;
-    let by_id: HashMap<&str, &shards::Sample> =
+    let by_id: HashMap<&str, &tessera_shards::Sample> =
         samples.iter().map(|s| (s.id.as_str(), s)).collect();
     let format = |id: &str| {
         by_id
@@ -124,9 +124,9 @@ fn bad_records_are_rejected_with_their_reason_and_odd_images_are_kept() -> anyho
     assert_eq!(size("000000013"), Some((24, 16)));
     assert_eq!(
         by_id.get("000000017").map(|s| s.kind),
-        Some(shards::Kind::Text)
+        Some(tessera_shards::Kind::Text)
     );
-    let stats = shards::stats(&dataset)?;
+    let stats = tessera_shards::stats(&dataset)?;
     assert_eq!((stats.tiny_images, stats.extreme_aspect_images), (1, 1));
     assert_eq!(stats.rejected.values().sum::<u64>(), 10);
     Ok(())
@@ -139,10 +139,10 @@ fn malformed_json_fails_the_run_naming_the_byte_offset() -> anyhow::Result<()> {
     let good = serde_json::to_string(&image_record("000000001", "00000/a.jpg", "fine"))?;
     let text = format!("[{good},\n{{\"id\": \"000000002\", \"conversations\": [}}]");
     std::fs::write(&config.input, &text)?;
-    let err = ingest::run(&config).expect_err("malformed json must fail the run");
+    let err = tessera_ingest::run(&config).expect_err("malformed json must fail the run");
     let message = err.to_string();
     assert!(message.contains("malformed JSON at byte"), "{message}");
-    let ingest::IngestError::Json { offset, .. } = err else {
+    let tessera_ingest::IngestError::Json { offset, .. } = err else {
         panic!("not a json error: {message}")
     };
     let bad_record_start = good.len() as u64 + 3;
@@ -158,7 +158,7 @@ fn a_record_that_is_not_a_llava_record_fails_the_run() -> anyhow::Result<()> {
     let f = Fixture::new();
     let config = f.config(Template::Plain);
     std::fs::write(&config.input, br#"[{"id": "1", "image": "x.jpg"}]"#)?;
-    let err = ingest::run(&config).expect_err("no conversations");
+    let err = tessera_ingest::run(&config).expect_err("no conversations");
     let message = tessera_errors::with_causes(&err);
     assert!(message.contains("conversations"), "{message}");
     Ok(())
@@ -172,7 +172,7 @@ fn too_many_rejections_write_the_report_but_no_index() -> anyhow::Result<()> {
         .push(image_record("000000002", "00000/missing.jpg", "missing"));
     let mut config = f.config(Template::Plain);
     config.max_rejected_fraction = 0.01;
-    let summary = ingest::run(&config)?;
+    let summary = tessera_ingest::run(&config)?;
     assert!(!summary.complete);
     assert!((summary.rejected_fraction - 0.5).abs() < 1e-9);
     assert!(f.out().join("ingest_report.json").exists());
@@ -183,7 +183,7 @@ fn too_many_rejections_write_the_report_but_no_index() -> anyhow::Result<()> {
     // Accepting the rejections later needs no re-processing: --resume finalises.
     config.resume = true;
     config.max_rejected_fraction = 0.6;
-    let summary = ingest::run(&config)?;
+    let summary = tessera_ingest::run(&config)?;
     assert!(summary.complete);
     assert_eq!(Dataset::open(&f.out())?.len(), 1);
     Ok(())

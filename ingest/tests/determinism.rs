@@ -5,7 +5,7 @@ mod common;
 
 use common::*;
 use std::io::Write;
-use text::chat::Template;
+use tessera_text::chat::Template;
 
 fn zip_folder(root: &std::path::Path, zip_path: &std::path::Path) -> anyhow::Result<()> {
     let mut writer = zip::ZipWriter::new(std::fs::File::create(zip_path)?);
@@ -80,7 +80,7 @@ fn shards_are_identical_across_worker_counts_and_image_sources() -> anyhow::Resu
             zip_folder(&f.images(), &zip_path)?;
             config.images = Some(zip_path);
         }
-        ingest::run(&config)?;
+        tessera_ingest::run(&config)?;
         runs.push((dir_bytes(&config.out), rejected(&config.out)));
     }
     assert!(

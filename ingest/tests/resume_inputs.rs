@@ -5,11 +5,11 @@
 mod common;
 
 use common::*;
-use text::chat::Template;
+use tessera_text::chat::Template;
 
 /// Two good records and one whose image is missing: over a 1% threshold the run stops before
 /// index.json, leaving a journal to resume from.
-fn interrupted() -> anyhow::Result<(Fixture, ingest::IngestConfig)> {
+fn interrupted() -> anyhow::Result<(Fixture, tessera_ingest::IngestConfig)> {
     let mut f = Fixture::new();
     f.add_image("000000001", &jpeg(32, 32, 1), "a red square");
     f.add_image("000000002", &jpeg(32, 32, 2), "a blue circle");
@@ -17,7 +17,7 @@ fn interrupted() -> anyhow::Result<(Fixture, ingest::IngestConfig)> {
         .push(image_record("000000003", "00000/missing.jpg", "missing"));
     let mut config = f.config(Template::Plain);
     config.max_rejected_fraction = 0.01;
-    let summary = ingest::run(&config)?;
+    let summary = tessera_ingest::run(&config)?;
     anyhow::ensure!(
         !summary.complete,
         "the fixture must stop short of index.json"
@@ -35,7 +35,9 @@ fn a_resume_whose_json_changed_at_the_same_length_is_refused_naming_the_json() -
     let changed = text.replacen("a blue circle", "A BLUE CIRCLE", 1);
     assert_eq!(changed.len(), text.len());
     std::fs::write(f.json(), changed)?;
-    let err = ingest::run(&config).expect_err("changed json").to_string();
+    let err = tessera_ingest::run(&config)
+        .expect_err("changed json")
+        .to_string();
     assert!(
         err.contains("the --input content (json_sha256)") && !err.contains("json_bytes"),
         "{err}"
@@ -49,7 +51,9 @@ fn a_resume_whose_images_changed_is_refused_naming_the_images() -> anyhow::Resul
     let (f, config) = interrupted()?;
     std::thread::sleep(std::time::Duration::from_millis(20));
     f.put_image("00000/000000002.jpg", &jpeg(32, 32, 9));
-    let err = ingest::run(&config).expect_err("changed image").to_string();
+    let err = tessera_ingest::run(&config)
+        .expect_err("changed image")
+        .to_string();
     assert!(err.contains("the --images"), "{err}");
     Ok(())
 }
@@ -61,7 +65,7 @@ fn a_finishing_resume_reports_the_whole_ingest() -> anyhow::Result<()> {
         serde_json::from_slice(&std::fs::read(f.out().join("ingest.journal.json"))?)?;
     let earlier = journal["elapsed_s"].as_f64().unwrap_or(0.0);
     assert!(earlier > 0.0, "the journal records the first run's time");
-    let summary = ingest::run(&config)?;
+    let summary = tessera_ingest::run(&config)?;
     assert!(summary.complete);
     assert_eq!(summary.resumed_at_record, 3);
     assert!(summary.seconds >= earlier + summary.this_run_seconds - 1e-9);
@@ -81,12 +85,12 @@ fn a_finishing_resume_reports_the_whole_ingest() -> anyhow::Result<()> {
 }
 
 /// A finished ingest (index.json written) of two good records.
-fn finished() -> anyhow::Result<(Fixture, ingest::IngestConfig)> {
+fn finished() -> anyhow::Result<(Fixture, tessera_ingest::IngestConfig)> {
     let mut f = Fixture::new();
     f.add_image("000000001", &jpeg(32, 32, 1), "a red square");
     f.add_image("000000002", &jpeg(32, 32, 2), "a blue circle");
     let mut config = f.config(Template::Plain);
-    let summary = ingest::run(&config)?;
+    let summary = tessera_ingest::run(&config)?;
     anyhow::ensure!(summary.complete && f.out().join("index.json").exists());
     config.resume = true;
     Ok((f, config))
@@ -124,7 +128,7 @@ fn a_resume_into_a_finished_folder_with_the_same_inputs_is_ok_and_touches_nothin
     );
     let before = snapshot(&f.out())?;
     std::thread::sleep(std::time::Duration::from_millis(20));
-    let summary = ingest::run(&config)?;
+    let summary = tessera_ingest::run(&config)?;
     assert!(summary.complete);
     assert_eq!(summary.report.samples_written, 2);
     assert!(snapshot(&f.out())? == before, "the finished folder changed");
@@ -140,7 +144,7 @@ fn a_resume_into_a_finished_folder_whose_json_changed_is_refused_naming_the_json
     let changed = text.replacen("a blue circle", "a blue square", 1);
     assert_eq!(changed.len(), text.len());
     std::fs::write(f.json(), changed)?;
-    let err = ingest::run(&config)
+    let err = tessera_ingest::run(&config)
         .expect_err("a changed json must be refused")
         .to_string();
     assert!(
@@ -161,14 +165,18 @@ fn a_resume_into_a_finished_folder_with_other_settings_or_images_is_refused() ->
     let mut other = config.clone();
     other.shard_size = 12_345;
     other.template = Some(Template::Chatml);
-    let err = ingest::run(&other).expect_err("other settings").to_string();
+    let err = tessera_ingest::run(&other)
+        .expect_err("other settings")
+        .to_string();
     assert!(
         err.contains("--shard-size (shard_size)") && err.contains("--template (template)"),
         "{err}"
     );
     std::thread::sleep(std::time::Duration::from_millis(20));
     f.put_image("00000/000000002.jpg", &jpeg(32, 32, 9));
-    let err = ingest::run(&config).expect_err("changed image").to_string();
+    let err = tessera_ingest::run(&config)
+        .expect_err("changed image")
+        .to_string();
     assert!(err.contains("the --images"), "{err}");
     assert!(snapshot(&f.out())? == before, "the finished folder changed");
     Ok(())
@@ -188,10 +196,12 @@ fn a_resume_into_an_older_finished_folder_checks_what_its_index_records() -> any
         .expect("ingest_settings");
     std::fs::write(&path, serde_json::to_vec_pretty(&index)?)?;
     let before = snapshot(&f.out())?;
-    assert!(ingest::run(&config)?.complete);
+    assert!(tessera_ingest::run(&config)?.complete);
     let mut other = config.clone();
     other.template = Some(Template::Chatml);
-    let err = ingest::run(&other).expect_err("other template").to_string();
+    let err = tessera_ingest::run(&other)
+        .expect_err("other template")
+        .to_string();
     assert!(
         err.contains("--template (template): plain -> chatml"),
         "{err}"
@@ -199,7 +209,7 @@ fn a_resume_into_an_older_finished_folder_checks_what_its_index_records() -> any
     let mut f = f;
     f.add_image("000000003", &jpeg(32, 32, 3), "a green line");
     f.write_json();
-    let err = ingest::run(&config)
+    let err = tessera_ingest::run(&config)
         .expect_err("one more record")
         .to_string();
     assert!(

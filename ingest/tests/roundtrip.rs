@@ -3,10 +3,10 @@
 mod common;
 
 use common::*;
-use shards::{Dataset, Kind, RowGroupLimits, Sample};
 use std::collections::HashMap;
-use text::chat::Role;
-use text::chat::Template;
+use tessera_shards::{Dataset, Kind, RowGroupLimits, Sample};
+use tessera_text::chat::Role;
+use tessera_text::chat::Template;
 
 fn fixture(samples: usize) -> (Fixture, HashMap<String, Vec<u8>>) {
     let mut f = Fixture::new();
@@ -90,7 +90,7 @@ fn plain_template_round_trips_every_sample() -> anyhow::Result<()> {
         max_rows: 8,
         max_bytes: 1 << 20,
     };
-    let summary = ingest::run(&config)?;
+    let summary = tessera_ingest::run(&config)?;
     assert!(
         summary.shards >= 3,
         "small --shard-size gives several shards, got {}",
@@ -158,7 +158,7 @@ fn plain_template_round_trips_every_sample() -> anyhow::Result<()> {
         let targets = sample.label_mask.iter().skip(1).filter(|&&m| m).count();
         assert_eq!(sample.num_supervised_tokens as usize, targets);
     }
-    let verify = shards::verify(&f.out())?;
+    let verify = tessera_shards::verify(&f.out())?;
     assert!(verify.is_ok(), "{:?}", verify.problems);
     Ok(())
 }
@@ -175,7 +175,7 @@ fn chatml_template_supervises_only_assistant_turns() -> anyhow::Result<()> {
         "t1",
         &[("system", "Be brief."), ("human", "Hi"), ("gpt", "Hello!")],
     ));
-    ingest::run(&f.config(Template::Chatml))?;
+    tessera_ingest::run(&f.config(Template::Chatml))?;
     let tokenizer =
         tokenizers::Tokenizer::from_file(tokenizer_path()).map_err(|e| anyhow::anyhow!("{e}"))?;
     let (_, samples) = read_all(&f.out())?;

@@ -7,5 +7,5 @@ mod micro_batch_plan;
 pub mod mix;
 pub mod plan;
 
-pub use batch::{MicroBatch, IGNORE_INDEX};
 pub use micro_batch_plan::MicroBatchPlan;
+pub use tessera_batch::{MicroBatch, IGNORE_INDEX};

@@ -1,6 +1,6 @@
 //! `MicroBatchPlan`: the planner's decision for one rank at one micro-step, which the loader
-//! turns into a [`batch::MicroBatch`].
-use shards::Kind;
+//! turns into a [`tessera_batch::MicroBatch`].
+use tessera_shards::Kind;
 
 /// The planner's decision for one rank at one micro-step: which samples, packed into which
 /// rows. The loader turns it into a `MicroBatch`.

@@ -3,12 +3,12 @@
 //! transformers' `LlavaOnevisionImageProcessor` cuts (`tests/oracles/anyres_views.py`): as many
 //! views, the same base view and tiles to within the two bicubic implementations' rounding.
 use anyhow::{ensure, Context, Result};
-use pipeline::loader::anyres_views::anyres_views;
-use pipeline::loader::decode::decode_rgb;
-use pipeline::loader::resize::ChwResizer;
 use safetensors::SafeTensors;
-use shards::image_layout::{ImageLayout, Tower};
 use std::path::Path;
+use tessera_pipeline::loader::anyres_views::anyres_views;
+use tessera_pipeline::loader::decode::decode_rgb;
+use tessera_pipeline::loader::resize::ChwResizer;
+use tessera_shards::image_layout::{ImageLayout, Tower};
 
 const PHOTO: &str = "/usr/share/backgrounds/mate/nature/Garden.jpg";
 const SO400M: Tower = Tower {
@@ -105,14 +105,14 @@ fn views_match_the_llava_onevision_image_processors() -> Result<()> {
 
 /// A sample of `images` (PNG bytes with their sizes) and a few text tokens around one
 /// placeholder (id 9) per image.
-fn sample(id: &str, images: Vec<shards::Image>) -> shards::Sample {
+fn sample(id: &str, images: Vec<tessera_shards::Image>) -> tessera_shards::Sample {
     let mut input_ids = vec![1u32, 2];
     input_ids.extend(std::iter::repeat_n(9, images.len()));
     input_ids.extend([3, 4]);
     let n = input_ids.len();
-    shards::Sample {
+    tessera_shards::Sample {
         id: id.into(),
-        kind: shards::Kind::Image,
+        kind: tessera_shards::Kind::Image,
         images,
         conversation: vec![],
         label_mask: (0..n).map(|i| i >= n - 2).collect(),
@@ -131,13 +131,13 @@ fn sample(id: &str, images: Vec<shards::Image>) -> shards::Sample {
 fn the_loader_carries_each_images_views_geometry_and_tokens() -> Result<()> {
     let photo = image::open(PHOTO)
         .with_context(|| format!("{PHOTO} (scripts/setup/setup.sh installs mate-backgrounds)"))?;
-    let png = |&(x, y, w, h): &(u32, u32, u32, u32)| -> Result<shards::Image> {
+    let png = |&(x, y, w, h): &(u32, u32, u32, u32)| -> Result<tessera_shards::Image> {
         let mut bytes = Vec::new();
         photo.crop_imm(x, y, w, h).write_to(
             &mut std::io::Cursor::new(&mut bytes),
             image::ImageFormat::Png,
         )?;
-        Ok(shards::Image {
+        Ok(tessera_shards::Image {
             bytes,
             format: "png".into(),
             width: w,
@@ -145,13 +145,13 @@ fn the_loader_carries_each_images_views_geometry_and_tokens() -> Result<()> {
             crc32c: None,
         })
     };
-    let crops: Vec<shards::Image> = CROPS[..3].iter().map(png).collect::<Result<_>>()?;
+    let crops: Vec<tessera_shards::Image> = CROPS[..3].iter().map(png).collect::<Result<_>>()?;
     let samples = vec![
         sample("wide", vec![crops[0].clone()]),
         sample("pair", vec![crops[1].clone(), crops[2].clone()]),
     ];
     let layout = ImageLayout::AnyRes { max_tiles: 9 };
-    let config = pipeline::loader::LoaderConfig::builder()
+    let config = tessera_pipeline::loader::LoaderConfig::builder()
         .image_size(384)
         .image_tokens(729)
         .image_layout(layout.clone(), 14)
@@ -159,14 +159,14 @@ fn the_loader_carries_each_images_views_geometry_and_tokens() -> Result<()> {
         .pad_id(0)
         .threads(1)
         .build()?;
-    let plan = pipeline::MicroBatchPlan {
-        kind: shards::Kind::Image,
+    let plan = tessera_pipeline::MicroBatchPlan {
+        kind: tessera_shards::Kind::Image,
         rows: vec![vec![0], vec![1]],
         zero_loss: false,
     };
-    let source: std::sync::Arc<dyn pipeline::loader::SampleSource> =
+    let source: std::sync::Arc<dyn tessera_pipeline::loader::SampleSource> =
         std::sync::Arc::new(samples.clone());
-    let mb = pipeline::loader::Loader::new(source, vec![plan], config)
+    let mb = tessera_pipeline::loader::Loader::new(source, vec![plan], config)
         .next()
         .context("one micro-batch")??;
 

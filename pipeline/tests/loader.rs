@@ -1,10 +1,10 @@
 //! Loader integration tests: micro-batch assembly (labels, positions, padding), thread-count
 //! independence, and the bad-image policies.
 use anyhow::{ensure, Context, Result};
-use pipeline::loader::{BadImagePolicy, Loader, LoaderConfig, SampleSource};
-use pipeline::{MicroBatch, MicroBatchPlan, IGNORE_INDEX};
-use shards::{Image, Kind, Sample};
 use std::sync::Arc;
+use tessera_pipeline::loader::{BadImagePolicy, Loader, LoaderConfig, SampleSource};
+use tessera_pipeline::{MicroBatch, MicroBatchPlan, IGNORE_INDEX};
+use tessera_shards::{Image, Kind, Sample};
 
 const PH: u32 = 151_655;
 const PAD: i64 = 151_643;
@@ -67,7 +67,7 @@ fn load_all(
     source: Vec<Sample>,
     plans: Vec<MicroBatchPlan>,
     config: LoaderConfig,
-) -> Result<(Vec<MicroBatch>, pipeline::loader::LoaderStats)> {
+) -> Result<(Vec<MicroBatch>, tessera_pipeline::loader::LoaderStats)> {
     let source: Arc<dyn SampleSource> = Arc::new(source);
     let mut loader = Loader::new(source, plans, config);
     let batches = loader.by_ref().collect::<Result<Vec<_>, _>>()?;
@@ -432,7 +432,7 @@ fn with_corrupt_samples() -> Result<Vec<Sample>> {
         for image in &mut s.images {
             image.crc32c = Some(crc32c::crc32c(&image.bytes));
         }
-        s.input_ids_crc32c = Some(shards::input_ids_crc32c(&s.input_ids));
+        s.input_ids_crc32c = Some(tessera_shards::input_ids_crc32c(&s.input_ids));
         Ok(s)
     };
     let mut flipped_img = sound("flipped-img", 2)?;

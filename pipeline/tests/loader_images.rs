@@ -1,11 +1,11 @@
 //! Loader image tests: `squash` / `pad` geometry, colour conversions, and DCT-scaled decoding
 //! against a full decode + resize.
 use anyhow::{ensure, Result};
-use pipeline::loader::decode::{
+use tessera_pipeline::loader::decode::{
     dct_scale_eighths, decode_rgb, decode_rgb_reusing, DecodePath, RgbImage,
 };
-use pipeline::loader::resize::{content_box, ChwResizer};
-use pipeline::loader::ResizePolicy;
+use tessera_pipeline::loader::resize::{content_box, ChwResizer};
+use tessera_pipeline::loader::ResizePolicy;
 
 fn encode_jpeg(img: &image::DynamicImage, quality: u8) -> Result<Vec<u8>> {
     let mut out = Vec::new();
@@ -223,7 +223,7 @@ fn decoded_photo(w: u32, h: u32) -> RgbImage {
 /// The planar resize against `fast_image_resize` at `size`, both policies: the worst pixel and
 /// the mean difference. Both are PIL's filter; they differ only in rounding and pass order.
 fn planar_vs_fir(shapes: &[(u32, u32)], size: u32, mean_below: f64) -> Result<()> {
-    use pipeline::loader::resize::ResizeBackend;
+    use tessera_pipeline::loader::resize::ResizeBackend;
     let mut planar = ChwResizer::with_backend(ResizeBackend::Planar);
     let mut fir = ChwResizer::with_backend(ResizeBackend::FastImageResize);
     let len = 3 * (size * size) as usize;

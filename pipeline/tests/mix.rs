@@ -5,11 +5,13 @@
 //! another for another, and a plan resumed at another world size continues with exactly the
 //! remaining items.
 use anyhow::Context;
-use pipeline::loader::SampleSource;
-use pipeline::mix::{MixSpec, Mixture};
-use pipeline::plan::{Plan, Planner};
-use shards::{Dataset, Image, IngestReport, Kind, Manifest, RowGroupLimits, Sample, ShardWriter};
 use std::path::Path;
+use tessera_pipeline::loader::SampleSource;
+use tessera_pipeline::mix::{MixSpec, Mixture};
+use tessera_pipeline::plan::{Plan, Planner};
+use tessera_shards::{
+    Dataset, Image, IngestReport, Kind, Manifest, RowGroupLimits, Sample, ShardWriter,
+};
 
 /// A shard set of `n` samples in `dir`: text-only, or with one tiny image each.
 fn shard_set(dir: &Path, n: u32, images: bool, tag: &str) -> anyhow::Result<()> {
@@ -19,7 +21,7 @@ fn shard_set(dir: &Path, n: u32, images: bool, tag: &str) -> anyhow::Result<()> 
         let mut ids = Vec::new();
         let mut imgs = Vec::new();
         if images {
-            ids.push(text::SpecialTokens::qwen_before_recorded().image.id);
+            ids.push(tessera_text::SpecialTokens::qwen_before_recorded().image.id);
             imgs.push(Image {
                 bytes: vec![0xFF, 0xD8, 0xFF, i as u8],
                 format: "jpeg".into(),
@@ -43,11 +45,11 @@ fn shard_set(dir: &Path, n: u32, images: bool, tag: &str) -> anyhow::Result<()> 
         })?;
     }
     Manifest {
-        format_version: shards::FORMAT_VERSION,
+        format_version: tessera_shards::FORMAT_VERSION,
         tokenizer_fingerprint: "t".into(),
         template: "chatml".into(),
-        image_placeholder_id: text::SpecialTokens::qwen_before_recorded().image.id,
-        special_tokens: text::SpecialTokens::qwen_before_recorded(),
+        image_placeholder_id: tessera_text::SpecialTokens::qwen_before_recorded().image.id,
+        special_tokens: tessera_text::SpecialTokens::qwen_before_recorded(),
         source_tokenizer_fingerprint: None,
         num_samples: u64::from(n),
         shards: vec![writer.finish()?],
@@ -267,16 +269,16 @@ fn the_loader_carries_each_samples_source_into_the_micro_batch() -> anyhow::Resu
         .collect::<Result<Vec<_>, _>>()?;
     let mix = std::sync::Arc::new(Mixture::new(spec, datasets)?);
     // Global indices 0..3 are a's, 3..7 b's: a row of a-0 and b-0, a row of b-1 and a-1.
-    let plan = pipeline::MicroBatchPlan {
+    let plan = tessera_pipeline::MicroBatchPlan {
         kind: Kind::Text,
         rows: vec![vec![0, 3], vec![4, 1]],
         zero_loss: false,
     };
-    let config = pipeline::loader::LoaderConfig::builder()
+    let config = tessera_pipeline::loader::LoaderConfig::builder()
         .threads(1)
-        .tokens(&text::SpecialTokens::qwen_before_recorded())
+        .tokens(&tessera_text::SpecialTokens::qwen_before_recorded())
         .build()?;
-    let mb = pipeline::loader::Loader::new(mix, vec![plan], config)
+    let mb = tessera_pipeline::loader::Loader::new(mix, vec![plan], config)
         .next()
         .context("one micro-batch")??;
     assert_eq!(mb.sample_ids, ["a-0", "b-0", "b-1", "a-1"]);

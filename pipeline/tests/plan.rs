@@ -1,11 +1,13 @@
 //! Planner properties over many random datasets (fixed seeds) and world sizes 1..16: type
 //! alignment, every sample exactly once, budgets, loss divisors, determinism, resume and
 //! elastic resume; plus the LLaVA-Pretrain-shaped quality targets and the input errors.
-use pipeline::plan::{synthetic_llava, Mode, OverLong, Plan, PlanError, Planner, PlannerBuilder};
-use pipeline::MicroBatchPlan;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
-use shards::{Kind, SampleMeta};
+use tessera_pipeline::plan::{
+    synthetic_llava, Mode, OverLong, Plan, PlanError, Planner, PlannerBuilder,
+};
+use tessera_pipeline::MicroBatchPlan;
+use tessera_shards::{Kind, SampleMeta};
 
 /// A random dataset and planner settings that admit it.
 #[derive(Clone, Debug)]
@@ -70,7 +72,7 @@ impl Case {
     }
 }
 
-fn real_samples<'a>(steps: impl IntoIterator<Item = &'a pipeline::plan::Step>) -> Vec<u64> {
+fn real_samples<'a>(steps: impl IntoIterator<Item = &'a tessera_pipeline::plan::Step>) -> Vec<u64> {
     let mut out: Vec<u64> = steps
         .into_iter()
         .flat_map(|s| &s.micro_steps)
@@ -603,12 +605,12 @@ fn over_long_samples_are_skipped_by_every_rank_and_resume_stays_exact() -> anyho
     Ok(())
 }
 
-/// With each sample's images given (as `shards::sample_images` counts them under a layout),
+/// With each sample's images given (as `tessera_shards::sample_images` counts them under a layout),
 /// a sample's length is its text plus those tokens, over-long ones are measured by them, and
 /// every sample is still planned once, type-aligned, within the budget.
 #[test]
 fn per_sample_image_tokens_set_the_lengths() -> anyhow::Result<()> {
-    use shards::SampleImages;
+    use tessera_shards::SampleImages;
     let mut rng = ChaCha8Rng::seed_from_u64(11);
     let n = 400;
     let samples: Vec<SampleMeta> = (0..n)

@@ -1,4 +1,4 @@
-//! The `remote` crate's error: every message names the URL (or the cache path) it is about; a
+//! `tessera-remote`'s error: every message names the URL (or the cache path) it is about; a
 //! wrapped library error is the `source()`, never part of the message.
 use std::path::PathBuf;
 
@@ -36,7 +36,7 @@ pub enum RemoteError {
     #[error("cannot upload {dir}")]
     Upload {
         dir: PathBuf,
-        source: shards::ShardError,
+        source: tessera_shards::ShardError,
     },
     #[error("shard cache {path}")]
     Cache {
@@ -58,7 +58,7 @@ impl RemoteError {
     }
 
     /// A failed read of `shard`: a missing object says which shard of the index is gone.
-    pub(crate) fn of_shard(self, shard: &shards::ShardInfo) -> Self {
+    pub(crate) fn of_shard(self, shard: &tessera_shards::ShardInfo) -> Self {
         match self {
             RemoteError::Store {
                 url,
@@ -82,9 +82,9 @@ impl RemoteError {
     }
 }
 
-impl From<RemoteError> for shards::ShardError {
+impl From<RemoteError> for tessera_shards::ShardError {
     fn from(e: RemoteError) -> Self {
-        shards::ShardError::Remote(Box::new(e))
+        tessera_shards::ShardError::Remote(Box::new(e))
     }
 }
 
@@ -99,7 +99,7 @@ mod tests {
             path: "set/shard-00001.parquet".into(),
             source: "404 Not Found".into(),
         };
-        let error = shards::ShardError::from(RemoteError::store(url, missing));
+        let error = tessera_shards::ShardError::from(RemoteError::store(url, missing));
         let text = tessera_errors::with_causes(&error);
         assert!(text.starts_with(url), "{text}");
         assert_eq!(text.matches(url).count(), 1, "{text}");

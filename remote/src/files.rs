@@ -1,4 +1,4 @@
-//! [`ObjectFiles`]: one remote shard directory as `shards::RemoteFiles`. Synchronous calls
+//! [`ObjectFiles`]: one remote shard directory as `tessera_shards::RemoteFiles`. Synchronous calls
 //! (the loader's worker threads) run their requests on a small tokio runtime of their own;
 //! the ranges of one call are fetched concurrently, adjacent ones merged into one request.
 use crate::cache::RangeCache;
@@ -8,12 +8,12 @@ use bytes::Bytes;
 use futures::{StreamExt, TryStreamExt};
 use object_store::path::Path as ObjectPath;
 use object_store::ObjectStore;
-use shards::{RemoteFiles, ShardError, ShardInfo};
 use std::future::Future;
 use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::Duration;
+use tessera_shards::{RemoteFiles, ShardError, ShardInfo};
 
 /// Bytes per cache entry (aligned blocks of a shard).
 pub const CACHE_BLOCK: u64 = 128 * 1024;

@@ -6,9 +6,9 @@
 use crate::files::ObjectFiles;
 use crate::RemoteError;
 use object_store::{PutPayload, WriteMultipart};
-use shards::{Manifest, INDEX_FILE, TOKENIZER_FILE};
 use std::io::Read;
 use std::path::Path;
+use tessera_shards::{Manifest, INDEX_FILE, TOKENIZER_FILE};
 
 /// Bytes per multipart part (S3 wants at least 5 MiB for all but the last).
 const PART_BYTES: usize = 8 << 20;

@@ -10,9 +10,9 @@ use object_store::gcp::{GoogleCloudStorageBuilder, GoogleConfigKey};
 use object_store::http::HttpBuilder;
 use object_store::path::Path as ObjectPath;
 use object_store::{ClientConfigKey, ClientOptions, ObjectStore};
-use shards::DatasetLocation;
 use std::path::PathBuf;
 use std::sync::Arc;
+use tessera_shards::DatasetLocation;
 
 /// Store settings on top of the environment's: object_store config keys and values, e.g.
 /// `("aws_endpoint", "http://127.0.0.1:9000")` (tests point at their own server this way).

@@ -2,13 +2,13 @@
 //! the remote dataset reads what the local one does, in ranges; the cache keeps to its limit;
 //! two ranks sharing a cache fetch each range once; a missing object fails naming its URL.
 use anyhow::{ensure, Context, Result};
-use remote::{CacheConfig, ObjectFiles};
-use shards::{
+use std::path::Path;
+use std::sync::Arc;
+use tessera_remote::{CacheConfig, ObjectFiles};
+use tessera_shards::{
     Dataset, DatasetLocation, IngestReport, Manifest, RowGroupLimits, Sample, ShardWriter,
     FORMAT_VERSION,
 };
-use std::path::Path;
-use std::sync::Arc;
 
 #[path = "../../tests/support/moto.rs"]
 mod moto;
@@ -43,7 +43,7 @@ fn write_dataset(dir: &Path) -> Result<Manifest> {
         tokenizer_fingerprint: "t".repeat(64),
         template: "plain".into(),
         image_placeholder_id: 151_655,
-        special_tokens: text::SpecialTokens::qwen_before_recorded(),
+        special_tokens: tessera_text::SpecialTokens::qwen_before_recorded(),
         source_tokenizer_fingerprint: None,
         num_samples: samples.len() as u64,
         shards: infos,
@@ -86,7 +86,7 @@ impl Setup {
             ("aws_region", "us-east-1"),
             ("aws_allow_http", "true"),
         ];
-        Ok(remote::open_remote(&self.url, cache, &settings)?)
+        Ok(tessera_remote::open_remote(&self.url, cache, &settings)?)
     }
 
     fn shard_bytes(&self) -> u64 {
@@ -123,11 +123,12 @@ fn remote_dataset_reads_what_the_local_one_does_fetching_little() -> Result<()> 
         s.shard_bytes()
     );
 
-    let report = shards::verify_at(&DatasetLocation::Remote(files.clone()))?;
+    let report = tessera_shards::verify_at(&DatasetLocation::Remote(files.clone()))?;
     ensure!(report.is_ok(), "{:?}", report.problems);
     assert_eq!(report.samples_checked, 192);
-    let stats =
-        |d: &Dataset| -> Result<serde_json::Value> { Ok(serde_json::to_value(shards::stats(d)?)?) };
+    let stats = |d: &Dataset| -> Result<serde_json::Value> {
+        Ok(serde_json::to_value(tessera_shards::stats(d)?)?)
+    };
     assert_eq!(stats(&remote)?, stats(&local)?);
     Ok(())
 }
@@ -236,7 +237,7 @@ fn a_missing_shard_fails_naming_its_url() -> Result<()> {
     let url = format!("{}/shard-00001.parquet", s.url);
     ensure!(text.contains(&url), "{text} does not name {url}");
 
-    let report = shards::verify_at(&DatasetLocation::Remote(files.clone()))?;
+    let report = tessera_shards::verify_at(&DatasetLocation::Remote(files.clone()))?;
     ensure!(
         report.problems.iter().any(|p| p.contains(&url)),
         "{:?}",

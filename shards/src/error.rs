@@ -1,4 +1,4 @@
-//! The one error type of the `shards` crate. Every message names the file, shard, row or sample
+//! The one error type of `tessera-shards`. Every message names the file, shard, row or sample
 //! it is about, so a user can find the problem without a debugger.
 use std::path::PathBuf;
 
@@ -53,7 +53,7 @@ pub enum ShardError {
     /// A write that found the disk full: the file, the bytes needed, the bytes free.
     #[error(transparent)]
     NoSpace(#[from] crate::disk_space::NoSpace),
-    /// An object-store failure (the `remote` crate's error, which names the URL).
+    /// An object-store failure (the `tessera-remote` crate's error, which names the URL).
     #[error(transparent)]
     Remote(Box<dyn std::error::Error + Send + Sync>),
 }

@@ -11,8 +11,8 @@
 //!    [`Dataset::metadata`] scan reads only kind and token counts (the planner's input).
 //! 4. [`verify()`] and [`stats()`] back `tessera shards verify|stats`.
 //!
-//! index.json records the special tokens the ids were made with (`text::SpecialTokens`, as the
-//! dataset's tokenizer spells and numbers them); the chat templates are `text::chat`'s.
+//! index.json records the special tokens the ids were made with (`tessera_text::SpecialTokens`, as the
+//! dataset's tokenizer spells and numbers them); the chat templates are `tessera_text::chat`'s.
 //!
 //! Every file tessera writes whole (index.json, the ingest journal, synth's json and zip) goes
 //! through [`write_atomically`]: a temporary sibling, fsync, rename, fsync of the folder.

@@ -1,5 +1,5 @@
 //! Where a dataset lives: a local directory (shards memory-mapped: the fast path) or an object
-//! store behind [`RemoteFiles`] (the `remote` crate: `s3://`, `gs://`, `az://`, `https://`).
+//! store behind [`RemoteFiles`] (`tessera-remote`: `s3://`, `gs://`, `az://`, `https://`).
 //!
 //! A remote shard is read in byte ranges: its footer once, then for each read only the pages
 //! the row selection touches (parquet's offset index says where they are), fetched in one

@@ -8,7 +8,7 @@ use crate::shard_info::ShardInfo;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use text::SpecialTokens;
+use tessera_text::SpecialTokens;
 
 /// File name of the manifest inside a shard directory.
 pub const INDEX_FILE: &str = "index.json";

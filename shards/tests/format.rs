@@ -1,9 +1,9 @@
 //! The shard format on its own: write shards, read samples back by global index (random
 //! order, repeats), scan metadata, verify, and catch a flipped byte.
-use shards::{
+use std::path::Path;
+use tessera_shards::{
     Dataset, IngestReport, Manifest, RowGroupLimits, Sample, ShardWriter, FORMAT_VERSION,
 };
-use std::path::Path;
 
 /// Sample `i`: text-only when `i` is a multiple of 3, else `images_of(i)` images.
 fn sample_with(i: u32, images_of: impl Fn(u32) -> u32) -> Sample {
@@ -38,7 +38,7 @@ fn write_dataset(dir: &Path, n: u32, per_shard: u32) -> anyhow::Result<Vec<Sampl
         tokenizer_fingerprint: "t".repeat(64),
         template: "plain".into(),
         image_placeholder_id: 151_655,
-        special_tokens: text::SpecialTokens::qwen_before_recorded(),
+        special_tokens: tessera_text::SpecialTokens::qwen_before_recorded(),
         source_tokenizer_fingerprint: None,
         num_samples: u64::from(n),
         shards: infos,
@@ -125,7 +125,7 @@ fn reads_from_many_threads_agree() -> anyhow::Result<()> {
 fn verify_passes_and_then_names_the_shard_with_a_flipped_byte() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
     write_dataset(dir.path(), 40, 15)?;
-    let report = shards::verify(dir.path())?;
+    let report = tessera_shards::verify(dir.path())?;
     assert!(report.is_ok(), "{:?}", report.problems);
     assert_eq!((report.shards_checked, report.samples_checked), (3, 40));
     let victim = dir.path().join("shard-00001.parquet");
@@ -133,7 +133,7 @@ fn verify_passes_and_then_names_the_shard_with_a_flipped_byte() -> anyhow::Resul
     let middle = bytes.len() / 2;
     bytes[middle] ^= 0x01;
     std::fs::write(&victim, bytes)?;
-    let report = shards::verify(dir.path())?;
+    let report = tessera_shards::verify(dir.path())?;
     assert_eq!(report.problems.len(), 1, "{:?}", report.problems);
     assert!(
         report.problems[0].starts_with("shard-00001.parquet: sha256 mismatch"),
@@ -147,7 +147,7 @@ fn verify_passes_and_then_names_the_shard_with_a_flipped_byte() -> anyhow::Resul
 fn stats_percentiles_and_kinds() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
     write_dataset(dir.path(), 30, 30)?;
-    let stats = shards::stats(&Dataset::open(dir.path())?)?;
+    let stats = tessera_shards::stats(&Dataset::open(dir.path())?)?;
     assert_eq!(stats.samples, 30);
     assert_eq!(stats.by_kind.get("text"), Some(&10));
     assert_eq!(stats.by_kind.get("image"), Some(&20));
@@ -172,7 +172,7 @@ fn a_dataset_of_an_older_format_is_refused_naming_its_index_and_the_remedy() -> 
     let dir = tempfile::tempdir()?;
     write_dataset(dir.path(), 10, 10)?;
     // What a format-2 index.json holds where it matters: its version.
-    let index = dir.path().join(shards::INDEX_FILE);
+    let index = dir.path().join(tessera_shards::INDEX_FILE);
     let mut value: serde_json::Value = serde_json::from_slice(&std::fs::read(&index)?)?;
     value["format_version"] = 2.into();
     std::fs::write(&index, serde_json::to_vec(&value)?)?;
@@ -198,7 +198,7 @@ fn verify_reports_a_shard_file_that_index_json_does_not_list() -> anyhow::Result
         dir.path().join("shard-00001.parquet"),
         dir.path().join("shard-00002.parquet"),
     )?;
-    let report = shards::verify(dir.path())?;
+    let report = tessera_shards::verify(dir.path())?;
     assert_eq!(
         report.problems,
         vec!["shard-00002.parquet: not listed in index.json (not part of this dataset)"]
@@ -230,7 +230,7 @@ fn a_missing_shard_file_is_an_io_error_naming_its_path_once() -> anyhow::Result<
     assert_eq!(printed, format!("{}: {cause}", missing.display()));
     assert_eq!(format!("{:#}", anyhow::Error::new(err)), printed);
     // verify names it the same way.
-    let report = shards::verify(dir.path())?;
+    let report = tessera_shards::verify(dir.path())?;
     assert_eq!(report.problems, vec![printed]);
     Ok(())
 }

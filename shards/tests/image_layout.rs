@@ -2,9 +2,9 @@
 //! own counting, `tests/oracles/anyres_tokens.py`): tall, wide, square, tiny, huge and odd
 //! sizes, N = 9 (LLaVA-OneVision's default) and N = 4, every count equal to the token, and the
 //! same pinpoint chosen.
-use shards::image_layout::{ImageLayout, Tower};
 use std::path::Path;
 use std::process::Command;
+use tessera_shards::image_layout::{ImageLayout, Tower};
 
 const SO400M: Tower = Tower {
     tile: 384,

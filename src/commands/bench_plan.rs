@@ -2,10 +2,10 @@
 //! baseline) on the same samples and reports padding, rank imbalance, type alignment and
 //! planning speed side by side. The last line is one JSON object, one entry per mode.
 use anyhow::Context;
-use pipeline::plan::{synthetic_llava, Mode, PlanStats, Planner};
 use std::io::Write;
 use std::path::PathBuf;
 use std::time::Instant;
+use tessera_pipeline::plan::{synthetic_llava, Mode, PlanStats, Planner};
 
 /// Arguments of `tessera bench plan`.
 #[derive(clap::Args)]
@@ -37,7 +37,7 @@ pub(crate) struct Args {
     /// layout instead of --image-tokens: `anyres_max_N` (LLaVA-OneVision's tiles) or `single`.
     /// With --shards only (the sizes come from the shards).
     #[arg(long, requires = "shards")]
-    image_layout: Option<shards::image_layout::ImageLayout>,
+    image_layout: Option<tessera_shards::image_layout::ImageLayout>,
     /// The tower's tile side in pixels, for --image-layout (so400m-384: 384).
     #[arg(long, default_value_t = 384)]
     tile_size: u32,
@@ -64,18 +64,18 @@ struct ModeResult {
 pub(crate) fn run(args: Args) -> anyhow::Result<()> {
     let (samples, fingerprint, images) = match (&args.shards, args.synthetic_llava) {
         (Some(dir), _) => {
-            let dataset = shards::Dataset::open(dir)
+            let dataset = tessera_shards::Dataset::open(dir)
                 .with_context(|| format!("opening shards in {}", dir.display()))?;
             let meta = dataset
                 .metadata()
                 .with_context(|| format!("reading sample metadata of {}", dir.display()))?;
-            let tower = shards::image_layout::Tower {
+            let tower = tessera_shards::image_layout::Tower {
                 tile: args.tile_size,
                 patch: args.patch_size,
             };
             let images = match &args.image_layout {
                 Some(layout) => Some(
-                    shards::sample_images(&dataset, layout, tower)
+                    tessera_shards::sample_images(&dataset, layout, tower)
                         .with_context(|| format!("reading image sizes of {}", dir.display()))?,
                 ),
                 None => None,

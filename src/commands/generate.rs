@@ -7,9 +7,9 @@
 //! with a language model folder alone: `--prompt` as one user turn through the model's own
 //! chat template, until one of its end ids (tokenizer_config.json, generation_config.json).
 use anyhow::{bail, Context};
-use shards::Kind;
 use std::io::Write;
 use std::path::{Path, PathBuf};
+use tessera_shards::Kind;
 use tessera_train::{held_out_prompt, image_sample, Captioner};
 use tessera_train::{load_export_model, load_run_model, RunDir};
 
@@ -106,7 +106,7 @@ fn load_captioner(
 /// `--lm`: one user turn through the model's own chat template, the answer printed.
 fn chat(dir: &Path, args: &Args) -> anyhow::Result<()> {
     let context = || format!("loading language model {}", dir.display());
-    let text = text::ModelTokenizer::from_dir(dir).with_context(context)?;
+    let text = tessera_text::ModelTokenizer::from_dir(dir).with_context(context)?;
     let prompt = args.prompt.as_deref().context("--lm needs --prompt")?;
     let ids: Vec<i64> = text
         .chat_prompt(prompt)?
@@ -181,8 +181,8 @@ fn caption_shards(
     limit: usize,
     out: &Path,
 ) -> anyhow::Result<()> {
-    let dataset =
-        shards::Dataset::open(dir).with_context(|| format!("opening shards {}", dir.display()))?;
+    let dataset = tessera_shards::Dataset::open(dir)
+        .with_context(|| format!("opening shards {}", dir.display()))?;
     let indices: Vec<u64> = dataset
         .metadata()?
         .iter()

@@ -2,9 +2,9 @@
 //! parquet with embedded images (the_cauldron, FineVision, TRL `messages`), local or in object
 //! storage -> verified parquet shards.
 use anyhow::Context;
-use ingest::{Format, IngestConfig};
 use std::path::PathBuf;
-use text::chat::Template;
+use tessera_ingest::{Format, IngestConfig};
+use tessera_text::chat::Template;
 
 /// Arguments of `tessera ingest`.
 #[derive(clap::Args)]
@@ -75,7 +75,7 @@ pub(crate) struct Args {
 /// `quiet`: the global `--quiet` (no summary on stderr; failures still say everything).
 /// `progress`: show a progress bar (a terminal, and no `--quiet` or NO_PROGRESS).
 pub(crate) fn run(args: Args, quiet: bool, progress: bool) -> anyhow::Result<()> {
-    let upload_to = remote::is_remote(&args.out).then(|| args.out.clone());
+    let upload_to = tessera_remote::is_remote(&args.out).then(|| args.out.clone());
     let default_staging = upload_to.is_some() && args.staging.is_none();
     let local_out = match (&upload_to, &args.staging) {
         (Some(_), Some(dir)) => dir.clone(),
@@ -100,8 +100,8 @@ pub(crate) fn run(args: Args, quiet: bool, progress: bool) -> anyhow::Result<()>
     config.max_tokens = args.max_tokens;
     config.image_tokens = args.image_tokens;
     config.progress = progress;
-    let summary =
-        ingest::run(&config).with_context(|| format!("ingest into {}", config.out.display()))?;
+    let summary = tessera_ingest::run(&config)
+        .with_context(|| format!("ingest into {}", config.out.display()))?;
     if !quiet {
         eprint!("{}", summary.text());
     }
@@ -129,7 +129,7 @@ pub(crate) fn run(args: Args, quiet: bool, progress: bool) -> anyhow::Result<()>
         );
     }
     if let Some(url) = upload_to {
-        let files = remote::open_remote(&url, None, &[])?;
+        let files = tessera_remote::open_remote(&url, None, &[])?;
         let sent = files
             .upload_dataset(&config.out)
             .with_context(|| format!("uploading {} to {url}", config.out.display()))?;

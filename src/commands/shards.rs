@@ -30,7 +30,7 @@ enum ShardsCommand {
         /// shards hold (no decode): `single` (one tile per image) or `anyres_max_N`
         /// (LLaVA-OneVision's tiles, as its processor counts them).
         #[arg(long)]
-        image_layout: Option<shards::image_layout::ImageLayout>,
+        image_layout: Option<tessera_shards::image_layout::ImageLayout>,
         /// The tower's tile side in pixels, for --image-layout (so400m-384: 384).
         #[arg(long, default_value_t = 384)]
         tile_size: u32,
@@ -50,7 +50,7 @@ pub(crate) fn run(args: Args) -> anyhow::Result<()> {
             tile_size,
             patch_size,
         } => {
-            let tower = shards::image_layout::Tower {
+            let tower = tessera_shards::image_layout::Tower {
                 tile: tile_size,
                 patch: patch_size,
             };
@@ -60,8 +60,8 @@ pub(crate) fn run(args: Args) -> anyhow::Result<()> {
 }
 
 fn verify(dir: &str) -> anyhow::Result<()> {
-    let location = remote::open_location(dir, None)?;
-    let report = shards::verify_at(&location).with_context(|| format!("verify {dir}"))?;
+    let location = tessera_remote::open_location(dir, None)?;
+    let report = tessera_shards::verify_at(&location).with_context(|| format!("verify {dir}"))?;
     for problem in &report.problems {
         println!("FAIL {problem}");
     }
@@ -88,22 +88,24 @@ struct SourceStats {
     /// Samples drawn from it per epoch, and their share of the epoch.
     per_epoch: u64,
     share: f64,
-    stats: shards::DatasetStats,
+    stats: tessera_shards::DatasetStats,
 }
 
 /// An image layout and the tower it cuts tiles for.
 type Layout<'a> = Option<(
-    &'a shards::image_layout::ImageLayout,
-    shards::image_layout::Tower,
+    &'a tessera_shards::image_layout::ImageLayout,
+    tessera_shards::image_layout::Tower,
 )>;
 
 fn stats(dir: &str, json: bool, layout: Layout) -> anyhow::Result<()> {
-    if pipeline::mix::is_mixture(dir) {
+    if tessera_pipeline::mix::is_mixture(dir) {
         return mixture_stats(dir, json, layout);
     }
-    let location = remote::open_location(dir, None)?;
-    let dataset = shards::Dataset::open_at(&location).with_context(|| format!("open {dir}"))?;
-    let s = shards::stats_under(&dataset, layout).with_context(|| format!("stats of {dir}"))?;
+    let location = tessera_remote::open_location(dir, None)?;
+    let dataset =
+        tessera_shards::Dataset::open_at(&location).with_context(|| format!("open {dir}"))?;
+    let s =
+        tessera_shards::stats_under(&dataset, layout).with_context(|| format!("stats of {dir}"))?;
     if json {
         println!("{}", serde_json::to_string(&s)?);
         return Ok(());
@@ -114,16 +116,16 @@ fn stats(dir: &str, json: bool, layout: Layout) -> anyhow::Result<()> {
 
 /// Each source's stats and its share of an epoch (per_epoch / the epoch's samples).
 fn mixture_stats(file: &str, json: bool, layout: Layout) -> anyhow::Result<()> {
-    let spec = pipeline::mix::MixSpec::load(std::path::Path::new(file))?;
+    let spec = tessera_pipeline::mix::MixSpec::load(std::path::Path::new(file))?;
     let mut datasets = Vec::new();
     for source in &spec.sources {
-        let location = remote::open_location(&source.shards, None)?;
+        let location = tessera_remote::open_location(&source.shards, None)?;
         datasets.push(
-            shards::Dataset::open_at(&location)
+            tessera_shards::Dataset::open_at(&location)
                 .with_context(|| format!("source {}: open {}", source.name, source.shards))?,
         );
     }
-    let mixture = pipeline::mix::Mixture::new(spec, datasets)?;
+    let mixture = tessera_pipeline::mix::Mixture::new(spec, datasets)?;
     let epoch = mixture.epoch_samples();
     let mut out = Vec::new();
     for source in mixture.sources() {
@@ -132,7 +134,7 @@ fn mixture_stats(file: &str, json: bool, layout: Layout) -> anyhow::Result<()> {
             shards: source.dataset.source().describe(),
             per_epoch: source.per_epoch,
             share: source.share(epoch),
-            stats: shards::stats_under(&source.dataset, layout)
+            stats: tessera_shards::stats_under(&source.dataset, layout)
                 .with_context(|| format!("stats of source {}", source.name))?,
         });
     }
@@ -156,7 +158,7 @@ fn mixture_stats(file: &str, json: bool, layout: Layout) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn print_stats(s: &shards::DatasetStats) {
+fn print_stats(s: &tessera_shards::DatasetStats) {
     println!("samples: {}", s.samples);
     for (kind, n) in &s.by_kind {
         println!("  kind {kind:<8} {n}");
@@ -168,7 +170,7 @@ fn print_stats(s: &shards::DatasetStats) {
     for (format, n) in &s.image_formats {
         println!("  format {format:<6} {n}");
     }
-    let p = |name: &str, q: &shards::Percentiles| {
+    let p = |name: &str, q: &tessera_shards::Percentiles| {
         println!(
             "{name:<14} p50 {:>6}  p90 {:>6}  p99 {:>6}  max {:>6}",
             q.p50, q.p90, q.p99, q.max
@@ -179,12 +181,12 @@ fn print_stats(s: &shards::DatasetStats) {
     p("image height", &s.image_height);
     println!(
         "tiny images (short side < {} px): {}",
-        shards::TINY_SIDE,
+        tessera_shards::TINY_SIDE,
         s.tiny_images
     );
     println!(
         "extreme aspect (>= {}:1): {}",
-        shards::EXTREME_ASPECT,
+        tessera_shards::EXTREME_ASPECT,
         s.extreme_aspect_images
     );
     if let Some(l) = &s.under_layout {

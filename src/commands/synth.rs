@@ -1,8 +1,8 @@
-//! `tessera synth`: write a dataset in LLaVA-Pretrain's exact layout (see the `synth` crate).
+//! `tessera synth`: write a dataset in LLaVA-Pretrain's exact layout (see `tessera-synth`).
 use anyhow::Context;
 use std::path::PathBuf;
 use std::time::Instant;
-use synth::{generate, SynthConfig};
+use tessera_synth::{generate, SynthConfig};
 
 /// Arguments of `tessera synth`.
 #[derive(clap::Args)]

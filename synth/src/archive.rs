@@ -8,13 +8,13 @@ use zip::write::SimpleFileOptions;
 use zip::{CompressionMethod, DateTime, ZipWriter};
 
 /// Writes `zip_path` from the files `images_dir/ENTRY` for each entry, in the given order,
-/// through `shards::write_atomically_with` (a synced temporary file, renamed).
+/// through `tessera_shards::write_atomically_with` (a synced temporary file, renamed).
 pub(crate) fn write_zip(
     zip_path: &Path,
     images_dir: &Path,
     entries: &[&str],
 ) -> Result<(), SynthError> {
-    shards::write_atomically_with(zip_path, |file, tmp| {
+    tessera_shards::write_atomically_with(zip_path, |file, tmp| {
         let mut zip = ZipWriter::new(file);
         let zip_err = |entry: &str, source| SynthError::Zip {
             path: tmp.to_path_buf(),

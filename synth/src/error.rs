@@ -32,9 +32,9 @@ pub enum SynthError {
         path: PathBuf,
         source: serde_json::Error,
     },
-    /// Creating, syncing or renaming an output file (`shards::write_atomically_with`).
+    /// Creating, syncing or renaming an output file (`tessera_shards::write_atomically_with`).
     #[error(transparent)]
-    Output(#[from] shards::ShardError),
+    Output(#[from] tessera_shards::ShardError),
 }
 
 impl SynthError {
@@ -68,7 +68,7 @@ mod tests {
             source: json,
         };
         assert_cause_printed_once(json, &cause);
-        let output = shards::ShardError::Io {
+        let output = tessera_shards::ShardError::Io {
             path: "out/.blip_laion_cc_sbu_558k.json.tmp".into(),
             source: std::io::Error::other("read-only file system"),
         };

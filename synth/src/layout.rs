@@ -99,14 +99,14 @@ pub(crate) fn caption_request(rng: &mut impl Rng) -> String {
 /// on a bench dataset; a dataset cut short by a power loss is remade by running synth again
 /// with the same seed (the output is deterministic).
 pub(crate) fn write_image(path: &Path, bytes: &[u8]) -> Result<(), SynthError> {
-    let tmp = shards::temp_path(path);
+    let tmp = tessera_shards::temp_path(path);
     std::fs::write(&tmp, bytes).map_err(|e| SynthError::io(&tmp, e))?;
     std::fs::rename(&tmp, path).map_err(|e| SynthError::io(path, e))
 }
 
 /// Writes the record list as compact JSON, atomically and durably.
 pub(crate) fn write_json(path: &Path, records: &[LlavaRecord]) -> Result<(), SynthError> {
-    shards::write_atomically_with(path, |file, tmp| {
+    tessera_shards::write_atomically_with(path, |file, tmp| {
         serde_json::to_writer(file, records).map_err(|source| SynthError::Json {
             path: tmp.to_path_buf(),
             source,

@@ -13,7 +13,7 @@
 //! A share of records can be text-only multi-turn conversations (`text_only`). Every sample
 //! draws from its own RNG seeded from `(seed, index)`, so the output is byte-identical for a
 //! seed whatever the number of workers. Every file is written to a temporary name and renamed;
-//! the json and the zip also go through `shards::write_atomically_with` (fsynced, folder
+//! the json and the zip also go through `tessera_shards::write_atomically_with` (fsynced, folder
 //! fsynced), the images are not fsynced one by one (see `layout::write_image`).
 mod archive;
 mod error;

@@ -1,7 +1,7 @@
 //! What the workspace's tests share: synthetic shard samples ([`sample`]) and the check that
 //! an error prints its cause exactly once ([`assert_cause_printed_once`]). A dev-dependency
 //! only; nothing here is part of tessera.
-use shards::{Image, Kind, Sample, Turn};
+use tessera_shards::{Image, Kind, Sample, Turn};
 
 /// `error` printed as the CLI prints it ([`tessera_errors::with_causes`]) and as anyhow's
 /// `{:#}` prints a chain holds `cause`'s text exactly once in both.
@@ -34,7 +34,7 @@ pub fn sample(i: u32, images: u32, image_bytes: impl Fn(u32) -> Vec<u8>) -> Samp
         })
         .collect();
     let count = images.len();
-    let placeholder = text::SpecialTokens::qwen_before_recorded().image.id;
+    let placeholder = tessera_text::SpecialTokens::qwen_before_recorded().image.id;
     let mut ids: Vec<u32> = vec![placeholder; count];
     ids.extend((0..(5 + i % 11)).map(|t| t * 1000 + i));
     let mask: Vec<bool> = (0..ids.len()).map(|t| t >= count && t % 2 == 1).collect();
@@ -45,7 +45,7 @@ pub fn sample(i: u32, images: u32, image_bytes: impl Fn(u32) -> Vec<u8>) -> Samp
         } else {
             Kind::Image
         },
-        input_ids_crc32c: Some(shards::input_ids_crc32c(&ids)),
+        input_ids_crc32c: Some(tessera_shards::input_ids_crc32c(&ids)),
         images,
         conversation: vec![
             Turn {

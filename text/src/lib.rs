@@ -13,8 +13,8 @@
 //!    template through [`ChatTemplate`], stop ids) for `tessera generate --lm`.
 //!
 //! ```
-//! use text::chat::{Role, Template};
-//! use text::{SpecialTokens, Token};
+//! use tessera_text::chat::{Role, Template};
+//! use tessera_text::{SpecialTokens, Token};
 //! let tokens = SpecialTokens {
 //!     image: Token::new("<image>", 3),
 //!     image_frame: None,

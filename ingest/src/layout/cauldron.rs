@@ -13,8 +13,8 @@ use crate::reason::Reason;
 use crate::record::Record;
 use arrow_array::cast::AsArray;
 use arrow_array::{Array, RecordBatch};
-use shards::Turn;
-use text::chat::IMAGE_TAG;
+use tessera_shards::Turn;
+use tessera_text::chat::IMAGE_TAG;
 
 /// The columns a cauldron row needs.
 pub(crate) const COLUMNS: [&str; 2] = ["images", "texts"];

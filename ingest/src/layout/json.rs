@@ -18,10 +18,10 @@ use crate::reason::Reason;
 use crate::record::{ImageRef, Record};
 use serde::Deserialize;
 use sha2::Digest;
-use shards::Turn;
 use std::ops::Range;
 use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use tessera_shards::Turn;
 
 /// The mapping's page size for `MADV_DONTNEED` ranges (4 KiB pages; a larger page size only
 /// makes a release start inside a page, which the kernel rounds).

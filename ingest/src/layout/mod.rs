@@ -41,10 +41,12 @@ impl Format {
     /// The chat template a layout's records are rendered with when `--template` is not
     /// given: plain for LLaVA-Pretrain's json (an image and its caption), chatml for the chat
     /// layouts, whose records hold several turns.
-    pub fn default_template(self) -> text::chat::Template {
+    pub fn default_template(self) -> tessera_text::chat::Template {
         match self {
-            Format::Llava => text::chat::Template::Plain,
-            Format::Onevision | Format::Cauldron | Format::Messages => text::chat::Template::Chatml,
+            Format::Llava => tessera_text::chat::Template::Plain,
+            Format::Onevision | Format::Cauldron | Format::Messages => {
+                tessera_text::chat::Template::Chatml
+            }
         }
     }
 
@@ -101,7 +103,7 @@ pub(crate) enum Input {
 /// Whether `spec` names parquet (else json): a URL, a folder, a `.parquet` file, or a file
 /// whose first bytes are parquet's magic.
 fn is_parquet(spec: &str) -> Result<bool, IngestError> {
-    if remote::is_remote(spec) {
+    if tessera_remote::is_remote(spec) {
         return Ok(true);
     }
     let path = Path::new(spec);

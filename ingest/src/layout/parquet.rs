@@ -1,6 +1,6 @@
 //! Parquet inputs (`datasets` exports: the_cauldron, FineVision, TRL's `messages` sets): one
 //! file, or every `*.parquet` directly in a folder (sorted by name), local or in object storage
-//! (`s3://`, `gs://`, `az://`, through the `remote` crate). Files are read one row group at a
+//! (`s3://`, `gs://`, `az://`, through `tessera-remote`). Files are read one row group at a
 //! time, [`BATCH_ROWS`] rows per decoded batch, only the columns the layout needs: a local file
 //! page by page, a remote one by fetching the row group's projected column chunks in one batch
 //! of ranged requests. So memory holds about one row group's worth of compressed chunks
@@ -14,9 +14,9 @@ use parquet::arrow::arrow_reader::{
 use parquet::arrow::ProjectionMask;
 use parquet::file::reader::ChunkReader;
 use sha2::{Digest, Sha256};
-use shards::{FetchedRanges, RemoteFiles, ShardInfo};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use tessera_shards::{FetchedRanges, RemoteFiles, ShardInfo};
 
 /// Rows per decoded batch: a few MB of images.
 pub(crate) const BATCH_ROWS: usize = 64;
@@ -222,7 +222,7 @@ impl ParquetInput {
     /// Opens `spec`: a local file or folder, or a URL of a file or a folder (`s3://b/p/` or
     /// `s3://b/p/train.parquet`). Reads every file's footer.
     pub(crate) fn open(spec: &str) -> Result<ParquetInput, IngestError> {
-        let files = if remote::is_remote(spec) {
+        let files = if tessera_remote::is_remote(spec) {
             open_remote(spec)?
         } else {
             open_local(Path::new(spec))?
@@ -314,7 +314,7 @@ fn open_remote(spec: &str) -> Result<Vec<ParquetFile>, IngestError> {
         _ => (trimmed.to_string(), None),
     };
     let files: Arc<dyn RemoteFiles> =
-        remote::open_remote(&dir, None, &[]).map_err(|e| IngestError::Shards(e.into()))?;
+        tessera_remote::open_remote(&dir, None, &[]).map_err(|e| IngestError::Shards(e.into()))?;
     let mut names = match names {
         Some(names) => names,
         None => files

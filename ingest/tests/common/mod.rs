@@ -2,10 +2,10 @@
 //! and helpers to run an ingest and read back what it wrote.
 #![allow(dead_code)]
 use image::{ImageEncoder, RgbImage};
-use ingest::IngestConfig;
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
-use text::chat::Template;
+use tessera_ingest::IngestConfig;
+use tessera_text::chat::Template;
 
 /// The Qwen tokenizer under the workspace's `.deps/` (these fixtures serve both the `ingest`
 /// crate's tests and the workspace root's).

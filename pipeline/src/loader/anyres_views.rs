@@ -12,7 +12,7 @@
 use super::decode::RgbImage;
 use super::resize::{ChwResizer, ResizeError};
 use super::ResizePolicy;
-use shards::image_layout::ImageTokens;
+use tessera_shards::image_layout::ImageTokens;
 
 /// Writes the views of `img` under `geometry` into `out` (`geometry.tiles` views of
 /// `3 x tile x tile` bytes); `canvas` is scratch, kept between calls. `source_dims` is the

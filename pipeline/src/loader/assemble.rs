@@ -9,8 +9,8 @@
 //! t >= 1 with `label_mask[t]`), the count the planner hands the trainer for loss scaling.
 use super::{LoaderConfig, LoaderError};
 use crate::{MicroBatch, IGNORE_INDEX};
-use shards::image_layout::ImageTokens;
-use shards::{Kind, Sample};
+use tessera_shards::image_layout::ImageTokens;
+use tessera_shards::{Kind, Sample};
 
 /// One sample as it enters a row.
 pub(super) struct RowSample {

@@ -1,9 +1,9 @@
 //! `LoaderConfig`: image size, token ids, resize and bad-image policies, thread count.
 //! Built through `LoaderConfig::builder()`, whose `build()` rejects unusable values.
 use super::LoaderError;
-use shards::image_layout::{ImageLayout, ImageTokens, Tower};
+use tessera_shards::image_layout::{ImageLayout, ImageTokens, Tower};
 use tessera_switches::Switches;
-use text::SpecialTokens;
+use tessera_text::SpecialTokens;
 
 /// How an image becomes `size x size`. Named `squash` / `pad` in TOML, JSON and (with the
 /// `clap` feature) on the command line.

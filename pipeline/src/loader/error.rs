@@ -15,7 +15,7 @@ pub enum LoaderError {
     Read {
         indices: Vec<u64>,
         #[source]
-        source: shards::ShardError,
+        source: tessera_shards::ShardError,
     },
     /// The source answered with a different number of samples than asked for.
     #[error("reading samples {indices:?}: asked for {asked} samples, got {got}")]
@@ -73,7 +73,7 @@ pub enum LoaderError {
 
 /// What a checksum covers: `input_ids`, `image` (a sample of one), `image 2 of 3`.
 fn checked(column: &'static str, image: Option<(u32, u32)>) -> String {
-    let mismatch = shards::ChecksumMismatch {
+    let mismatch = tessera_shards::ChecksumMismatch {
         column,
         image,
         stored: 0,
@@ -111,7 +111,7 @@ impl LoaderError {
             LoaderError::Decode { .. }
                 | LoaderError::Resize { .. }
                 | LoaderError::Checksum {
-                    column: shards::col::IMAGES,
+                    column: tessera_shards::col::IMAGES,
                     ..
                 }
         )
@@ -125,7 +125,7 @@ mod tests {
 
     #[test]
     fn every_wrapped_error_prints_once() {
-        let shard = shards::ShardError::Io {
+        let shard = tessera_shards::ShardError::Io {
             path: "shard-00003.parquet".into(),
             source: std::io::Error::other("disk on fire"),
         };

@@ -1,6 +1,6 @@
 //! The loader: one rank's `MicroBatchPlan`s in, `MicroBatch`es out, in the same order.
 //!
-//! 1. `source`: read the plan's samples by global index (`shards::Dataset`, memory-mapped).
+//! 1. `source`: read the plan's samples by global index (`tessera_shards::Dataset`, memory-mapped).
 //! 2. `decode`: each image's bytes -> RGB (every image of a sample, in placeholder order),
 //!    DCT-scaled where a JPEG is much larger than needed.
 //! 3. `resize`: `squash` or `pad` to `S x S`, bicubic, SIMD, written as u8 CHW (the kernels
@@ -11,9 +11,9 @@
 //! 5. `pool`: steps 1-4 for whole micro-batches on N threads, bounded channels, reorder buffer.
 //!
 //! ```
-//! use pipeline::loader::{Loader, LoaderConfig, SampleSource};
-//! use pipeline::MicroBatchPlan;
-//! use shards::{Kind, Sample};
+//! use tessera_pipeline::loader::{Loader, LoaderConfig, SampleSource};
+//! use tessera_pipeline::MicroBatchPlan;
+//! use tessera_shards::{Kind, Sample};
 //! use std::sync::Arc;
 //!
 //! let sample = Sample {

@@ -1,7 +1,7 @@
-//! Where the loader's samples come from: `shards::Dataset` in production, a `Vec<Sample>` in
+//! Where the loader's samples come from: `tessera_shards::Dataset` in production, a `Vec<Sample>` in
 //! tests and benchmarks. Reads are by global sample index and come back in the asked order.
 use super::LoaderError;
-use shards::Sample;
+use tessera_shards::Sample;
 
 /// Random access to samples by global index; shared by all worker threads.
 pub trait SampleSource: Send + Sync {
@@ -41,7 +41,7 @@ impl SampleSource for Vec<Sample> {
                     .cloned()
                     .ok_or_else(|| LoaderError::Read {
                         indices: vec![i],
-                        source: shards::ShardError::OutOfRange {
+                        source: tessera_shards::ShardError::OutOfRange {
                             index: i,
                             len: self.len(),
                         },
@@ -51,20 +51,20 @@ impl SampleSource for Vec<Sample> {
     }
 }
 
-impl SampleSource for shards::Dataset {
+impl SampleSource for tessera_shards::Dataset {
     fn read(&self, indices: &[u64]) -> Result<Vec<Sample>, LoaderError> {
-        shards::Dataset::read(self, indices).map_err(|source| LoaderError::Read {
+        tessera_shards::Dataset::read(self, indices).map_err(|source| LoaderError::Read {
             indices: indices.to_vec(),
             source,
         })
     }
 
     fn reads_ahead(&self) -> bool {
-        shards::Dataset::reads_ahead(self)
+        tessera_shards::Dataset::reads_ahead(self)
     }
 
     fn read_ahead(&self, indices: &[u64]) -> Result<(), LoaderError> {
-        shards::Dataset::read_ahead(self, indices).map_err(|source| LoaderError::Read {
+        tessera_shards::Dataset::read_ahead(self, indices).map_err(|source| LoaderError::Read {
             indices: indices.to_vec(),
             source,
         })
@@ -72,8 +72,8 @@ impl SampleSource for shards::Dataset {
 
     fn locate(&self, index: u64) -> String {
         let url = match self.source() {
-            shards::DatasetLocation::Remote(files) => format!("{}/", files.url()),
-            shards::DatasetLocation::Dir(_) => String::new(),
+            tessera_shards::DatasetLocation::Remote(files) => format!("{}/", files.url()),
+            tessera_shards::DatasetLocation::Dir(_) => String::new(),
         };
         match self.location(index) {
             Some((shard, row)) => format!("{url}{shard} row {row}"),

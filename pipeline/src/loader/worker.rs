@@ -10,11 +10,11 @@ use super::resize::{content_box, ChwResizer, ResizeError};
 use super::stats::StatCells;
 use super::{BadImagePolicy, LoaderConfig, LoaderError, SampleSource};
 use crate::{MicroBatch, MicroBatchPlan};
-use shards::image_layout::{ImageLayout, ImageTokens};
-use shards::{Kind, Sample};
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::Instant;
+use tessera_shards::image_layout::{ImageLayout, ImageTokens};
+use tessera_shards::{Kind, Sample};
 
 pub(crate) struct Worker {
     source: Arc<dyn SampleSource>,

@@ -21,6 +21,6 @@ pub enum MixError {
     #[error("mixture source {name}")]
     Shards {
         name: String,
-        source: shards::ShardError,
+        source: tessera_shards::ShardError,
     },
 }

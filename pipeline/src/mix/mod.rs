@@ -18,8 +18,8 @@ pub use spec::{is_mixture, Amount, MixSpec, SourceSpec};
 use crate::loader::{LoaderError, SampleSource};
 use draw::{interleave, proportional_counts, seed_of, source_sequence};
 use sha2::{Digest, Sha256};
-use shards::{Dataset, Sample, SampleMeta};
 use std::sync::Arc;
+use tessera_shards::{Dataset, Sample, SampleMeta};
 
 /// One opened source of a mixture.
 pub struct MixSource {
@@ -186,7 +186,7 @@ impl Mixture {
     }
 
     /// The first source's index.json (every source shares its tokenizer and template).
-    pub fn manifest(&self) -> &shards::Manifest {
+    pub fn manifest(&self) -> &tessera_shards::Manifest {
         self.sources[0].dataset.manifest()
     }
 
@@ -265,7 +265,7 @@ impl SampleSource for Mixture {
             .map(|(s, &i)| {
                 s.ok_or_else(|| LoaderError::Read {
                     indices: vec![i],
-                    source: shards::ShardError::OutOfRange {
+                    source: tessera_shards::ShardError::OutOfRange {
                         index: i,
                         len: self.len() as usize,
                     },

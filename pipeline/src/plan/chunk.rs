@@ -8,7 +8,7 @@
 use super::assign::{assign_buckets, assign_rows, balance_costs};
 use super::planner::{Mode, Planner};
 use super::rows::pack_rows;
-use shards::Kind;
+use tessera_shards::Kind;
 
 /// One rank's micro-batch as sample indices per row.
 #[derive(Clone, Debug, PartialEq, Eq)]

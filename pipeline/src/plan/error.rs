@@ -1,5 +1,5 @@
 //! `PlanError`: everything the planner rejects, each message naming the setting or the sample.
-use shards::Kind;
+use tessera_shards::Kind;
 
 /// Why a planner could not be built or a plan could not be resumed.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]

@@ -17,7 +17,7 @@
 //! [`OverLong::Skip`] leaves them out of every epoch and lists them ([`Planner::skipped`]).
 //!
 //! ```
-//! use pipeline::plan::{Mode, Planner, synthetic_llava};
+//! use tessera_pipeline::plan::{Mode, Planner, synthetic_llava};
 //! let samples = synthetic_llava(2_000, 0.1, 7);
 //! let planner = Planner::builder()
 //!     .samples(&samples)
@@ -36,7 +36,7 @@
 //!     .filter(|mb| !mb.zero_loss).map(|mb| mb.rows.iter().flatten().count() as u64).sum();
 //! assert_eq!(done + rest.stats.samples, 2_000);
 //! # assert_eq!(Mode::default(), Mode::Pack);
-//! # Ok::<(), pipeline::plan::PlanError>(())
+//! # Ok::<(), tessera_pipeline::plan::PlanError>(())
 //! ```
 mod assign;
 mod chunk;

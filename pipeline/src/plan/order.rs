@@ -5,7 +5,7 @@ use rand::seq::SliceRandom;
 use rand::SeedableRng;
 use rand_chacha::ChaCha20Rng;
 use sha2::{Digest, Sha256};
-use shards::Kind;
+use tessera_shards::Kind;
 
 #[derive(Clone, Debug)]
 pub(crate) struct SampleOrder {

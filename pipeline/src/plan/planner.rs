@@ -1,7 +1,7 @@
 //! `PlannerBuilder` -> `Planner`: the planner's inputs, validated once in `build()`.
 use super::error::PlanError;
 use super::order::SampleOrder;
-use shards::{Kind, SampleImages, SampleMeta};
+use tessera_shards::{Kind, SampleImages, SampleMeta};
 
 /// How samples become micro-batches.
 #[derive(
@@ -143,7 +143,7 @@ impl PlannerBuilder {
         self.image_tokens = n;
         self
     }
-    /// Each sample's images as a layout makes them (`shards::sample_images`, in the order of
+    /// Each sample's images as a layout makes them (`tessera_shards::sample_images`, in the order of
     /// `samples`): an image sample then counts those tokens, and its tiles in the rank
     /// balance's cost, instead of `image_tokens` per image.
     pub fn sample_images(mut self, images: Vec<SampleImages>) -> Self {
@@ -182,7 +182,7 @@ impl PlannerBuilder {
         self.mode = mode;
         self
     }
-    /// The dataset's fingerprint (`shards::Dataset::fingerprint`): part of the shuffle seed.
+    /// The dataset's fingerprint (`tessera_shards::Dataset::fingerprint`): part of the shuffle seed.
     pub fn fingerprint(mut self, fingerprint: &str) -> Self {
         self.fingerprint = fingerprint.to_string();
         self

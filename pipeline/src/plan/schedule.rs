@@ -10,7 +10,7 @@ use super::planner::{Mode, Planner};
 use super::stats::StatsAccumulator;
 use super::types::{MicroStep, Plan, Position, Step};
 use crate::MicroBatchPlan;
-use shards::Kind;
+use tessera_shards::Kind;
 
 impl Planner {
     /// Where an epoch starts.

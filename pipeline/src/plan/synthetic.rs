@@ -4,7 +4,7 @@
 //! metadata the planner reads is produced, so benches and tests need no shards.
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
-use shards::{Kind, SampleMeta};
+use tessera_shards::{Kind, SampleMeta};
 
 /// `n` samples, a `text_only_fraction` of them text-only, drawn from `seed`.
 pub fn synthetic_llava(n: usize, text_only_fraction: f64, seed: u64) -> Vec<SampleMeta> {

@@ -1,7 +1,7 @@
 //! What a plan is made of: steps of micro-steps of per-rank `MicroBatchPlan`s, the resume
 //! `Position`, and the per-plan quality statistics.
 use crate::MicroBatchPlan;
-use shards::Kind;
+use tessera_shards::Kind;
 
 /// Where an epoch stands: how many samples of each kind are consumed. It does not depend on
 /// the world size, so a run resumed with a different W continues from exactly these samples.

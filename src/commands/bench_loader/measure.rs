@@ -1,13 +1,13 @@
 //! Measurements behind `tessera bench loader`: the loader on a dataset prefix, the decode-only
 //! bound on the same image bytes, and an export of those images as a LLaVA json + folder for
-//! the PIL reference loader. Only `pipeline`'s public loader API is used: the measuring lives
-//! with the command, not in the library.
-use pipeline::loader::{Loader, LoaderConfig, LoaderError, LoaderStats, SampleSource};
-use pipeline::MicroBatchPlan;
-use shards::Kind;
+//! the PIL reference loader. Only `tessera-pipeline`'s public loader API is used: the measuring
+//! lives with the command, not in the library.
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use tessera_pipeline::loader::{Loader, LoaderConfig, LoaderError, LoaderStats, SampleSource};
+use tessera_pipeline::MicroBatchPlan;
+use tessera_shards::Kind;
 
 /// The micro-batches of a bench run and the samples they cover.
 #[derive(Clone, Debug, PartialEq)]

@@ -12,11 +12,11 @@ mod summary;
 
 use anyhow::Context;
 use measure::export_llava;
-use pipeline::loader::ResizePolicy;
 use rounds::Bench;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use summary::{checksum_share, json_line, print_stage_times, Medians, Setting};
+use tessera_pipeline::loader::ResizePolicy;
 use tessera_switches::Switches;
 
 /// Arguments of `tessera bench loader`.
@@ -47,7 +47,7 @@ pub(crate) struct Args {
     /// (LLaVA-OneVision's base view and tiles, measured in views/s against transformers'
     /// LlavaOnevisionImageProcessor from .deps/hfvenv, which cuts 384 px tiles).
     #[arg(long)]
-    image_layout: Option<shards::image_layout::ImageLayout>,
+    image_layout: Option<tessera_shards::image_layout::ImageLayout>,
     /// The tower's patch side under --image-layout anyres_max_N (so400m: 14).
     #[arg(long, default_value_t = 14)]
     patch_size: u32,
@@ -65,7 +65,7 @@ pub(crate) struct Args {
 }
 
 pub(crate) fn run(args: Args) -> anyhow::Result<()> {
-    if ::remote::is_remote(&args.shards) {
+    if tessera_remote::is_remote(&args.shards) {
         return remote::run(&args);
     }
     let bench = Bench::prepare(&args)?;

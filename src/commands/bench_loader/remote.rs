@@ -6,11 +6,11 @@ use super::measure::{run_loader, workload};
 use super::summary::median;
 use super::Args;
 use anyhow::Context;
-use pipeline::loader::{LoaderConfig, SampleSource};
-use shards::{Dataset, DatasetLocation, RemoteFiles, INDEX_FILE};
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
+use tessera_pipeline::loader::{LoaderConfig, SampleSource};
+use tessera_shards::{Dataset, DatasetLocation, RemoteFiles, INDEX_FILE};
 
 /// A scratch directory removed on drop (the local copy and the cache).
 struct Scratch(std::path::PathBuf);
@@ -28,7 +28,7 @@ pub(super) fn run(args: &Args) -> anyhow::Result<()> {
     let (local_dir, cache_dir) = (scratch.0.join("local"), scratch.0.join("cache"));
     std::fs::create_dir_all(&local_dir)?;
 
-    let files = remote::open_remote(url, None, &[])?;
+    let files = tessera_remote::open_remote(url, None, &[])?;
     let started = Instant::now();
     let whole_bytes = download(files.as_ref(), &local_dir)?;
     let download_s = started.elapsed().as_secs_f64();
@@ -52,7 +52,7 @@ pub(super) fn run(args: &Args) -> anyhow::Result<()> {
         .resize(args.policy)
         .tokens(&Dataset::open(&local_dir)?.manifest().special_tokens())
         .build()?;
-    let cache = remote::CacheConfig {
+    let cache = tessera_remote::CacheConfig {
         dir: cache_dir,
         limit: u64::MAX,
     };
@@ -60,12 +60,13 @@ pub(super) fn run(args: &Args) -> anyhow::Result<()> {
         let (stats, took) = run_loader(source, work.plans.clone(), config.clone())?;
         Ok(stats.images as f64 / took.as_secs_f64())
     };
-    let open_remote = || -> anyhow::Result<(Arc<remote::ObjectFiles>, Arc<dyn SampleSource>)> {
-        let files = remote::open_remote(url, Some(&cache), &[])?;
-        let dataset = Dataset::open_at(&DatasetLocation::Remote(files.clone()))?;
-        dataset.metadata()?; // the planner's scan, as `train` does
-        Ok((files, Arc::new(dataset)))
-    };
+    let open_remote =
+        || -> anyhow::Result<(Arc<tessera_remote::ObjectFiles>, Arc<dyn SampleSource>)> {
+            let files = tessera_remote::open_remote(url, Some(&cache), &[])?;
+            let dataset = Dataset::open_at(&DatasetLocation::Remote(files.clone()))?;
+            dataset.metadata()?; // the planner's scan, as `train` does
+            Ok((files, Arc::new(dataset)))
+        };
 
     let local_first = rate(local.clone())?;
     let started = Instant::now();
@@ -134,9 +135,10 @@ pub(super) fn run(args: &Args) -> anyhow::Result<()> {
 }
 
 /// Copies index.json and every shard (fetched whole) into `dir`; returns the shard bytes.
-fn download(files: &remote::ObjectFiles, dir: &Path) -> anyhow::Result<u64> {
+fn download(files: &tessera_remote::ObjectFiles, dir: &Path) -> anyhow::Result<u64> {
     let index = files.read_file(INDEX_FILE)?;
-    let manifest = shards::Manifest::parse(&index, format!("{}/{INDEX_FILE}", files.url()).into())?;
+    let manifest =
+        tessera_shards::Manifest::parse(&index, format!("{}/{INDEX_FILE}", files.url()).into())?;
     let mut total = 0;
     for info in &manifest.shards {
         let bytes = files.read_ranges(info, std::slice::from_ref(&(0..info.bytes)))?;

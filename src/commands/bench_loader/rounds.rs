@@ -4,10 +4,10 @@
 use super::measure::{read_images, run_decode_only, run_loader, workload, Workload};
 use super::Args;
 use anyhow::Context;
-use pipeline::loader::{LoaderConfig, LoaderStats, SampleSource};
-use shards::image_layout::ImageLayout;
 use std::path::Path;
 use std::sync::Arc;
+use tessera_pipeline::loader::{LoaderConfig, LoaderStats, SampleSource};
+use tessera_shards::image_layout::ImageLayout;
 
 /// What every round measures: the dataset prefix, its images' bytes and the loader config.
 pub(super) struct Bench {
@@ -39,7 +39,7 @@ impl Bench {
     /// Opens the local shards of `args`, plans the prefix holding `--limit` image samples and
     /// reads their images (which also warms the page cache).
     pub(super) fn prepare(args: &Args) -> anyhow::Result<Bench> {
-        let dataset = shards::Dataset::open(Path::new(&args.shards))
+        let dataset = tessera_shards::Dataset::open(Path::new(&args.shards))
             .with_context(|| format!("opening shards in {}", args.shards))?;
         let kinds: Vec<_> = dataset.metadata()?.iter().map(|m| m.kind).collect();
         let tokens = dataset.manifest().special_tokens();

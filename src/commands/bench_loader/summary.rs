@@ -1,9 +1,9 @@
 //! What `tessera bench loader` reports over its rounds: the medians, the loader's stage times,
 //! the crc32c check's share, and the machine-readable last line.
 use super::rounds::Round;
-use pipeline::loader::{LoaderStats, ResizePolicy};
-use shards::image_layout::ImageLayout;
 use std::time::Duration;
+use tessera_pipeline::loader::{LoaderStats, ResizePolicy};
+use tessera_shards::image_layout::ImageLayout;
 
 /// The rounds' medians (each ratio is the median of the per-round ratios).
 pub(super) struct Medians {

@@ -6,11 +6,11 @@
 //! - a one-view image: its features, then `image_newline` when the geometry says so (what
 //!   OneVision does with the images of a multi-image sample), else nothing more (LLaVA-1.5).
 //!
-//! The geometry (grid, unpadding, pooled size) comes from `shards::image_layout`, the same
+//! The geometry (grid, unpadding, pooled size) comes from `tessera_shards::image_layout`, the same
 //! numbers the planner counts tokens with, so the features always fill the image's tokens.
 use crate::ModelError;
-use shards::image_layout::ImageTokens;
 use tch::Tensor;
+use tessera_shards::image_layout::ImageTokens;
 
 /// Packs `features` `[tiles, side * side, D]` (the base view first, then the grid's tiles
 /// row by row, after the projector) into `[geometry.total(), D]`. `newline` is `[D]`; a grid

@@ -17,10 +17,10 @@ use super::rope::rotary_tables;
 use super::side_stream::{upload, SideUpload};
 use super::varlen::{use_varlen, Varlen};
 use super::vision;
-use batch::{MicroBatch, IGNORE_INDEX};
-use shards::image_layout::ImageLayout;
 use std::sync::Mutex;
 use tch::{Device, Kind, Tensor};
+use tessera_batch::{MicroBatch, IGNORE_INDEX};
+use tessera_shards::image_layout::ImageLayout;
 
 /// The model's side of the micro-batch contract: what [`VlmCtx::prepare`] checks a micro-batch
 /// against and shapes it by (`Vlm::batch_spec` gives a model's).
@@ -63,7 +63,7 @@ pub struct VlmCtx {
     pub supervised: i64,
     /// Under `anyres_max_N`: each image's views and tokens, in placeholder order (the
     /// projector packs the views by them); empty under `single`.
-    pub image_geometry: Vec<shards::image_layout::ImageTokens>,
+    pub image_geometry: Vec<tessera_shards::image_layout::ImageTokens>,
     /// Normalised pixels `[views, 3, s, s]` f32 (see [`vision::normalize_pixels`]), `None` without
     /// images.
     pub pixel_values: Option<Tensor>,

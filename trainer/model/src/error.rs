@@ -113,7 +113,7 @@ pub enum ModelError {
     /// Writing a file through shards' atomic write (create, fsync, rename, fsync the folder;
     /// a full disk named as such).
     #[error(transparent)]
-    Write(#[from] shards::ShardError),
+    Write(#[from] tessera_shards::ShardError),
 }
 
 impl From<tessera_fsdp::ComputeError> for ModelError {

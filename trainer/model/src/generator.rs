@@ -20,9 +20,9 @@ use super::vocab;
 use super::{projector, Vlm};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
-use shards::image_layout::ImageTokens;
 use tch::{Device, Kind, Tensor};
 use tessera_fsdp::ParamMap;
+use tessera_shards::image_layout::ImageTokens;
 
 /// How to pick tokens and when to stop.
 #[derive(Clone, Debug)]

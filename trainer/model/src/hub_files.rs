@@ -8,7 +8,7 @@
 //! names and shapes alone, then each tensor is asked for, written in 16 MiB pieces converted
 //! to the file's dtype, and dropped before the next one is asked for. Writing a model never
 //! holds more than one of its tensors (plus one piece). Each file is written through shards'
-//! atomic write ([`shards::write_atomically_with`]: a temporary sibling, fsync, rename, fsync of
+//! atomic write ([`tessera_shards::write_atomically_with`]: a temporary sibling, fsync, rename, fsync of
 //! the folder), so a crash leaves no truncated file under a final name; weight files
 //! of an earlier export into the same folder that this one did not write are removed (a
 //! leftover `model.safetensors` beside a new index would be loaded instead of it).
@@ -97,7 +97,8 @@ pub fn write_hub_files<E: From<ModelError>>(
             path: path.clone(),
             source,
         })?;
-        shards::write_atomically(&path, (text + "\n").as_bytes()).map_err(ModelError::from)?;
+        tessera_shards::write_atomically(&path, (text + "\n").as_bytes())
+            .map_err(ModelError::from)?;
         files.push(path);
     }
     remove_stale_weights(dir, &files)?;
@@ -129,7 +130,7 @@ fn write_file<E: From<ModelError>>(
     })?;
     // The data starts 8-byte aligned, padded with spaces as the safetensors writers do.
     header.resize(header.len().next_multiple_of(8), b' ');
-    let written = shards::write_atomically_with(path, |out, tmp| {
+    let written = tessera_shards::write_atomically_with(path, |out, tmp| {
         fill_file(out, tmp, &header, entries, kind, tensor, path)
     });
     written.map_err(|failed| match failed {
@@ -145,8 +146,8 @@ enum Failed<E> {
     Tensor(E),
 }
 
-impl<E> From<shards::ShardError> for Failed<E> {
-    fn from(e: shards::ShardError) -> Self {
+impl<E> From<tessera_shards::ShardError> for Failed<E> {
+    fn from(e: tessera_shards::ShardError) -> Self {
         Failed::Write(ModelError::from(e))
     }
 }

@@ -203,7 +203,7 @@ pub fn full_cross_entropy_sum(hidden: &Tensor, weight: &Tensor, targets: &Tensor
         targets,
         None,
         tch::Reduction::Sum,
-        batch::IGNORE_INDEX,
+        tessera_batch::IGNORE_INDEX,
         0.0,
     )
 }

@@ -8,9 +8,9 @@ use super::error::Result;
 use super::init::{random_params, Preset, INIT_STD};
 use super::{LmFamily, Vlm, VlmOptions};
 use crate::Dtype;
-use batch::{MicroBatch, IGNORE_INDEX};
 use std::time::Instant;
 use tch::{Device, Kind, Tensor};
+use tessera_batch::{MicroBatch, IGNORE_INDEX};
 
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct ThroughputReport {
@@ -30,7 +30,7 @@ pub struct ThroughputReport {
 fn packed_text_batch(rows: usize, row_len: usize, vocab: i64) -> MicroBatch {
     let half = row_len / 2;
     let mut mb = MicroBatch {
-        kind: shards::Kind::Text,
+        kind: tessera_shards::Kind::Text,
         rows,
         row_len,
         input_ids: Vec::new(),

@@ -68,7 +68,7 @@ pub struct VlmOptions {
     /// How images become features (`--image-layout`): `single` (one tile each, LLaVA-1.5) or
     /// `anyres_max_N` (a base view plus tiles, packed with the learned `image_newline`, as
     /// LLaVA-OneVision does).
-    pub image_layout: shards::image_layout::ImageLayout,
+    pub image_layout: tessera_shards::image_layout::ImageLayout,
     /// `--standardize-features`: the per-channel statistics the projector standardises the
     /// features with (frozen projector tensors; see `feature_stats.rs`).
     pub feature_stats: Option<FeatureStats>,
@@ -87,7 +87,7 @@ impl Default for VlmOptions {
             expert_parallel: None,
             image_size: None,
             vision_feature_layer: None,
-            image_layout: shards::image_layout::ImageLayout::Single,
+            image_layout: tessera_shards::image_layout::ImageLayout::Single,
             feature_stats: None,
         }
     }
@@ -161,7 +161,7 @@ impl Vlm {
             lm.hidden_size,
             options.train_projector,
             (
-                options.image_layout != shards::image_layout::ImageLayout::Single,
+                options.image_layout != tessera_shards::image_layout::ImageLayout::Single,
                 options.feature_stats.is_some(),
             ),
         )));
@@ -408,7 +408,7 @@ impl Vlm {
 
     /// Whether the model holds `image_newline` (its images are `anyres_max_N` grids).
     pub fn has_image_newline(&self) -> bool {
-        self.options.image_layout != shards::image_layout::ImageLayout::Single
+        self.options.image_layout != tessera_shards::image_layout::ImageLayout::Single
     }
 
     /// Sets `requires_grad` on the trainable parameters (for the single-process reference).
@@ -432,7 +432,7 @@ impl Vlm {
     }
 
     /// The context of `mb` on the device the parameters live on.
-    pub fn ctx(&self, params: &ParamMap, mb: &batch::MicroBatch) -> Result<VlmCtx> {
+    pub fn ctx(&self, params: &ParamMap, mb: &tessera_batch::MicroBatch) -> Result<VlmCtx> {
         let device = params
             .values()
             .next()
@@ -443,7 +443,7 @@ impl Vlm {
 
     /// Runs the whole chain in one process (the W=1 reference): the summed token loss over
     /// supervised labels and their count. `params` holds every parameter the micro-batch needs.
-    pub fn loss(&self, params: &ParamMap, mb: &batch::MicroBatch) -> Result<(Tensor, i64)> {
+    pub fn loss(&self, params: &ParamMap, mb: &tessera_batch::MicroBatch) -> Result<(Tensor, i64)> {
         let (loss, supervised, _) = self.loss_and_balance(params, mb)?;
         Ok((loss, supervised))
     }
@@ -454,7 +454,7 @@ impl Vlm {
     pub fn loss_and_balance(
         &self,
         params: &ParamMap,
-        mb: &batch::MicroBatch,
+        mb: &tessera_batch::MicroBatch,
     ) -> Result<(Tensor, i64, Option<Tensor>)> {
         let ctx = self.ctx(params, mb)?;
         let loss = summed_loss(run_chain(&self.units, params, &ctx)?);
@@ -462,7 +462,7 @@ impl Vlm {
     }
 
     /// Full logits `[rows, len, vocab]` (evaluation and tests; never used for training).
-    pub fn logits(&self, params: &ParamMap, mb: &batch::MicroBatch) -> Result<Tensor> {
+    pub fn logits(&self, params: &ParamMap, mb: &tessera_batch::MicroBatch) -> Result<Tensor> {
         let ctx = self.ctx(params, mb)?;
         let hidden = run_chain(&self.units[..self.units.len() - 1], params, &ctx)?;
         Ok(vocab::logits(&self.lm, params, self.tied, &hidden)?)

@@ -3,7 +3,7 @@
 //! output projection: `lm_head.weight`, or the embedding itself when tied).
 //!
 //! A dataset whose tokenizer had no image token got `<image>` added after its last id (see
-//! `text::SpecialTokens::added`). When that id is past the checkpoint's `vocab_size` (SmolLM2:
+//! `tessera_text::SpecialTokens::added`). When that id is past the checkpoint's `vocab_size` (SmolLM2:
 //! 49,152 ids for 49,152 rows), the model appends rows for the added tokens, as LLaVA resizes
 //! its embeddings for the tokens it adds: [`ADDED_EMBED`] (and [`ADDED_HEAD`] for an untied
 //! head), initialised to the mean of the rows they extend and trained with the projector. The

@@ -20,15 +20,15 @@ use knobs::record_value;
 
 mod recompute_setting;
 mod train_parts;
-pub use pipeline::loader::{BadImagePolicy, ResizePolicy};
-use pipeline::plan::OverLong;
 pub(crate) use recompute_setting::RecomputeSetting;
 use serde::{Deserialize, Serialize};
-use shards::image_layout::ImageLayout;
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
 pub use tessera_fsdp::{Recompute, Strategy};
 pub use tessera_model::Dtype;
+pub use tessera_pipeline::loader::{BadImagePolicy, ResizePolicy};
+use tessera_pipeline::plan::OverLong;
+use tessera_shards::image_layout::ImageLayout;
 pub use train_parts::TrainParts;
 
 /// Why a configuration was refused; every message names the field (or the file) and the reason.
@@ -57,7 +57,7 @@ pub enum ConfigError {
     #[error("config field `{field}`")]
     BadSize {
         field: &'static str,
-        source: remote::RemoteError,
+        source: tessera_remote::RemoteError,
     },
     /// The run folder (`--out`) or an entry of it cannot be listed or cleared.
     #[error("--out {path}")]
@@ -486,7 +486,7 @@ impl TrainConfig {
                 "the loader needs at least 1 thread",
             ));
         }
-        if let Err(source) = remote::parse_size(&self.cache_limit) {
+        if let Err(source) = tessera_remote::parse_size(&self.cache_limit) {
             return Err(ConfigError::BadSize {
                 field: "cache_limit",
                 source,
@@ -528,8 +528,8 @@ impl TrainConfig {
     /// Checks the inputs exist and look like what they claim to be, before any work starts.
     pub fn check_paths(&self) -> Result<(), ConfigError> {
         let spec = self.shards.to_string_lossy();
-        let remote_shards = remote::is_remote(&spec);
-        if pipeline::mix::is_mixture(&spec) {
+        let remote_shards = tessera_remote::is_remote(&spec);
+        if tessera_pipeline::mix::is_mixture(&spec) {
             // A mixture file: its sources are checked as they are opened.
             if !self.shards.is_file() {
                 return Err(invalid(

@@ -1,11 +1,11 @@
 //! What `--shards` names: one shard set (a folder or a URL) or a mixture file (`mix.toml`,
-//! `pipeline::mix`) of several, each read through the same cache settings. The loop sees one
+//! `tessera_pipeline::mix`) of several, each read through the same cache settings. The loop sees one
 //! sample source and one fingerprint either way; a mixture also draws each epoch's items.
 use crate::error::TrainError;
-use pipeline::loader::SampleSource;
-use pipeline::mix::{Draw, MixSpec, Mixture};
-use shards::{Dataset, DatasetLocation, Manifest, SampleMeta};
 use std::sync::Arc;
+use tessera_pipeline::loader::SampleSource;
+use tessera_pipeline::mix::{Draw, MixSpec, Mixture};
+use tessera_shards::{Dataset, DatasetLocation, Manifest, SampleMeta};
 
 /// The training data.
 #[derive(Clone)]
@@ -20,14 +20,14 @@ impl TrainData {
         spec: &str,
         open: &dyn Fn(&str) -> Result<DatasetLocation, TrainError>,
     ) -> Result<TrainData, TrainError> {
-        if !pipeline::mix::is_mixture(spec) {
+        if !tessera_pipeline::mix::is_mixture(spec) {
             return Ok(TrainData::Shards(Arc::new(Dataset::open_at(&open(spec)?)?)));
         }
         let mix = MixSpec::load(std::path::Path::new(spec))?;
         let mut datasets = Vec::with_capacity(mix.sources.len());
         for source in &mix.sources {
             let dataset = Dataset::open_at(&open(&source.shards)?).map_err(|e| {
-                TrainError::Mix(pipeline::mix::MixError::Shards {
+                TrainError::Mix(tessera_pipeline::mix::MixError::Shards {
                     name: source.name.clone(),
                     source: e,
                 })
@@ -65,19 +65,23 @@ impl TrainData {
         })
     }
 
-    /// Each sample's image tokens and tiles under `layout` (see `shards::sample_images`), in
+    /// Each sample's image tokens and tiles under `layout` (see `tessera_shards::sample_images`), in
     /// the order of [`Self::metadata`].
     pub(crate) fn sample_images(
         &self,
-        layout: &shards::image_layout::ImageLayout,
-        tower: shards::image_layout::Tower,
-    ) -> Result<Vec<shards::SampleImages>, TrainError> {
+        layout: &tessera_shards::image_layout::ImageLayout,
+        tower: tessera_shards::image_layout::Tower,
+    ) -> Result<Vec<tessera_shards::SampleImages>, TrainError> {
         Ok(match self {
-            TrainData::Shards(d) => shards::sample_images(d, layout, tower)?,
+            TrainData::Shards(d) => tessera_shards::sample_images(d, layout, tower)?,
             TrainData::Mixture(m) => {
                 let mut out = Vec::new();
                 for source in m.sources() {
-                    out.extend(shards::sample_images(&source.dataset, layout, tower)?);
+                    out.extend(tessera_shards::sample_images(
+                        &source.dataset,
+                        layout,
+                        tower,
+                    )?);
                 }
                 out
             }

@@ -25,13 +25,13 @@ pub enum TrainError {
     #[error(transparent)]
     Fsdp(#[from] FsdpError),
     #[error(transparent)]
-    Shards(#[from] shards::ShardError),
+    Shards(#[from] tessera_shards::ShardError),
     #[error(transparent)]
-    Plan(#[from] pipeline::plan::PlanError),
+    Plan(#[from] tessera_pipeline::plan::PlanError),
     #[error(transparent)]
-    Mix(#[from] pipeline::mix::MixError),
+    Mix(#[from] tessera_pipeline::mix::MixError),
     #[error(transparent)]
-    Loader(#[from] pipeline::loader::LoaderError),
+    Loader(#[from] tessera_pipeline::loader::LoaderError),
     #[error(transparent)]
     Metrics(#[from] MetricsError),
     #[error(transparent)]
@@ -58,7 +58,7 @@ pub enum TrainError {
     #[error("--val-shards {dir}")]
     ValidationPlan {
         dir: PathBuf,
-        source: pipeline::plan::PlanError,
+        source: tessera_pipeline::plan::PlanError,
     },
     /// A refusal of tessera's own (no underlying error).
     #[error("{0}")]

@@ -25,8 +25,8 @@ fn json_cause() -> serde_json::Error {
     }
 }
 
-fn shard_cause(path: &std::path::Path) -> shards::ShardError {
-    match shards::sha256_file(path) {
+fn shard_cause(path: &std::path::Path) -> tessera_shards::ShardError {
+    match tessera_shards::sha256_file(path) {
         Err(e) => e,
         Ok(_) => panic!("{} exists", path.display()),
     }
@@ -145,7 +145,7 @@ fn fsdp_and_dist_errors_print_their_cause_once() {
 fn train_errors_print_their_cause_once() {
     let missing = PathBuf::from("/nonexistent/tessera/shard-00000.parquet");
     let shard_cause_text = match shard_cause(&missing) {
-        shards::ShardError::Io { source, .. } => source.to_string(),
+        tessera_shards::ShardError::Io { source, .. } => source.to_string(),
         other => panic!("hashing a missing file failed otherwise: {other}"),
     };
     let mut cases: Vec<(TrainError, String, &str)> = vec![
@@ -238,7 +238,7 @@ fn train_errors_print_their_cause_once() {
         (
             TrainError::ValidationPlan {
                 dir: "/data/val".into(),
-                source: pipeline::plan::PlanError::ZeroBudget,
+                source: tessera_pipeline::plan::PlanError::ZeroBudget,
             },
             "token budget 0 is not a budget".into(),
             "/data/val",

@@ -18,7 +18,7 @@ use std::path::{Path, PathBuf};
 /// Written at the start of a run: what the model is, for `export` and `generate`.
 pub(crate) const VLM_FILE: &str = "vlm.json";
 /// The run's copy of the tokenizer its shards were made with.
-pub(crate) const TOKENIZER_FILE: &str = shards::TOKENIZER_FILE;
+pub(crate) const TOKENIZER_FILE: &str = tessera_shards::TOKENIZER_FILE;
 pub(crate) const METRICS_FILE: &str = "metrics.jsonl";
 const PLAN_FILE: &str = "plan.jsonl";
 const RESUMES_FILE: &str = "resumes.jsonl";

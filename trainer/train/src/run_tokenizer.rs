@@ -25,11 +25,12 @@ impl RunDir {
                 })
             }
         };
-        let (found, _) = shards::sha256_file(&path).map_err(|e| ExportError::Unreadable {
-            run: self.path().to_path_buf(),
-            what: "cannot read its tokenizer".into(),
-            source: e.into(),
-        })?;
+        let (found, _) =
+            tessera_shards::sha256_file(&path).map_err(|e| ExportError::Unreadable {
+                run: self.path().to_path_buf(),
+                what: "cannot read its tokenizer".into(),
+                source: e.into(),
+            })?;
         if found != expected {
             return Err(ExportError::TokenizerMismatch {
                 run: self.path().to_path_buf(),
@@ -45,10 +46,13 @@ impl RunDir {
     /// shards' index.json into the run folder, after checking it is the tokenizer the index
     /// names. Shards without one (ingested before ingest kept it) leave the run without a
     /// tokenizer: export and generate then need `--tokenizer`, and the log says so.
-    pub(crate) fn keep_tokenizer(&self, dataset: &shards::Dataset) -> Result<(), TrainError> {
-        let name = shards::TOKENIZER_FILE;
+    pub(crate) fn keep_tokenizer(
+        &self,
+        dataset: &tessera_shards::Dataset,
+    ) -> Result<(), TrainError> {
+        let name = tessera_shards::TOKENIZER_FILE;
         let bytes = match dataset.source() {
-            shards::DatasetLocation::Dir(dir) => {
+            tessera_shards::DatasetLocation::Dir(dir) => {
                 let path = dir.join(name);
                 if path.is_file() {
                     Some(std::fs::read(&path).map_err(crate::error::io(&path))?)
@@ -56,7 +60,7 @@ impl RunDir {
                     None
                 }
             }
-            shards::DatasetLocation::Remote(files) => {
+            tessera_shards::DatasetLocation::Remote(files) => {
                 if files.list()?.iter().any(|n| n == name) {
                     Some(files.read_file(name)?.to_vec())
                 } else {
@@ -86,7 +90,7 @@ impl RunDir {
             .into());
         }
         let path = self.tokenizer();
-        shards::write_atomically(&path, &bytes)?;
+        tessera_shards::write_atomically(&path, &bytes)?;
         Ok(())
     }
 }

@@ -13,12 +13,12 @@ use tessera_model::LmConfig;
 /// holds one; a folder without tokenizer.json, as `init-model` writes without `--tokenizer`,
 /// cannot be checked, which rank 0 logs).
 pub(crate) fn check_tokenizer(
-    manifest: &shards::Manifest,
+    manifest: &tessera_shards::Manifest,
     shards: &Path,
     lm_dir: &Path,
     rank: usize,
 ) -> Result<(), TrainError> {
-    let path = lm_dir.join(shards::TOKENIZER_FILE);
+    let path = lm_dir.join(tessera_shards::TOKENIZER_FILE);
     if !path.is_file() {
         if rank == 0 {
             tracing::warn!(
@@ -30,7 +30,7 @@ pub(crate) fn check_tokenizer(
         }
         return Ok(());
     }
-    let (found, _) = shards::sha256_file(&path)?;
+    let (found, _) = tessera_shards::sha256_file(&path)?;
     let expected = manifest.source_tokenizer_fingerprint();
     if found != expected {
         return Err(ConfigError::Invalid {
@@ -53,7 +53,7 @@ pub(crate) fn check_tokenizer(
 /// every id of the shards' tokenizer has a row). An image or end token past the rows that
 /// ingest did not add means the shards' tokenizer is not this LM's, and is refused.
 pub(crate) fn added_rows(
-    manifest: &shards::Manifest,
+    manifest: &tessera_shards::Manifest,
     shards: &Path,
     lm: &LmConfig,
 ) -> Result<i64, TrainError> {

@@ -3,9 +3,9 @@
 use crate::config::{ResizePolicy, TrainConfig};
 use crate::export::error::ExportError;
 use serde::{Deserialize, Serialize};
-use shards::image_layout::ImageLayout;
 use std::path::{Path, PathBuf};
 use tessera_model::{FeatureStats, LoraConfig, Vlm, VlmOptions};
+use tessera_shards::image_layout::ImageLayout;
 
 /// The VLM a run trains, as exported in `config.json` (LLaVA's key names where it has them).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -42,7 +42,7 @@ pub(crate) struct VlmDescription {
     #[serde(default)]
     pub adapter_dir: Option<String>,
     /// The special tokens the shards were tokenized with.
-    pub special_tokens: text::SpecialTokens,
+    pub special_tokens: tessera_text::SpecialTokens,
     /// Rows the LM appended for tokens ingest added (`<image>`), trained with the projector.
     #[serde(default)]
     pub added_tokens: i64,
@@ -58,7 +58,7 @@ pub(crate) struct VlmDescription {
 
 impl VlmDescription {
     /// The run of `cfg` training `vlm` on the shards of `manifest`.
-    pub(crate) fn new(cfg: &TrainConfig, vlm: &Vlm, manifest: &shards::Manifest) -> Self {
+    pub(crate) fn new(cfg: &TrainConfig, vlm: &Vlm, manifest: &tessera_shards::Manifest) -> Self {
         let abs = |p: &Path| std::fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf());
         let (vision, lm) = (&vlm.vision, &vlm.lm);
         let tokens = manifest.special_tokens();
@@ -106,7 +106,7 @@ impl VlmDescription {
     }
 
     /// The special tokens the run's shards were tokenized with.
-    pub(crate) fn special_tokens(&self) -> text::SpecialTokens {
+    pub(crate) fn special_tokens(&self) -> tessera_text::SpecialTokens {
         self.special_tokens.clone()
     }
 
@@ -117,7 +117,7 @@ impl VlmDescription {
         })?;
         // Atomically: on a resume, the other ranks read it (the recorded feature statistics)
         // while rank 0 writes it again.
-        shards::write_atomically(path, text.as_bytes()).map_err(|e| ExportError::Io {
+        tessera_shards::write_atomically(path, text.as_bytes()).map_err(|e| ExportError::Io {
             path: path.to_path_buf(),
             source: std::io::Error::other(e),
         })

@@ -4,10 +4,10 @@
 //! same gradients for the features and for `image_newline`, and as many rows as the planner
 //! counts for the image.
 use crate::support::*;
-use shards::image_layout::{ImageLayout, Tower};
 use tch::{Device, Kind, Tensor};
 use tessera_fsdp::ParamMap;
 use tessera_model::{load_safetensors, pack_image_features, save_safetensors};
+use tessera_shards::image_layout::{ImageLayout, Tower};
 
 const SO400M: Tower = Tower {
     tile: 384,

@@ -327,7 +327,7 @@ fn smollm2_chat_logits_and_greedy_answer_match_transformers() -> anyhow::Result<
     let theirs: serde_json::Value = serde_json::from_slice(&output.stdout)?;
     assert_eq!(theirs["text"], ANSWER, "transformers' own answer");
 
-    let text = text::ModelTokenizer::from_dir(&dir)?;
+    let text = tessera_text::ModelTokenizer::from_dir(&dir)?;
     let prompt: Vec<i64> = text
         .chat_prompt(QUESTION)?
         .into_iter()
@@ -406,7 +406,7 @@ fn added_token_rows_extend_the_embedding_and_the_head() -> anyhow::Result<()> {
         let new_id = VOCAB;
         let ids = vec![5, new_id, 7, new_id, 9, 11];
         let mut labels: Vec<i64> = ids[1..].to_vec();
-        labels.push(batch::IGNORE_INDEX);
+        labels.push(tessera_batch::IGNORE_INDEX);
         let mb = raw_text_batch(1, 6, ids, labels, (0..6).collect());
         let what = format!("{family:?} tied {tied}");
         assert_close(

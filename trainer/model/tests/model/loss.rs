@@ -2,8 +2,8 @@
 //! whatever the chunk length, and a zero-loss micro-batch still back-propagates.
 
 use crate::support::*;
-use batch::IGNORE_INDEX;
 use tch::{Kind, Tensor};
+use tessera_batch::IGNORE_INDEX;
 use tessera_model::testing::{chunked_cross_entropy_sum, full_cross_entropy_sum};
 
 fn leaf(t: Tensor) -> Tensor {

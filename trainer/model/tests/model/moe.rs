@@ -25,7 +25,7 @@ fn oracle() -> &'static Path {
 
 /// A variant's model, its parameters (every LM weight trainable), the oracle's outputs and
 /// its micro-batch.
-fn load(variant: &str) -> anyhow::Result<(Vlm, ParamMap, ParamMap, batch::MicroBatch)> {
+fn load(variant: &str) -> anyhow::Result<(Vlm, ParamMap, ParamMap, tessera_batch::MicroBatch)> {
     let dir = oracle().join(variant);
     let lm = dir.join("model");
     let options = VlmOptions {

@@ -3,8 +3,8 @@
 //! tokens must land at the placeholder positions.
 
 use crate::support::*;
-use batch::IGNORE_INDEX;
 use tch::{Device, Kind, Tensor};
+use tessera_batch::IGNORE_INDEX;
 use tessera_model::testing::{
     attend, attend_spans, attend_varlen, block_causal_mask, row_spans, Varlen,
 };

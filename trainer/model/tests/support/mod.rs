@@ -1,12 +1,12 @@
 //! Shared helpers of the model and FSDP tests: tiny configs, random parameters, micro-batches built by
 //! hand (the loader is not involved), and a float comparison with an explicit tolerance.
 #![allow(dead_code)]
-use batch::{MicroBatch, IGNORE_INDEX};
-use shards::Kind as SampleKind;
 use tch::Tensor;
+use tessera_batch::{MicroBatch, IGNORE_INDEX};
 use tessera_fsdp::ParamMap;
 use tessera_model::testing::random_params;
 use tessera_model::{LmConfig, LmFamily, LoraConfig, VisionConfig, Vlm, VlmCtx, VlmOptions};
+use tessera_shards::Kind as SampleKind;
 
 /// Placeholder id of the tiny test vocabulary.
 pub(crate) const IMAGE_ID: i64 = 299;

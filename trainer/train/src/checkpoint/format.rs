@@ -89,10 +89,10 @@ pub enum CheckpointError {
     Format { dir: PathBuf, found: u32 },
     /// Hashing or atomically writing one of its files failed (the message names the file).
     #[error(transparent)]
-    File(#[from] shards::ShardError),
+    File(#[from] tessera_shards::ShardError),
     /// The disk is full: the file, the bytes it needed, the bytes free.
     #[error(transparent)]
-    NoSpace(#[from] shards::NoSpace),
+    NoSpace(#[from] tessera_shards::NoSpace),
 }
 
 fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> CheckpointError + '_ {
@@ -160,13 +160,13 @@ pub(crate) fn rank_dir_name(rank: usize) -> String {
     format!("rank-{rank:05}")
 }
 
-/// Writes `value` as JSON through [`shards::write_atomically`] (synced, then renamed).
+/// Writes `value` as JSON through [`tessera_shards::write_atomically`] (synced, then renamed).
 fn write_json_atomic<T: Serialize>(path: &Path, value: &T) -> Result<(), CheckpointError> {
     let bytes = serde_json::to_vec_pretty(value).map_err(|e| CheckpointError::Io {
         path: path.to_path_buf(),
         source: std::io::Error::other(e),
     })?;
-    Ok(shards::write_atomically(path, &bytes)?)
+    Ok(tessera_shards::write_atomically(path, &bytes)?)
 }
 
 /// Flushes `path` (a file this rank wrote, or a folder after entries were renamed into it) to
@@ -177,7 +177,7 @@ fn sync(path: &Path) -> Result<(), CheckpointError> {
         .and_then(|f| f.sync_all())
         .map_err(|e| {
             let size = std::fs::metadata(path).map_or(0, |m| m.len());
-            match shards::NoSpace::from_io(path, &e, size) {
+            match tessera_shards::NoSpace::from_io(path, &e, size) {
                 Some(full) => full.into(),
                 None => io_err(path)(e),
             }
@@ -241,7 +241,7 @@ impl CheckpointWriter {
             let name = path.file_name().map(|n| n.to_string_lossy().into_owned());
             if let Some(name) = name.filter(|n| n != MANIFEST && path.is_file()) {
                 sync(&path)?;
-                manifest.insert(name, shards::sha256_file(&path)?.0);
+                manifest.insert(name, tessera_shards::sha256_file(&path)?.0);
             }
         }
         write_json_atomic(&self.rank_dir.join(MANIFEST), &manifest)?;
@@ -418,7 +418,7 @@ impl Checkpoint {
                     reason: format!("rank {rank}: {name} is missing"),
                 });
             }
-            if &shards::sha256_file(&path)?.0 != want {
+            if &tessera_shards::sha256_file(&path)?.0 != want {
                 return Err(CheckpointError::Corrupt {
                     dir: self.dir.clone(),
                     reason: format!("rank {rank}: {name} does not match its sha256 in {MANIFEST}"),

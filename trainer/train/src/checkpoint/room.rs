@@ -2,7 +2,7 @@
 //! `--out`'s filesystem has free, at the start of the run and again before each checkpoint,
 //! and warns when it will not fit: at the start, before the steps up to it are spent. The
 //! write itself, if the disk is still full then, fails with the file, the bytes it needed and
-//! the bytes free (`shards::NoSpace`), removes what it half wrote, and leaves the last
+//! the bytes free (`tessera_shards::NoSpace`), removes what it half wrote, and leaves the last
 //! committed checkpoint as it was.
 //!
 //! A checkpoint's size is the previous committed one's (its files on disk) or, before the
@@ -16,16 +16,16 @@ use std::path::Path;
 /// the checkpoint's, `layout_bytes` the layout's estimate. Returns the size it checked against.
 pub(crate) fn warn_if_no_room(run: &RunDir, step: u64, layout_bytes: u64) -> u64 {
     let needed = previous_checkpoint_bytes(run).unwrap_or(layout_bytes);
-    let Ok(free) = shards::free_bytes(run.path()) else {
+    let Ok(free) = tessera_shards::free_bytes(run.path()) else {
         return needed;
     };
     if free < needed {
         tracing::warn!(
             "the checkpoint of step {step} needs about {} and {}'s filesystem has {} free: it \
              will not fit; free some space (or lower --keep-checkpoints) before then",
-            shards::shown_bytes(needed),
+            tessera_shards::shown_bytes(needed),
             run.path().display(),
-            shards::shown_bytes(free)
+            tessera_shards::shown_bytes(free)
         );
     }
     needed

@@ -143,7 +143,7 @@ impl StateSnapshot {
 
 /// A write of `needed` bytes to `path` failed: a full disk says so plainly.
 fn write_error(path: &Path, e: std::io::Error, needed: u64) -> CheckpointError {
-    match shards::NoSpace::from_io(path, &e, needed) {
+    match tessera_shards::NoSpace::from_io(path, &e, needed) {
         Some(full) => full.into(),
         None => CheckpointError::Io {
             path: path.to_path_buf(),

@@ -321,7 +321,7 @@ fn every_flag_and_its_toml_key_set_the_same_knob() -> anyhow::Result<()> {
     assert_eq!(from_flags.resize, Some(ResizePolicy::Pad));
     assert_eq!(
         from_flags.image_layout,
-        Some(shards::image_layout::ImageLayout::AnyRes { max_tiles: 9 })
+        Some(tessera_shards::image_layout::ImageLayout::AnyRes { max_tiles: 9 })
     );
     assert_eq!(from_flags.collective_timeout_s, Some(60));
     Ok(())

@@ -1,18 +1,18 @@
 //! Captioning with a [`Generator`] (what `tessera generate` runs): the image goes through the
 //! training loader (decode, resize policy, placeholder expansion), the prompt through the
-//! model's chat template ([`text::chat`]: `plain`, the image alone as LLaVA's stage 1;
+//! model's chat template ([`tessera_text::chat`]: `plain`, the image alone as LLaVA's stage 1;
 //! `chatml`, a user turn holding the framed image and the instruction, then the assistant
 //! header) with the dataset's special tokens, and the model generates until the tokenizer's
 //! end of sequence (or, for `chatml`, `<|im_end|>`) or `max_new_tokens`.
-use pipeline::loader::{BadImagePolicy, Loader, LoaderConfig, LoaderError, ResizePolicy};
-use pipeline::{MicroBatch, MicroBatchPlan};
-use shards::image_layout::ImageLayout;
-use shards::{Image, Kind, Sample};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use tessera_model::{GenerateOptions, Generator, ModelError};
-use text::chat::{Role, Template, IMAGE_TAG, IM_END};
-use text::SpecialTokens;
+use tessera_pipeline::loader::{BadImagePolicy, Loader, LoaderConfig, LoaderError, ResizePolicy};
+use tessera_pipeline::{MicroBatch, MicroBatchPlan};
+use tessera_shards::image_layout::ImageLayout;
+use tessera_shards::{Image, Kind, Sample};
+use tessera_text::chat::{Role, Template, IMAGE_TAG, IM_END};
+use tessera_text::SpecialTokens;
 
 /// The instruction of a `chatml` prompt when none is given.
 pub const DEFAULT_INSTRUCTION: &str = "Describe the image.";
@@ -23,7 +23,7 @@ pub enum CaptionError {
     #[error("loading tokenizer {path}")]
     Tokenizer {
         path: PathBuf,
-        source: text::TextError,
+        source: tessera_text::TextError,
     },
     #[error("{path}: the image token {token} is id {tokenizer}, the model's is {model}")]
     ImageToken {
@@ -67,7 +67,7 @@ pub enum CaptionError {
 /// The model plus what turns text and images into its inputs.
 pub struct Captioner {
     pub generator: Generator,
-    pub encoder: text::Encoder,
+    pub encoder: tessera_text::Encoder,
     /// Stop ids are the template's ends (see [`Template::stop_ids`]); the rest is the caller's.
     pub options: GenerateOptions,
     template: Template,
@@ -89,8 +89,8 @@ impl Captioner {
         tokens: Option<SpecialTokens>,
     ) -> Result<Self, CaptionError> {
         let encoder = match tokens {
-            Some(tokens) => text::Encoder::with_tokens(tokenizer, template, tokens),
-            None => text::Encoder::load(tokenizer, template),
+            Some(tokens) => tessera_text::Encoder::with_tokens(tokenizer, template, tokens),
+            None => tessera_text::Encoder::load(tokenizer, template),
         }
         .map_err(|source| CaptionError::Tokenizer {
             path: tokenizer.to_path_buf(),

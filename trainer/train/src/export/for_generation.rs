@@ -14,13 +14,13 @@ use crate::export::run_checkpoint::{newest_complete_trained, stored_config};
 use crate::export::run_weights::{initial_projector, RunWeights};
 use crate::run_dir::RunDir;
 use crate::vlm_description::VlmDescription;
-use pipeline::loader::ResizePolicy;
-use shards::image_layout::ImageLayout;
 use std::path::Path;
 use tessera_fsdp::ParamMap;
 use tessera_model::{
     load_llava_dir_as, Dtype, Generator, HfCheckpoint, ModelError, Vlm, VlmOptions,
 };
+use tessera_pipeline::loader::ResizePolicy;
+use tessera_shards::image_layout::ImageLayout;
 
 /// A model ready to generate, with what preprocessing it needs.
 pub struct GenerationModel {
@@ -35,7 +35,7 @@ pub struct GenerationModel {
     pub tokenizer_fingerprint: Option<String>,
     /// The special tokens the run's shards were tokenized with (runs only; an export's
     /// tokenizer folder says them itself).
-    pub special_tokens: Option<text::SpecialTokens>,
+    pub special_tokens: Option<tessera_text::SpecialTokens>,
     /// Checkpoint step (runs only).
     pub step: Option<u64>,
 }
@@ -149,7 +149,7 @@ pub fn load_export_model(dir: &Path, dtype: Option<Dtype>) -> Result<GenerationM
     let chat = std::fs::read_to_string(dir.join("chat_template.jinja")).unwrap_or_default();
     Ok(GenerationModel {
         generator: Generator::with_kind(&vlm, params, kind)?,
-        template: if chat.contains(text::chat::IM_START) {
+        template: if chat.contains(tessera_text::chat::IM_START) {
             "chatml".into()
         } else {
             "plain".into()

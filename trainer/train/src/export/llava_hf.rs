@@ -16,7 +16,7 @@
 //! - with a tokenizer: `tokenizer.json` (the run's, `<image>` included when ingest added it),
 //!   `tokenizer_config.json` (the run's special tokens: end of sequence, padding; the LM's
 //!   own tokenizer class when its folder names one), `chat_template.jinja` (the run's
-//!   template, `plain` or `chatml`, as Jinja that renders what `text::chat` renders for
+//!   template, `plain` or `chatml`, as Jinja that renders what `tessera_text::chat` renders for
 //!   ingest and `tessera generate`, with the same tokens), `processor_config.json` (the image
 //!   token, expanded to `image_seq_length` copies, as tessera's loader does),
 //!   `preprocessor_config.json` (SigLIP: bicubic resize to the tower's size, mean/std 0.5) and
@@ -27,7 +27,6 @@ use crate::export::run_checkpoint::{newest_complete_trained, stored_config};
 use crate::export::run_weights::{initial_projector, RunWeights};
 use crate::run_dir::RunDir;
 use crate::vlm_description::VlmDescription;
-use shards::image_layout::ImageLayout;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use tch::Kind;
@@ -36,8 +35,9 @@ use tessera_model::{
     adapter_keys, added_rows_of, export_specs, llava_config_json, llava_key, merge_weight,
     write_hub_files, FeatureStats, LoraConfig, ModelError, Vlm, VlmOptions, LLAVA_ADAPTER_DIR,
 };
-use text::chat::{Template, IM_END};
-use text::SpecialTokens;
+use tessera_shards::image_layout::ImageLayout;
+use tessera_text::chat::{Template, IM_END};
+use tessera_text::SpecialTokens;
 
 /// How to write the export.
 #[derive(Clone, Debug)]
@@ -425,7 +425,7 @@ fn refused(run: &Path, what: String) -> ExportError {
 
 /// The pinpoints of an `anyres_max_N` model as transformers lists them: [height, width] pairs.
 fn pinpoints(vlm: &Vlm, layout: &ImageLayout) -> serde_json::Value {
-    let tower = shards::image_layout::Tower {
+    let tower = tessera_shards::image_layout::Tower {
         tile: vlm.vision.image_size as u32,
         patch: vlm.vision.patch_size as u32,
     };
@@ -655,11 +655,13 @@ fn chat_template(template: Template, tokens: &SpecialTokens) -> String {
         Template::Plain => PLAIN_TEMPLATE
             .replace("@IMAGE@", &tokens.image.text)
             .replace("@EOS@", &tokens.eos.text),
-        Template::Chatml => CHATML_TEMPLATE.replace("@IMAGE@", &text::chat::framed_image(tokens)),
+        Template::Chatml => {
+            CHATML_TEMPLATE.replace("@IMAGE@", &tessera_text::chat::framed_image(tokens))
+        }
     }
 }
 
-/// LLaVA's `plain` template as `text::chat::Template::Plain` renders it (ingest, generate): a
+/// LLaVA's `plain` template as `tessera_text::chat::Template::Plain` renders it (ingest, generate): a
 /// user turn with an image becomes the image token (`@IMAGE@`) alone (its text dropped), other
 /// turns their text and `\n`; a finished conversation ends with the end of sequence (`@EOS@`).
 /// Jinja for transformers, so written out here; `tests::the_jinja_templates_render_what_shards_chat_renders`
@@ -673,7 +675,7 @@ const PLAIN_TEMPLATE: &str = r#"{%- for message in messages -%}
 {%- if not add_generation_prompt and messages and messages[-1]['role'] == 'assistant' -%}@EOS@{%- endif -%}
 "#;
 
-/// ChatML as `text::chat::Template::Chatml` renders it: an image is the image token, framed
+/// ChatML as `tessera_text::chat::Template::Chatml` renders it: an image is the image token, framed
 /// when the tokenizer has Qwen's frame (`@IMAGE@`). See [`PLAIN_TEMPLATE`] on how it is checked.
 const CHATML_TEMPLATE: &str = r#"{%- for message in messages -%}
 {{- '<|im_start|>' + message['role'] + '\n' -}}
@@ -686,8 +688,8 @@ const CHATML_TEMPLATE: &str = r#"{%- for message in messages -%}
 #[cfg(test)]
 mod tests {
     use super::chat_template;
-    use text::chat::{Role, Template};
-    use text::{SpecialTokens, Token};
+    use tessera_text::chat::{Role, Template};
+    use tessera_text::{SpecialTokens, Token};
 
     /// SmolLM2-Instruct's tokenizer with `<image>` added by ingest (no frame, `<|im_end|>` ends).
     fn smollm2() -> SpecialTokens {
@@ -702,7 +704,7 @@ mod tests {
 
     /// Each exported Jinja template, rendered as transformers renders it (minijinja with
     /// `trim_blocks` and `lstrip_blocks`, through ingest's `ChatTemplate`), gives what
-    /// `text::chat` renders for ingest and generation: the whole conversation and the prompt,
+    /// `tessera_text::chat` renders for ingest and generation: the whole conversation and the prompt,
     /// with Qwen's tokens and with SmolLM2's.
     #[test]
     fn the_jinja_templates_render_what_shards_chat_renders() -> anyhow::Result<()> {
@@ -715,7 +717,7 @@ mod tests {
         ]);
         for tokens in [SpecialTokens::qwen_before_recorded(), smollm2()] {
             for template in [Template::Plain, Template::Chatml] {
-                let jinja = text::ChatTemplate::new(
+                let jinja = tessera_text::ChatTemplate::new(
                     chat_template(template, &tokens),
                     None,
                     None,

@@ -166,7 +166,7 @@ pub enum MetricsError {
     },
     /// The disk is full: the file, the bytes the line needed, the bytes free.
     #[error(transparent)]
-    NoSpace(#[from] shards::NoSpace),
+    NoSpace(#[from] tessera_shards::NoSpace),
     #[error("per-step log {path} line {line}")]
     Json {
         path: PathBuf,
@@ -238,7 +238,7 @@ impl<T: Serialize> StepLog<T> {
         if let Ok(len) = before {
             let _ = self.file.set_len(len);
         }
-        match shards::NoSpace::from_io(&self.path, &source, line.len() as u64) {
+        match tessera_shards::NoSpace::from_io(&self.path, &source, line.len() as u64) {
             Some(full) => Err(full.into()),
             None => Err(MetricsError::Io {
                 path: self.path.clone(),

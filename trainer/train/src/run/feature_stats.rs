@@ -12,11 +12,11 @@ use crate::data::TrainData;
 use crate::error::TrainError;
 use crate::run_dir::RunDir;
 use crate::vlm_description::VlmDescription;
-use pipeline::loader::{BadImagePolicy, Loader, LoaderConfig};
-use pipeline::MicroBatchPlan;
-use shards::{Kind, SampleMeta};
 use std::sync::Arc;
 use tessera_model::{FeatureMeter, FeatureStats, Vlm};
+use tessera_pipeline::loader::{BadImagePolicy, Loader, LoaderConfig};
+use tessera_pipeline::MicroBatchPlan;
+use tessera_shards::{Kind, SampleMeta};
 
 /// The statistics of the run `cfg` starts (`resume`: it continues the run in `--out`), for
 /// `vlm` (built without any); `None` when its projector reads the features as they are.

@@ -32,8 +32,6 @@ use crate::run::sharded_vlm::{Groups, ShardedVlm, StepTotals, UnitTimes};
 use crate::run::validate::Validation;
 use crate::run_dir::RunDir;
 use crate::vlm_description::VlmDescription;
-use pipeline::loader::{Loader, LoaderConfig, SampleSource};
-use pipeline::plan::{Plan, Planner, Position, Step};
 use restore::Start;
 use setup::Setup;
 use start::RunStart;
@@ -42,6 +40,8 @@ use std::time::Instant;
 use tch::Tensor;
 use tessera_fsdp::dist::{Liveness, RankEnv};
 use tessera_model::CpuBf16Gemm;
+use tessera_pipeline::loader::{Loader, LoaderConfig, SampleSource};
+use tessera_pipeline::plan::{Plan, Planner, Position, Step};
 
 /// Trains one rank. Rank 0 returns the run's summary; other ranks return `None`.
 pub fn train(
@@ -193,7 +193,7 @@ fn train_rank(
             what: path.display().to_string(),
             source,
         })?;
-        shards::write_atomically(&path, text.as_bytes())?;
+        tessera_shards::write_atomically(&path, text.as_bytes())?;
         plot_loss(&Losses::from_steps(&steps), &run.loss_plot())?;
     }
     Ok(summary)
@@ -226,8 +226,8 @@ struct Settled {
 
 /// Stage 1 trains only the projector, which text-only samples never reach: it plans image
 /// samples alone (LLaVA's stage 1 data has no text-only samples either).
-fn planned_kind(stage: Stage) -> Option<shards::Kind> {
-    (stage == Stage::Align).then_some(shards::Kind::Image)
+fn planned_kind(stage: Stage) -> Option<tessera_shards::Kind> {
+    (stage == Stage::Align).then_some(tessera_shards::Kind::Image)
 }
 
 impl<'a> TrainLoop<'a> {
@@ -336,8 +336,8 @@ impl<'a> TrainLoop<'a> {
 
     /// A planner error about one sample, said with the sample's id and where it is stored
     /// (the planner knows only its index).
-    fn name_sample(&self, e: pipeline::plan::PlanError) -> TrainError {
-        let pipeline::plan::PlanError::SampleTooLong {
+    fn name_sample(&self, e: tessera_pipeline::plan::PlanError) -> TrainError {
+        let tessera_pipeline::plan::PlanError::SampleTooLong {
             index,
             len,
             limit,
@@ -382,7 +382,7 @@ impl<'a> TrainLoop<'a> {
             text.push_str(&line.to_string());
             text.push('\n');
         }
-        shards::write_atomically(&self.run.skipped(), text.as_bytes())?;
+        tessera_shards::write_atomically(&self.run.skipped(), text.as_bytes())?;
         tracing::warn!(
             "{} sample(s) longer than a row ({} tokens) are left out of every epoch (--over-long \
              skip): {}",
@@ -518,7 +518,7 @@ impl<'a> TrainLoop<'a> {
         }
         for store in &s.stores {
             let counts = store.attempts();
-            let url = shards::RemoteFiles::url(store.as_ref());
+            let url = tessera_shards::RemoteFiles::url(store.as_ref());
             let line = format!("rank {}: {url}: {}", s.rank, counts.describe());
             if counts.failed() > 0 {
                 tracing::warn!("{line}");

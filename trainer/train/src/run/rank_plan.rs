@@ -9,8 +9,8 @@
 //! at every micro-step, as FSDP's collectives require. At W = P this is the plan itself; at
 //! W < P a rank runs several of the plan's micro-batches in a row (gradient accumulation); at
 //! W > P, or when W does not divide P, some ranks run fillers.
-use pipeline::plan::Step;
-use pipeline::MicroBatchPlan;
+use tessera_pipeline::plan::Step;
+use tessera_pipeline::MicroBatchPlan;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct RankLayout {
@@ -57,7 +57,7 @@ pub(crate) fn step_samples(step: &Step) -> Vec<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use pipeline::plan::{synthetic_llava, Planner};
+    use tessera_pipeline::plan::{synthetic_llava, Planner};
 
     /// Every real micro-batch of the plan runs on exactly one rank, whatever W, and every rank
     /// runs the same number of passes of the same kind per micro-step.

@@ -107,7 +107,7 @@ pub(crate) fn settle(
             what: path.display().to_string(),
             source,
         })?;
-        shards::write_atomically(&path, text.as_bytes())?;
+        tessera_shards::write_atomically(&path, text.as_bytes())?;
     }
     let old_checkpoint = matches!(recorded, Some(None));
     Ok((!old_checkpoint).then_some(choice))

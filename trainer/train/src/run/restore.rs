@@ -10,10 +10,10 @@ use crate::checkpoint::sharded_state::ShardedState;
 use crate::config::TrainConfig;
 use crate::error::TrainError;
 use crate::run_dir::RunDir;
-use pipeline::plan::Position;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::io::Write;
+use tessera_pipeline::plan::Position;
 
 /// Where the run starts: the global step and the planner position (None = epoch 0's start).
 pub(super) struct Start {

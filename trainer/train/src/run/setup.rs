@@ -30,11 +30,11 @@ pub(crate) struct Setup {
     pub world_size: usize,
     pub data: TrainData,
     /// The object stores behind URL shard sets (their request counts: the run logs retries).
-    pub stores: Vec<Arc<remote::ObjectFiles>>,
-    pub samples: Vec<shards::SampleMeta>,
+    pub stores: Vec<Arc<tessera_remote::ObjectFiles>>,
+    pub samples: Vec<tessera_shards::SampleMeta>,
     /// Under `--image-layout anyres_max_N`: each sample's image tokens and tiles, from the
     /// stored image sizes (the planner's lengths); `None` under `single`.
-    pub images: Option<Vec<shards::SampleImages>>,
+    pub images: Option<Vec<tessera_shards::SampleImages>>,
     pub vlm: Arc<Vlm>,
     pub model_fingerprint: ModelFingerprint,
     pub device: tch::Device,
@@ -246,7 +246,8 @@ pub(crate) fn model_fingerprint(
     cfg: &TrainConfig,
     vlm: &Vlm,
 ) -> Result<ModelFingerprint, TrainError> {
-    let config_sha = |dir: &Path| shards::sha256_file(&dir.join("config.json")).map(|(sha, _)| sha);
+    let config_sha =
+        |dir: &Path| tessera_shards::sha256_file(&dir.join("config.json")).map(|(sha, _)| sha);
     let mut params = String::new();
     for spec in vlm.whole_param_specs()? {
         params += &format!("{} {:?} {}\n", spec.name, spec.shape, spec.trainable);
@@ -269,8 +270,8 @@ pub(crate) fn model_fingerprint(
 /// The projector file to start from: the file itself, or a run directory's newest complete
 /// checkpoint (format 4 keeps it in shards: its four tensors are written to `scratch` first).
 /// The geometry the model's tower sees images at: its input size and patch.
-pub(crate) fn tower(vlm: &Vlm) -> shards::image_layout::Tower {
-    shards::image_layout::Tower {
+pub(crate) fn tower(vlm: &Vlm) -> tessera_shards::image_layout::Tower {
+    tessera_shards::image_layout::Tower {
         tile: vlm.vision.image_size as u32,
         patch: vlm.vision.patch_size as u32,
     }
@@ -331,24 +332,35 @@ fn init_projector_file(path: &Path, scratch: &Path) -> Result<PathBuf, TrainErro
 fn dataset_location(
     cfg: &TrainConfig,
     spec: &str,
-) -> Result<(shards::DatasetLocation, Option<Arc<remote::ObjectFiles>>), TrainError> {
-    let limit = remote::parse_size(&cfg.cache_limit).map_err(|source| ConfigError::BadSize {
-        field: "cache_limit",
-        source,
-    })?;
+) -> Result<
+    (
+        tessera_shards::DatasetLocation,
+        Option<Arc<tessera_remote::ObjectFiles>>,
+    ),
+    TrainError,
+> {
+    let limit =
+        tessera_remote::parse_size(&cfg.cache_limit).map_err(|source| ConfigError::BadSize {
+            field: "cache_limit",
+            source,
+        })?;
     let dir = cfg
         .cache_dir
         .clone()
         .or_else(|| tessera_switches::Switches::get().cache_dir.clone())
         .unwrap_or_else(|| RunDir::new(&cfg.out).shard_cache());
-    let cache = remote::CacheConfig { dir, limit };
-    if spec.starts_with("file://") || !remote::is_remote(spec) {
-        let location =
-            remote::open_location(spec, Some(&cache)).map_err(shards::ShardError::from)?;
+    let cache = tessera_remote::CacheConfig { dir, limit };
+    if spec.starts_with("file://") || !tessera_remote::is_remote(spec) {
+        let location = tessera_remote::open_location(spec, Some(&cache))
+            .map_err(tessera_shards::ShardError::from)?;
         return Ok((location, None));
     }
-    let files = remote::open_remote(spec, Some(&cache), &[]).map_err(shards::ShardError::from)?;
-    Ok((shards::DatasetLocation::Remote(files.clone()), Some(files)))
+    let files = tessera_remote::open_remote(spec, Some(&cache), &[])
+        .map_err(tessera_shards::ShardError::from)?;
+    Ok((
+        tessera_shards::DatasetLocation::Remote(files.clone()),
+        Some(files),
+    ))
 }
 
 /// The rank, and the source its shards are read from (opened checkpoints: drop it once the
@@ -437,7 +449,7 @@ pub(crate) fn build(
     }
     let model_fingerprint = model_fingerprint(cfg, &vlm)?;
     let images = match cfg.image_layout {
-        shards::image_layout::ImageLayout::Single => None,
+        tessera_shards::image_layout::ImageLayout::Single => None,
         ref layout => Some(data.sample_images(layout, tower(&vlm))?),
     };
     let setup = Setup {

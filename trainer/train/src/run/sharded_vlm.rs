@@ -6,12 +6,12 @@
 use crate::checkpoint::sharded_state::{self, ShardedState};
 use crate::config::{RecomputeSetting, Stage, TrainConfig};
 use crate::error::TrainError;
-use pipeline::MicroBatch;
 use std::collections::BTreeMap;
 use tessera_fsdp::dist::{Mesh, ProcessGroup};
 use tessera_fsdp::ParamSource;
 use tessera_fsdp::{AdamWConfig, Fsdp, FsdpConfig, ParamGroup};
 use tessera_model::{Vlm, VlmCtx};
+use tessera_pipeline::MicroBatch;
 
 /// Seconds spent per part of the step: `Fsdp::take_times`' components plus "optimizer".
 pub(crate) type UnitTimes = BTreeMap<String, f64>;
@@ -221,7 +221,7 @@ impl StepTotals {
         self.real_tokens += mb.real_tokens as f64;
         self.images += mb.num_images as f64;
         self.supervised_tokens += mb.supervised_tokens as f64;
-        if mb.kind == shards::Kind::Image {
+        if mb.kind == tessera_shards::Kind::Image {
             self.image_loss_sum += loss_sum;
             self.image_supervised_tokens += mb.supervised_tokens as f64;
         }

@@ -12,18 +12,18 @@ use crate::config::TrainConfig;
 use crate::error::TrainError;
 use crate::run::setup::Setup;
 use crate::run::sharded_vlm::ShardedVlm;
-use pipeline::loader::{Loader, LoaderConfig, LoaderError, SampleSource};
-use pipeline::plan::Planner;
-use pipeline::MicroBatchPlan;
-use shards::{Kind, Sample};
 use std::path::Path;
 use std::sync::Arc;
 use tch::Tensor;
+use tessera_pipeline::loader::{Loader, LoaderConfig, LoaderError, SampleSource};
+use tessera_pipeline::plan::Planner;
+use tessera_pipeline::MicroBatchPlan;
+use tessera_shards::{Kind, Sample};
 
 /// The chosen samples of a dataset, renumbered 0..n (the planner's indices) and read through
 /// to the dataset's own indices.
 struct Subset {
-    dataset: Arc<shards::Dataset>,
+    dataset: Arc<tessera_shards::Dataset>,
     indices: Vec<u64>,
 }
 
@@ -82,7 +82,7 @@ impl Validation {
         let Some(dir) = cfg.val_shards.as_deref() else {
             return Ok(None);
         };
-        let dataset = shards::Dataset::open(dir)?;
+        let dataset = tessera_shards::Dataset::open(dir)?;
         let (want, have) = (
             s.data.manifest().image_placeholder_id,
             dataset.manifest().image_placeholder_id,
@@ -110,12 +110,13 @@ impl Validation {
             .into_iter()
             .map(|i| eligible[i] as u64)
             .collect();
-        let subset_metas: Vec<shards::SampleMeta> =
+        let subset_metas: Vec<tessera_shards::SampleMeta> =
             picked.iter().map(|&i| metas[i as usize]).collect();
         let builder = match cfg.image_layout {
-            shards::image_layout::ImageLayout::Single => Planner::builder(),
+            tessera_shards::image_layout::ImageLayout::Single => Planner::builder(),
             ref layout => {
-                let all = shards::sample_images(&dataset, layout, super::setup::tower(&s.vlm))?;
+                let all =
+                    tessera_shards::sample_images(&dataset, layout, super::setup::tower(&s.vlm))?;
                 Planner::builder().sample_images(picked.iter().map(|&i| all[i as usize]).collect())
             }
         };

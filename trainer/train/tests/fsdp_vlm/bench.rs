@@ -16,7 +16,7 @@ use tessera_model::{LoraConfig, Vlm, VlmOptions};
 
 const STEPS: usize = 6;
 
-fn batch(step: usize, i: usize) -> pipeline::MicroBatch {
+fn batch(step: usize, i: usize) -> tessera_pipeline::MicroBatch {
     let seed = (step * 5 + i) as i64;
     let rows: Vec<_> = (0..4)
         .map(|k| {

@@ -31,7 +31,7 @@ const STEPS: usize = 20;
 const LOSS_DRIFT: f64 = 1e-4;
 const WEIGHT_DRIFT: f64 = 1e-3;
 
-fn batch(step: usize, i: usize) -> pipeline::MicroBatch {
+fn batch(step: usize, i: usize) -> tessera_pipeline::MicroBatch {
     let seed = (step * 7 + i) as i64;
     if step % 3 != 2 {
         let rows = vec![

@@ -14,14 +14,14 @@
 //! only 1e-6 at this lr and decay.
 
 use crate::support::{fsdp_step, scalar, to_i64};
-use pipeline::{MicroBatch, IGNORE_INDEX};
-use shards::Kind as SampleKind;
 use std::collections::BTreeSet;
 use std::path::PathBuf;
 use std::time::Duration;
 use tessera_fsdp::dist::ProcessGroup;
 use tessera_fsdp::{AdamWConfig, Fsdp, FsdpConfig, ParamMap};
 use tessera_model::{load_safetensors, Vlm, VlmOptions};
+use tessera_pipeline::{MicroBatch, IGNORE_INDEX};
+use tessera_shards::Kind as SampleKind;
 
 const LOSS_TOL: f64 = 1e-4;
 const GRAD_NORM_TOL: f64 = 1e-4;

@@ -46,11 +46,11 @@ fn export(out: &Path, options: &LlavaHfOptions) -> anyhow::Result<()> {
 }
 
 /// The test vocabulary's special tokens (no tokenizer: the export writes no processor files).
-fn test_tokens() -> text::SpecialTokens {
-    text::SpecialTokens {
-        image: text::Token::new("<image>", IMAGE_ID as u32),
+fn test_tokens() -> tessera_text::SpecialTokens {
+    tessera_text::SpecialTokens {
+        image: tessera_text::Token::new("<image>", IMAGE_ID as u32),
         image_frame: None,
-        eos: text::Token::new("</s>", 0),
+        eos: tessera_text::Token::new("</s>", 0),
         pad_id: 0,
         added: Vec::new(),
     }

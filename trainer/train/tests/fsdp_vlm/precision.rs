@@ -11,7 +11,7 @@ use tessera_fsdp::{AdamWConfig, Fsdp, FsdpConfig, Recompute};
 use tessera_model::{LoraConfig, Vlm};
 
 /// Micro-batch `i` of step `step`: image samples only (stage 1 plans nothing else).
-fn batch(step: usize, i: usize) -> pipeline::MicroBatch {
+fn batch(step: usize, i: usize) -> tessera_pipeline::MicroBatch {
     let seed = ((step % 25) * 5 + i) as i64;
     let rows = vec![
         vec![image_sample(16, 4 + i, seed, 16)],

@@ -20,7 +20,7 @@ use tessera_model::{LmFamily, LoraConfig, VisionTraining, Vlm, VlmOptions};
 const STEPS: usize = 6;
 
 /// Micro-batch `i` of step `step`: every micro-step of a step has the same kind on all ranks.
-fn batch(step: usize, i: usize) -> pipeline::MicroBatch {
+fn batch(step: usize, i: usize) -> tessera_pipeline::MicroBatch {
     let seed = (step * 5 + i) as i64;
     if step & 1 == 0 {
         let rows = vec![
