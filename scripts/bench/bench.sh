@@ -34,5 +34,5 @@ echo "== model: forward+backward tokens/s vs peak matmul"
 cargo bench --bench model --features bench 2>&1 | tee "$OUT/model.log" | tail -n 5
 
 echo "== fsdp: step time W=2 vs W=1, bytes vs theory"
-cargo test --release --workspace --test fsdp_vlm -- --ignored --exact bench::fsdp_step_time_and_bytes_tiny_preset --nocapture 2>&1 | tee "$OUT/fsdp.log" | tail -n 5
+cargo bench -p tessera-train --bench fsdp_step 2>&1 | tee "$OUT/fsdp.log" | tail -n 1 > "$OUT/fsdp.json"
 echo "results in $OUT"

@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 use tch::Tensor;
 use tessera_batch::{MicroBatch, IGNORE_INDEX};
+use tessera_fsdp::dist::{local_groups, ProcessGroup};
 use tessera_fsdp::ParamMap;
 use tessera_model::testing::random_params;
 use tessera_model::{LmConfig, LmFamily, LoraConfig, VisionConfig, Vlm, VlmCtx, VlmOptions};
@@ -309,6 +310,38 @@ pub(crate) fn on_thread_ranks<T: Send>(
             })
             .collect()
     })
+}
+
+/// The groups of `w` thread ranks with EP=2: rank r's expert group is ranks {2⌊r/2⌋, +1}
+/// (it holds experts 2(r mod 2) and 2(r mod 2)+1), its expert-replica group the ranks
+/// r mod 2 + {0, 2, ...} that hold the same experts.
+pub(crate) fn expert_groups(
+    w: usize,
+    t: std::time::Duration,
+) -> anyhow::Result<Vec<(ProcessGroup, ProcessGroup)>> {
+    let mut ep: Vec<Vec<ProcessGroup>> = (0..w / 2)
+        .map(|_| local_groups(2, t))
+        .collect::<Result<_, _>>()?;
+    let mut replicas: Vec<Vec<ProcessGroup>> = (0..2)
+        .map(|_| local_groups(w / 2, t))
+        .collect::<Result<_, _>>()?;
+    let mut out = Vec::new();
+    for r in (0..w).rev() {
+        let e = ep[r / 2]
+            .pop()
+            .ok_or_else(|| anyhow::anyhow!("expert group"))?;
+        let p = replicas[r % 2]
+            .pop()
+            .ok_or_else(|| anyhow::anyhow!("replica group"))?;
+        out.push((e, p));
+    }
+    out.reverse();
+    Ok(out)
+}
+
+/// The job ranks of rank `r`'s expert-replica group at EP=2.
+pub(crate) fn replica_ranks(w: usize, r: usize) -> Vec<usize> {
+    (0..w / 2).map(|i| r % 2 + 2 * i).collect()
 }
 
 /// The repository's root.

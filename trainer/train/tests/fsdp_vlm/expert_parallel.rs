@@ -9,7 +9,8 @@
 //! 10 steps. "The same": within `LOSS_DRIFT` and `WEIGHT_DRIFT` (see there).
 
 use crate::support::{
-    fsdp_step, image_sample, micro_batch, text_sample, tiny_lm_of, tiny_vision, IMAGE_ID,
+    expert_groups, fsdp_step, image_sample, micro_batch, replica_ranks, text_sample, tiny_lm_of,
+    tiny_vision, IMAGE_ID,
 };
 use std::sync::Arc;
 use std::time::Duration;
@@ -65,12 +66,8 @@ fn vlm(experts: Option<ExpertGroup>) -> anyhow::Result<Vlm> {
     )?)
 }
 
-fn config(strategy: Strategy, recompute: Recompute) -> FsdpConfig {
-    config_in(strategy, recompute, tch::Kind::Float)
-}
-
-/// [`config`] computing in `compute` (bf16: mixed precision, f32 masters).
-fn config_in(strategy: Strategy, recompute: Recompute, compute: tch::Kind) -> FsdpConfig {
+/// The runs' FSDP settings, computing in `compute` (bf16: mixed precision, f32 masters).
+fn config(strategy: Strategy, recompute: Recompute, compute: tch::Kind) -> FsdpConfig {
     FsdpConfig {
         compute_kind: compute,
         strategy,
@@ -102,35 +99,6 @@ fn train(
     Ok((losses, fsdp.gather_params(true)?))
 }
 
-/// The groups of `w` thread ranks with EP=2: rank r's expert group is ranks {2⌊r/2⌋, +1}
-/// (it holds experts 2(r mod 2) and 2(r mod 2)+1), its expert-replica group the ranks
-/// r mod 2 + {0, 2, ...} that hold the same experts.
-fn expert_groups(w: usize, t: Duration) -> anyhow::Result<Vec<(ProcessGroup, ProcessGroup)>> {
-    let mut ep: Vec<Vec<ProcessGroup>> = (0..w / 2)
-        .map(|_| local_groups(2, t))
-        .collect::<Result<_, _>>()?;
-    let mut replicas: Vec<Vec<ProcessGroup>> = (0..2)
-        .map(|_| local_groups(w / 2, t))
-        .collect::<Result<_, _>>()?;
-    let mut out = Vec::new();
-    for r in (0..w).rev() {
-        let e = ep[r / 2]
-            .pop()
-            .ok_or_else(|| anyhow::anyhow!("expert group"))?;
-        let p = replicas[r % 2]
-            .pop()
-            .ok_or_else(|| anyhow::anyhow!("replica group"))?;
-        out.push((e, p));
-    }
-    out.reverse();
-    Ok(out)
-}
-
-/// The job ranks of rank `r`'s expert-replica group at EP=2.
-fn replica_ranks(w: usize, r: usize) -> Vec<usize> {
-    (0..w / 2).map(|i| r % 2 + 2 * i).collect()
-}
-
 /// `w` ranks on threads: without expert parallelism, then with EP=2.
 fn runs(
     w: usize,
@@ -156,7 +124,7 @@ fn runs(
             .map(|(pg, (ep, replicas))| {
                 let (plain, init) = (&plain, own(&init));
                 s.spawn(move || -> anyhow::Result<(Run, Run)> {
-                    let cfg = config_in(strategy, recompute, compute);
+                    let cfg = config(strategy, recompute, compute);
                     let fsdp = Fsdp::new(plain.units(), pg, &init, cfg.clone())?;
                     let without = train(fsdp, plain, pg, steps)?;
                     let parallel = vlm(Some(ExpertGroup(Arc::new(ep))))?;
@@ -285,145 +253,4 @@ fn expert_parallel_refuses_an_expert_count_it_cannot_split() {
         message.contains("4 experts do not split evenly"),
         "{message}"
     );
-}
-
-/// A sparse LM where the experts are most of the weights: 4 layers, each 16 experts of
-/// 256 → 512 → 256, top-4 (the tiny vision tower in front).
-fn bench_vlm(experts: Option<ExpertGroup>) -> anyhow::Result<Vlm> {
-    let lm = serde_json::json!({
-        "model_type": "qwen3_moe", "vocab_size": crate::support::VOCAB, "hidden_size": 256,
-        "intermediate_size": 512, "num_hidden_layers": 4, "num_attention_heads": 4,
-        "num_key_value_heads": 2, "head_dim": 64, "rope_theta": 10000.0,
-        "num_experts": 16, "num_experts_per_tok": 4, "moe_intermediate_size": 512,
-        "norm_topk_prob": true, "router_aux_loss_coef": 0.001,
-    });
-    let lm = tessera_model::LmConfig::from_json(lm, std::path::Path::new("bench_moe"))?;
-    let options = VlmOptions {
-        image_token_id: Some(IMAGE_ID),
-        train_lm: true,
-        expert_parallel: experts,
-        ..Default::default()
-    };
-    Ok(Vlm::new(tiny_vision(), lm, false, options)?)
-}
-
-/// What one rank measured over the timed steps.
-struct Measured {
-    step_s: f64,
-    state_bytes: u64,
-    sent_per_step: u64,
-    exchange_s: f64,
-}
-
-fn bench_run(
-    vlm: &Vlm,
-    fsdp: &mut Fsdp<'_, tessera_model::VlmCtx>,
-    pg: &ProcessGroup,
-) -> anyhow::Result<Measured> {
-    const TIMED: usize = 4;
-    let batch = |step: usize, i: usize| {
-        let seed = (step * 11 + i) as i64;
-        let rows: Vec<_> = (0..4)
-            .map(|k| vec![image_sample(16, 40, seed + k, 16), text_sample(8, seed + k)])
-            .collect();
-        micro_batch(&rows, 16, 16)
-    };
-    let memory = fsdp.memory();
-    let state_bytes = memory.param_bytes + memory.grad_bytes;
-    let (mut step_s, mut sent, mut exchange_s) = (0.0, 0, 0.0);
-    for step in 0..=TIMED {
-        let batches: Vec<_> = (0..pg.world_size()).map(|i| batch(step, i)).collect();
-        let started = std::time::Instant::now();
-        let mut ctxs: Vec<tessera_model::VlmCtx> = batches
-            .iter()
-            .map(|mb| vlm.ctx(&ParamMap::new(), mb))
-            .collect::<Result<_, _>>()?;
-        for ctx in &mut ctxs {
-            ctx.share_balance_loss(vlm.lm.router_aux_loss_coef(), batches.len());
-        }
-        let tokens: i64 = ctxs.iter().map(|c| c.supervised).sum();
-        let ctx = &ctxs[pg.rank()];
-        fsdp.forward_backward(ctx, &ctx.first_input(), 1.0 / tokens as f64)?;
-        let stats = fsdp.step(1.0)?;
-        if step > 0 {
-            step_s += started.elapsed().as_secs_f64();
-            sent += stats.bytes_sent;
-            exchange_s += ctx.router_log.times().exchange;
-        }
-    }
-    let n = TIMED as f64;
-    Ok(Measured {
-        step_s: step_s / n,
-        state_bytes: state_bytes + fsdp.memory().optimizer_bytes,
-        sent_per_step: sent / TIMED as u64,
-        exchange_s: exchange_s / n,
-    })
-}
-
-/// Measurement, not a check: W=2 on two threads of this machine, the sparse LM of
-/// [`bench_vlm`] trained whole (stage 2), without expert parallelism and with EP=2, under
-/// NO_SHARD and FULL_SHARD. Prints one JSON line per strategy: seconds per step, the training
-/// state a rank holds (parameters, gradients, AdamW moments), bytes it sends per step, and
-/// the all-to-all's share of the EP step.
-/// Run: cargo test --release --workspace --features test-hooks --test fsdp_vlm -- --ignored \
-///   --exact expert_parallel::expert_parallel_step_state_and_exchange_share --nocapture
-#[test]
-#[ignore = "measurement; run with --ignored --nocapture"]
-fn expert_parallel_step_state_and_exchange_share() -> anyhow::Result<()> {
-    let t = Duration::from_secs(300);
-    for strategy in [Strategy::NoShard, Strategy::FullShard] {
-        let plain = bench_vlm(None)?;
-        let init = random_params(&plain.param_specs(), 3, 0.05);
-        let world = local_groups(2, t)?;
-        let ep = expert_groups(2, t)?;
-        let results = std::thread::scope(|s| {
-            let handles: Vec<_> = world
-                .iter()
-                .zip(ep)
-                .map(|(pg, (ep, replicas))| {
-                    let plain = &plain;
-                    let init: ParamMap = init
-                        .iter()
-                        .map(|(k, v)| (k.clone(), v.shallow_clone()))
-                        .collect();
-                    s.spawn(move || -> anyhow::Result<(Measured, Measured)> {
-                        let cfg = config(strategy, Recompute::None);
-                        let mut fsdp = Fsdp::new(plain.units(), pg, &init, cfg.clone())?;
-                        let without = bench_run(plain, &mut fsdp, pg)?;
-                        drop(fsdp);
-                        let parallel = bench_vlm(Some(ExpertGroup(Arc::new(ep))))?;
-                        let mut fsdp = Fsdp::new_expert_parallel(
-                            parallel.units(),
-                            pg,
-                            &replicas,
-                            &replica_ranks(2, pg.rank()),
-                            &init,
-                            cfg,
-                        )?;
-                        let with = bench_run(&parallel, &mut fsdp, pg)?;
-                        Ok((without, with))
-                    })
-                })
-                .collect();
-            handles
-                .into_iter()
-                .map(|h| h.join().map_err(|_| anyhow::anyhow!("rank panicked"))?)
-                .collect::<anyhow::Result<Vec<_>>>()
-        })?;
-        let (without, with) = &results[0];
-        println!(
-            "{}",
-            serde_json::json!({
-                "bench": "expert_parallel_w2", "strategy": format!("{strategy:?}"),
-                "ep1_step_s": without.step_s, "ep2_step_s": with.step_s,
-                "step_ratio_ep2_over_ep1": with.step_s / without.step_s,
-                "ep1_state_bytes": without.state_bytes, "ep2_state_bytes": with.state_bytes,
-                "state_ratio_ep2_over_ep1": with.state_bytes as f64 / without.state_bytes as f64,
-                "ep1_sent_per_step": without.sent_per_step,
-                "ep2_sent_per_step": with.sent_per_step,
-                "ep2_all_to_all_share": with.exchange_s / with.step_s,
-            })
-        );
-    }
-    Ok(())
 }
