@@ -375,6 +375,15 @@ impl TrainConfig {
 
     /// Checks values only (no file system access): ranges, and relations between fields.
     pub fn validate(&self) -> Result<(), ConfigError> {
+        self.validate_rates()?;
+        self.validate_ranks()?;
+        self.validate_batches()?;
+        self.validate_optimizer()?;
+        self.validate_run_settings()
+    }
+
+    /// The learning rates: finite and > 0.
+    fn validate_rates(&self) -> Result<(), ConfigError> {
         let positive_rate = |field, v: f64| {
             if v.is_finite() && v > 0.0 {
                 Ok(())
@@ -389,6 +398,11 @@ impl TrainConfig {
         positive_rate("projector_lr", self.projector_lr)?;
         positive_rate("lm_lr", self.lm_lr)?;
         positive_rate("vision_lr", self.vision_lr)?;
+        Ok(())
+    }
+
+    /// The ranks and how the experts are split over them.
+    fn validate_ranks(&self) -> Result<(), ConfigError> {
         if self.nproc == 0 {
             return Err(invalid("nproc", "0 ranks cannot train (at least 1)"));
         }
@@ -408,6 +422,11 @@ impl TrainConfig {
                 ),
             ));
         }
+        Ok(())
+    }
+
+    /// Tokens per micro-batch and row, micro-steps per step, and the run's length.
+    fn validate_batches(&self) -> Result<(), ConfigError> {
         if self.token_budget == 0 {
             return Err(invalid(
                 "token_budget",
@@ -438,6 +457,11 @@ impl TrainConfig {
         if self.epochs == 0 {
             return Err(invalid("epochs", "0 epochs train nothing"));
         }
+        Ok(())
+    }
+
+    /// The schedule, AdamW and LoRA.
+    fn validate_optimizer(&self) -> Result<(), ConfigError> {
         if !(0.0..1.0).contains(&self.warmup_ratio) {
             return Err(invalid(
                 "warmup_ratio",
@@ -471,6 +495,11 @@ impl TrainConfig {
                 format!("{} must be > 0", self.lora_alpha),
             ));
         }
+        Ok(())
+    }
+
+    /// Checkpoints, images, the loader, the cache, timeouts, validation, dtypes and the device.
+    fn validate_run_settings(&self) -> Result<(), ConfigError> {
         if self.keep_checkpoints == 0 {
             return Err(invalid(
                 "keep_checkpoints",

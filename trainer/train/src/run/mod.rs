@@ -230,6 +230,110 @@ fn planned_kind(stage: Stage) -> Option<tessera_shards::Kind> {
     (stage == Stage::Align).then_some(tessera_shards::Kind::Image)
 }
 
+/// What one rank's micro-batches of a step summed, before the ranks reduce it.
+struct LocalStep {
+    totals: StepTotals,
+    /// A mixture's loss by source: each source's summed token loss, then its token count.
+    by_source: Vec<f64>,
+    /// An MoE LM's balance loss (each micro-batch's weighs coef / all micro-batches of the
+    /// step) and its sparse layers' expert loads ([`moe_len`]).
+    moe: Vec<f64>,
+    times: UnitTimes,
+    /// Seconds spent waiting for the loader.
+    wait: f64,
+}
+
+impl LocalStep {
+    fn add_router(&mut self, router: &tessera_model::RouterStats) {
+        add_router(&mut self.moe, router);
+        // Inside lm_layers' time: what the sparse blocks took of it (CPU).
+        *self.times.entry("moe_router_dispatch".into()).or_default() += router.router_s;
+        *self.times.entry("moe_experts".into()).or_default() += router.experts_s;
+        if router.exchange_s > 0.0 {
+            *self.times.entry("moe_all_to_all".into()).or_default() += router.exchange_s;
+        }
+    }
+}
+
+/// A step's totals over every rank, and each rank's compute, loader wait and peak RSS.
+struct Reduced {
+    totals: StepTotals,
+    loss_by_source: std::collections::BTreeMap<String, f64>,
+    moe: Option<MoeMetrics>,
+    computes: Vec<f64>,
+    waits: Vec<f64>,
+    peak_rss_mib: Vec<f64>,
+}
+
+/// What [`TrainLoop::run`] carries from step to step.
+struct RunState {
+    logs: RunLogs,
+    progress: Progress,
+    /// The step this (re)start began at.
+    first_step: u64,
+    /// The next step to train.
+    step: u64,
+    /// Failed object-store requests already counted in a step's metrics.
+    retried: u64,
+    /// Running from the first step through `--profile` steps.
+    profiler: Option<Profiler>,
+}
+
+/// Rank 0's per-step logs; other ranks keep none. Each drops any line of a step this run
+/// (re)does.
+struct RunLogs {
+    metrics: Option<StepLog<StepMetrics>>,
+    /// The same scalars for TensorBoard: a new event file per (re)start, which tells readers
+    /// to drop an earlier file's steps from its first step on.
+    events: Option<EventFile>,
+    /// The samples each step trains on, for audits (same truncation on resume).
+    plan: Option<StepLog<PlannedStep>>,
+}
+
+impl RunLogs {
+    fn open(rank: usize, run: &RunDir, start_step: u64) -> Result<RunLogs, TrainError> {
+        if rank != 0 {
+            return Ok(RunLogs {
+                metrics: None,
+                events: None,
+                plan: None,
+            });
+        }
+        let resume_step = Some(start_step);
+        let metrics = StepLog::open(&run.metrics(), resume_step)?;
+        let events = EventFile::create(run.path(), start_step)?;
+        tracing::debug!("TensorBoard events: {}", events.path().display());
+        Ok(RunLogs {
+            metrics: Some(metrics),
+            events: Some(events),
+            plan: Some(StepLog::open(&run.plan(), resume_step)?),
+        })
+    }
+
+    /// Step `m.step`'s metrics (also shown on the progress bar), scalars and samples.
+    fn append(
+        &mut self,
+        m: &StepMetrics,
+        plan_step: &Step,
+        progress: &Progress,
+    ) -> Result<(), TrainError> {
+        if let Some(log) = self.metrics.as_mut() {
+            log.append(m)?;
+            progress.show(m);
+        }
+        if let Some(events) = self.events.as_mut() {
+            events.scalars(m.step, &tensorboard::scalars(m))?;
+        }
+        if let Some(log) = self.plan.as_mut() {
+            log.append(&PlannedStep {
+                step: m.step,
+                samples: step_samples(plan_step),
+            })?;
+        }
+        Ok(())
+    }
+}
+
 impl<'a> TrainLoop<'a> {
     /// `plan_world_size`: the ranks the data plan is laid out for (this run's W, or the one
     /// the resumed run started with).
@@ -400,47 +504,21 @@ impl<'a> TrainLoop<'a> {
         start: Start,
         progress: bool,
     ) -> Result<(), TrainError> {
-        let (cfg, s) = (self.cfg, self.s);
-        // Both logs drop any line of a step this run (re)does.
-        let resume_step = Some(start.step);
-        let mut metrics_log: Option<StepLog<StepMetrics>> = if s.rank == 0 {
-            Some(StepLog::open(&self.run.metrics(), resume_step)?)
-        } else {
-            None
+        let mut run = RunState {
+            logs: RunLogs::open(self.s.rank, &self.run, start.step)?,
+            progress: Progress::new(self.total_steps, progress),
+            first_step: start.step,
+            step: start.step,
+            retried: 0,
+            profiler: None,
         };
-        // The same scalars for TensorBoard: a new event file per (re)start, which tells
-        // readers to drop an earlier file's steps from its first step on.
-        let mut events = if s.rank == 0 {
-            let file = EventFile::create(self.run.path(), start.step)?;
-            tracing::debug!("TensorBoard events: {}", file.path().display());
-            Some(file)
-        } else {
-            None
-        };
-        // The samples each step trains on, for audits (same truncation on resume).
-        let mut plan_log: Option<StepLog<PlannedStep>> = if s.rank == 0 {
-            Some(StepLog::open(&self.run.plan(), resume_step)?)
-        } else {
-            None
-        };
-        if s.rank == 0 && start.step < self.total_steps {
-            // Said now, before the steps up to the first checkpoint are spent.
-            let every = cfg.checkpoint_every;
-            let first = match every {
-                0 => self.total_steps,
-                n => ((start.step / n + 1) * n).min(self.total_steps),
-            };
-            room::warn_if_no_room(&self.run, first, model.checkpoint_bytes());
+        if self.s.rank == 0 && start.step < self.total_steps {
+            self.warn_if_no_room(model, start.step);
         }
-        let progress = Progress::new(self.total_steps, progress);
-        let store_failures = || -> u64 { s.stores.iter().map(|f| f.attempts().failed()).sum() };
-        let mut retried = 0;
-        let mut step = start.step;
-        let mut profiler = None;
         let mut position = start.position;
         let mut epoch = position.as_ref().map_or(0, |p| p.epoch);
         let mut reported = false;
-        while step < self.total_steps {
+        while run.step < self.total_steps {
             let planner = self.planner(epoch)?;
             if !reported {
                 self.report_skipped(&planner)?;
@@ -457,76 +535,106 @@ impl<'a> TrainLoop<'a> {
                 epoch += 1;
                 continue;
             }
-            let todo = ((self.total_steps - step) as usize).min(plan.steps.len());
-            let mine: Vec<_> = plan.steps[..todo]
-                .iter()
-                .flat_map(|st| self.layout.batches(st))
-                .collect();
-            let source: Arc<dyn SampleSource> = s.data.source();
-            let mut loader = Loader::new(source, mine, self.loader_cfg.clone());
-            for (i, plan_step) in plan.steps[..todo].iter().enumerate() {
-                if step == start.step && cfg.profile > 0 {
-                    profiler = Some(Profiler::start(s.device.is_cuda())?);
-                }
-                let mut m = self.one_step(model, &mut loader, plan_step, step)?;
-                m.store_retries = store_failures() - retried;
-                retried += m.store_retries;
-                if step + 1 == start.step + cfg.profile || step + 1 == self.total_steps {
-                    if let Some(p) = profiler.take() {
-                        let path = self.run.profile(s.rank);
-                        p.save(&path)?;
-                        tracing::info!(
-                            "rank {}: profile of {} steps in {}",
-                            s.rank,
-                            cfg.profile.min(step + 1 - start.step),
-                            path.display()
-                        );
-                    }
-                }
-                let last = step + 1 == self.total_steps;
-                let due = cfg.val_every > 0 && (step + 1).is_multiple_of(cfg.val_every);
-                if let Some(v) = self.validation.as_ref().filter(|_| due || last) {
-                    let val_loss = v.loss(model, s)?;
-                    tracing::info!(
-                        "step {step}: val_loss {val_loss:.6} ({} samples)",
-                        v.samples
-                    );
-                    m.val_loss = Some(val_loss);
-                }
-                if let Some(log) = metrics_log.as_mut() {
-                    log.append(&m)?;
-                    progress.show(&m);
-                }
-                if let Some(events) = events.as_mut() {
-                    events.scalars(step, &tensorboard::scalars(&m))?;
-                }
-                if let Some(log) = plan_log.as_mut() {
-                    log.append(&PlannedStep {
-                        step,
-                        samples: step_samples(plan_step),
-                    })?;
-                }
-                step += 1;
-                let due = cfg.checkpoint_every > 0 && step.is_multiple_of(cfg.checkpoint_every);
-                if due || step == self.total_steps {
-                    self.checkpoint(model, step, &plan.resume_position(i + 1)?)?;
-                } else {
-                    self.saver.poll(&self.run, &s.writer_ranks())?;
-                }
-            }
+            self.run_plan(model, &plan, &mut run)?;
             epoch += 1;
         }
-        for store in &s.stores {
+        self.log_store_attempts();
+        self.saver.finish(&self.run, &self.s.writer_ranks())
+    }
+
+    /// Said before the steps up to the first checkpoint are spent: whether `--out` has room
+    /// for it.
+    fn warn_if_no_room(&self, model: &ShardedVlm, start_step: u64) {
+        let first = match self.cfg.checkpoint_every {
+            0 => self.total_steps,
+            n => ((start_step / n + 1) * n).min(self.total_steps),
+        };
+        room::warn_if_no_room(&self.run, first, model.checkpoint_bytes());
+    }
+
+    /// The steps of one epoch's `plan` this run still owes, each logged and checkpointed when
+    /// due.
+    fn run_plan(
+        &mut self,
+        model: &mut ShardedVlm,
+        plan: &Plan,
+        run: &mut RunState,
+    ) -> Result<(), TrainError> {
+        let (cfg, s) = (self.cfg, self.s);
+        let todo = ((self.total_steps - run.step) as usize).min(plan.steps.len());
+        let mine: Vec<_> = plan.steps[..todo]
+            .iter()
+            .flat_map(|st| self.layout.batches(st))
+            .collect();
+        let source: Arc<dyn SampleSource> = s.data.source();
+        let mut loader = Loader::new(source, mine, self.loader_cfg.clone());
+        for (i, plan_step) in plan.steps[..todo].iter().enumerate() {
+            let step = run.step;
+            if step == run.first_step && cfg.profile > 0 {
+                run.profiler = Some(Profiler::start(s.device.is_cuda())?);
+            }
+            let mut m = self.one_step(model, &mut loader, plan_step, step)?;
+            m.store_retries = self.store_failures() - run.retried;
+            run.retried += m.store_retries;
+            self.save_profile_if_done(run)?;
+            let last = step + 1 == self.total_steps;
+            let due = cfg.val_every > 0 && (step + 1).is_multiple_of(cfg.val_every);
+            if let Some(v) = self.validation.as_ref().filter(|_| due || last) {
+                let val_loss = v.loss(model, s)?;
+                tracing::info!(
+                    "step {step}: val_loss {val_loss:.6} ({} samples)",
+                    v.samples
+                );
+                m.val_loss = Some(val_loss);
+            }
+            run.logs.append(&m, plan_step, &run.progress)?;
+            run.step += 1;
+            let due = cfg.checkpoint_every > 0 && run.step.is_multiple_of(cfg.checkpoint_every);
+            if due || run.step == self.total_steps {
+                self.checkpoint(model, run.step, &plan.resume_position(i + 1)?)?;
+            } else {
+                self.saver.poll(&self.run, &s.writer_ranks())?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Failed object-store requests so far, over every store this rank reads.
+    fn store_failures(&self) -> u64 {
+        self.s.stores.iter().map(|f| f.attempts().failed()).sum()
+    }
+
+    /// After `--profile` steps (or the run's last), the profile goes to its file.
+    fn save_profile_if_done(&self, run: &mut RunState) -> Result<(), TrainError> {
+        let (profile, step) = (self.cfg.profile, run.step);
+        if step + 1 != run.first_step + profile && step + 1 != self.total_steps {
+            return Ok(());
+        }
+        if let Some(p) = run.profiler.take() {
+            let path = self.run.profile(self.s.rank);
+            p.save(&path)?;
+            tracing::info!(
+                "rank {}: profile of {} steps in {}",
+                self.s.rank,
+                profile.min(step + 1 - run.first_step),
+                path.display()
+            );
+        }
+        Ok(())
+    }
+
+    /// Each object store's request counts, a warning when some failed.
+    fn log_store_attempts(&self) {
+        for store in &self.s.stores {
             let counts = store.attempts();
             let url = tessera_shards::RemoteFiles::url(store.as_ref());
-            let line = format!("rank {}: {url}: {}", s.rank, counts.describe());
+            let line = format!("rank {}: {url}: {}", self.s.rank, counts.describe());
             if counts.failed() > 0 {
                 tracing::warn!("{line}");
             } else {
                 tracing::info!("{line}");
             }
         }
-        self.saver.finish(&self.run, &s.writer_ranks())
     }
 
     fn one_step(
@@ -536,16 +644,44 @@ impl<'a> TrainLoop<'a> {
         plan_step: &Step,
         step: u64,
     ) -> Result<StepMetrics, TrainError> {
-        let s = self.s;
-        tch::manual_seed(step_seed(self.cfg.seed, step, s.rank));
+        tch::manual_seed(step_seed(self.cfg.seed, step, self.s.rank));
         let started = Instant::now();
         let divisor = plan_step.supervised_tokens.max(1) as f64;
-        let mut times = UnitTimes::new();
-        let mut wait = 0.0;
-        let mut local = StepTotals::default();
-        // A mixture's loss by source: each source's summed token loss, then its token count.
-        let sources = s.data.source_names();
-        let mut by_source = vec![0.0f64; 2 * sources.len()];
+        let micro_batches = plan_step.micro_steps.len() * self.layout.per_micro_step();
+        let mut local = self.micro_batches(model, loader, micro_batches, divisor, step)?;
+        let compute = started.elapsed().as_secs_f64() - local.wait;
+        let t = Instant::now();
+        let stats = model.optimizer_step(self.schedule.factor(step))?;
+        local
+            .times
+            .insert("optimizer".into(), t.elapsed().as_secs_f64());
+        // Per rank, in rank order: compute seconds, loader wait seconds, peak RSS (MiB).
+        let mine = [compute, local.wait, metrics::peak_rss_mib()];
+        let reduced = self.reduce(model, &local, mine, micro_batches, step)?;
+        let secs = started.elapsed().as_secs_f64().max(1e-9);
+        Ok(self.step_metrics(step, divisor, secs, local, reduced, &stats))
+    }
+
+    /// This rank's `count` micro-batches of step `step`, forward and backward, each loss
+    /// divided by `divisor` (the step's supervised tokens).
+    fn micro_batches(
+        &self,
+        model: &mut ShardedVlm,
+        loader: &mut Loader,
+        count: usize,
+        divisor: f64,
+        step: u64,
+    ) -> Result<LocalStep, TrainError> {
+        let sources = self.s.data.source_names().len();
+        let lm = &model.vlm().lm;
+        let (coef, sparse) = (lm.router_aux_loss_coef(), lm.sparse_layers());
+        let mut local = LocalStep {
+            totals: StepTotals::default(),
+            by_source: vec![0.0f64; 2 * sources],
+            moe: vec![0.0f64; moe_len(&sparse, lm.num_experts())],
+            times: UnitTimes::new(),
+            wait: 0.0,
+        };
         let mut fetch = |model: &ShardedVlm, wait: &mut f64| -> Result<_, TrainError> {
             let t = Instant::now();
             let mb = loader.next().ok_or_else(|| {
@@ -555,55 +691,50 @@ impl<'a> TrainLoop<'a> {
             let ctx = model.prepare(&mb)?;
             Ok((mb, ctx))
         };
-        let micro_batches = plan_step.micro_steps.len() * self.layout.per_micro_step();
-        // An MoE LM's balance loss (each micro-batch's weighs coef / all micro-batches of the
-        // step) and its sparse layers' expert loads, summed here, reduced with the totals.
-        let lm = &model.vlm().lm;
-        let (coef, sparse) = (lm.router_aux_loss_coef(), lm.sparse_layers());
-        let all_micro_batches = micro_batches * s.world_size;
-        let mut moe = vec![0.0f64; moe_len(&sparse, lm.num_experts())];
         let mut next = None;
-        for i in 0..micro_batches {
+        for i in 0..count {
             let (mb, mut ctx) = match next.take() {
                 Some(prepared) => prepared,
-                None => fetch(model, &mut wait)?,
+                None => fetch(model, &mut local.wait)?,
             };
             // Micro-batch i+1's uploads go out before i's kernels: on CUDA they overlap.
-            if i + 1 < micro_batches {
-                next = Some(fetch(model, &mut wait)?);
+            if i + 1 < count {
+                next = Some(fetch(model, &mut local.wait)?);
             }
             // The micro-batch carries each sample's source: count its supervised tokens here,
             // the model sums their loss.
             for source in mb.supervised_sources() {
-                if let Some(count) = by_source.get_mut(sources.len() + source) {
+                if let Some(count) = local.by_source.get_mut(sources + source) {
                     *count += 1.0;
                 }
             }
-            ctx.share_balance_loss(coef, all_micro_batches);
-            let out = model.forward_backward(ctx, 1.0 / divisor, &mut times)?;
-            for (sum, part) in by_source.iter_mut().zip(out.by_source) {
+            ctx.share_balance_loss(coef, count * self.s.world_size);
+            let out = model.forward_backward(ctx, 1.0 / divisor, &mut local.times)?;
+            for (sum, part) in local.by_source.iter_mut().zip(out.by_source) {
                 *sum += part;
             }
             if let Some(router) = out.router {
-                add_router(&mut moe, &router);
-                // Inside lm_layers' time: what the sparse blocks took of it (CPU).
-                *times.entry("moe_router_dispatch".into()).or_default() += router.router_s;
-                *times.entry("moe_experts".into()).or_default() += router.experts_s;
-                if router.exchange_s > 0.0 {
-                    *times.entry("moe_all_to_all".into()).or_default() += router.exchange_s;
-                }
+                local.add_router(&router);
             }
-            local.add_batch(&mb, out.loss_sum);
+            local.totals.add_batch(&mb, out.loss_sum);
         }
-        let compute = started.elapsed().as_secs_f64() - wait;
-        let lr_factor = self.schedule.factor(step);
-        let t = Instant::now();
-        let stats = model.optimizer_step(lr_factor)?;
-        let grad_norm = stats.grad_norm;
-        times.insert("optimizer".into(), t.elapsed().as_secs_f64());
-        let mut totals = Tensor::from_slice(&[&local.to_array()[..], &by_source, &moe].concat());
-        // Per rank, in rank order: compute seconds, loader wait seconds, peak RSS (MiB).
-        let mine = [compute, wait, metrics::peak_rss_mib()];
+        Ok(local)
+    }
+
+    /// Every rank's [`LocalStep`] summed, and every rank's `mine` (compute seconds, loader
+    /// wait seconds, peak RSS) gathered in rank order.
+    fn reduce(
+        &self,
+        model: &ShardedVlm,
+        local: &LocalStep,
+        mine: [f64; 3],
+        micro_batches: usize,
+        step: u64,
+    ) -> Result<Reduced, TrainError> {
+        let s = self.s;
+        let local_totals = local.totals.to_array();
+        let mut totals =
+            Tensor::from_slice(&[&local_totals[..], &local.by_source, &local.moe].concat());
         let mut ranks = Tensor::zeros(
             [(mine.len() * s.world_size) as i64],
             (tch::Kind::Double, tch::Device::Cpu),
@@ -616,8 +747,12 @@ impl<'a> TrainLoop<'a> {
             ranks = Tensor::from_slice(&mine);
         }
         let totals: Vec<f64> = Vec::try_from(&totals)?;
+        let sources = s.data.source_names();
         let split = totals.get(StepTotals::LEN..).unwrap_or_default();
         let moe = split.get(2 * sources.len()..).unwrap_or_default();
+        let lm = &model.vlm().lm;
+        let (coef, sparse) = (lm.router_aux_loss_coef(), lm.sparse_layers());
+        let all_micro_batches = micro_batches * s.world_size;
         let moe = (!moe.is_empty())
             .then(|| MoeMetrics::new(moe[0], all_micro_batches, coef, &sparse, &moe[1..]));
         if let Some(m) = moe.as_ref().filter(|_| s.rank == 0) {
@@ -631,51 +766,68 @@ impl<'a> TrainLoop<'a> {
                 (*count > 0.0).then(|| (name.clone(), sum / count))
             })
             .collect();
-        let totals = StepTotals::from_slice(&totals);
         let ranks: Vec<f64> = Vec::try_from(&ranks)?;
         let column =
             |i: usize| -> Vec<f64> { ranks.iter().skip(i).step_by(mine.len()).copied().collect() };
-        let (computes, waits, peak_rss_mib) = (column(0), column(1), column(2));
-        let mean_compute = computes.iter().sum::<f64>() / computes.len() as f64;
-        let max_compute = computes.iter().copied().fold(0.0, f64::max);
-        let secs = started.elapsed().as_secs_f64().max(1e-9);
-        let (loss_image, loss_text) = totals.loss_by_kind();
-        Ok(StepMetrics {
+        Ok(Reduced {
+            totals: StepTotals::from_slice(&totals),
+            loss_by_source,
+            moe,
+            computes: column(0),
+            waits: column(1),
+            peak_rss_mib: column(2),
+        })
+    }
+
+    /// Step `step`'s metrics from what the ranks summed; `secs`: the step's wall time.
+    fn step_metrics(
+        &self,
+        step: u64,
+        divisor: f64,
+        secs: f64,
+        local: LocalStep,
+        r: Reduced,
+        stats: &tessera_fsdp::StepStats,
+    ) -> StepMetrics {
+        let mean_compute = r.computes.iter().sum::<f64>() / r.computes.len() as f64;
+        let max_compute = r.computes.iter().copied().fold(0.0, f64::max);
+        let (loss_image, loss_text) = r.totals.loss_by_kind();
+        StepMetrics {
             step,
-            loss: totals.loss_sum / divisor
-                + moe.as_ref().map_or(0.0, |m| m.aux_weight * m.aux_loss),
+            loss: r.totals.loss_sum / divisor
+                + r.moe.as_ref().map_or(0.0, |m| m.aux_weight * m.aux_loss),
             loss_image,
             loss_text,
             lr: self.schedule.lr(step),
-            grad_norm,
-            tokens_per_s: totals.tokens / secs,
-            real_tokens_per_s: totals.real_tokens / secs,
-            images_per_s: totals.images / secs,
-            loader_wait_frac: wait / secs,
+            grad_norm: stats.grad_norm,
+            tokens_per_s: r.totals.tokens / secs,
+            real_tokens_per_s: r.totals.real_tokens / secs,
+            images_per_s: r.totals.images / secs,
+            loader_wait_frac: local.wait / secs,
             imbalance: if mean_compute > 0.0 {
                 max_compute / mean_compute
             } else {
                 1.0
             },
             step_time_s: secs,
-            tokens: totals.tokens as u64,
-            real_tokens: totals.real_tokens as u64,
-            supervised_tokens: totals.supervised_tokens as u64,
-            images: totals.images as u64,
-            unit_time_s: times,
+            tokens: r.totals.tokens as u64,
+            real_tokens: r.totals.real_tokens as u64,
+            supervised_tokens: r.totals.supervised_tokens as u64,
+            images: r.totals.images as u64,
+            unit_time_s: local.times,
             rss_mib: metrics::rss_mib(),
             bytes_sent: stats.bytes_sent,
             bytes_sent_across_nodes: stats.bytes_sent_across,
             store_retries: 0,
             val_loss: None,
-            loss_by_source,
+            loss_by_source: r.loss_by_source,
             per_rank: PerRank {
-                loader_wait_frac: waits.iter().map(|w| w / secs).collect(),
-                compute_s: computes,
-                peak_rss_mib,
+                loader_wait_frac: r.waits.iter().map(|w| w / secs).collect(),
+                compute_s: r.computes,
+                peak_rss_mib: r.peak_rss_mib,
             },
-            moe,
-        })
+            moe: r.moe,
+        }
     }
 
     /// The checkpoint of `step`, saved as `--checkpoint-write` says (`checkpoint/save.rs`).
