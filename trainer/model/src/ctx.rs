@@ -104,197 +104,54 @@ impl VlmCtx {
 
     /// [`Self::new`] with the uploads left in flight on a CUDA side stream: call
     /// [`Self::ready`] before the first unit runs on it. Same as `new` on the CPU.
+    ///
+    /// Two steps: `validate` checks the whole micro-batch on the host, then `Self::upload`
+    /// makes its tensors on `device`; nothing reaches the device for a micro-batch it refuses.
     pub fn prepare(mb: &MicroBatch, spec: &BatchSpec, device: Device) -> Result<Self> {
-        let (vision, lm) = (spec.vision, spec.lm);
-        let image_token_id = match spec.image_token_id {
-            Some(id) => id,
-            // No image to place: no token id (all checked to be >= 0 below) equals it.
-            None if mb.num_images == 0 => -1,
-            None => {
-                return Err(ModelError::NoImageToken {
-                    what: format!("micro-batch of samples {:?}", mb.sample_ids),
-                })
-            }
-        };
-        let bad = |reason: String| ModelError::BadBatch {
-            samples: mb.sample_ids.clone(),
-            reason,
-        };
-        let n = mb.rows * mb.row_len;
-        for (name, len) in [
-            ("input_ids", mb.input_ids.len()),
-            ("labels", mb.labels.len()),
-            ("positions", mb.positions.len()),
-            ("segment_ids", mb.segment_ids.len()),
-        ] {
-            if len != n {
-                return Err(bad(format!(
-                    "{name} has {len} entries, expected rows*row_len = {n}"
-                )));
-            }
-        }
-        // The checkpoint's vocabulary and the tokens ingest added past it.
-        let vocab = lm.vocab_size + spec.added_tokens;
-        if let Some(id) = mb.input_ids.iter().find(|&&id| id < 0 || id >= vocab) {
-            return Err(bad(format!(
-                "token id {id} is outside the vocabulary of {vocab}"
-            )));
-        }
-        if let Some(l) = mb
-            .labels
-            .iter()
-            .find(|&&l| l != IGNORE_INDEX && (l < 0 || l >= vocab))
-        {
-            return Err(bad(format!(
-                "label {l} is outside the vocabulary of {vocab}"
-            )));
-        }
-        if mb.labels.contains(&image_token_id) {
-            return Err(bad(
-                "a label is the image placeholder id; image positions must not be targets".into(),
-            ));
-        }
-        let placeholders: Vec<i64> = (0..n as i64)
-            .filter(|&i| mb.input_ids[i as usize] == image_token_id)
-            .collect();
-        let anyres = *spec.image_layout != ImageLayout::Single;
-        if mb.num_images > 0 && anyres == mb.image_geometry.is_empty() {
-            return Err(bad(format!(
-                "the model's image layout is {} but the micro-batch's images {}",
-                spec.image_layout,
-                if anyres {
-                    "are single tiles"
-                } else {
-                    "are anyres grids"
-                }
-            )));
-        }
-        if anyres && mb.image_geometry.len() != mb.num_images {
-            return Err(bad(format!(
-                "{} image geometries for {} images",
-                mb.image_geometry.len(),
-                mb.num_images
-            )));
-        }
-        if !mb.sample_sources.is_empty() && mb.sample_sources.len() != mb.sample_ids.len() {
-            return Err(bad(format!(
-                "{} sample sources for {} samples",
-                mb.sample_sources.len(),
-                mb.sample_ids.len()
-            )));
-        }
-        let expected = mb.image_token_count();
-        if placeholders.len() != expected {
-            return Err(bad(format!(
-                "{} placeholder tokens for {} images of {expected} tokens in all",
-                placeholders.len(),
-                mb.num_images,
-            )));
-        }
-        // From here on every tensor is made on the device: on CUDA, on the side stream.
-        let mut uploads = SideUpload::begin(device)?;
-        let pixel_values = if mb.num_images > 0 {
-            let side = vision.image_size;
-            if mb.image_size as i64 != side || mb.image_tokens as i64 != vision.num_patches() {
-                return Err(bad(format!(
-                    "images are {}px with {} tokens; the vision tower takes {side}px and makes {} tokens",
-                    mb.image_size,
-                    mb.image_tokens,
-                    vision.num_patches()
-                )));
-            }
-            if let Some(g) = mb
-                .image_geometry
-                .iter()
-                .find(|g| g.base as i64 != vision.num_patches())
-            {
-                return Err(bad(format!(
-                    "an image's base view has {} features; the vision tower makes {}",
-                    g.base,
-                    vision.num_patches()
-                )));
-            }
-            let views = mb.views();
-            let numel = views * 3 * mb.image_size * mb.image_size;
-            if mb.pixels.len() != numel {
-                return Err(bad(format!(
-                    "{} pixel bytes, expected {numel} ({views} views)",
-                    mb.pixels.len()
-                )));
-            }
-            let shape = [views as i64, 3, side, side];
-            let raw = upload(Tensor::from_slice(&mb.pixels).view(shape), device)?;
-            Some(vision::normalize_pixels(vision, &raw))
-        } else {
-            None
-        };
+        let placeholders = validate(mb, spec)?;
+        Self::upload(mb, spec, &placeholders, device)
+    }
 
-        let shape = [mb.rows as i64, mb.row_len as i64];
-        let ids = |v: &[i64]| upload(Tensor::from_slice(v).view(shape), device);
-        let positions = ids(&mb.positions)?;
-        let segments = upload(Tensor::from_slice(&mb.segment_ids).view(shape), device)?;
-        let spans = row_spans(&mb.segment_ids, mb.rows, mb.row_len);
-        let varlen = use_varlen(device);
-        let (cos, sin) = rotary_tables(&positions, lm.head_dim(), lm.rope_theta());
-        let supervised: Vec<i64> = (0..n as i64)
-            .filter(|&i| mb.labels[i as usize] != IGNORE_INDEX)
-            .collect();
-        let targets: Vec<i64> = supervised.iter().map(|&i| mb.labels[i as usize]).collect();
-        let input_ids = ids(&mb.input_ids)?;
-        let labels = ids(&mb.labels)?;
-        let mask = (device != Device::Cpu && !varlen).then(|| block_causal_mask(&segments));
-        let varlen = varlen
-            .then(|| Varlen::from_spans(&spans, shape[1], device))
-            .transpose()?;
-        let placeholder_index = upload(Tensor::from_slice(&placeholders), device)?;
-        let real_index = if mb.segment_ids.iter().any(|&s| s < 0) {
-            let real: Vec<i64> = (0..n as i64)
-                .filter(|&i| mb.segment_ids[i as usize] >= 0)
-                .collect();
-            Some(upload(Tensor::from_slice(&real), device)?)
-        } else {
-            None
-        };
-        let supervised_index = upload(Tensor::from_slice(&supervised), device)?;
-        let targets = upload(Tensor::from_slice(&targets), device)?;
-        let supervised_sources = match mb.sample_sources.iter().max() {
-            Some(&last) => {
-                let sources: Vec<i64> = mb
-                    .supervised_sources()
-                    .into_iter()
-                    .map(|s| s as i64)
-                    .collect();
-                let sources = upload(Tensor::from_slice(&sources), device)?;
-                Some((sources, last as i64 + 1))
-            }
-            None => None,
-        };
+    /// Makes the context of a validated micro-batch on `device` (on CUDA, on the side stream);
+    /// `placeholders` are the flat indices of its image tokens.
+    fn upload(
+        mb: &MicroBatch,
+        spec: &BatchSpec,
+        placeholders: &[i64],
+        device: Device,
+    ) -> Result<Self> {
+        let mut uploads = SideUpload::begin(device)?;
+        let pixel_values = upload_pixels(mb, spec.vision, device)?;
+        let rows = RowTensors::upload(mb, spec.lm, device)?;
+        let placeholder_index = upload(Tensor::from_slice(placeholders), device)?;
+        let real_index = upload_real_index(mb, device)?;
+        let loss = LossTargets::upload(mb, device)?;
         if let Some(u) = uploads.as_mut() {
             u.end()?;
         }
         Ok(Self {
-            rows: shape[0],
-            row_len: shape[1],
-            input_ids,
-            labels,
-            mask,
-            varlen,
-            spans,
-            cos,
-            sin,
+            rows: mb.rows as i64,
+            row_len: mb.row_len as i64,
+            input_ids: rows.input_ids,
+            labels: rows.labels,
+            mask: rows.mask,
+            varlen: rows.varlen,
+            spans: rows.spans,
+            cos: rows.cos,
+            sin: rows.sin,
             placeholder_index,
-            supervised: supervised.len() as i64,
-            supervised_index,
-            targets,
+            supervised: loss.supervised,
+            supervised_index: loss.supervised_index,
+            targets: loss.targets,
             pixel_values,
             image_geometry: mb.image_geometry.clone(),
             dropout_seed: None,
             recompute_cheap_ops: false,
             sample_ids: mb.sample_ids.clone(),
-            supervised_sources,
+            supervised_sources: loss.supervised_sources,
             real_index,
             router_log: RouterLog::default(),
-            balance_weight: lm.router_aux_loss_coef(),
+            balance_weight: spec.lm.router_aux_loss_coef(),
             uploads,
             rotary_cast: Mutex::new(None),
         })
@@ -373,5 +230,279 @@ impl VlmCtx {
             Some(p) => p.shallow_clone(),
             None => Tensor::empty([0], (Kind::Float, self.input_ids.device())),
         }
+    }
+}
+
+/// A micro-batch refused for `reason`, naming its samples.
+fn bad(mb: &MicroBatch, reason: String) -> ModelError {
+    ModelError::BadBatch {
+        samples: mb.sample_ids.clone(),
+        reason,
+    }
+}
+
+/// Checks `mb` against the model's `spec` (lengths, token ids, image layout, sources,
+/// placeholder count, image size) and returns the flat indices of its image placeholders.
+fn validate(mb: &MicroBatch, spec: &BatchSpec) -> Result<Vec<i64>> {
+    let image_token_id = match spec.image_token_id {
+        Some(id) => id,
+        // No image to place: no token id (all checked to be >= 0 below) equals it.
+        None if mb.num_images == 0 => -1,
+        None => {
+            return Err(ModelError::NoImageToken {
+                what: format!("micro-batch of samples {:?}", mb.sample_ids),
+            })
+        }
+    };
+    check_lengths(mb)?;
+    check_token_ids(mb, spec, image_token_id)?;
+    let placeholders: Vec<i64> = (0..mb.input_ids.len() as i64)
+        .filter(|&i| mb.input_ids[i as usize] == image_token_id)
+        .collect();
+    check_image_layout(mb, spec.image_layout)?;
+    if !mb.sample_sources.is_empty() && mb.sample_sources.len() != mb.sample_ids.len() {
+        return Err(bad(
+            mb,
+            format!(
+                "{} sample sources for {} samples",
+                mb.sample_sources.len(),
+                mb.sample_ids.len()
+            ),
+        ));
+    }
+    let expected = mb.image_token_count();
+    if placeholders.len() != expected {
+        return Err(bad(
+            mb,
+            format!(
+                "{} placeholder tokens for {} images of {expected} tokens in all",
+                placeholders.len(),
+                mb.num_images,
+            ),
+        ));
+    }
+    if mb.num_images > 0 {
+        check_images(mb, spec.vision)?;
+    }
+    Ok(placeholders)
+}
+
+/// Every per-token vector holds `rows * row_len` entries.
+fn check_lengths(mb: &MicroBatch) -> Result<()> {
+    let n = mb.rows * mb.row_len;
+    for (name, len) in [
+        ("input_ids", mb.input_ids.len()),
+        ("labels", mb.labels.len()),
+        ("positions", mb.positions.len()),
+        ("segment_ids", mb.segment_ids.len()),
+    ] {
+        if len != n {
+            return Err(bad(
+                mb,
+                format!("{name} has {len} entries, expected rows*row_len = {n}"),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Ids and labels lie in the checkpoint's vocabulary plus the tokens ingest added past it, and
+/// no label is the image placeholder.
+fn check_token_ids(mb: &MicroBatch, spec: &BatchSpec, image_token_id: i64) -> Result<()> {
+    let vocab = spec.lm.vocab_size + spec.added_tokens;
+    if let Some(id) = mb.input_ids.iter().find(|&&id| id < 0 || id >= vocab) {
+        return Err(bad(
+            mb,
+            format!("token id {id} is outside the vocabulary of {vocab}"),
+        ));
+    }
+    if let Some(l) = mb
+        .labels
+        .iter()
+        .find(|&&l| l != IGNORE_INDEX && (l < 0 || l >= vocab))
+    {
+        return Err(bad(
+            mb,
+            format!("label {l} is outside the vocabulary of {vocab}"),
+        ));
+    }
+    if mb.labels.contains(&image_token_id) {
+        return Err(bad(
+            mb,
+            "a label is the image placeholder id; image positions must not be targets".into(),
+        ));
+    }
+    Ok(())
+}
+
+/// The micro-batch's images are laid out as the model's `layout` says: single tiles, or
+/// anyres grids with one geometry per image.
+fn check_image_layout(mb: &MicroBatch, layout: &ImageLayout) -> Result<()> {
+    let anyres = *layout != ImageLayout::Single;
+    if mb.num_images > 0 && anyres == mb.image_geometry.is_empty() {
+        return Err(bad(
+            mb,
+            format!(
+                "the model's image layout is {layout} but the micro-batch's images {}",
+                if anyres {
+                    "are single tiles"
+                } else {
+                    "are anyres grids"
+                }
+            ),
+        ));
+    }
+    if anyres && mb.image_geometry.len() != mb.num_images {
+        return Err(bad(
+            mb,
+            format!(
+                "{} image geometries for {} images",
+                mb.image_geometry.len(),
+                mb.num_images
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// The images (of a micro-batch that has some) are the vision tower's size and token count,
+/// and the pixel bytes fill their views.
+fn check_images(mb: &MicroBatch, vision: &VisionConfig) -> Result<()> {
+    let side = vision.image_size;
+    if mb.image_size as i64 != side || mb.image_tokens as i64 != vision.num_patches() {
+        return Err(bad(
+            mb,
+            format!(
+                "images are {}px with {} tokens; the vision tower takes {side}px and makes {} tokens",
+                mb.image_size,
+                mb.image_tokens,
+                vision.num_patches()
+            ),
+        ));
+    }
+    if let Some(g) = mb
+        .image_geometry
+        .iter()
+        .find(|g| g.base as i64 != vision.num_patches())
+    {
+        return Err(bad(
+            mb,
+            format!(
+                "an image's base view has {} features; the vision tower makes {}",
+                g.base,
+                vision.num_patches()
+            ),
+        ));
+    }
+    let views = mb.views();
+    let numel = views * 3 * mb.image_size * mb.image_size;
+    if mb.pixels.len() != numel {
+        return Err(bad(
+            mb,
+            format!(
+                "{} pixel bytes, expected {numel} ({views} views)",
+                mb.pixels.len()
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// The normalised pixels `[views, 3, s, s]` on `device`, `None` without images.
+fn upload_pixels(mb: &MicroBatch, vision: &VisionConfig, device: Device) -> Result<Option<Tensor>> {
+    if mb.num_images == 0 {
+        return Ok(None);
+    }
+    let side = vision.image_size;
+    let shape = [mb.views() as i64, 3, side, side];
+    let raw = upload(Tensor::from_slice(&mb.pixels).view(shape), device)?;
+    Ok(Some(vision::normalize_pixels(vision, &raw)))
+}
+
+/// The flat indices of the real tokens on `device`, `None` when the micro-batch has no padding.
+fn upload_real_index(mb: &MicroBatch, device: Device) -> Result<Option<Tensor>> {
+    if !mb.segment_ids.iter().any(|&s| s < 0) {
+        return Ok(None);
+    }
+    let real: Vec<i64> = (0..mb.segment_ids.len() as i64)
+        .filter(|&i| mb.segment_ids[i as usize] >= 0)
+        .collect();
+    Ok(Some(upload(Tensor::from_slice(&real), device)?))
+}
+
+/// The `[rows, len]` side of the context: ids, labels, and the attention layout and rotary
+/// tables of the packed rows.
+struct RowTensors {
+    input_ids: Tensor,
+    labels: Tensor,
+    mask: Option<Tensor>,
+    spans: Vec<Vec<Span>>,
+    varlen: Option<Varlen>,
+    cos: Tensor,
+    sin: Tensor,
+}
+
+impl RowTensors {
+    fn upload(mb: &MicroBatch, lm: &LmConfig, device: Device) -> Result<Self> {
+        let shape = [mb.rows as i64, mb.row_len as i64];
+        let ids = |v: &[i64]| upload(Tensor::from_slice(v).view(shape), device);
+        let positions = ids(&mb.positions)?;
+        let segments = upload(Tensor::from_slice(&mb.segment_ids).view(shape), device)?;
+        let spans = row_spans(&mb.segment_ids, mb.rows, mb.row_len);
+        let varlen = use_varlen(device);
+        let (cos, sin) = rotary_tables(&positions, lm.head_dim(), lm.rope_theta());
+        let input_ids = ids(&mb.input_ids)?;
+        let labels = ids(&mb.labels)?;
+        let mask = (device != Device::Cpu && !varlen).then(|| block_causal_mask(&segments));
+        let varlen = varlen
+            .then(|| Varlen::from_spans(&spans, shape[1], device))
+            .transpose()?;
+        Ok(Self {
+            input_ids,
+            labels,
+            mask,
+            spans,
+            varlen,
+            cos,
+            sin,
+        })
+    }
+}
+
+/// What the head's loss reads: the supervised positions, their targets and (under a mixture)
+/// their sources.
+struct LossTargets {
+    supervised: i64,
+    supervised_index: Tensor,
+    targets: Tensor,
+    supervised_sources: Option<(Tensor, i64)>,
+}
+
+impl LossTargets {
+    fn upload(mb: &MicroBatch, device: Device) -> Result<Self> {
+        let supervised: Vec<i64> = (0..mb.labels.len() as i64)
+            .filter(|&i| mb.labels[i as usize] != IGNORE_INDEX)
+            .collect();
+        let targets: Vec<i64> = supervised.iter().map(|&i| mb.labels[i as usize]).collect();
+        let supervised_index = upload(Tensor::from_slice(&supervised), device)?;
+        let targets = upload(Tensor::from_slice(&targets), device)?;
+        let supervised_sources = match mb.sample_sources.iter().max() {
+            Some(&last) => {
+                let sources: Vec<i64> = mb
+                    .supervised_sources()
+                    .into_iter()
+                    .map(|s| s as i64)
+                    .collect();
+                let sources = upload(Tensor::from_slice(&sources), device)?;
+                Some((sources, last as i64 + 1))
+            }
+            None => None,
+        };
+        Ok(Self {
+            supervised: supervised.len() as i64,
+            supervised_index,
+            targets,
+            supervised_sources,
+        })
     }
 }
