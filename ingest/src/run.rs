@@ -11,7 +11,7 @@ use crate::resume::{
     check_finished, remove_leftovers, Journal, Settings, JOURNAL_FILE, REJECTED_FILE,
 };
 use crate::workers::{Job, Outcome, Worker};
-use crossbeam_channel::bounded;
+use crossbeam_channel::{bounded, Receiver, Sender};
 use indicatif::{ProgressBar, ProgressStyle};
 use sha2::{Digest, Sha256};
 use std::collections::HashSet;
@@ -100,39 +100,8 @@ impl IngestConfig {
 /// Runs an ingest. `Ok` even when too many records were rejected: see [`Summary::complete`].
 pub fn run(config: &IngestConfig) -> Result<Summary, IngestError> {
     let started = Instant::now();
-    let (input, format) = Input::open(&config.input, config.format)?;
-    let template = config.template.unwrap_or(format.default_template());
-    let encoder = Arc::new(Encoder::load(&config.tokenizer, template)?);
-    let source = match &config.images {
-        Some(images) => Some(ImageSource::open(images)?),
-        None if format.images_outside() => {
-            return Err(IngestError::Input {
-                input: config.input.clone(),
-                detail: format!(
-                    "the {format} layout keeps its images outside the file: give --images \
-                     (a folder or a .zip)"
-                ),
-            })
-        }
-        None => None,
-    };
-    let settings = Settings {
-        format: format.name().to_string(),
-        json_bytes: input.byte_len(),
-        json_records: input.len(),
-        json_sha256: input.fingerprint()?,
-        images_fingerprint: match &source {
-            Some(source) => source.fingerprint()?,
-            None => String::new(),
-        },
-        tokenizer_fingerprint: encoder.fingerprint.clone(),
-        template: template.name().to_string(),
-        shard_size: config.shard_size,
-        verify: config.verify,
-        max_pixels: config.max_pixels,
-        max_tokens: config.max_tokens,
-        max_tokens_image_tokens: config.max_tokens.map(|_| config.image_tokens),
-    };
+    let opened = Opened::open(config)?;
+    let settings = opened.settings(config)?;
     let dir = &config.out;
     if config.resume && dir.join(INDEX_FILE).exists() {
         let manifest = Manifest::load(dir)?;
@@ -154,76 +123,113 @@ pub fn run(config: &IngestConfig) -> Result<Summary, IngestError> {
             state.shards.len()
         );
     }
-    let progress = progress_bar(config.progress, input.len());
+    let progress = progress_bar(config.progress, opened.input.len());
     let earlier_s = state.elapsed_s;
-    let mut writer = OrderedWriter::new(dir.clone(), state, config.row_groups, progress, started)?;
+    let writer = OrderedWriter::new(dir.clone(), state, config.row_groups, progress, started)?;
+    let final_state = process(config, &opened, start, writer)?;
+    finalize(
+        config,
+        &opened.encoder,
+        final_state,
+        started,
+        start,
+        earlier_s,
+    )
+}
+
+/// What a run reads from: the input, its layout, the encoder and the images (if the layout
+/// keeps them outside the input).
+struct Opened {
+    input: Input,
+    format: Format,
+    encoder: Arc<Encoder>,
+    source: Option<ImageSource>,
+}
+
+impl Opened {
+    fn open(config: &IngestConfig) -> Result<Self, IngestError> {
+        let (input, format) = Input::open(&config.input, config.format)?;
+        let template = config.template.unwrap_or(format.default_template());
+        let encoder = Arc::new(Encoder::load(&config.tokenizer, template)?);
+        let source = match &config.images {
+            Some(images) => Some(ImageSource::open(images)?),
+            None if format.images_outside() => {
+                return Err(IngestError::Input {
+                    input: config.input.clone(),
+                    detail: format!(
+                        "the {format} layout keeps its images outside the file: give --images \
+                         (a folder or a .zip)"
+                    ),
+                })
+            }
+            None => None,
+        };
+        Ok(Opened {
+            input,
+            format,
+            encoder,
+            source,
+        })
+    }
+
+    /// The settings a resume checks its inputs against: the inputs' fingerprints and the
+    /// flags that change what is written.
+    fn settings(&self, config: &IngestConfig) -> Result<Settings, IngestError> {
+        Ok(Settings {
+            format: self.format.name().to_string(),
+            json_bytes: self.input.byte_len(),
+            json_records: self.input.len(),
+            json_sha256: self.input.fingerprint()?,
+            images_fingerprint: match &self.source {
+                Some(source) => source.fingerprint()?,
+                None => String::new(),
+            },
+            tokenizer_fingerprint: self.encoder.fingerprint.clone(),
+            template: self.encoder.template.name().to_string(),
+            shard_size: config.shard_size,
+            verify: config.verify,
+            max_pixels: config.max_pixels,
+            max_tokens: config.max_tokens,
+            max_tokens_image_tokens: config.max_tokens.map(|_| config.image_tokens),
+        })
+    }
+
+    fn worker(&self, config: &IngestConfig) -> Worker {
+        Worker {
+            source: self.source.clone(),
+            encoder: self.encoder.clone(),
+            format: self.format,
+            verify: config.verify,
+            max_pixels: config.max_pixels,
+            max_tokens: config.max_tokens.map(|n| (n, config.image_tokens)),
+        }
+    }
+}
+
+/// Batches of records sent from the workers to the writer, by input position.
+type Outcomes = Vec<(u64, Result<Outcome, IngestError>)>;
+
+/// Reads from record `start` on with a reader thread and `config.workers` workers, and writes
+/// their outcomes in input order on this thread; returns the finished run's journal.
+fn process(
+    config: &IngestConfig,
+    opened: &Opened,
+    start: u64,
+    mut writer: OrderedWriter,
+) -> Result<Journal, IngestError> {
     let workers = config.workers.max(1);
     // Records travel in batches of BATCH (one channel message, one wake-up, one credit each).
     let window = (64 * workers + 256).div_ceil(BATCH);
     let (job_tx, job_rx) = bounded::<Vec<Job>>(2 * workers);
-    let (out_tx, out_rx) = bounded::<Vec<(u64, Result<Outcome, IngestError>)>>(2 * workers);
+    let (out_tx, out_rx) = bounded::<Outcomes>(2 * workers);
     let (credit_tx, credit_rx) = bounded::<()>(window);
-    let final_state = std::thread::scope(|scope| -> Result<Journal, IngestError> {
-        let input = &input;
-        let total = input.len();
-        scope.spawn(move || {
-            let mut seen = HashSet::new();
-            let mut batch = Vec::with_capacity(BATCH);
-            input.read_from(start, &mut |n, item| {
-                let record = match item {
-                    Item::Earlier(id) => {
-                        seen.insert(id_key(&id));
-                        return true;
-                    }
-                    Item::Record(record) => record,
-                };
-                let duplicate = match &record {
-                    Ok(r) => !seen.insert(id_key(&r.id)),
-                    Err(_) => false,
-                };
-                let stop = record.is_err();
-                batch.push(Job {
-                    seq: n,
-                    record,
-                    duplicate,
-                });
-                if batch.len() == BATCH || stop || n + 1 == total {
-                    let full = std::mem::replace(&mut batch, Vec::with_capacity(BATCH));
-                    if credit_tx.send(()).is_err() || job_tx.send(full).is_err() || stop {
-                        return false;
-                    }
-                }
-                true
-            });
-        });
+    std::thread::scope(|scope| {
+        let input = &opened.input;
+        scope.spawn(move || read_jobs(input, start, credit_tx, job_tx));
         for _ in 0..workers {
+            let worker = opened.worker(config);
             let (job_rx, out_tx) = (job_rx.clone(), out_tx.clone());
-            let mut worker = Worker {
-                source: source.clone(),
-                encoder: encoder.clone(),
-                format,
-                verify: config.verify,
-                max_pixels: config.max_pixels,
-                max_tokens: config.max_tokens.map(|n| (n, config.image_tokens)),
-            };
-            scope.spawn(move || {
-                for jobs in job_rx {
-                    let mut done = Vec::with_capacity(jobs.len());
-                    for job in jobs {
-                        let seq = job.seq;
-                        let outcome = catch_unwind(AssertUnwindSafe(|| worker.process(job)))
-                            .unwrap_or_else(|_| {
-                                Err(IngestError::WorkerPanic(format!(
-                                    "while processing record {seq}"
-                                )))
-                            });
-                        done.push((seq, outcome));
-                    }
-                    if out_tx.send(done).is_err() {
-                        return;
-                    }
-                }
-            });
+            scope.spawn(move || work(worker, job_rx, out_tx));
         }
         drop((job_rx, out_tx));
         let mut written = 0;
@@ -244,8 +250,63 @@ pub fn run(config: &IngestConfig) -> Result<Summary, IngestError> {
             ));
         }
         writer.finish()
-    })?;
-    finalize(config, &encoder, final_state, started, start, earlier_s)
+    })
+}
+
+/// The reader thread: sends the records from `start` on in batches of BATCH, each after taking
+/// a credit, marking the ids seen before; stops after a record it cannot read, or when the
+/// writer hangs up. Dropping `job_tx` at the end tells the workers there is no more.
+fn read_jobs(input: &Input, start: u64, credit_tx: Sender<()>, job_tx: Sender<Vec<Job>>) {
+    let total = input.len();
+    let mut seen = HashSet::new();
+    let mut batch = Vec::with_capacity(BATCH);
+    input.read_from(start, &mut |n, item| {
+        let record = match item {
+            Item::Earlier(id) => {
+                seen.insert(id_key(&id));
+                return true;
+            }
+            Item::Record(record) => record,
+        };
+        let duplicate = match &record {
+            Ok(r) => !seen.insert(id_key(&r.id)),
+            Err(_) => false,
+        };
+        let stop = record.is_err();
+        batch.push(Job {
+            seq: n,
+            record,
+            duplicate,
+        });
+        if batch.len() == BATCH || stop || n + 1 == total {
+            let full = std::mem::replace(&mut batch, Vec::with_capacity(BATCH));
+            if credit_tx.send(()).is_err() || job_tx.send(full).is_err() || stop {
+                return false;
+            }
+        }
+        true
+    });
+}
+
+/// A worker thread: processes batches of jobs until the reader is done or the writer hangs up;
+/// a panic on one record becomes that record's error.
+fn work(mut worker: Worker, job_rx: Receiver<Vec<Job>>, out_tx: Sender<Outcomes>) {
+    for jobs in job_rx {
+        let mut done = Vec::with_capacity(jobs.len());
+        for job in jobs {
+            let seq = job.seq;
+            let outcome =
+                catch_unwind(AssertUnwindSafe(|| worker.process(job))).unwrap_or_else(|_| {
+                    Err(IngestError::WorkerPanic(format!(
+                        "while processing record {seq}"
+                    )))
+                });
+            done.push((seq, outcome));
+        }
+        if out_tx.send(done).is_err() {
+            return;
+        }
+    }
 }
 
 /// A record id as the duplicate check keeps it: 128 bits of two SipHash-1-3 hashes (16 bytes
