@@ -19,9 +19,9 @@ use tch::{Kind, Tensor};
 use tessera_fsdp::{ParamMap, ParamSpec};
 
 /// The projector's frozen per-channel feature mean, `[vision_hidden]`.
-pub const FEATURE_MEAN: &str = "mm_projector.feature_mean";
+pub(crate) const FEATURE_MEAN: &str = "mm_projector.feature_mean";
 /// The projector's frozen per-channel feature standard deviation, `[vision_hidden]`.
-pub const FEATURE_STD: &str = "mm_projector.feature_std";
+pub(crate) const FEATURE_STD: &str = "mm_projector.feature_std";
 
 /// A standard deviation below this (a channel constant over the measured images) counts as
 /// this, so that the channel passes through centred rather than divided by zero.

@@ -38,7 +38,7 @@ mod hub_files;
 #[cfg_attr(not(feature = "testing"), allow(unreachable_pub))]
 mod init;
 mod keys;
-mod llava;
+pub mod llava;
 mod lm_config;
 mod lm_dir;
 mod lora;
@@ -67,17 +67,11 @@ pub use config::{LoraConfig, VisionArch, VisionConfig};
 pub use ctx::{BatchSpec, VlmCtx};
 pub use dtype::Dtype;
 pub use error::ModelError;
-pub use feature_stats::{
-    fold_into_projector, FeatureMeter, FeatureStats, FEATURE_MEAN, FEATURE_STD, FOLDED_KEYS,
-};
+pub use feature_stats::{fold_into_projector, FeatureMeter, FeatureStats, FOLDED_KEYS};
 pub use gemm::{CpuBf16Gemm, GemmTiming};
 pub use generator::{GenerateOptions, Generation, Generator};
 pub use hub_files::{write_hub_files, HUB_SHARD_BYTES};
 pub use init::{write_preset, Preset};
-pub use llava::{
-    added_rows_of, export_specs, llava_config_json, llava_key, load_llava_dir, load_llava_dir_as,
-    LLAVA_ADAPTER_DIR,
-};
 pub use lm_config::{LmConfig, LmFamily, MoeConfig, RopeParameters};
 pub use lora::{
     adapter_keys, init_adapters, load_adapter, merge_adapters, merge_weight, save_adapter,
@@ -87,7 +81,7 @@ pub use moe::{ExpertGroup, MoeTimes, RouterLog, RouterStats};
 pub use projector::IMAGE_NEWLINE;
 pub use source::VlmInit;
 #[cfg(feature = "bench")]
-pub use throughput::{measure_throughput, peak_matmul_flops, ThroughputReport};
+pub use throughput::{measure_throughput, ThroughputReport};
 pub use vlm::{VisionTraining, Vlm, VlmOptions};
 pub use vocab::{ADDED_EMBED, ADDED_HEAD};
 pub use weights::{

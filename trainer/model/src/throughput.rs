@@ -88,7 +88,7 @@ fn step_flops(vlm: &Vlm, mb: &MicroBatch) -> f64 {
 /// Peak matmul FLOP/s of this machine in `kind`: `n`×`n` matmuls, best of `repeats`, through
 /// the model's own product path (`gemm.rs`: on a CPU without bf16 arithmetic a bf16 product
 /// runs on the f32 kernels, widening included in the time).
-pub fn peak_matmul_flops(n: i64, repeats: usize, kind: Kind) -> f64 {
+fn peak_matmul_flops(n: i64, repeats: usize, kind: Kind) -> f64 {
     let a = Tensor::randn([n, n], (Kind::Float, Device::Cpu)).to_kind(kind);
     let b = Tensor::randn([n, n], (Kind::Float, Device::Cpu)).to_kind(kind);
     let _ = super::gemm::matmul(&a, &b);

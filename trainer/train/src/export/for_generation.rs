@@ -16,9 +16,8 @@ use crate::run_dir::RunDir;
 use crate::vlm_description::VlmDescription;
 use std::path::Path;
 use tessera_fsdp::ParamMap;
-use tessera_model::{
-    load_llava_dir_as, Dtype, Generator, HfCheckpoint, ModelError, Vlm, VlmOptions,
-};
+use tessera_model::llava::load_llava_dir_as;
+use tessera_model::{Dtype, Generator, HfCheckpoint, ModelError, Vlm, VlmOptions};
 use tessera_pipeline::loader::ResizePolicy;
 use tessera_shards::image_layout::ImageLayout;
 

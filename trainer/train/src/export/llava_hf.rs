@@ -1,7 +1,7 @@
 //! `tessera export --format llava-hf`: one directory that transformers'
 //! `LlavaForConditionalGeneration.from_pretrained` loads with no missing or unexpected keys
 //! and `AutoProcessor.from_pretrained` turns into a `LlavaProcessor`:
-//! - `config.json` (`model_type` "llava", see [`tessera_model::llava_config_json`]) and the
+//! - `config.json` (`model_type` "llava", see [`tessera_model::llava::llava_config_json`]) and the
 //!   weights in the Hub's layout (`vision_tower.*`, `multi_modal_projector.linear_{1,2}.*`,
 //!   `language_model.model.*`), bf16 by default, sharded past 5 GB with an index, streamed
 //!   one tensor at a time (see [`write_llava_hf`]): the export's memory is one tensor, not the
@@ -31,9 +31,12 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use tch::Kind;
 use tessera_fsdp::{ParamMap, ParamSpec};
+use tessera_model::llava::{
+    added_rows_of, export_specs, llava_config_json, llava_key, LLAVA_ADAPTER_DIR,
+};
 use tessera_model::{
-    adapter_keys, added_rows_of, export_specs, llava_config_json, llava_key, merge_weight,
-    write_hub_files, FeatureStats, LoraConfig, ModelError, Vlm, VlmOptions, LLAVA_ADAPTER_DIR,
+    adapter_keys, merge_weight, write_hub_files, FeatureStats, LoraConfig, ModelError, Vlm,
+    VlmOptions,
 };
 use tessera_shards::image_layout::ImageLayout;
 use tessera_text::chat::{Template, IM_END};

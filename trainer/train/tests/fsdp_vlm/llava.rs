@@ -9,7 +9,8 @@ use crate::support::*;
 use std::path::{Path, PathBuf};
 use tch::Kind;
 use tessera_fsdp::ParamMap;
-use tessera_model::{load_llava_dir, load_safetensors, GenerateOptions, Generator};
+use tessera_model::llava::load_llava_dir;
+use tessera_model::{load_safetensors, GenerateOptions, Generator};
 use tessera_train::{write_llava_hf, LlavaHfOptions, LlavaSources, TrainedTensors};
 
 const TOL: f64 = 1e-4;
