@@ -13,7 +13,9 @@ use std::path::Path;
 
 mod support;
 use support::metrics::losses;
-use support::{fixture, read_json, run_err, run_ok, tessera, train_command, Fixture, TrainArgs};
+use support::{
+    caption_shards, fixture, read_json, run_err, run_ok, tessera, train_command, Fixture, TrainArgs,
+};
 
 const IMAGES: usize = 6;
 
@@ -184,24 +186,15 @@ fn standardised_features_are_measured_recorded_resumed_inherited_and_folded_on_e
             .arg("--out")
             .arg(&hf),
     )?;
-    let caption = |source: &str, dir: &Path, out: &Path| -> Result<String> {
-        run_ok(
-            tessera()
-                .args(["generate", source])
-                .arg(dir)
-                .arg("--shards")
-                .arg(&f.shards)
-                .args(["--limit", "3", "--max-new-tokens", "6", "--dtype", "f32"])
-                .arg("--out")
-                .arg(out),
-        )?;
-        Ok(std::fs::read_to_string(out)?)
+    let flags = ["--limit", "3", "--max-new-tokens", "6", "--dtype", "f32"];
+    let caption = |source: &str, dir: &Path, out: &Path| {
+        caption_shards(tessera(), source, dir, &f.shards, &flags, out)
     };
     let from_run = caption("--run", &a, &f.root.join("run.jsonl"))?;
     let from_export = caption("--model", &hf, &f.root.join("hf.jsonl"))?;
     ensure!(
         from_run == from_export,
-        "the export captions as the run:\n{from_run}\nagainst\n{from_export}"
+        "the export captions as the run:\n{from_run:?}\nagainst\n{from_export:?}"
     );
     Ok(())
 }

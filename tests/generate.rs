@@ -11,7 +11,9 @@ use anyhow::{ensure, Result};
 use std::path::{Path, PathBuf};
 
 mod support;
-use support::{fixture, run_err, run_ok, tessera, tokenizer, train_command, TrainArgs};
+use support::{
+    caption_shards, fixture, run_err, run_ok, tessera, tokenizer, train_command, TrainArgs,
+};
 
 /// `tessera` run from a folder that is not the repository (no `.deps/` under it), as a user
 /// runs it from anywhere.
@@ -21,38 +23,11 @@ fn tessera_elsewhere() -> std::process::Command {
     cmd
 }
 
-/// `generate --shards` into `out`; returns the (id, reference, generated) lines.
-fn caption(
-    source: &[&str],
-    source_dir: &Path,
-    shards: &Path,
-    out: &Path,
-) -> Result<Vec<[String; 3]>> {
-    run_ok(
-        tessera_elsewhere()
-            .arg("generate")
-            .args(source)
-            .arg(source_dir)
-            .arg("--shards")
-            .arg(shards)
-            .args(["--limit", "2", "--max-new-tokens", "6"])
-            .arg("--out")
-            .arg(out),
-    )?;
-    let text = std::fs::read_to_string(out)?;
-    text.lines()
-        .map(|line| {
-            let v: serde_json::Value = serde_json::from_str(line)?;
-            let field = |k: &str| v[k].as_str().map(str::to_string);
-            match (field("id"), field("reference"), field("generated")) {
-                (Some(a), Some(b), Some(c)) => Ok([a, b, c]),
-                _ => anyhow::bail!(
-                    "{}: line without id/reference/generated: {line}",
-                    out.display()
-                ),
-            }
-        })
-        .collect()
+/// `generate --shards` (two samples, six new tokens, from outside the repository) into `out`;
+/// returns the (id, reference, generated) lines.
+fn caption(source: &str, dir: &Path, shards: &Path, out: &Path) -> Result<Vec<[String; 3]>> {
+    let flags = ["--limit", "2", "--max-new-tokens", "6"];
+    caption_shards(tessera_elsewhere(), source, dir, shards, &flags, out)
 }
 
 /// `tessera train --stage 2` on the fixture (budget 512, rows of 256) into `run`, with `extra`.
@@ -80,7 +55,7 @@ fn run_and_llava_hf_exports_caption_alike_and_a_bad_image_is_named() -> Result<(
         &run,
         &["--steps", "2", "--lora-r", "4", "--lora-alpha", "8"],
     ))?;
-    let from_run = caption(&["--run"], &run, &f.shards, &f.root.join("run.jsonl"))?;
+    let from_run = caption("--run", &run, &f.shards, &f.root.join("run.jsonl"))?;
     ensure!(from_run.len() == 2, "two samples captioned: {from_run:?}");
     ensure!(
         from_run
@@ -133,7 +108,7 @@ fn run_and_llava_hf_exports_caption_alike_and_a_bad_image_is_named() -> Result<(
             "{name} export: adapter/ only when unmerged"
         );
         let from_export = caption(
-            &["--model"],
+            "--model",
             &export,
             &f.shards,
             &f.root.join(format!("{name}.jsonl")),
@@ -186,13 +161,8 @@ fn a_full_finetune_exports_whole_models_that_caption_like_the_run() -> Result<()
             .arg("--out")
             .arg(&export),
     )?;
-    let from_run = caption(&["--run"], &run, &f.shards, &f.root.join("run.jsonl"))?;
-    let from_export = caption(
-        &["--model"],
-        &export,
-        &f.shards,
-        &f.root.join("export.jsonl"),
-    )?;
+    let from_run = caption("--run", &run, &f.shards, &f.root.join("run.jsonl"))?;
+    let from_export = caption("--model", &export, &f.shards, &f.root.join("export.jsonl"))?;
     assert_eq!(
         from_export, from_run,
         "the full fine-tune's export captions like the run"
@@ -269,8 +239,8 @@ fn an_lm_only_run_exports_the_projector_it_started_from() -> Result<()> {
             .arg("--out")
             .arg(&llava),
     )?;
-    let from_run = caption(&["--run"], &run, &f.shards, &f.root.join("run.jsonl"))?;
-    let from_export = caption(&["--model"], &llava, &f.shards, &f.root.join("llava.jsonl"))?;
+    let from_run = caption("--run", &run, &f.shards, &f.root.join("run.jsonl"))?;
+    let from_export = caption("--model", &llava, &f.shards, &f.root.join("llava.jsonl"))?;
     assert_eq!(from_export, from_run, "the export captions like the run");
 
     std::fs::remove_file(&start)?;

@@ -59,6 +59,43 @@ pub(crate) fn run_err(cmd: &mut Command) -> Result<String> {
     Ok(String::from_utf8_lossy(&out.stderr).into_owned())
 }
 
+/// `tessera generate` (run by `cmd`) from `source` (`--run` or `--model`) `dir` on the samples
+/// of `shards`, with `flags` (`--limit`, `--max-new-tokens`, ...), into `out`; returns each
+/// line of `out` as (id, reference, generated).
+pub(crate) fn caption_shards(
+    mut cmd: Command,
+    source: &str,
+    dir: &Path,
+    shards: &Path,
+    flags: &[&str],
+    out: &Path,
+) -> Result<Vec<[String; 3]>> {
+    run_ok(
+        cmd.args(["generate", source])
+            .arg(dir)
+            .arg("--shards")
+            .arg(shards)
+            .args(flags)
+            .arg("--out")
+            .arg(out),
+    )?;
+    let text =
+        std::fs::read_to_string(out).with_context(|| format!("reading {}", out.display()))?;
+    text.lines()
+        .map(|line| {
+            let v: serde_json::Value = serde_json::from_str(line)?;
+            let field = |k: &str| v[k].as_str().map(str::to_string);
+            match (field("id"), field("reference"), field("generated")) {
+                (Some(a), Some(b), Some(c)) => Ok([a, b, c]),
+                _ => anyhow::bail!(
+                    "{}: line without id/reference/generated: {line}",
+                    out.display()
+                ),
+            }
+        })
+        .collect()
+}
+
 /// Polls `done` every 50 ms until it holds; fails if `child` exits first or 300 s pass (then
 /// killing it).
 /// `what` names the awaited condition in the error.
