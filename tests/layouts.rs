@@ -150,7 +150,7 @@ fn three_layouts_ingest_to_the_same_samples_rejections_and_shard_bytes() -> Resu
         let placeholders = sample
             .input_ids
             .iter()
-            .filter(|&&t| t == tessera_text::SpecialTokens::qwen_before_recorded().image.id)
+            .filter(|&&t| t == tessera_text::SpecialTokens::qwen().image.id)
             .count();
         assert_eq!(
             placeholders,

@@ -225,7 +225,7 @@ fn tessera_tokens(
     let prompt = captioner.prompt_ids(None, images.len())?;
     let placeholders = prompt
         .iter()
-        .filter(|&&t| t == tessera_text::SpecialTokens::qwen_before_recorded().image.id)
+        .filter(|&&t| t == tessera_text::SpecialTokens::qwen().image.id)
         .count();
     assert_eq!(
         (prompt.len(), placeholders),

@@ -21,7 +21,7 @@ fn shard_set(dir: &Path, n: u32, images: bool, tag: &str) -> anyhow::Result<()> 
         let mut ids = Vec::new();
         let mut imgs = Vec::new();
         if images {
-            ids.push(tessera_text::SpecialTokens::qwen_before_recorded().image.id);
+            ids.push(tessera_text::SpecialTokens::qwen().image.id);
             imgs.push(Image {
                 bytes: vec![0xFF, 0xD8, 0xFF, i as u8],
                 format: "jpeg".into(),
@@ -48,8 +48,8 @@ fn shard_set(dir: &Path, n: u32, images: bool, tag: &str) -> anyhow::Result<()> 
         format_version: tessera_shards::FORMAT_VERSION,
         tokenizer_fingerprint: "t".into(),
         template: "chatml".into(),
-        image_placeholder_id: tessera_text::SpecialTokens::qwen_before_recorded().image.id,
-        special_tokens: tessera_text::SpecialTokens::qwen_before_recorded(),
+        image_placeholder_id: tessera_text::SpecialTokens::qwen().image.id,
+        special_tokens: tessera_text::SpecialTokens::qwen(),
         source_tokenizer_fingerprint: None,
         num_samples: u64::from(n),
         shards: vec![writer.finish()?],
@@ -276,7 +276,7 @@ fn the_loader_carries_each_samples_source_into_the_micro_batch() -> anyhow::Resu
     };
     let config = tessera_pipeline::loader::LoaderConfig::builder()
         .threads(1)
-        .tokens(&tessera_text::SpecialTokens::qwen_before_recorded())
+        .tokens(&tessera_text::SpecialTokens::qwen())
         .build()?;
     let mb = tessera_pipeline::loader::Loader::new(mix, vec![plan], config)
         .next()

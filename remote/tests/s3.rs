@@ -43,7 +43,7 @@ fn write_dataset(dir: &Path) -> Result<Manifest> {
         tokenizer_fingerprint: "t".repeat(64),
         template: "plain".into(),
         image_placeholder_id: 151_655,
-        special_tokens: tessera_text::SpecialTokens::qwen_before_recorded(),
+        special_tokens: tessera_text::SpecialTokens::qwen(),
         source_tokenizer_fingerprint: None,
         num_samples: samples.len() as u64,
         shards: infos,

@@ -184,7 +184,7 @@ mod tests {
             tokenizer_fingerprint: "t".into(),
             template: "plain".into(),
             image_placeholder_id: 7,
-            special_tokens: SpecialTokens::qwen_before_recorded(),
+            special_tokens: SpecialTokens::qwen(),
             source_tokenizer_fingerprint: None,
             num_samples: 0,
             shards: Vec::new(),

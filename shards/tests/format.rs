@@ -38,7 +38,7 @@ fn write_dataset(dir: &Path, n: u32, per_shard: u32) -> anyhow::Result<Vec<Sampl
         tokenizer_fingerprint: "t".repeat(64),
         template: "plain".into(),
         image_placeholder_id: 151_655,
-        special_tokens: tessera_text::SpecialTokens::qwen_before_recorded(),
+        special_tokens: tessera_text::SpecialTokens::qwen(),
         source_tokenizer_fingerprint: None,
         num_samples: u64::from(n),
         shards: infos,

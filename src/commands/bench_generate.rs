@@ -54,7 +54,7 @@ pub(crate) fn run(args: Args) -> anyhow::Result<()> {
         .with_context(|| format!("writing {}", dir.display()))?;
     let (vision_dir, lm_dir) = (dir.join("vision"), dir.join("lm"));
     // The preset's LM is a Qwen2: its image token is Qwen's `<|image_pad|>`.
-    let image_token = i64::from(tessera_text::SpecialTokens::qwen_before_recorded().image.id);
+    let image_token = i64::from(tessera_text::SpecialTokens::qwen().image.id);
     let options = VlmOptions {
         image_token_id: Some(image_token),
         ..Default::default()

@@ -34,7 +34,7 @@ pub fn sample(i: u32, images: u32, image_bytes: impl Fn(u32) -> Vec<u8>) -> Samp
         })
         .collect();
     let count = images.len();
-    let placeholder = tessera_text::SpecialTokens::qwen_before_recorded().image.id;
+    let placeholder = tessera_text::SpecialTokens::qwen().image.id;
     let mut ids: Vec<u32> = vec![placeholder; count];
     ids.extend((0..(5 + i % 11)).map(|t| t * 1000 + i));
     let mask: Vec<bool> = (0..ids.len()).map(|t| t >= count && t % 2 == 1).collect();

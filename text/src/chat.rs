@@ -202,26 +202,9 @@ impl std::str::FromStr for Template {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::special_tokens::Token;
 
     fn supervised(r: &Rendered) -> String {
         r.supervised.iter().map(|s| &r.text[s.clone()]).collect()
-    }
-
-    fn qwen() -> SpecialTokens {
-        SpecialTokens::qwen_before_recorded()
-    }
-
-    /// SmolLM2-Instruct's tokenizer with `<image>` added by ingest: no frame, `<|im_end|>` as
-    /// its end of sequence.
-    fn smollm2() -> SpecialTokens {
-        SpecialTokens {
-            image: Token::new("<image>", 49_152),
-            image_frame: None,
-            eos: Token::new("<|im_end|>", 2),
-            pad_id: 2,
-            added: vec!["<image>".into()],
-        }
     }
 
     #[test]
@@ -230,7 +213,7 @@ mod tests {
             (Role::User, "<image>\nWhat is shown?"),
             (Role::Assistant, "A gradient."),
         ];
-        let r = Template::Chatml.render(&turns, 1, &qwen());
+        let r = Template::Chatml.render(&turns, 1, &SpecialTokens::qwen());
         assert_eq!(
             r.text,
             "<|im_start|>user\n<|vision_start|><|image_pad|><|vision_end|>\nWhat is shown?\
@@ -238,7 +221,7 @@ mod tests {
         );
         assert_eq!(supervised(&r), "A gradient.<|im_end|>");
         // A tokenizer without Qwen's frame: the image token alone.
-        let r = Template::Chatml.render(&turns, 1, &smollm2());
+        let r = Template::Chatml.render(&turns, 1, &SpecialTokens::smollm2_instruct());
         assert_eq!(
             r.text,
             "<|im_start|>user\n<image>\nWhat is shown?<|im_end|>\n<|im_start|>assistant\n\
@@ -250,7 +233,7 @@ mod tests {
     fn the_generation_prompt_is_the_training_text_up_to_the_answer() {
         let question = [(Role::User, "<image>\nDescribe the image.")];
         let answered = [question[0], (Role::Assistant, "A red square.")];
-        for tokens in [qwen(), smollm2()] {
+        for tokens in [SpecialTokens::qwen(), SpecialTokens::smollm2_instruct()] {
             for template in [Template::Plain, Template::Chatml] {
                 let prompt = template.generation_prompt(&question, 1, &tokens);
                 let trained = template.render(&answered, 1, &tokens);
@@ -270,26 +253,35 @@ mod tests {
             (Role::User, "<image>\nignored"),
             (Role::Assistant, "A cat."),
         ];
-        let r = Template::Plain.render(&turns, 1, &qwen());
+        let r = Template::Plain.render(&turns, 1, &SpecialTokens::qwen());
         assert_eq!(r.text, "<|image_pad|>A cat.\n<|endoftext|>");
         assert_eq!(supervised(&r), "A cat.\n<|endoftext|>");
-        let text =
-            Template::Plain.render(&[(Role::User, "Hi"), (Role::Assistant, "Yo")], 0, &qwen());
+        let text = Template::Plain.render(
+            &[(Role::User, "Hi"), (Role::Assistant, "Yo")],
+            0,
+            &SpecialTokens::qwen(),
+        );
         assert_eq!(text.text, "Hi\nYo\n<|endoftext|>");
         assert_eq!(supervised(&text), "Yo\n<|endoftext|>");
-        let r = Template::Plain.render(&turns, 1, &smollm2());
+        let r = Template::Plain.render(&turns, 1, &SpecialTokens::smollm2_instruct());
         assert_eq!(r.text, "<image>A cat.\n<|im_end|>");
     }
 
     #[test]
     fn generation_stops_at_the_templates_end_and_the_eos() {
-        assert_eq!(Template::Plain.stop_ids(&qwen(), Some(151_645)), [151_643]);
         assert_eq!(
-            Template::Chatml.stop_ids(&qwen(), Some(151_645)),
+            Template::Plain.stop_ids(&SpecialTokens::qwen(), Some(151_645)),
+            [151_643]
+        );
+        assert_eq!(
+            Template::Chatml.stop_ids(&SpecialTokens::qwen(), Some(151_645)),
             [151_643, 151_645]
         );
         // SmolLM2's eos is <|im_end|> itself: listed once.
-        assert_eq!(Template::Chatml.stop_ids(&smollm2(), Some(2)), [2]);
+        assert_eq!(
+            Template::Chatml.stop_ids(&SpecialTokens::smollm2_instruct(), Some(2)),
+            [2]
+        );
     }
 
     #[test]
@@ -298,17 +290,17 @@ mod tests {
             (Role::User, "<image>Left.<image>Right. Which is brighter?"),
             (Role::Assistant, "The left."),
         ];
-        let plain = Template::Plain.render(&turns, 2, &qwen());
+        let plain = Template::Plain.render(&turns, 2, &SpecialTokens::qwen());
         assert_eq!(
             plain.text,
             "<|image_pad|><|image_pad|>The left.\n<|endoftext|>"
         );
         assert_eq!(
-            Template::Plain.generation_prompt(&turns[..1], 2, &qwen()),
+            Template::Plain.generation_prompt(&turns[..1], 2, &SpecialTokens::qwen()),
             "<|image_pad|><|image_pad|>"
         );
         let framed = "<|vision_start|><|image_pad|><|vision_end|>";
-        let chatml = Template::Chatml.render(&turns, 2, &qwen());
+        let chatml = Template::Chatml.render(&turns, 2, &SpecialTokens::qwen());
         assert!(chatml.text.starts_with(&format!(
             "<|im_start|>user\n{framed}Left.{framed}Right. Which is brighter?<|im_end|>\n"
         )));

@@ -44,9 +44,13 @@ pub struct SpecialTokens {
 }
 
 impl SpecialTokens {
-    /// What every dataset was tokenized with before index.json recorded its special tokens:
-    /// ingest then accepted only the Qwen2/Qwen2.5/Qwen3 vocabulary, so these are its ids.
-    pub fn qwen_before_recorded() -> Self {
+    /// The Qwen2/Qwen2.5/Qwen3 vocabulary's special tokens as ingest resolves them from its
+    /// `tokenizer.json` alone (the tokenizer the tests ingest with, `.deps/tokenizer`):
+    /// `<|image_pad|>` framed by `<|vision_start|>` and `<|vision_end|>`, `<|endoftext|>` ending
+    /// and padding (the base models' `eos_token`; an instruct model's tokenizer_config.json
+    /// names `<|im_end|>` instead), nothing added. For the tests' shards and the benches' models,
+    /// which use Qwen's ids.
+    pub fn qwen() -> Self {
         SpecialTokens {
             image: Token::new("<|image_pad|>", 151_655),
             image_frame: Some((
@@ -56,6 +60,19 @@ impl SpecialTokens {
             eos: Token::new("<|endoftext|>", 151_643),
             pad_id: 151_643,
             added: Vec::new(),
+        }
+    }
+    /// SmolLM2-Instruct's special tokens with `<image>` added by ingest (its vocabulary has no
+    /// image token and no frame; `<|im_end|>` is its `eos_token` and padding): the tests' case
+    /// of a tokenizer that is not Qwen's.
+    #[cfg(any(test, feature = "testing"))]
+    pub fn smollm2_instruct() -> Self {
+        SpecialTokens {
+            image: Token::new("<image>", 49_152),
+            image_frame: None,
+            eos: Token::new("<|im_end|>", 2),
+            pad_id: 2,
+            added: vec!["<image>".into()],
         }
     }
 }

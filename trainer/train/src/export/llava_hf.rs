@@ -692,18 +692,7 @@ const CHATML_TEMPLATE: &str = r#"{%- for message in messages -%}
 mod tests {
     use super::chat_template;
     use tessera_text::chat::{Role, Template};
-    use tessera_text::{SpecialTokens, Token};
-
-    /// SmolLM2-Instruct's tokenizer with `<image>` added by ingest (no frame, `<|im_end|>` ends).
-    fn smollm2() -> SpecialTokens {
-        SpecialTokens {
-            image: Token::new("<image>", 49_152),
-            image_frame: None,
-            eos: Token::new("<|im_end|>", 2),
-            pad_id: 2,
-            added: vec!["<image>".into()],
-        }
-    }
+    use tessera_text::SpecialTokens;
 
     /// Each exported Jinja template, rendered as transformers renders it (minijinja with
     /// `trim_blocks` and `lstrip_blocks`, through ingest's `ChatTemplate`), gives what
@@ -718,7 +707,7 @@ mod tests {
             {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "\nWhat is shown?"}]},
             {"role": "assistant", "content": [{"type": "text", "text": "A gradient."}]},
         ]);
-        for tokens in [SpecialTokens::qwen_before_recorded(), smollm2()] {
+        for tokens in [SpecialTokens::qwen(), SpecialTokens::smollm2_instruct()] {
             for template in [Template::Plain, Template::Chatml] {
                 let jinja = tessera_text::ChatTemplate::new(
                     chat_template(template, &tokens),
