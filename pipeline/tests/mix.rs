@@ -66,14 +66,20 @@ fn mixture(root: &Path) -> anyhow::Result<Mixture> {
     shard_set(&root.join("a"), 2000, true, "a")?;
     shard_set(&root.join("b"), 4000, false, "b")?;
     shard_set(&root.join("c"), 600, true, "c")?;
-    let path = root.join("mix.toml");
-    std::fs::write(
-        &path,
+    open_mixture(
+        root,
         "samples = 20000\n\
          [[source]]\nshards = \"a\"\nweight = 0.5\n\
          [[source]]\nshards = \"b\"\nweight = 0.3\n\
          [[source]]\nshards = \"c\"\nweight = 0.2\n",
-    )?;
+    )
+}
+
+/// The mixture `toml` describes, written as `root/mix.toml` (its sources' shard sets are
+/// folders of `root`), with each source's dataset opened.
+fn open_mixture(root: &Path, toml: &str) -> anyhow::Result<Mixture> {
+    let path = root.join("mix.toml");
+    std::fs::write(&path, toml)?;
     let spec = MixSpec::load(&path)?;
     let datasets = spec
         .sources
@@ -210,20 +216,8 @@ fn repeats_draw_whole_passes_and_sources_must_share_a_tokenizer() -> anyhow::Res
     let dir = tempfile::tempdir()?;
     shard_set(&dir.path().join("a"), 100, true, "a")?;
     shard_set(&dir.path().join("b"), 40, false, "b")?;
-    let path = dir.path().join("mix.toml");
-    std::fs::write(
-        &path,
-        "[[source]]\nshards = \"a\"\nrepeat = 0.5\n[[source]]\nshards = \"b\"\nrepeat = 2\n",
-    )?;
-    let open = |spec: MixSpec| -> anyhow::Result<Mixture> {
-        let datasets = spec
-            .sources
-            .iter()
-            .map(|s| Dataset::open(Path::new(&s.shards)))
-            .collect::<Result<Vec<_>, _>>()?;
-        Ok(Mixture::new(spec, datasets)?)
-    };
-    let m = open(MixSpec::load(&path)?)?;
+    let toml = "[[source]]\nshards = \"a\"\nrepeat = 0.5\n[[source]]\nshards = \"b\"\nrepeat = 2\n";
+    let m = open_mixture(dir.path(), toml)?;
     let per_epoch: Vec<u64> = m.sources().iter().map(|s| s.per_epoch).collect();
     assert_eq!(per_epoch, [50, 80]);
     let items = m.draw(0, 0).items;
@@ -242,7 +236,9 @@ fn repeats_draw_whole_passes_and_sources_must_share_a_tokenizer() -> anyhow::Res
     let mut manifest = Manifest::load(&dir.path().join("b"))?;
     manifest.tokenizer_fingerprint = "other".into();
     manifest.save(&dir.path().join("b"))?;
-    let err = open(MixSpec::load(&path)?).err().map(|e| format!("{e:#}"));
+    let err = open_mixture(dir.path(), toml)
+        .err()
+        .map(|e| format!("{e:#}"));
     let err = err.unwrap_or_default();
     assert!(
         err.contains("mixture source b") && err.contains("tokenizer"),
@@ -256,18 +252,11 @@ fn the_loader_carries_each_samples_source_into_the_micro_batch() -> anyhow::Resu
     let root = tempfile::tempdir()?;
     shard_set(&root.path().join("a"), 3, false, "a")?;
     shard_set(&root.path().join("b"), 4, false, "b")?;
-    let path = root.path().join("mix.toml");
-    std::fs::write(
-        &path,
+    let mix = open_mixture(
+        root.path(),
         "[[source]]\nshards = \"a\"\n[[source]]\nshards = \"b\"\n",
     )?;
-    let spec = MixSpec::load(&path)?;
-    let datasets = spec
-        .sources
-        .iter()
-        .map(|s| Dataset::open(Path::new(&s.shards)))
-        .collect::<Result<Vec<_>, _>>()?;
-    let mix = std::sync::Arc::new(Mixture::new(spec, datasets)?);
+    let mix = std::sync::Arc::new(mix);
     // Global indices 0..3 are a's, 3..7 b's: a row of a-0 and b-0, a row of b-1 and a-1.
     let plan = tessera_pipeline::MicroBatchPlan {
         kind: Kind::Text,
