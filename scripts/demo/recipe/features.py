@@ -10,7 +10,7 @@ import io, os, sys, torch, numpy as np, pyarrow.parquet as pq
 from PIL import Image
 from transformers import Dinov2Model
 torch.set_num_threads(1)
-LAYERS = [4, 6, 8, 10, 11, 12]  # hidden_states index; 11 == [-2]
+LAYERS = [1, 2, 3, 4, 6, 8, 10, 11, 12]  # hidden_states index; 11 == [-2]
 MEAN = np.array([0.485, 0.456, 0.406], np.float32); STD = np.array([0.229, 0.224, 0.225], np.float32)
 if len(sys.argv) != 3:
     sys.exit(__doc__)

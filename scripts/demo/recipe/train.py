@@ -5,8 +5,8 @@ per run appended to WORK/results.jsonl. AdamW (weight decay 0), warmup + cosine,
 images a step, as the demo's stage 1. Seconds a run instead of the demo's minutes, so feature
 layers, learning rates, seeds and a fixed per-channel standardisation of the features (`--norm
 std`, statistics of the training features: not something tessera does) can be compared.
-The LM: the demo's pretrained tiny Qwen2 run exactly through a compact vocabulary (its 263 used
-rows; the 151,673 unused rows are exactly 0 and, when the LM trains, stay identical to each other,
+The LM: the demo's pretrained tiny Qwen2 run exactly through a compact vocabulary (its 262 used
+rows; the 151,674 unused rows are exactly 0 and, when the LM trains, stay identical to each other,
 so they are one shared trainable row whose logit carries + log(#unused)).
 
 Usage: .deps/hfvenv/bin/python scripts/demo/recipe/train.py --run RUN --work WORK --layer 8 \
