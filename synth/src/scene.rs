@@ -250,6 +250,9 @@ mod tests {
                 None => panic!("two shapes without a relation: {caption}"),
             }
         }
-        assert!(seen.iter().all(|&n| n > 150), "both relations drawn: {seen:?}");
+        assert!(
+            seen.iter().all(|&n| n > 150),
+            "both relations drawn: {seen:?}"
+        );
     }
 }
