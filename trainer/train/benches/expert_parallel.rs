@@ -11,7 +11,8 @@ mod support;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use support::{
-    expert_groups, image_sample, micro_batch, replica_ranks, text_sample, tiny_vision, IMAGE_ID,
+    expert_groups, image_sample, micro_batch, replica_ranks, step_contexts, text_sample,
+    tiny_vision, IMAGE_ID,
 };
 use tessera_fsdp::dist::{local_groups, ProcessGroup};
 use tessera_fsdp::ParamMap;
@@ -80,14 +81,7 @@ fn measure(vlm: &Vlm, fsdp: &mut Fsdp<'_, VlmCtx>, pg: &ProcessGroup) -> anyhow:
     for step in 0..=TIMED {
         let batches: Vec<_> = (0..pg.world_size()).map(|i| batch(step, i)).collect();
         let started = Instant::now();
-        let mut ctxs: Vec<VlmCtx> = batches
-            .iter()
-            .map(|mb| vlm.ctx(&ParamMap::new(), mb))
-            .collect::<Result<_, _>>()?;
-        for ctx in &mut ctxs {
-            ctx.share_balance_loss(vlm.lm.router_aux_loss_coef(), batches.len());
-        }
-        let tokens: i64 = ctxs.iter().map(|c| c.supervised).sum();
+        let (ctxs, tokens) = step_contexts(fsdp, vlm, &batches)?;
         let ctx = &ctxs[pg.rank()];
         fsdp.forward_backward(ctx, &ctx.first_input(), 1.0 / tokens as f64)?;
         let stats = fsdp.step(1.0)?;

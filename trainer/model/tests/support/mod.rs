@@ -218,14 +218,14 @@ pub(crate) fn run_units(
     Ok(x)
 }
 
-/// One optimizer step over `batches`, split over the group's ranks (rank r runs micro-batches
-/// r, r + W, ...), each scaled by the supervised tokens of the whole step, as the trainer does.
-pub(crate) fn fsdp_step(
-    fsdp: &mut tessera_fsdp::Fsdp<VlmCtx>,
+/// The contexts of one optimizer step's `batches` (each sharing the router's balance loss over
+/// the step and following `fsdp`'s recompute policy, as the trainer sets them) and the step's
+/// supervised tokens, the loss divisor.
+pub(crate) fn step_contexts(
+    fsdp: &tessera_fsdp::Fsdp<VlmCtx>,
     vlm: &Vlm,
-    pg: &tessera_fsdp::dist::ProcessGroup,
     batches: &[MicroBatch],
-) -> anyhow::Result<tessera_fsdp::StepStats> {
+) -> anyhow::Result<(Vec<VlmCtx>, i64)> {
     let mut ctxs: Vec<VlmCtx> = batches
         .iter()
         .map(|mb| vlm.ctx(&ParamMap::new(), mb))
@@ -234,7 +234,19 @@ pub(crate) fn fsdp_step(
         ctx.share_balance_loss(vlm.lm.router_aux_loss_coef(), batches.len());
         ctx.set_recompute_cheap_ops(fsdp.recompute().recomputes_cheap_ops());
     }
-    let tokens: i64 = ctxs.iter().map(|c| c.supervised).sum();
+    let tokens = ctxs.iter().map(|c| c.supervised).sum();
+    Ok((ctxs, tokens))
+}
+
+/// One optimizer step over `batches`, split over the group's ranks (rank r runs micro-batches
+/// r, r + W, ...), each scaled by the supervised tokens of the whole step, as the trainer does.
+pub(crate) fn fsdp_step(
+    fsdp: &mut tessera_fsdp::Fsdp<VlmCtx>,
+    vlm: &Vlm,
+    pg: &tessera_fsdp::dist::ProcessGroup,
+    batches: &[MicroBatch],
+) -> anyhow::Result<tessera_fsdp::StepStats> {
+    let (ctxs, tokens) = step_contexts(fsdp, vlm, batches)?;
     for ctx in ctxs.iter().skip(pg.rank()).step_by(pg.world_size()) {
         fsdp.forward_backward(ctx, &ctx.first_input(), 1.0 / tokens as f64)?;
     }
