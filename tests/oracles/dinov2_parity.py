@@ -12,6 +12,9 @@ PIL (bicubic, no crop, RGB u8), and OUT_FILE (safetensors) gets:
                             (of 12) without the CLS token, what LLaVA reads with
                             vision_feature_layer=-2 and vision_feature_select_strategy "default"
   features_layer6_{SIZE}    [n, (S/14)^2, 384] f32  hidden_states[6][:, 1:, :]: layer 6's output
+  features_layers_1_6_{SIZE} [n, (S/14)^2, 768] f32  vision_feature_layer [1, 6]: hidden_states[1]
+                            and [6] without their CLS tokens, concatenated on the channels as
+                            LlavaModel.get_image_features does for a list
   last_hidden_state_{SIZE}  [n, 1 + (S/14)^2, 384] f32  after the final layernorm
 The model's input is (u8 / 255 - mean) / std in f32, per channel, ImageNet mean and std; sizes
 other than 518 interpolate the 37x37 position grid (bicubic, align_corners=False, in f32), as
@@ -78,6 +81,8 @@ def main():
         tensors[f"features_{size}"] = hs[-2][:, 1:, :].contiguous()
         # A middle layer, as --vision-feature-layer 6 (LLaVA's mm_vision_select_layer) reads it.
         tensors[f"features_layer6_{size}"] = hs[6][:, 1:, :].contiguous()
+        # A list, as --vision-feature-layer 1,6 (transformers' list vision_feature_layer) reads it.
+        tensors[f"features_layers_1_6_{size}"] = torch.cat([hs[k][:, 1:, :] for k in (1, 6)], dim=-1).contiguous()
         tensors[f"last_hidden_state_{size}"] = out.last_hidden_state.contiguous()
     meta = {"photos": ",".join(sorted(NAMES)), "transformers": transformers.__version__, "torch": torch.__version__}
     save_file(tensors, out_file, metadata=meta)

@@ -3,6 +3,7 @@
 //! what sparse Hub configs leave out gets HF's default from a small named function, so a
 //! config written by `save_pretrained` and a hand-trimmed one parse to the same values.
 use super::error::{ModelError, Result};
+use super::feature_layers::FeatureLayers;
 use serde::{Deserialize, Serialize};
 use std::path::Path;
 
@@ -74,16 +75,12 @@ pub struct VisionConfig {
     pub layer_norm_eps: f64,
     #[serde(skip)]
     pub arch: VisionArch,
-    /// Which hidden state the image features are (LLaVA's `mm_vision_select_layer`,
-    /// transformers' `vision_feature_layer`): `hidden_states[k]` with 0 the embeddings and k the
-    /// output of layer k; negative counts from the end, so -2 (the default) is the layer before
-    /// the last. The tower runs only the layers up to it.
-    #[serde(skip, default = "before_the_last")]
-    pub feature_layer: i64,
-}
-
-fn before_the_last() -> i64 {
-    -2
+    /// Which hidden states the image features are (LLaVA's `mm_vision_select_layer`,
+    /// transformers' `vision_feature_layer`): by default -2, the layer before the last; several
+    /// are concatenated along the channels in the order listed. The tower runs only the layers
+    /// up to the deepest of them.
+    #[serde(skip)]
+    pub feature_layers: FeatureLayers,
 }
 
 /// transformers' `Dinov2Config` fields tessera reads, with its defaults.
@@ -183,7 +180,7 @@ impl VisionConfig {
             arch: VisionArch::Dinov2 {
                 position_grid: d.image_size / d.patch_size,
             },
-            feature_layer: before_the_last(),
+            feature_layers: FeatureLayers::default(),
         })
     }
 
@@ -211,23 +208,32 @@ impl VisionConfig {
         }
     }
 
-    /// This tower with its features taken from `hidden_states[layer]` (see
-    /// [`VisionConfig::feature_layer`]).
-    pub fn at_feature_layer(&self, layer: i64) -> Result<Self> {
+    /// This tower with its features taken from `layers` (see
+    /// [`VisionConfig::feature_layers`]).
+    pub fn at_feature_layers(&self, layers: &FeatureLayers) -> Result<Self> {
         let cfg = VisionConfig {
-            feature_layer: layer,
+            feature_layers: layers.clone(),
             ..self.clone()
         };
         cfg.validate()?;
         Ok(cfg)
     }
 
-    /// Encoder layers the features need: those up to [`VisionConfig::feature_layer`].
-    pub fn feature_layers(&self) -> i64 {
-        match self.feature_layer {
-            k if k < 0 => self.num_hidden_layers + 1 + k,
-            k => k,
-        }
+    /// The feature layers as indices into `hidden_states` (1..=num_hidden_layers once
+    /// validated), in list order.
+    pub fn feature_states(&self) -> Vec<i64> {
+        self.feature_layers.resolve(self.num_hidden_layers)
+    }
+
+    /// Encoder layers the features need: those up to the deepest feature layer.
+    pub fn layers_run(&self) -> i64 {
+        self.feature_states().into_iter().max().unwrap_or(0)
+    }
+
+    /// Channels of one feature token: the tower's width times the number of feature layers
+    /// (what the projector's first linear layer reads).
+    pub fn feature_size(&self) -> i64 {
+        self.hidden_size * self.feature_layers.len() as i64
     }
 
     pub fn validate(&self) -> Result<()> {
@@ -245,14 +251,9 @@ impl VisionConfig {
                 self.image_size, self.patch_size
             )));
         }
-        let n = self.num_hidden_layers;
-        if !(1..=n).contains(&self.feature_layers()) {
-            return Err(ModelError::InvalidConfig(format!(
-                "vision feature layer {} is not a layer of a {n}-layer tower (1..={n}, or -{n}..=-1 \
-                 counting from the end: -1 the last layer's output, -2 the one before)",
-                self.feature_layer
-            )));
-        }
+        self.feature_layers
+            .check(self.num_hidden_layers)
+            .map_err(ModelError::InvalidConfig)?;
         let acts: &[&str] = match self.arch {
             VisionArch::Siglip => &["gelu_pytorch_tanh", "gelu"],
             VisionArch::Dinov2 { .. } => &["gelu"],

@@ -18,9 +18,10 @@ use std::path::Path;
 use tch::{Kind, Tensor};
 use tessera_fsdp::{ParamMap, ParamSpec};
 
-/// The projector's frozen per-channel feature mean, `[vision_hidden]`.
+/// The projector's frozen per-channel feature mean, `[feature channels]` (the tower's width
+/// times its feature layers).
 pub(crate) const FEATURE_MEAN: &str = "mm_projector.feature_mean";
-/// The projector's frozen per-channel feature standard deviation, `[vision_hidden]`.
+/// The projector's frozen per-channel feature standard deviation, `[feature channels]`.
 pub(crate) const FEATURE_STD: &str = "mm_projector.feature_std";
 
 /// A standard deviation below this (a channel constant over the measured images) counts as
@@ -57,7 +58,7 @@ impl FeatureMeter {
             .into_iter()
             .map(|(k, t)| (k, t.to_kind(Kind::Float)))
             .collect();
-        let zeros = || Tensor::zeros([vision.hidden_size], (Kind::Double, tch::Device::Cpu));
+        let zeros = || Tensor::zeros([vision.feature_size()], (Kind::Double, tch::Device::Cpu));
         Ok(FeatureMeter {
             vision: vision.clone(),
             tower,
@@ -88,7 +89,7 @@ impl FeatureMeter {
                 unit: "vision tower".into(),
                 source,
             })?
-            .reshape([-1, self.vision.hidden_size])
+            .reshape([-1, self.vision.feature_size()])
             .to_kind(Kind::Double);
         let dim = [0i64];
         self.sum += features.sum_dim_intlist(dim.as_slice(), false, Kind::Double);
@@ -128,18 +129,18 @@ impl FeatureStats {
         ]
     }
 
-    /// Checks the statistics are of a tower of width `hidden`.
-    pub(crate) fn check(&self, hidden: i64) -> Result<(), ModelError> {
+    /// Checks the statistics are of features `channels` wide (the tower's width times its
+    /// feature layers).
+    pub(crate) fn check(&self, channels: i64) -> Result<(), ModelError> {
         let bad = |what: &str, len: usize| {
             ModelError::FeatureStats(format!(
-                "{len} {what} values; the vision tower has {hidden} \
-                 channels"
+                "{len} {what} values; the vision tower's features have {channels} channels"
             ))
         };
-        if self.mean.len() as i64 != hidden {
+        if self.mean.len() as i64 != channels {
             return Err(bad("mean", self.mean.len()));
         }
-        if self.std.len() as i64 != hidden {
+        if self.std.len() as i64 != channels {
             return Err(bad("std", self.std.len()));
         }
         if let Some(s) = self.std.iter().find(|s| !(s.is_finite() && **s > 0.0)) {
@@ -155,13 +156,13 @@ fn to_f32(t: &Tensor) -> Result<Vec<f32>, ModelError> {
     Ok(Vec::<f32>::try_from(t.to_kind(Kind::Float).contiguous())?)
 }
 
-/// The two frozen specs of a standardising projector, `[vision_hidden]` each.
-pub(crate) fn specs(vision_hidden: i64) -> Vec<ParamSpec> {
+/// The two frozen specs of a standardising projector, `[channels]` each.
+pub(crate) fn specs(channels: i64) -> Vec<ParamSpec> {
     [FEATURE_MEAN, FEATURE_STD]
         .into_iter()
         .map(|name| ParamSpec {
             name: name.into(),
-            shape: vec![vision_hidden],
+            shape: vec![channels],
             trainable: false,
             expert: None,
         })

@@ -50,7 +50,7 @@ impl Preset {
             hidden_act: "gelu_pytorch_tanh".into(),
             layer_norm_eps: 1e-6,
             arch: VisionArch::Siglip,
-            feature_layer: -2,
+            feature_layers: crate::FeatureLayers::default(),
         };
         let lm = |hidden: i64, ff, layers, heads: i64, kv, max_pos| {
             let (head_dim, rope_theta, eps, tied) = match family {

@@ -14,6 +14,7 @@
 //! | `lm_head.weight` (untied only) | `language_model.lm_head.weight`            |
 use super::config::{read_json, LoraConfig, VisionArch, VisionConfig};
 use super::error::{ModelError, Result};
+use super::feature_layers::FeatureLayers;
 use super::init::vision_config_json;
 use super::lm_config::LmConfig;
 use super::{lora, vision, vocab, weights, HfCheckpoint, Vlm, VlmOptions};
@@ -141,7 +142,7 @@ pub fn llava_config_json(
         "image_token_index": image_token_id,
         "image_seq_length": vlm.vision.num_patches(),
         "projector_hidden_act": "gelu",
-        "vision_feature_layer": vlm.vision.feature_layer,
+        "vision_feature_layer": vlm.vision.feature_layers,
         "vision_feature_select_strategy": select,
         "multimodal_projector_bias": true,
         "tie_word_embeddings": vlm.tied,
@@ -212,7 +213,17 @@ pub fn load_llava_dir_as(dir: &Path, kind: Option<Kind>) -> Result<(Vlm, ParamMa
         } else {
             (None, ParamMap::new())
         };
-    let vision_feature_layer = config.get("vision_feature_layer").and_then(|v| v.as_i64());
+    let vision_feature_layer = match config.get("vision_feature_layer") {
+        Some(value) => Some(
+            serde_json::from_value::<FeatureLayers>(value.clone()).map_err(|e| {
+                ModelError::InvalidConfig(format!(
+                    "{}: vision_feature_layer is not a layer or a list of layers: {e}",
+                    path.display()
+                ))
+            })?,
+        ),
+        None => None,
+    };
     let options = VlmOptions {
         image_token_id: Some(image_token_id),
         lora,

@@ -1,7 +1,8 @@
 //! The vision tower as the VLM runs it, whichever architecture its config names
 //! ([`VisionArch`]): the embeddings unit and the encoder layers up to the feature layer (by
 //! default the one before the last, LLaVA's `vision_feature_layer` -2), whose output (without
-//! the CLS token a DINOv2 tower carries) is the image features. What the architectures share lives here: the parameter-spec
+//! the CLS token a DINOv2 tower carries) is the image features; with several feature layers,
+//! their outputs concatenated ([`FeatureCarry`]). What the architectures share lives here: the parameter-spec
 //! and LayerNorm helpers, the dispatch, the whole tower for generation, and the pixel
 //! normalisation each architecture's image processor applies.
 use super::attention::attend;
@@ -199,7 +200,7 @@ impl TowerLayer {
     }
 }
 
-/// The patch tokens of the last feature layer's output `[n, prefix + T, D]`: `[n, T, D]`.
+/// The patch tokens of the features `[n, prefix + T, C]`: `[n, T, C]`.
 pub(super) fn patch_tokens(hidden: &Tensor, prefix: i64) -> Tensor {
     match prefix {
         0 => hidden.shallow_clone(),
@@ -207,17 +208,87 @@ pub(super) fn patch_tokens(hidden: &Tensor, prefix: i64) -> Tensor {
     }
 }
 
+/// How the unit chain carries several feature layers (see [`VisionConfig::feature_layers`])
+/// to the projector in its one tensor: channels `[current | stash]`, where the stash holds the
+/// feature layers shallower than the deepest, each `hidden` wide, in ascending order, appended
+/// as the chain passes them. With one feature layer there is never a stash.
+pub(super) struct FeatureCarry {
+    hidden: i64,
+    /// The feature layers as `hidden_states` indices, in list order.
+    states: Vec<i64>,
+    /// The feature layers shallower than the deepest, ascending: the stash's slots.
+    stashed: Vec<i64>,
+}
+
+impl FeatureCarry {
+    pub(super) fn new(cfg: &VisionConfig) -> Self {
+        let states = cfg.feature_states();
+        let deepest = cfg.layers_run();
+        let mut stashed: Vec<i64> = states.iter().copied().filter(|&s| s < deepest).collect();
+        stashed.sort_unstable();
+        FeatureCarry {
+            hidden: cfg.hidden_size,
+            states,
+            stashed,
+        }
+    }
+
+    /// Encoder layer `index` (its output is `hidden_states[index + 1]`) applied to the carried
+    /// `[.., current | stash]`: the layer reads `current`; its output becomes the new
+    /// `current`, and joins the stash too when it is a feature layer shallower than the deepest.
+    pub(super) fn through_layer(
+        &self,
+        index: i64,
+        carried: &Tensor,
+        layer: impl FnOnce(&Tensor) -> Result<Tensor, ComputeError>,
+    ) -> Result<Tensor, ComputeError> {
+        let width = *carried.size().last().unwrap_or(&0);
+        if width == self.hidden && !self.stashed.contains(&(index + 1)) {
+            return layer(carried);
+        }
+        let current = carried.narrow(-1, 0, self.hidden);
+        let out = layer(&current)?;
+        let mut parts = vec![out.shallow_clone()];
+        if width > self.hidden {
+            parts.push(carried.narrow(-1, self.hidden, width - self.hidden));
+        }
+        if self.stashed.contains(&(index + 1)) {
+            parts.push(out);
+        }
+        Ok(Tensor::cat(&parts, -1))
+    }
+
+    /// The carried `[.., current | stash]` after the deepest feature layer -> the features
+    /// `[.., hidden · layers]`, the layers in list order (as transformers concatenates them).
+    pub(super) fn features(&self, carried: &Tensor) -> Tensor {
+        if self.states.len() == 1 {
+            return carried.shallow_clone();
+        }
+        let slot = |state: i64| match self.stashed.iter().position(|&s| s == state) {
+            Some(i) => i as i64 + 1,
+            None => 0,
+        };
+        let parts: Vec<Tensor> = self
+            .states
+            .iter()
+            .map(|&state| carried.narrow(-1, slot(state) * self.hidden, self.hidden))
+            .collect();
+        Tensor::cat(&parts, -1)
+    }
+}
+
 /// The tower up to the features LLaVA reads: embeddings and the encoder layers up to the
-/// config's feature layer (by default all but the last).
+/// config's deepest feature layer (by default all but the last).
 pub(crate) struct VisionTower {
     cfg: VisionConfig,
     embeddings: TowerEmbeddings,
     layers: Vec<TowerLayer>,
+    carry: FeatureCarry,
 }
 
 impl VisionTower {
     pub(crate) fn new(cfg: &VisionConfig) -> Self {
-        Self::with_layers(cfg, cfg.feature_layers())
+        Self::with_layers(cfg, cfg.layers_run())
     }
 
     /// The embeddings and the first `layers` encoder layers.
@@ -226,6 +297,7 @@ impl VisionTower {
             cfg: cfg.clone(),
             embeddings: TowerEmbeddings::new(cfg),
             layers: (0..layers).map(|i| TowerLayer::new(cfg, i)).collect(),
+            carry: FeatureCarry::new(cfg),
         }
     }
 
@@ -238,18 +310,24 @@ impl VisionTower {
         specs
     }
 
-    /// Features of the layer before the last for normalised pixels `[n, 3, s, s]`:
-    /// `[n, (s/p)^2, hidden]` (the patch tokens: a CLS token is dropped).
+    /// The image features for normalised pixels `[n, 3, s, s]`: `[n, (s/p)^2, hidden · layers]`
+    /// (the patch tokens of the feature layers, concatenated in list order; a CLS token is
+    /// dropped). The same computation as the unit chain's, carry included.
     pub(crate) fn features(
         &self,
         params: &ParamMap,
         pixel_values: &Tensor,
     ) -> Result<Tensor, ComputeError> {
         let mut hidden = self.embeddings.forward(&self.cfg, params, pixel_values)?;
-        for layer in &self.layers {
-            hidden = layer.forward(&self.cfg, params, &hidden)?;
+        for (i, layer) in self.layers.iter().enumerate() {
+            hidden = self
+                .carry
+                .through_layer(i as i64, &hidden, |x| layer.forward(&self.cfg, params, x))?;
         }
-        Ok(patch_tokens(&hidden, self.cfg.prefix_tokens()))
+        Ok(patch_tokens(
+            &self.carry.features(&hidden),
+            self.cfg.prefix_tokens(),
+        ))
     }
 }
 

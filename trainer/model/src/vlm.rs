@@ -9,6 +9,7 @@
 use super::config::{LoraConfig, VisionConfig};
 use super::ctx::{BatchSpec, VlmCtx};
 use super::error::{ModelError, Result};
+use super::feature_layers::FeatureLayers;
 use super::feature_stats::FeatureStats;
 use super::lm_config::LmConfig;
 use super::lm_dir::check_lm_tensors;
@@ -63,8 +64,8 @@ pub struct VlmOptions {
     /// The side images are fed at (`--image-size`); `None` takes the vision config's. Only a
     /// tower that interpolates its position embeddings (DINOv2) takes another.
     pub image_size: Option<i64>,
-    /// The hidden state the image features are (`--vision-feature-layer`); `None`: -2.
-    pub vision_feature_layer: Option<i64>,
+    /// The hidden states the image features are (`--vision-feature-layer`); `None`: -2.
+    pub vision_feature_layer: Option<FeatureLayers>,
     /// How images become features (`--image-layout`): `single` (one tile each, LLaVA-1.5) or
     /// `anyres_max_N` (a base view plus tiles, packed with the learned `image_newline`, as
     /// LLaVA-OneVision does).
@@ -116,12 +117,12 @@ impl Vlm {
             Some(size) => vision.at_image_size(size)?,
             None => vision,
         };
-        let vision = match options.vision_feature_layer {
-            Some(layer) => vision.at_feature_layer(layer)?,
+        let vision = match &options.vision_feature_layer {
+            Some(layers) => vision.at_feature_layers(layers)?,
             None => vision,
         };
         if let Some(stats) = &options.feature_stats {
-            stats.check(vision.hidden_size)?;
+            stats.check(vision.feature_size())?;
         }
         if let Some(l) = &options.lora {
             l.validate()?;
@@ -136,7 +137,7 @@ impl Vlm {
         if let Some(group) = &options.expert_parallel {
             check_expert_parallel(&lm, group.size())?;
         }
-        let layers = vision.feature_layers() as usize;
+        let layers = vision.layers_run() as usize;
         let first_trained_layer = match options.train_vision {
             VisionTraining::Frozen => layers,
             VisionTraining::All => 0,
@@ -380,10 +381,11 @@ impl Vlm {
     /// Under `anyres_max_N` it includes `image_newline`: the file's when it holds one (a
     /// stage-1 run's), else a fresh one.
     pub fn initial_projector(&self, projector_file: Option<&Path>, seed: u64) -> Result<ParamMap> {
-        let specs = projector::param_specs(self.vision.hidden_size, self.lm.hidden_size, true);
+        let features = self.vision.feature_size();
+        let specs = projector::param_specs(features, self.lm.hidden_size, true);
         let mut params = match projector_file {
             Some(path) => load_projector(path, &specs)?,
-            None => projector::init(self.vision.hidden_size, self.lm.hidden_size, seed),
+            None => projector::init(features, self.lm.hidden_size, seed),
         };
         if self.has_image_newline() {
             let lm_hidden = self.lm.hidden_size;

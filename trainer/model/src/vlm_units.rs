@@ -11,7 +11,7 @@ use super::decoder::{DecoderLayer, LayerInputs};
 use super::lm_config::LmConfig;
 use super::moe::ExpertGroup;
 use super::selective::CheapOps;
-use super::vision::{patch_tokens, TowerEmbeddings, TowerLayer};
+use super::vision::{patch_tokens, FeatureCarry, TowerEmbeddings, TowerLayer};
 use super::vocab;
 use super::{loss, param, projector};
 use tch::{Kind, Tensor};
@@ -111,11 +111,14 @@ impl UnitKind for VisionEmbedUnit {
 }
 
 /// Vision encoder layer `i` `[n, tokens, Dv]` -> `[n, tokens, Dv]`. The chain holds the layers
-/// up to the feature layer (by default the one before the last), whose output is the image
-/// features.
+/// up to the deepest feature layer (by default the one before the last), whose output is the
+/// image features. With several feature layers the shallower ones ride along in extra
+/// channels ([`FeatureCarry`]): `[n, tokens, Dv · (1 + stashed so far)]`.
 pub(super) struct VisionLayerUnit {
     cfg: VisionConfig,
+    index: i64,
     layer: TowerLayer,
+    carry: FeatureCarry,
 }
 
 impl VisionLayerUnit {
@@ -128,7 +131,9 @@ impl VisionLayerUnit {
             specs: trained(layer.specs(cfg), train),
             kind: Self {
                 cfg: cfg.clone(),
+                index,
                 layer,
+                carry: FeatureCarry::new(cfg),
             },
         }
     }
@@ -141,13 +146,17 @@ impl UnitKind for VisionLayerUnit {
         input: &Tensor,
         _: &VlmCtx,
     ) -> Result<Tensor, ComputeError> {
-        self.layer.forward(&self.cfg, params, input)
+        self.carry.through_layer(self.index, input, |x| {
+            self.layer.forward(&self.cfg, params, x)
+        })
     }
 }
 
 /// Features `[n, prefix + tokens, Dv]` -> image tokens `[n * tokens, D]` (in placeholder
-/// order): the patch tokens of the last feature layer (a CLS token dropped), projected.
+/// order): the patch tokens of the feature layer (a CLS token dropped), projected; with several
+/// feature layers, their patch tokens concatenated in list order (`Dv · layers` channels).
 pub(super) struct ProjectorUnit {
+    carry: FeatureCarry,
     /// Tokens ahead of the patches (DINOv2's CLS), dropped.
     prefix: i64,
     lm_hidden: i64,
@@ -165,12 +174,12 @@ impl ProjectorUnit {
         trainable: bool,
         (newline, standardized): (bool, bool),
     ) -> ChainUnit<Self> {
-        let mut specs = projector::param_specs(vision.hidden_size, lm_hidden, trainable);
+        let mut specs = projector::param_specs(vision.feature_size(), lm_hidden, trainable);
         if newline {
             specs.push(projector::newline_spec(lm_hidden, trainable));
         }
         if standardized {
-            specs.extend(crate::feature_stats::specs(vision.hidden_size));
+            specs.extend(crate::feature_stats::specs(vision.feature_size()));
         }
         ChainUnit {
             name: "projector".into(),
@@ -178,6 +187,7 @@ impl ProjectorUnit {
             images_only: true,
             specs,
             kind: Self {
+                carry: FeatureCarry::new(vision),
                 prefix: vision.prefix_tokens(),
                 lm_hidden,
                 side: vision.image_size / vision.patch_size,
@@ -193,7 +203,7 @@ impl UnitKind for ProjectorUnit {
         input: &Tensor,
         ctx: &VlmCtx,
     ) -> Result<Tensor, ComputeError> {
-        let features = patch_tokens(input, self.prefix);
+        let features = patch_tokens(&self.carry.features(input), self.prefix);
         let projected = projector::forward(params, &features)?;
         if ctx.image_geometry.is_empty() {
             return Ok(projected.reshape([-1, self.lm_hidden]));

@@ -26,6 +26,7 @@ use std::path::{Path, PathBuf};
 use std::str::FromStr;
 pub use tessera_fsdp::{Recompute, Strategy};
 pub use tessera_model::Dtype;
+use tessera_model::FeatureLayers;
 pub use tessera_pipeline::loader::{BadImagePolicy, ResizePolicy};
 use tessera_pipeline::plan::OverLong;
 use tessera_shards::image_layout::ImageLayout;
@@ -268,10 +269,12 @@ knobs! {
     image_size: usize = optional,
     /// The tower's hidden state the image features are (LLaVA's mm_vision_select_layer,
     /// transformers' vision_feature_layer): k the output of layer k, negative from the end;
-    /// -2 (default): the layer before the last. The tower runs only the layers up to it.
+    /// -2 (default): the layer before the last. A list (1,6; in TOML [1, 6]) concatenates
+    /// those layers' features along the channels in that order, as transformers' list does.
+    /// The tower runs only the layers up to the deepest.
     #[resume]
-    #[arg(allow_negative_numbers = true)]
-    vision_feature_layer: i64 = default(-2),
+    #[arg(allow_hyphen_values = true)]
+    vision_feature_layer: FeatureLayers = default(FeatureLayers::default()),
     /// How images become square: squash (SigLIP) or pad (LLaVA expand2square).
     #[resume]
     resize: ResizePolicy = default(ResizePolicy::Squash),

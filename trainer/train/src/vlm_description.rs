@@ -4,7 +4,7 @@ use crate::config::{ResizePolicy, TrainConfig};
 use crate::export::error::ExportError;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
-use tessera_model::{FeatureStats, LoraConfig, Vlm, VlmOptions};
+use tessera_model::{FeatureLayers, FeatureStats, LoraConfig, Vlm, VlmOptions};
 use tessera_shards::image_layout::ImageLayout;
 
 /// The VLM a run trains, as exported in `config.json` (LLaVA's key names where it has them).
@@ -16,8 +16,9 @@ pub(crate) struct VlmDescription {
     /// Language model source directory (absolute).
     pub language_model: PathBuf,
     pub mm_projector_type: String,
-    /// The hidden state the features are (-2: the layer before the last).
-    pub mm_vision_select_layer: i64,
+    /// The hidden state the features are (-2: the layer before the last), or a list of them
+    /// concatenated in order (tessera's extension of LLaVA's integer; transformers' list).
+    pub mm_vision_select_layer: FeatureLayers,
     pub mm_vision_select_feature: String,
     pub mm_hidden_size: i64,
     pub hidden_size: i64,
@@ -67,9 +68,9 @@ impl VlmDescription {
             mm_vision_tower: abs(&cfg.vision),
             language_model: abs(&cfg.lm),
             mm_projector_type: "mlp2x_gelu".into(),
-            mm_vision_select_layer: vision.feature_layer,
+            mm_vision_select_layer: vision.feature_layers.clone(),
             mm_vision_select_feature: "patch".into(),
-            mm_hidden_size: vision.hidden_size,
+            mm_hidden_size: vision.feature_size(),
             hidden_size: lm.hidden_size,
             image_size: vision.image_size,
             image_token_count: vision.num_patches(),
@@ -98,7 +99,7 @@ impl VlmDescription {
     pub(crate) fn tower_options(&self) -> VlmOptions {
         VlmOptions {
             image_size: Some(self.image_size),
-            vision_feature_layer: Some(self.mm_vision_select_layer),
+            vision_feature_layer: Some(self.mm_vision_select_layer.clone()),
             image_layout: self.image_layout.clone(),
             feature_stats: self.feature_stats.clone(),
             ..Default::default()

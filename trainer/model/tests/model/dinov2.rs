@@ -8,7 +8,9 @@ use crate::support::*;
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 use tessera_fsdp::ParamMap;
-use tessera_model::{load_safetensors, ModelError, VisionArch, VisionConfig, Vlm, VlmOptions};
+use tessera_model::{
+    load_safetensors, FeatureLayers, ModelError, VisionArch, VisionConfig, Vlm, VlmOptions,
+};
 
 const TOL: f64 = 1e-4;
 const SIZES: [i64; 2] = [112, 224];
@@ -40,18 +42,16 @@ fn oracle() -> ParamMap {
     load_safetensors(file).expect("the oracle's outputs")
 }
 
-/// The tower's features of the oracle's u8 pixels at `side` from `hidden_states[layer]`
-/// (`None`: -2), through the training chain's units (the embeddings, then the layers up to the
-/// feature layer; the CLS token dropped), and transformers' (`key`).
-fn features(
+/// The model on the real tower fed `side` px images, its features from `layers` (`None`: -2),
+/// with its parameters, and the training chain's context for the oracle's photographs.
+fn model_on_photos(
     side: i64,
-    layer: Option<i64>,
-    key: &str,
-) -> anyhow::Result<(tch::Tensor, tch::Tensor)> {
+    layers: Option<FeatureLayers>,
+) -> anyhow::Result<(Vlm, ParamMap, tessera_model::VlmCtx)> {
     let options = VlmOptions {
         image_token_id: Some(IMAGE_ID),
         image_size: Some(side),
-        vision_feature_layer: layer,
+        vision_feature_layer: layers,
         ..Default::default()
     };
     let lm = repo().join("tests/fixtures/golden/lm_tied");
@@ -72,7 +72,20 @@ fn features(
         })
         .collect();
     let ctx = vlm.ctx(&params, &micro_batch(&[samples], s, tokens))?;
-    let last = format!("vision.layers.{}", vlm.vision.feature_layers() - 1);
+    Ok((vlm, params, ctx))
+}
+
+/// The tower's features of the oracle's u8 pixels at `side` from `hidden_states[layer]`
+/// (`None`: -2), through the training chain's units (the embeddings, then the layers up to the
+/// feature layer; the CLS token dropped), and transformers' (`key`).
+fn features(
+    side: i64,
+    layer: Option<i64>,
+    key: &str,
+) -> anyhow::Result<(tch::Tensor, tch::Tensor)> {
+    let (vlm, params, ctx) = model_on_photos(side, layer.map(FeatureLayers::one))?;
+    let out = oracle();
+    let last = format!("vision.layers.{}", vlm.vision.layers_run() - 1);
     let hidden = run_units(
         &vlm,
         &params,
@@ -114,14 +127,15 @@ fn a_middle_feature_layer_reads_transformers_hidden_state_6() -> anyhow::Result<
     let cfg = VisionConfig::from_dir(&dinov2())?;
     for (layer, runs) in [(-2, 11), (-1, 12), (6, 6), (1, 1), (12, 12), (-12, 1)] {
         assert_eq!(
-            cfg.at_feature_layer(layer)?.feature_layers(),
+            cfg.at_feature_layers(&FeatureLayers::one(layer))?
+                .layers_run(),
             runs,
             "layer {layer}"
         );
     }
     for layer in [0, 13, -13] {
         let err = cfg
-            .at_feature_layer(layer)
+            .at_feature_layers(&FeatureLayers::one(layer))
             .expect_err("a layer outside the tower")
             .to_string();
         assert!(
@@ -129,6 +143,70 @@ fn a_middle_feature_layer_reads_transformers_hidden_state_6() -> anyhow::Result<
             "{layer}: {err}"
         );
     }
+    Ok(())
+}
+
+/// `ours` and `theirs` `[.., 2·384]` with their two 384-channel halves swapped.
+fn halves_swapped(t: &tch::Tensor) -> tch::Tensor {
+    let half = t.size()[2] / 2;
+    tch::Tensor::cat(&[t.narrow(2, half, half), t.narrow(2, 0, half)], 2)
+}
+
+/// The image tokens LLaVA's projector (`mm_projector.0`, exact GELU, `mm_projector.2`) makes
+/// of `features` `[n, T, C]` with the parameters `params`: `[n·T, D]`.
+fn projected(params: &ParamMap, features: &tch::Tensor) -> tch::Tensor {
+    let c = features.size()[2];
+    let linear = |x: &tch::Tensor, key: &str| {
+        x.linear(
+            get(params, &format!("{key}.weight")),
+            Some(get(params, &format!("{key}.bias"))),
+        )
+    };
+    let h = linear(&features.reshape([-1, c]), "mm_projector.0").gelu("none");
+    linear(&h, "mm_projector.2")
+}
+
+/// `--vision-feature-layer 1,6` (transformers' list `vision_feature_layer`): the chain runs six
+/// layers, carries layer 1's output past the five after it, and the projector reads
+/// transformers' `cat(hidden_states[1][:, 1:], hidden_states[6][:, 1:])` (768 channels), in the
+/// order listed (6,1 reads the halves the other way round).
+#[test]
+fn a_list_of_feature_layers_is_transformers_concatenation_in_list_order() -> anyhow::Result<()> {
+    let out = oracle();
+    let theirs = get(&out, "features_layers_1_6_112");
+    for (list, want) in [
+        ("1,6", theirs.shallow_clone()),
+        ("6,1", halves_swapped(theirs)),
+    ] {
+        let (vlm, params, ctx) =
+            model_on_photos(112, Some(list.parse().map_err(anyhow::Error::msg)?))?;
+        assert_eq!(vlm.vision.layers_run(), 6, "{list}");
+        assert_eq!(vlm.vision.feature_size(), 768, "{list}");
+        let ours = run_units(
+            &vlm,
+            &params,
+            &ctx,
+            ("vision.embeddings", ctx.first_input()),
+            "projector",
+        )?;
+        let expected = projected(&params, &want);
+        assert_eq!(ours.size(), expected.size(), "{list}");
+        // Within TOL of the tokens' own largest magnitude (about 0.2; they differ by about
+        // 1e-7 on an AMD EPYC).
+        let scale = expected.abs().max().double_value(&[]);
+        let diff = max_abs_diff(&ours, &expected);
+        assert!(
+            diff <= TOL * scale,
+            "layers {list}: image tokens differ by {diff:e}, more than {TOL:e} of their \
+             largest magnitude {scale:e}"
+        );
+    }
+    let cfg = VisionConfig::from_dir(&dinov2())?;
+    let err = cfg
+        .at_feature_layers(&"11,-2".parse().map_err(anyhow::Error::msg)?)
+        .expect_err("one layer named twice")
+        .to_string();
+    assert!(err.contains("twice"), "{err}");
     Ok(())
 }
 

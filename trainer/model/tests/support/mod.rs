@@ -25,7 +25,7 @@ pub(crate) fn tiny_vision() -> VisionConfig {
         hidden_act: "gelu_pytorch_tanh".into(),
         layer_norm_eps: 1e-6,
         arch: tessera_model::VisionArch::Siglip,
-        feature_layer: -2,
+        feature_layers: tessera_model::FeatureLayers::default(),
     }
 }
 

@@ -273,7 +273,11 @@ fn every_flag_and_its_toml_key_set_the_same_knob() -> anyhow::Result<()> {
         ("--over-long", "fail", "over_long = \"fail\""),
         ("--device", "cuda", "device = \"cuda\""),
         ("--image-size", "224", "image_size = 224"),
-        ("--vision-feature-layer", "-4", "vision_feature_layer = -4"),
+        (
+            "--vision-feature-layer",
+            "-12,6",
+            "vision_feature_layer = [-12, 6]",
+        ),
         ("--resize", "pad", "resize = \"pad\""),
         (
             "--image-layout",

@@ -35,8 +35,8 @@ use tessera_model::llava::{
     added_rows_of, export_specs, llava_config_json, llava_key, LLAVA_ADAPTER_DIR,
 };
 use tessera_model::{
-    adapter_keys, merge_weight, write_hub_files, FeatureStats, LoraConfig, ModelError, Vlm,
-    VlmOptions,
+    adapter_keys, merge_weight, write_hub_files, FeatureLayers, FeatureStats, LoraConfig,
+    ModelError, Vlm, VlmOptions,
 };
 use tessera_shards::image_layout::ImageLayout;
 use tessera_text::chat::{Template, IM_END};
@@ -103,8 +103,8 @@ pub struct LlavaSources<'a> {
     pub template: &'a str,
     /// The side the run fed images at (`None`: the tower config's own).
     pub image_size: Option<i64>,
-    /// The hidden state the run's features are (`None`: -2).
-    pub vision_feature_layer: Option<i64>,
+    /// The hidden states the run's features are (`None`: -2).
+    pub vision_feature_layer: Option<FeatureLayers>,
     /// `single` writes a `LlavaForConditionalGeneration`, `anyres_max_N` a
     /// `LlavaOnevisionForConditionalGeneration` (with `image_newline` and its pinpoints).
     pub image_layout: ImageLayout,
@@ -194,7 +194,7 @@ pub fn export_llava_hf(
         added_tokens: description.added_tokens,
         template: &description.template,
         image_size: Some(description.image_size),
-        vision_feature_layer: Some(description.mm_vision_select_layer),
+        vision_feature_layer: Some(description.mm_vision_select_layer.clone()),
         image_layout: description.image_layout.clone(),
     };
     let mut report = write_llava_hf(&sources, out, &options)?;
@@ -270,7 +270,7 @@ fn exported_vlm(sources: &LlavaSources) -> Result<Vlm, ExportError> {
             lora: sources.lora.clone(),
             added_tokens: sources.added_tokens,
             image_size: sources.image_size,
-            vision_feature_layer: sources.vision_feature_layer,
+            vision_feature_layer: sources.vision_feature_layer.clone(),
             image_layout: sources.image_layout.clone(),
             ..Default::default()
         },

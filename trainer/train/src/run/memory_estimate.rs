@@ -94,7 +94,8 @@ pub(crate) fn micro_batch_peak(
         }
     }
     let image_tokens = mb.tokens;
-    let projector_in = image_tokens * vision.hidden_size as f64 * mb.bytes;
+    // Several feature layers widen what the projector reads (their concatenation).
+    let projector_in = image_tokens * vision.feature_size() as f64 * mb.bytes;
     let projector = projector_in + 2.0 * image_tokens * lm.hidden_size as f64 * mb.bytes;
     units.push((projector, projector_in, gathered.projector));
     // The embedding: its backward needs only the ids.

@@ -414,7 +414,7 @@ pub(crate) fn build(
         added_tokens: shard_tokenizer::added_rows(manifest, &cfg.shards, &lm)?,
         expert_parallel: expert_group,
         image_size: cfg.image_size.map(|size| size as i64),
-        vision_feature_layer: Some(cfg.vision_feature_layer),
+        vision_feature_layer: Some(cfg.vision_feature_layer.clone()),
         image_layout: cfg.image_layout.clone(),
         feature_stats: None,
     };
