@@ -15,7 +15,8 @@
 # Usage: bash scripts/demo/demo.sh [RUN_DIR]   (default runs/demo; the folder is recreated)
 # Knobs (environment): DEMO_SAMPLES (5000), DEMO_STAGE1_STEPS (500),
 # DEMO_STAGE2_STEPS (40), DEMO_SCORED (64 held-out images captioned for the score),
-# DEMO_FEATURE_LAYER (6), DEMO_STANDARDIZE (256 images; 0: off).
+# DEMO_FEATURE_LAYER (1,6), DEMO_STANDARDIZE (256 images; 0: off), DEMO_TRAIN_SEED (the
+# training scenes' synth seed; default demo_seeds.env's).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 RUN="${1:-runs/demo}"
@@ -25,16 +26,19 @@ STAGE2_STEPS="${DEMO_STAGE2_STEPS:-40}"
 SCORED="${DEMO_SCORED:-64}"
 # Scene seeds (TRAIN_SEED, VAL_SEED): see scripts/demo/demo_seeds.env.
 . scripts/demo/demo_seeds.env
+TRAIN_SEED="${DEMO_TRAIN_SEED:-$TRAIN_SEED}"
 PARTS=demo-models
 # The real DINOv2-small (scripts/setup/setup.sh), fed 112 px images (its 37 x 37 position grid
-# interpolated to 8 x 8: the 64 image tokens the demo LM reads), features from hidden state
-# FEATURE: 6, the middle of its 12 layers, standardised per channel over the first STANDARDIZE
-# training images (`--standardize-features`). LLaVA's -2 (the layer before the last, raw)
-# stalls stage 1 on DINOv2's features; a middle layer learns, and every seed does once its
-# few huge channels are standardised (docs/demo.md, docs/performance-notes.md "Demo").
+# interpolated to 8 x 8: the 64 image tokens the demo LM reads), features from hidden states
+# FEATURE: 1 and 6 concatenated (768 channels, transformers' list vision_feature_layer; layer
+# 6, the middle of its 12, tells the shapes apart, layer 1 keeps the colours the middle one
+# has learnt to ignore), standardised per channel over the first STANDARDIZE training images
+# (`--standardize-features`). LLaVA's -2 (the layer before the last, raw) stalls stage 1 on
+# DINOv2's features; a middle layer learns, and every seed does once its few huge channels
+# are standardised (docs/demo.md, docs/performance-notes.md "Demo").
 DINOV2=.deps/dinov2-small
 IMAGE=112
-FEATURE="${DEMO_FEATURE_LAYER:-6}"
+FEATURE="${DEMO_FEATURE_LAYER:-1,6}"
 STANDARDIZE="${DEMO_STANDARDIZE:-256}"
 T=target/release/tessera
 TOKENIZER=.deps/tokenizer/tokenizer.json
@@ -102,15 +106,17 @@ step "6/9 stage 1 (projector, lr 1e-2, warmup 3% + cosine, image samples, NO_SHA
   --checkpoint-every 250 --val-every 100 --out "$RUN/stage1"
 
 # Stage 2 trains projector and LM in full, as LLaVA-1.5's finetune.sh does, at rates for a
-# run of $STAGE2_STEPS steps (LLaVA's 2e-5 suits 5,000 steps of a pretrained 7B LM). The
+# run of $STAGE2_STEPS steps (LLaVA's 2e-5 suits 5,000 steps of a pretrained 7B LM): gentle
+# ones, since stage 1 already captions most scenes right; at the projector's 3e-3 and the LM's
+# 1e-3 or 3e-4, stage 2 moved the score by up to 11 points either way (docs/demo.md). The
 # demo's model (0.1 B parameters, most of them the LM's embedding) fits each rank whole, so
 # both stages replicate it (NO_SHARD); under FULL_SHARD, LLaVA's ZeRO-3, gathering the frozen
 # tower and the embedding and scattering the gradients took 1.1 s of each 2.8 s step here, over
 # the 6-minute budget (the tests train FULL_SHARD against NO_SHARD: tests/multi_image.rs).
-step "7/9 stage 2 (full fine-tune: projector at lr 3e-3 + LM at 1e-3): $STAGE2_STEPS steps on 2 ranks"
+step "7/9 stage 2 (full fine-tune: projector at lr 1e-3 + LM at 1e-4): $STAGE2_STEPS steps on 2 ranks"
 "$T" train "${common[@]}" "${validation[@]}" --stage 2 --train projector,lm \
   --strategy no_shard \
-  --steps "$STAGE2_STEPS" --projector-lr 3e-3 --lm-lr 1e-3 --checkpoint-every 0 \
+  --steps "$STAGE2_STEPS" --projector-lr 1e-3 --lm-lr 1e-4 --checkpoint-every 0 \
   --val-every 25 --init-projector "$RUN/stage1" --out "$RUN/stage2"
 
 step "8/9 export -> $RUN/export"
