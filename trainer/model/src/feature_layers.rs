@@ -141,37 +141,37 @@ impl<'de> Deserialize<'de> for FeatureLayers {
 mod tests {
     use super::*;
 
+    type Result = std::result::Result<(), Box<dyn std::error::Error>>;
+
     #[test]
-    fn one_layer_is_an_integer_and_several_a_list_in_every_spelling() {
-        let one: FeatureLayers = "-2".parse().unwrap();
+    fn one_layer_is_an_integer_and_several_a_list_in_every_spelling() -> Result {
+        let one: FeatureLayers = "-2".parse()?;
         assert_eq!(one, FeatureLayers::default());
-        assert_eq!(serde_json::to_string(&one).unwrap(), "-2");
-        let two: FeatureLayers = " 1, 6".parse().unwrap();
+        assert_eq!(serde_json::to_string(&one)?, "-2");
+        let two: FeatureLayers = " 1, 6".parse()?;
         assert_eq!(two.as_slice(), [1, 6]);
         assert_eq!(two.to_string(), "1,6");
-        assert_eq!(serde_json::to_string(&two).unwrap(), "[1,6]");
-        let back: FeatureLayers = serde_json::from_str("[1,6]").unwrap();
+        assert_eq!(serde_json::to_string(&two)?, "[1,6]");
+        let back: FeatureLayers = serde_json::from_str("[1,6]")?;
         assert_eq!(back, two);
-        assert_eq!(serde_json::from_str::<FeatureLayers>("-2").unwrap(), one);
+        assert_eq!(serde_json::from_str::<FeatureLayers>("-2")?, one);
         assert!(serde_json::from_str::<FeatureLayers>("[]").is_err());
         assert!("1,x".parse::<FeatureLayers>().is_err());
         assert!("".parse::<FeatureLayers>().is_err());
+        Ok(())
     }
 
     #[test]
-    fn layers_resolve_from_the_end_and_are_checked_against_the_tower() {
-        let layers: FeatureLayers = "-1,1,6".parse().unwrap();
+    fn layers_resolve_from_the_end_and_are_checked_against_the_tower() -> Result {
+        let layers: FeatureLayers = "-1,1,6".parse()?;
         assert_eq!(layers.resolve(12), [12, 1, 6]);
         assert!(layers.check(12).is_ok());
-        assert!(layers
-            .check(5)
-            .unwrap_err()
-            .contains("6 is not a layer of a 5-layer"));
-        let twice: FeatureLayers = "11,-2".parse().unwrap();
-        assert!(twice
-            .check(12)
-            .unwrap_err()
-            .contains("layer 11 of 12 twice"));
+        let short = layers.check(5).err().unwrap_or_default();
+        assert!(short.contains("6 is not a layer of a 5-layer"), "{short}");
+        let twice: FeatureLayers = "11,-2".parse()?;
+        let err = twice.check(12).err().unwrap_or_default();
+        assert!(err.contains("layer 11 of 12 twice"), "{err}");
         assert!(FeatureLayers::one(0).check(12).is_err());
+        Ok(())
     }
 }
