@@ -59,7 +59,8 @@ def main():
     if len(args) == 3:
         b_hits, b_total, b_parts = score(args[2])
         before = f"; before training {b_hits / b_total:.0%} ({b_hits} of {b_total})"
-    print(f"caption score: {hits / total:.0%} ({hits} of {total} held-out images name the "
+    # One decimal: 51 of 64 is 79.7%, which a whole percent would print as 80%.
+    print(f"caption score: {hits / total:.1%} ({hits} of {total} held-out images name the "
           f"reference's shape and both its colours){before}")
     print("  by part: " + ", ".join(f"{k} {v / total:.0%}" for k, v in parts.items()))
     if len(args) == 3:
