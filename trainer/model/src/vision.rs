@@ -243,7 +243,8 @@ impl FeatureCarry {
         layer: impl FnOnce(&Tensor) -> Result<Tensor, ComputeError>,
     ) -> Result<Tensor, ComputeError> {
         let width = *carried.size().last().unwrap_or(&0);
-        if width == self.hidden && !self.stashed.contains(&(index + 1)) {
+        let stash_here = self.stashed.contains(&(index + 1));
+        if width == self.hidden && !stash_here {
             return layer(carried);
         }
         let current = carried.narrow(-1, 0, self.hidden);
@@ -252,7 +253,7 @@ impl FeatureCarry {
         if width > self.hidden {
             parts.push(carried.narrow(-1, self.hidden, width - self.hidden));
         }
-        if self.stashed.contains(&(index + 1)) {
+        if stash_here {
             parts.push(out);
         }
         Ok(Tensor::cat(&parts, -1))
