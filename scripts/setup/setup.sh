@@ -12,8 +12,8 @@
 #   4. python3 with pillow + numpy (the PIL reference loader of `tessera bench loader`)
 # A second run with everything in place takes about a second. Any failed step exits non-zero
 # with a message saying which step and why. `setup.sh build` stops after what compiling needs
-# (1, 2 and 2a): `make test` runs it first, then the whole set-up beside the build
-# (scripts/setup/beside_build.sh).
+# and the Debian packages (1, 2, 2a, 2b): `make test` runs it first, then the whole set-up
+# beside the build (scripts/setup/beside_build.sh).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 # pip's wheel cache would keep a second copy of torch and its CUDA libraries (about 4 GB) on a
@@ -63,7 +63,17 @@ if [ ! -f /usr/include/jpeglib.h ]; then
     || fail "apt-get install libjpeg-dev failed"
 fi
 
-# `setup.sh build`: only what compiling needs (above); `make test` builds while the rest installs.
+# 2b. real photographs for loader benchmarks (Debian's mate-backgrounds) -----------------
+if [ ! -d /usr/share/backgrounds/mate ]; then
+  say "installing Debian's mate-backgrounds (real JPEG photographs for loader benchmarks)"
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq mate-backgrounds >/dev/null 2>&1 \
+    || { $SUDO apt-get update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq mate-backgrounds >/dev/null; } \
+    || fail "apt-get install mate-backgrounds failed"
+fi
+
+# `setup.sh build`: what compiling needs (above), and every apt step (sudo may ask for a password,
+# which the rest, run in the background beside the build, could not); `make test` builds while
+# the rest installs.
 if [ "${1:-}" = build ]; then
   say "ready to build: LIBTORCH=$DEPS/libtorch"
   exit 0
@@ -143,14 +153,6 @@ if [ ! -f "$stamp" ]; then
   "$DEPS/venv/bin/python" -c 'from tensorboard.backend.event_processing import event_accumulator' \
     || fail "$DEPS/venv cannot import tensorboard's event_accumulator"
   touch "$stamp"
-fi
-
-# 2b. real photographs for loader benchmarks (Debian's mate-backgrounds) -----------------
-if [ ! -d /usr/share/backgrounds/mate ]; then
-  say "installing Debian's mate-backgrounds (real JPEG photographs for loader benchmarks)"
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq mate-backgrounds >/dev/null 2>&1 \
-    || { $SUDO apt-get update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq mate-backgrounds >/dev/null; } \
-    || fail "apt-get install mate-backgrounds failed"
 fi
 
 # 1e. a real pretrained vision tower: DINOv2-small as a Hugging Face folder ----------------
