@@ -72,18 +72,43 @@ fn share_cores(env: Option<&RankEnv>) {
 /// so every tensor of that size (the tied embedding, gathered afresh at each use; the loss's
 /// logit chunks) costs a page fault per 4 KiB: a third of a tiny-preset step went to the
 /// kernel zeroing pages. Same results; peak RSS grows by what the step frees and reallocates.
-/// One-rank runs only: with several ranks every unit's parameters are gathered into fresh
-/// buffers, and a heap that never hands memory back grew a W=2 rank's peak past a W=1 run's
-/// (Hub-shaped model, bf16: 3.8 GB against 2.8 GB; 2.9 GB with glibc's defaults, at the same
-/// step time; docs/performance-notes.md, "Memory").
-fn keep_freed_memory() {
+/// With several ranks, gloo's threads also allocate the gathered buffers, each thread from an
+/// arena of its own that cannot hold a block that size, so `one_arena` puts every thread on
+/// the main heap (set before the process group starts those threads).
+fn keep_freed_memory(one_arena: bool) {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     // SAFETY: mallopt only changes the allocator's thresholds, under glibc's own arena lock.
     unsafe {
+        if one_arena {
+            libc::mallopt(libc::M_ARENA_MAX, 1);
+        }
         libc::mallopt(libc::M_MMAP_MAX, 0);
         libc::mallopt(libc::M_TRIM_THRESHOLD, i32::MAX);
         libc::mallopt(libc::M_TOP_PAD, 256 << 20);
     }
+    #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+    let _ = one_arena;
+}
+
+/// Runs whose vision and LM weights take less than this on disk keep freed memory at any
+/// world size: what the heap then holds beyond glibc's defaults is a few hundred MB, and the
+/// page faults it saves were 40% of a two-rank step of the tiny preset (and of the demo's
+/// models). Larger runs keep it at one rank only: at W=2 a Hub-shaped rank's peak grew from
+/// 2.9 to 3.8 GB for no step time (docs/performance-notes.md, "Memory").
+const SMALL_RUN_WEIGHT_BYTES: u64 = 1 << 30;
+
+/// Bytes of the `.safetensors` files directly in `dir` (0 for what cannot be listed: the
+/// model's own loading names that error).
+fn weight_bytes(dir: &Path) -> u64 {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    entries
+        .filter_map(Result::ok)
+        .filter(|e| e.path().extension().is_some_and(|x| x == "safetensors"))
+        .filter_map(|e| e.metadata().ok())
+        .map(|m| m.len())
+        .sum()
 }
 
 /// Joins the job (torchrun variables) or forms a one-rank group.
@@ -92,8 +117,11 @@ pub(crate) fn process_group(
     env: Option<&RankEnv>,
 ) -> Result<ProcessGroup, TrainError> {
     share_cores(env);
-    if cfg.device == Device::Cpu && env.is_none_or(|e| e.world_size == 1) {
-        keep_freed_memory();
+    if cfg.device == Device::Cpu {
+        let one_rank = env.is_none_or(|e| e.world_size == 1);
+        if one_rank || weight_bytes(&cfg.vision) + weight_bytes(&cfg.lm) < SMALL_RUN_WEIGHT_BYTES {
+            keep_freed_memory(!one_rank);
+        }
     }
     let timeout = Duration::from_secs(cfg.collective_timeout_s);
     let backend = match cfg.device {
