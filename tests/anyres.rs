@@ -19,7 +19,7 @@ use std::path::Path;
 use std::process::Command;
 use tessera_shards::image_layout::{ImageLayout, Tower};
 
-mod support;
+use crate::support;
 use support::metrics::read_metrics;
 use support::{fixture, run_err, run_ok, tessera, Fixture};
 

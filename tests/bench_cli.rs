@@ -1,7 +1,7 @@
 //! `tessera bench loader` and `tessera bench plan` from the command line: they run on real
 //! shards / a synthetic LLaVA distribution and end with the JSON line the README promises; a
 //! bad `TESSERA_*` value stops them before any work.
-mod support;
+use crate::support;
 
 use anyhow::{ensure, Context, Result};
 use support::{fixture, run_err, run_ok, tessera};

@@ -10,7 +10,7 @@ use anyhow::{ensure, Result};
 use std::path::Path;
 use std::process::Stdio;
 
-mod support;
+use crate::support;
 use support::metrics::{losses, read_metrics};
 use support::{ensure_nothing_left, fixture, full_finetune, run_ok, wait_until};
 

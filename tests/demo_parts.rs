@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use tessera_model::{Vlm, VlmOptions};
 
-mod support;
+use crate::support;
 use support::{run_ok, tessera};
 
 fn root() -> &'static Path {

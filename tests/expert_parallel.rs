@@ -12,7 +12,7 @@ use anyhow::{ensure, Context, Result};
 use std::path::Path;
 use std::process::Command;
 
-mod support;
+use crate::support;
 use support::metrics::losses;
 use support::{fixture_with, run_err, run_ok, tessera, Fixture, Lm};
 

@@ -17,7 +17,7 @@ use anyhow::{ensure, Context, Result};
 use std::path::Path;
 use std::process::Command;
 
-mod support;
+use crate::support;
 use support::metrics::{check_tensorboard_events, losses};
 use support::{
     fixture_with, read_json, run_err, run_ok, smollm2, tessera, train_command, Fixture, Lm,

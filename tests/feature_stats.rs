@@ -11,7 +11,7 @@
 use anyhow::{ensure, Context, Result};
 use std::path::Path;
 
-mod support;
+use crate::support;
 use support::metrics::losses;
 use support::{
     caption_shards, fixture, read_json, run_err, run_ok, tessera, train_command, Fixture, TrainArgs,

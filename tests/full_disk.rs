@@ -15,11 +15,10 @@ use anyhow::{ensure, Context, Result};
 use std::path::Path;
 use std::process::Stdio;
 
-mod support;
+use crate::support;
 use support::metrics::{losses, read_metrics};
 use support::{fixture, full_finetune, ingest, run_err, run_ok, tessera, wait_until, Fixture};
-#[path = "support/tmpfs.rs"]
-mod tmpfs;
+use support::tmpfs;
 use tmpfs::{pages_bytes, Tmpfs};
 
 /// The message of a full disk, for `file`: plain words, no Rust debug form.

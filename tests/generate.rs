@@ -10,7 +10,7 @@
 use anyhow::{ensure, Result};
 use std::path::{Path, PathBuf};
 
-mod support;
+use crate::support;
 use support::{
     caption_shards, fixture, run_err, run_ok, tessera, tokenizer, train_command, TrainArgs,
 };

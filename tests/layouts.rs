@@ -13,7 +13,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-mod support;
+use crate::support;
 use support::layouts::{layouts, python};
 use support::{run_err, run_ok, tessera, tokenizer};
 

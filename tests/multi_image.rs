@@ -10,7 +10,7 @@ use anyhow::{ensure, Context, Result};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-mod support;
+use crate::support;
 use support::layouts::{layouts, Layouts};
 use support::metrics::read_metrics;
 use support::{run_ok, scratch_once, tessera, tokenizer};

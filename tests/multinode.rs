@@ -18,7 +18,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-mod support;
+use crate::support;
 use support::metrics::read_metrics;
 use support::{
     binary, ensure_nothing_left, fixture, run_ok, tessera, train_command, Fixture, TrainArgs,

@@ -8,7 +8,7 @@
 use anyhow::{ensure, Context, Result};
 use std::path::Path;
 
-mod support;
+use crate::support;
 use support::{fixture, ingest, run_err, run_ok, tessera, train_command, Fixture, TrainArgs};
 
 /// The fixture's LLaVA json with record `k`'s caption `words` words long; returns its id.

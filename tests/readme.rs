@@ -18,7 +18,7 @@ use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-mod support;
+use crate::support;
 use support::{binary, read_json, run_ok, smollm2, tessera, tokenizer};
 
 const BEGIN: &str = "<!-- real-data:begin -->";

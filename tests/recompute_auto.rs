@@ -16,7 +16,7 @@ use anyhow::{ensure, Context, Result};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-mod support;
+use crate::support;
 
 /// The two tests train one after the other: a second training process beside one changes the
 /// peak the first reaches (its second step has reached `none`'s peak under `every:2`), which

@@ -15,13 +15,11 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-mod support;
+use crate::support;
 use support::metrics::{losses, read_metrics};
 use support::{fixture, ingest, run_ok, tessera, tokenizer, train_command, Fixture, TrainArgs};
-#[path = "support/fault_proxy.rs"]
-mod fault_proxy;
-#[path = "support/moto.rs"]
-mod moto;
+use support::fault_proxy;
+use support::moto;
 use fault_proxy::{Fault, FaultProxy, Rule};
 use moto::MotoServer;
 

@@ -9,11 +9,10 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-mod support;
+use crate::support;
 use support::metrics::losses;
 use support::{fixture, ingest, run_ok, tessera, tokenizer, train_command, Fixture, TrainArgs};
-#[path = "support/moto.rs"]
-mod moto;
+use support::moto;
 use moto::MotoServer;
 
 fn with_server(mut cmd: Command, server: &MotoServer) -> Command {

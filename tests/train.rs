@@ -14,7 +14,7 @@ use tessera_model::{load_adapter, load_safetensors, Vlm, VlmOptions};
 use tessera_pipeline::loader::{Loader, LoaderConfig, SampleSource};
 use tessera_pipeline::MicroBatchPlan;
 
-mod support;
+use crate::support;
 use support::metrics::{check_tensorboard_events, losses};
 use support::{fixture, run_err, run_ok, tessera, train_command, Fixture, TrainArgs};
 

@@ -15,7 +15,7 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-mod support;
+use crate::support;
 use support::metrics::read_metrics;
 use support::{
     ensure_nothing_left, fixture, full_finetune, ingest, run_ok, tessera, train_command,

@@ -5,7 +5,7 @@
 #![cfg(feature = "train")]
 use anyhow::{Context, Result};
 
-mod support;
+use crate::support;
 use support::{fixture, run_ok, tessera};
 
 /// Qwen2's vocabulary size: a uniform guess scores ln(151,936) ≈ 11.93 nats per token.

@@ -7,7 +7,7 @@ use anyhow::{Context, Result};
 use std::path::Path;
 use std::process::Command;
 
-mod support;
+use crate::support;
 use support::{fixture, run_err, run_ok, tessera, train_command, Fixture, TrainArgs};
 
 /// `tessera train --stage 1` on the fixture with small, fast settings.

@@ -110,7 +110,7 @@ impl FaultProxy {
 
     /// The S3 client environment pointing at the proxy instead of the server.
     pub(crate) fn env(&self) -> Vec<(&'static str, String)> {
-        crate::moto::client_env(self.endpoint())
+        super::moto::client_env(self.endpoint())
     }
 
     pub(crate) fn log(&self) -> ProxyLog {

@@ -1,8 +1,11 @@
 //! What the CLI tests share: a train-capable `tessera` binary, runners that show its output on
 //! failure, and a fixture of synth shards plus a tiny random model.
 #![allow(dead_code)]
+pub(crate) mod fault_proxy;
 pub(crate) mod layouts;
 pub(crate) mod metrics;
+pub(crate) mod moto;
+pub(crate) mod tmpfs;
 use anyhow::{ensure, Context, Result};
 use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
