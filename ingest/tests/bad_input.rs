@@ -1,6 +1,6 @@
 //! Every kind of bad input the issue lists: each is rejected with its reason in
 //! `rejected.jsonl` (or kept, with the real format and a note), and none stops the run.
-mod common;
+use crate::common;
 
 use common::*;
 use serde_json::json;

@@ -1,7 +1,7 @@
 //! The shards are a function of the inputs alone: byte-identical for 1 and 4 workers, and for
 //! images read from a folder or from a zip of that folder (index.json too, but for the images'
 //! fingerprint it records for `--resume`: a folder listing's differs from a zip directory's).
-mod common;
+use crate::common;
 
 use common::*;
 use std::io::Write;

@@ -2,7 +2,7 @@
 //! (sha256) and the images (folder names, sizes, mtimes); a changed input is refused, named.
 //! A finishing resume reports the whole ingest's time. A resume into a finished folder checks
 //! the inputs against the fingerprint index.json records, and changes nothing there.
-mod common;
+use crate::common;
 
 use common::*;
 use tessera_text::chat::Template;

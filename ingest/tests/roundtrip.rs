@@ -1,6 +1,6 @@
 //! Ingest, then read every sample back: same ids, conversations and image bytes, and token ids
 //! equal to a fresh tokenization of the template, written out by hand here.
-mod common;
+use crate::common;
 
 use common::*;
 use std::collections::HashMap;
