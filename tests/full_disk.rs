@@ -17,8 +17,8 @@ use std::process::Stdio;
 
 use crate::support;
 use support::metrics::{losses, read_metrics};
-use support::{fixture, full_finetune, ingest, run_err, run_ok, tessera, wait_until, Fixture};
 use support::tmpfs;
+use support::{fixture, full_finetune, ingest, run_err, run_ok, tessera, wait_until, Fixture};
 use tmpfs::{pages_bytes, Tmpfs};
 
 /// The message of a full disk, for `file`: plain words, no Rust debug form.

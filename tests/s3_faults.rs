@@ -16,12 +16,12 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use crate::support;
-use support::metrics::{losses, read_metrics};
-use support::{fixture, ingest, run_ok, tessera, tokenizer, train_command, Fixture, TrainArgs};
-use support::fault_proxy;
-use support::moto;
 use fault_proxy::{Fault, FaultProxy, Rule};
 use moto::MotoServer;
+use support::fault_proxy;
+use support::metrics::{losses, read_metrics};
+use support::moto;
+use support::{fixture, ingest, run_ok, tessera, tokenizer, train_command, Fixture, TrainArgs};
 
 /// Stalls outlast the 1 s timeout the runs below set.
 const STALL: Duration = Duration::from_secs(3);

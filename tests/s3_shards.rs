@@ -10,10 +10,10 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use crate::support;
-use support::metrics::losses;
-use support::{fixture, ingest, run_ok, tessera, tokenizer, train_command, Fixture, TrainArgs};
-use support::moto;
 use moto::MotoServer;
+use support::metrics::losses;
+use support::moto;
+use support::{fixture, ingest, run_ok, tessera, tokenizer, train_command, Fixture, TrainArgs};
 
 fn with_server(mut cmd: Command, server: &MotoServer) -> Command {
     for (key, value) in server.env() {
