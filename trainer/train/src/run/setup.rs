@@ -100,15 +100,13 @@ const SMALL_RUN_WEIGHT_BYTES: u64 = 1 << 30;
 /// Bytes of the `.safetensors` files directly in `dir` (0 for what cannot be listed: the
 /// model's own loading names that error).
 fn weight_bytes(dir: &Path) -> u64 {
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return 0;
-    };
-    entries
-        .filter_map(Result::ok)
-        .filter(|e| e.path().extension().is_some_and(|x| x == "safetensors"))
-        .filter_map(|e| e.metadata().ok())
-        .map(|m| m.len())
-        .sum()
+    safetensors_files(dir).map_or(0, |files| {
+        files
+            .iter()
+            .filter_map(|f| std::fs::metadata(f).ok())
+            .map(|m| m.len())
+            .sum()
+    })
 }
 
 /// Joins the job (torchrun variables) or forms a one-rank group.
@@ -238,10 +236,8 @@ pub fn check_model_dirs(cfg: &TrainConfig) -> Result<(), tessera_model::ModelErr
     Vlm::from_dirs(&cfg.vision, &cfg.lm, VlmOptions::default()).map(drop)
 }
 
-/// A model directory's weight files (`*.safetensors`, sorted by name): name, size and crc32c
-/// of the bytes, hashed. Names the frozen parameters a checkpoint does not store; crc32c reads
-/// a multi-GB model in about a second (from the page cache the loading just filled).
-fn weights_fingerprint(dir: &Path) -> Result<String, TrainError> {
+/// The `.safetensors` files directly in `dir`, sorted by name.
+fn safetensors_files(dir: &Path) -> Result<Vec<PathBuf>, TrainError> {
     let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
         .map_err(io(dir))?
         .map(|e| e.map(|e| e.path()))
@@ -249,8 +245,15 @@ fn weights_fingerprint(dir: &Path) -> Result<String, TrainError> {
         .map_err(io(dir))?;
     files.retain(|p| p.extension().is_some_and(|e| e == "safetensors"));
     files.sort();
+    Ok(files)
+}
+
+/// A model directory's weight files (`*.safetensors`, sorted by name): name, size and crc32c
+/// of the bytes, hashed. Names the frozen parameters a checkpoint does not store; crc32c reads
+/// a multi-GB model in about a second (from the page cache the loading just filled).
+fn weights_fingerprint(dir: &Path) -> Result<String, TrainError> {
     let mut hasher = Sha256::new();
-    for path in files {
+    for path in safetensors_files(dir)? {
         let mut file = std::fs::File::open(&path).map_err(io(&path))?;
         let (mut crc, mut len) = (0u32, 0u64);
         let mut buf = vec![0u8; 1 << 20];
