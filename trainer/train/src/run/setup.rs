@@ -92,9 +92,10 @@ fn keep_freed_memory(one_arena: bool) {
 
 /// Runs whose vision and LM weights take less than this on disk keep freed memory at any
 /// world size: what the heap then holds beyond glibc's defaults is a few hundred MB, and the
-/// page faults it saves were 40% of a two-rank step of the tiny preset. Larger runs keep it
-/// at one rank only: at W=2 a Hub-shaped rank's peak grew from 2.9 to 3.8 GB for no step time
-/// (docs/performance-notes.md, "Memory").
+/// page faults it saves were a quarter of a two- or four-rank tiny-preset run
+/// (scripts/bench/allocator_bench.sh). Larger runs keep it at one rank only: at W=2 a
+/// Hub-shaped rank's peak grew from 2.9 to 3.8 GB for no step time (docs/performance-notes.md,
+/// "Memory").
 const SMALL_RUN_WEIGHT_BYTES: u64 = 1 << 30;
 
 /// Bytes of the `.safetensors` files directly in `dir` (0 for what cannot be listed: the
