@@ -138,7 +138,7 @@ pub(crate) fn schema_v3() -> SchemaRef {
 
 fn list(values: ArrayRef, lengths: impl Iterator<Item = usize>) -> ArrayRef {
     let field = item(values.data_type().clone());
-    let offsets = arrow::buffer::OffsetBuffer::from_lengths(lengths);
+    let offsets = arrow_buffer::OffsetBuffer::from_lengths(lengths);
     Arc::new(ListArray::new(field, offsets, values, None))
 }
 
