@@ -212,29 +212,32 @@ impl ChwResizer {
         Ok(())
     }
 
-    /// `fast_image_resize` into `scratch`, interleaved.
+    /// `fast_image_resize` into `scratch`, interleaved. Typed to RGB: the untyped `resize`
+    /// dispatches over every pixel type at run time, which compiled all of them into this crate
+    /// (two thirds of its machine code, and half its build).
     fn resize_with_fir(
         &mut self,
         img: &RgbImage,
         (bw, bh): (u32, u32),
     ) -> Result<&[u8], ResizeError> {
         let (width, height) = (img.width, img.height);
-        let src = fir::images::ImageRef::new(width, height, &img.data, fir::PixelType::U8x3)
-            .map_err(|source| ResizeError::FirSource {
-                width,
-                height,
-                source,
-            })?;
+        let src =
+            fir::images::TypedImageRef::<fir::pixels::U8x3>::from_buffer(width, height, &img.data)
+                .map_err(|source| ResizeError::FirSource {
+                    width,
+                    height,
+                    source,
+                })?;
         self.scratch.resize(bw as usize * bh as usize * 3, 0);
         let mut dst =
-            fir::images::Image::from_slice_u8(bw, bh, &mut self.scratch, fir::PixelType::U8x3)
+            fir::images::TypedImage::<fir::pixels::U8x3>::from_buffer(bw, bh, &mut self.scratch)
                 .map_err(|source| ResizeError::FirTarget {
                     width: bw,
                     height: bh,
                     source,
                 })?;
         self.fir
-            .resize(&src, &mut dst, &self.options)
+            .resize_typed(&src, &mut dst, &self.options)
             .map_err(|source| ResizeError::Fir {
                 from: (width, height),
                 to: (bw, bh),
