@@ -5,7 +5,8 @@
 //! must show) and the real
 //! SmolLM2-135M-Instruct (Llama; its own tokenizer, which has no image token, so ingest adds
 //! `<image>` and the LM grows a row for it). For each: the shards are ingested with the LM's
-//! tokenizer; stage 1 and stage 2 (`--train projector,lm`) train at W=2; FULL_SHARD and
+//! tokenizer; stage 1 (the projector, and the added row alone) and stage 2 (`--train
+//! projector,lm`) train at W=2; FULL_SHARD and
 //! NO_SHARD give the same losses; the W=2 checkpoint resumes at W=1 to the same loss; the
 //! llava-hf export holds a `LlavaConfig` whose `text_config` is the family's; transformers loads
 //! it with no missing or unexpected weight and generates greedily the tokens tessera generates,
@@ -18,6 +19,7 @@ use std::path::Path;
 use std::process::Command;
 
 use crate::support;
+use support::checkpoints::{newest_checkpoint, trained_parameters};
 use support::metrics::{check_tensorboard_events, losses};
 use support::{
     fixture_with, read_json, run_err, run_ok, smollm2, tessera, train_command, Fixture, Lm,
@@ -159,6 +161,21 @@ fn greedy_both(f: &Fixture, export: &Path, tokens: usize) -> Result<Greedy> {
 fn whole_job(f: &Fixture, model_type: &str, vocab_rows: i64) -> Result<()> {
     let stage1 = f.root.join("stage1");
     run_ok(&mut train(f, 1, &stage1, &["--nproc", "2", "--steps", "1"]))?;
+    // Stage 1 trains the projector, and the embedding row of an `<image>` that ingest added to
+    // the tokenizer (SmolLM2's has none): nothing else.
+    let index = read_json(&f.shards.join("index.json"))?;
+    let added = index["special_tokens"]["added"]
+        .as_array()
+        .is_some_and(|a| !a.is_empty());
+    let mut trained = trained_parameters(&newest_checkpoint(&stage1)?)?;
+    trained.sort();
+    let mut want = vec!["mm_projector.0.weight", "mm_projector.0.bias"];
+    want.extend(["mm_projector.2.weight", "mm_projector.2.bias"]);
+    if added {
+        want.push("added_tokens.embed_tokens");
+    }
+    want.sort_unstable();
+    ensure!(trained == want, "stage 1 trained {trained:?}, not {want:?}");
 
     let full = f.root.join("full_shard");
     run_ok(&mut stage2(f, &stage1, &full, "full_shard", "2", "1"))?;
@@ -223,7 +240,7 @@ fn whole_job(f: &Fixture, model_type: &str, vocab_rows: i64) -> Result<()> {
         "text_config.vocab_size {} (want {vocab_rows})",
         text["vocab_size"]
     );
-    let index = read_json(&f.shards.join("index.json"))?;
+
     ensure!(
         config["image_token_index"] == index["special_tokens"]["image"]["id"],
         "image_token_index {} is not the shards' image token {}",

@@ -1,11 +1,14 @@
-//! README.md's "Train on the real thing" block, run as written on the tiny preset and on the
-//! real SmolLM2-135M-Instruct, so that the commands a newcomer copies cannot rot.
+//! README.md's "Train on the real thing" block, run as written on the tiny preset, so that the
+//! commands a newcomer copies cannot rot. (The same job on the real SmolLM2-135M-Instruct, a
+//! tokenizer that gets `<image>` added, is tests/families.rs's
+//! `the_whole_job_on_smollm2_135m_with_image_added_to_its_tokenizer`: stage 1, a whole-LM
+//! stage 2, the llava-hf export and generation, compared with transformers.)
 //!
 //! The block sits between `<!-- real-data:begin -->` and `<!-- real-data:end -->` in one
 //! ```` ```bash ```` fence: first the user's paths as shell variables, then `$T` commands. The
 //! test builds stand-ins for what a user downloads (`tessera synth --zip`: LLaVA-Pretrain's
 //! json + images.zip; `tessera init-model --preset tiny`: the two Hugging Face folders, the LM's
-//! with its own tokenizer.json; or SmolLM2 from scripts/setup/setup.sh as the LM), gives the README's
+//! with its own tokenizer.json), gives the README's
 //! variables those paths, makes the batch small (`REWRITES`: each must still match the README),
 //! and runs every command with `bash -euo pipefail`. Then it checks what a user looks for: the
 //! shards, both runs' checkpoints and summaries, a stage 2 that trained the whole LM with
@@ -19,7 +22,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use crate::support;
-use support::{binary, read_json, run_ok, smollm2, tessera, tokenizer};
+use support::checkpoints::{newest_checkpoint, trained_parameters};
+use support::{binary, read_json, run_ok, tessera, tokenizer};
 
 const BEGIN: &str = "<!-- real-data:begin -->";
 const END: &str = "<!-- real-data:end -->";
@@ -29,8 +33,7 @@ const END: &str = "<!-- real-data:end -->";
 /// real-sized batch.
 const REWRITES: &[(&str, &str)] = &[("--token-budget 8192", "--token-budget 512 --seq-len 512")];
 
-/// The records `synth` writes for the stand-in LLaVA-Pretrain (with the tiny preset; SmolLM2,
-/// 135 M parameters trained in full in stage 2, gets a quarter of them).
+/// The records `synth` writes for the stand-in LLaVA-Pretrain.
 const SAMPLES: u64 = 40;
 
 /// The fenced bash between the markers.
@@ -104,44 +107,6 @@ fn first_file(dir: &Path) -> Result<PathBuf> {
     bail!("no file under {}", dir.display())
 }
 
-/// The newest committed checkpoint folder of a run (`checkpoints/step-N`, not `.tmp`).
-fn newest_checkpoint(run: &Path) -> Result<PathBuf> {
-    let dir = run.join("checkpoints");
-    let mut steps: Vec<PathBuf> = std::fs::read_dir(&dir)
-        .with_context(|| format!("{} has no checkpoints/", run.display()))?
-        .map(|e| e.map(|e| e.path()))
-        .collect::<std::io::Result<Vec<_>>>()?
-        .into_iter()
-        .filter(|p| {
-            let name = p.file_name().map(|n| n.to_string_lossy().into_owned());
-            name.is_some_and(|n| n.starts_with("step-") && !n.ends_with(".tmp"))
-        })
-        .collect();
-    steps.sort();
-    let newest = steps
-        .pop()
-        .with_context(|| format!("{} holds no committed checkpoint", dir.display()))?;
-    ensure!(
-        newest.join("meta.json").is_file(),
-        "{} has no meta.json",
-        newest.display()
-    );
-    Ok(newest)
-}
-
-/// Names of the parameters a checkpoint trained (its `layout.json`).
-fn trained_parameters(checkpoint: &Path) -> Result<Vec<String>> {
-    let layout = read_json(&checkpoint.join("rank-00000").join("layout.json"))?;
-    let buffers = layout["buffers"]
-        .as_array()
-        .context("layout.json without buffers")?;
-    Ok(buffers
-        .iter()
-        .flat_map(|b| b["params"].as_array().into_iter().flatten())
-        .filter_map(|p| p["name"].as_str().map(str::to_string))
-        .collect())
-}
-
 /// A run's summary.json, checked against its metrics.jsonl: every step's loss finite, as many
 /// steps as the summary says. Returns (summary, metrics lines).
 fn finished_run(run: &Path) -> Result<(Value, Vec<Value>)> {
@@ -189,19 +154,11 @@ fn safetensors_names(path: &Path) -> Result<Vec<String>> {
     Ok(header.into_keys().filter(|k| k != "__metadata__").collect())
 }
 
+/// The block with init-model's tiny Qwen2 (and the Qwen tokenizer) as `$LM`, on `SAMPLES`
+/// records.
 #[test]
 fn the_readme_real_data_block_runs_on_the_tiny_preset() -> Result<()> {
-    run_the_block(None, SAMPLES)
-}
-
-#[test]
-fn the_readme_real_data_block_runs_with_smollm2_as_the_lm() -> Result<()> {
-    run_the_block(Some(&smollm2()), SAMPLES / 4)
-}
-
-/// The block with `lm` as `$LM` (default: init-model's tiny Qwen2 with the Qwen tokenizer) on
-/// `samples` records.
-fn run_the_block(lm: Option<&Path>, samples: u64) -> Result<()> {
+    let samples = SAMPLES;
     let readme_path = Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md");
     let readme = std::fs::read_to_string(&readme_path)?;
     let block = real_data_block(&readme)?;
@@ -225,13 +182,8 @@ fn run_the_block(lm: Option<&Path>, samples: u64) -> Result<()> {
             .args(["init-model", "--quiet", "--preset", "tiny", "--out"])
             .arg(&hf),
     )?;
-    let lm = match lm {
-        Some(dir) => dir.to_path_buf(),
-        None => {
-            std::fs::copy(tokenizer(), hf.join("lm/tokenizer.json"))?;
-            hf.join("lm")
-        }
-    };
+    std::fs::copy(tokenizer(), hf.join("lm/tokenizer.json"))?;
+    let lm = hf.join("lm");
     let runs = root.join("runs");
     let image = first_file(&data.join("images"))?;
 
@@ -343,7 +295,7 @@ fn run_the_block(lm: Option<&Path>, samples: u64) -> Result<()> {
     }
 
     // Stage 1 trained the projector alone, and the embedding row of an `<image>` ingest added
-    // to a tokenizer without an image token (SmolLM2's).
+    // when the tokenizer had no image token (the Qwen tokenizer has one).
     let stage1 = runs.join("stage1");
     finished_run(&stage1)?;
     let trained = trained_parameters(&newest_checkpoint(&stage1)?)?;

@@ -1,6 +1,7 @@
 //! What the CLI tests share: a train-capable `tessera` binary, runners that show its output on
 //! failure, and a fixture of synth shards plus a tiny random model.
 #![allow(dead_code)]
+pub(crate) mod checkpoints;
 pub(crate) mod fault_proxy;
 pub(crate) mod layouts;
 pub(crate) mod metrics;
