@@ -14,6 +14,7 @@ const VOCAB: f64 = 151_936.0;
 #[test]
 fn stage1_on_describing_captions_ends_below_70_percent_of_its_starting_loss() -> Result<()> {
     // 20% text-only like the demo's data: stage 1 leaves them out, so they cost nothing here.
+    // 75 steps end at 0.63 of the first loss on an AMD EPYC (150 steps: 0.60; 50: 0.66).
     let f = fixture(700, 0.2)?;
     let run = f.root.join("stage1");
     run_ok(
@@ -24,7 +25,7 @@ fn stage1_on_describing_captions_ends_below_70_percent_of_its_starting_loss() ->
             .arg(&f.vision)
             .arg("--lm")
             .arg(&f.lm)
-            .args(["--steps", "150", "--lr", "3e-2", "--token-budget", "512"])
+            .args(["--steps", "75", "--lr", "3e-2", "--token-budget", "512"])
             .args(["--seq-len", "512", "--seed", "5", "--out"])
             .arg(&run),
     )?;
