@@ -240,7 +240,6 @@ fn whole_job(f: &Fixture, model_type: &str, vocab_rows: i64) -> Result<()> {
         "text_config.vocab_size {} (want {vocab_rows})",
         text["vocab_size"]
     );
-
     ensure!(
         config["image_token_index"] == index["special_tokens"]["image"]["id"],
         "image_token_index {} is not the shards' image token {}",

@@ -66,10 +66,11 @@ fn unity_source() -> PathBuf {
         Some(dir) => PathBuf::from(dir),
         None => panic!("OUT_DIR is not set: not run by cargo"),
     };
-    let csrc = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let crate_dir = Path::new(env!("CARGO_MANIFEST_DIR"));
     let mut text = String::from("// Written by trainer/sys/build.rs: the shims as one unit.\n");
     for file in SHIMS {
-        text.push_str(&format!("#include \"{}\"\n", csrc.join(file).display()));
+        let file = crate_dir.join(file);
+        text.push_str(&format!("#include \"{}\"\n", file.display()));
     }
     let path = out_dir.join("tessera_shims.cpp");
     if let Err(e) = std::fs::write(&path, text) {
