@@ -8,9 +8,8 @@
 //! ```` ```bash ```` fence: first the user's paths as shell variables, then `$T` commands. The
 //! test builds stand-ins for what a user downloads (`tessera synth --zip`: LLaVA-Pretrain's
 //! json + images.zip; `tessera init-model --preset tiny`: the two Hugging Face folders, the LM's
-//! with its own tokenizer.json), gives the README's
-//! variables those paths, makes the batch small (`REWRITES`: each must still match the README),
-//! and runs every command with `bash -euo pipefail`. Then it checks what a user looks for: the
+//! with its own tokenizer.json), gives the README's variables those paths, makes the batch small
+//! (`REWRITES`: each must still match the README), and runs every command with `bash -euo pipefail`. Then it checks what a user looks for: the
 //! shards, both runs' checkpoints and summaries, a stage 2 that trained the whole LM with
 //! finite losses, a llava-hf export with its weights and the shards' tokenizer, and a caption.
 #![cfg(feature = "train")]
@@ -158,7 +157,6 @@ fn safetensors_names(path: &Path) -> Result<Vec<String>> {
 /// records.
 #[test]
 fn the_readme_real_data_block_runs_on_the_tiny_preset() -> Result<()> {
-    let samples = SAMPLES;
     let readme_path = Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md");
     let readme = std::fs::read_to_string(&readme_path)?;
     let block = real_data_block(&readme)?;
@@ -169,7 +167,7 @@ fn the_readme_real_data_block_runs_on_the_tiny_preset() -> Result<()> {
     let data = root.join("LLaVA-Pretrain");
     run_ok(
         tessera()
-            .args(["synth", "--quiet", "--samples", &samples.to_string()])
+            .args(["synth", "--quiet", "--samples", &SAMPLES.to_string()])
             .args(["--text-only-fraction", "0.2", "--zip", "--out"])
             .arg(&data),
     )?;
@@ -279,8 +277,8 @@ fn the_readme_real_data_block_runs_on_the_tiny_preset() -> Result<()> {
     let shards = runs.join("shards");
     let index = read_json(&shards.join("index.json"))?;
     ensure!(
-        index["num_samples"].as_u64() == Some(samples),
-        "index.json counts {} samples of {samples} records",
+        index["num_samples"].as_u64() == Some(SAMPLES),
+        "index.json counts {} samples of {SAMPLES} records",
         index["num_samples"]
     );
     for shard in index["shards"]
